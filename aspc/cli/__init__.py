@@ -1,0 +1,56 @@
+"""The ``aspc`` command line: a thin skin over the library.
+
+Commands are loaded lazily so that ``aspc --help`` and ``aspc compile`` never
+import torch, transformers, ray or matplotlib.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import click
+
+from aspc import __version__
+
+# command name -> (module under aspc.cli, attribute)
+_COMMANDS = {
+    "compile": ("compile", "compile_cmd"),
+    "check": ("check", "check_cmd"),
+    "inspect": ("inspect", "inspect_cmd"),
+    "predict": ("predict", "predict_group"),
+    "run": ("run", "run_cmd"),
+    "simulate": ("simulate", "simulate_cmd"),
+    "calibrate": ("calibrate", "calibrate_cmd"),
+    "report": ("report", "report_cmd"),
+    "export": ("export", "export_cmd"),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [
+            name
+            for name, (mod, _attr) in _COMMANDS.items()
+            if importlib.util.find_spec(f"aspc.cli.{mod}") is not None
+        ]
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in _COMMANDS:
+            return None
+        mod, attr = _COMMANDS[name]
+        if importlib.util.find_spec(f"aspc.cli.{mod}") is None:
+            return None
+        return getattr(importlib.import_module(f"aspc.cli.{mod}"), attr)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="aspc")
+def main() -> None:
+    """aspc: compile generation schedules for LLM reinforcement learning.
+
+    \b
+    aspc compile prompts.jsonl -o plan.parquet
+    aspc check plan.parquet --max-imbalance 0.01
+    aspc run plan.parquet
+    """

@@ -1,0 +1,138 @@
+"""Pieces every command shares: error handling, console, progress, options.
+
+Rich lives only in this layer. Diagnostics and progress go to stderr; stdout
+carries only the command's result (a table, or JSON with ``--json``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Any, Callable
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from aspc.errors import AspcError
+
+# Diagnostics and bars go to stderr so ``--json`` output stays parseable.
+err_console = Console(stderr=True, highlight=False)
+out_console = Console(highlight=False)
+
+
+class CliError(click.ClickException):
+    """A ClickException that carries the library error's exit code."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn aspc's typed errors (and a few OS errors) into one-line CLI errors."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except AspcError as exc:
+            raise CliError(_one_line(str(exc)), exc.exit_code) from None
+        except FileNotFoundError as exc:
+            raise CliError(f"file not found: {exc.filename}; check the path", 2) from None
+        except PermissionError as exc:
+            raise CliError(f"permission denied: {exc.filename}; check file permissions", 2) from None
+        except IsADirectoryError as exc:
+            raise CliError(f"expected a file but got a directory: {exc.filename}", 2) from None
+        except MemoryError:
+            raise CliError("out of memory; try a smaller input or batch", 2) from None
+
+    return wrapper
+
+
+def _one_line(msg: str) -> str:
+    return " ".join(msg.split())
+
+
+class RichProgress:
+    """Implements :class:`aspc.progress.Progress` with a rich bar on stderr.
+
+    Disabled (a no-op) when stderr is not a terminal or ``quiet`` is set, so
+    logs and CI output carry no bar noise.
+    """
+
+    def __init__(self, quiet: bool = False) -> None:
+        self.enabled = not quiet and err_console.is_terminal
+        self._progress: Progress | None = None
+        self._task: Any = None
+
+    def __enter__(self) -> "RichProgress":
+        if self.enabled:
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(),
+                console=err_console,
+                transient=True,
+            )
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+            self._progress = None
+
+    def stage(self, name: str, total: int | None = None) -> None:
+        if self._progress is not None:
+            if self._task is not None:
+                self._progress.update(self._task, visible=False)
+            self._task = self._progress.add_task(name, total=total)
+
+    def advance(self, n: int = 1) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.advance(self._task, n)
+
+    def done(self) -> None:
+        if self._progress is not None and self._task is not None:
+            task = self._progress.tasks[-1]
+            if task.total is not None:
+                self._progress.update(self._task, completed=task.total)
+
+
+def emit_json(obj: Any) -> None:
+    """Print one JSON object on stdout (and nothing else)."""
+    click.echo(json.dumps(obj, sort_keys=True, default=_json_default))
+
+
+def _json_default(o: Any) -> Any:
+    try:
+        import numpy as np
+
+        if isinstance(o, np.generic):
+            return o.item()
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+    except ImportError:  # pragma: no cover
+        pass
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")(fn)
+
+
+def quiet_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--quiet", "-q", is_flag=True, help="No progress bars or diagnostics.")(fn)
+
+
+def note(msg: str, quiet: bool = False) -> None:
+    """A diagnostic line on stderr."""
+    if not quiet:
+        err_console.print(msg)
+
+
+def is_stdout_tty() -> bool:
+    return sys.stdout.isatty()

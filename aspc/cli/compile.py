@@ -1,0 +1,41 @@
+"""``aspc compile``: prompts → plan.parquet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, out_console, quiet_option
+from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options
+from aspc.cli.render import metrics_table
+
+
+@click.command("compile")
+@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Plan file to write.")
+@input_options
+@compile_options
+@json_option
+@quiet_option
+@handle_errors
+def compile_cmd(input_path: Path, output: Path, as_json: bool, quiet: bool, **kwargs) -> None:
+    """Compile a prompt dataset (JSONL, JSON, CSV, Parquet) into a dispatch plan."""
+    from aspc.compiler import compile_file
+    from aspc.emit import write_plan
+
+    inputs, config = compile_config_from_kwargs(kwargs)
+    with RichProgress(quiet) as progress:
+        plan = compile_file(input_path, inputs, config, progress)
+        progress.stage("write")
+        write_plan(plan, output)
+        progress.done()
+    if plan.metrics.get("n_skipped"):
+        note(f"[yellow]skipped {plan.metrics['n_skipped']} bad rows[/] (--on-bad-line skip)", quiet)
+    if inputs.length_field is None:
+        kind = plan.predictor.get("kind", "?")
+        note(f"lengths predicted by the {kind} predictor ({plan.predictor.get('name', config.predictor or 'default')})", quiet)
+    if as_json:
+        emit_json({"plan": str(output), **plan.metrics})
+    elif not quiet:
+        out_console.print(metrics_table(plan.metrics, title=f"plan {output.name}"))

@@ -1,0 +1,105 @@
+"""Option decorators shared by ``compile``, ``simulate`` and friends."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import click
+
+from aspc.compiler import STRATEGIES, CompileConfig, InputOptions
+
+F = Callable[..., Any]
+
+
+def input_options(fn: F) -> F:
+    for opt in reversed(
+        [
+            click.option("--prompt-field", default="prompt", show_default=True, help="Field with the prompt text or chat list."),
+            click.option("--id-field", default="id", show_default=True, help="Field with the prompt id (else a content hash)."),
+            click.option(
+                "--length-field",
+                default=None,
+                help="Use known response lengths from this field (a number or a list) instead of a predictor.",
+            ),
+            click.option(
+                "--on-bad-line",
+                type=click.Choice(["error", "skip"]),
+                default="error",
+                show_default=True,
+                help="Fail on a bad input row, or skip it and report it.",
+            ),
+        ]
+    ):
+        fn = opt(fn)
+    return fn
+
+
+def compile_options(fn: F, *, with_strategy: bool = True) -> F:
+    opts = [
+        click.option("--batch-size", "-b", type=int, default=None, help="Prompts per generation minibatch (B). [default: 16]"),
+        click.option("--slack", type=int, default=None, help="Minibatch sizes may vary in [B-slack, B+slack]. [default: B//4]"),
+        click.option("--groups", "-g", type=int, default=None, help="Number of dispatch groups."),
+        click.option("--group-size", type=int, default=None, help="Minibatches per dispatch group. [default: 8]"),
+        click.option("--samples-per-prompt", "-n", type=int, default=1, show_default=True, help="Responses per prompt."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Random seed (annealer, random baseline)."),
+        click.option("--anneal-iterations", type=int, default=None, help="Annealing proposals (default scales with M)."),
+        click.option("--equal-samples", is_flag=True, help="Groups must hold equal sample counts."),
+        click.option(
+            "--cost-model",
+            type=click.Choice(["padded", "expected-max"]),
+            default="padded",
+            show_default=True,
+            help="Minibatch cost: sequences x max predicted mean, or x expected max sampled length.",
+        ),
+        click.option("--predictor", default=None, help="Predictor directory, or 'default' (the shipped one)."),
+        click.option(
+            "--history",
+            multiple=True,
+            type=click.Path(),
+            help="Run log or dataset of observed lengths to blend in (repeatable).",
+        ),
+        click.option(
+            "--history-length-field", default="length", show_default=True, help="Length field in --history datasets."
+        ),
+    ]
+    if with_strategy:
+        opts.insert(
+            0,
+            click.option(
+                "--strategy",
+                type=click.Choice(list(STRATEGIES)),
+                default="asp",
+                show_default=True,
+                help="asp (scheduled), sorted (shortest first) or random (unscheduled baseline).",
+            ),
+        )
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+_INPUT_KEYS = ("prompt_field", "id_field", "length_field", "on_bad_line")
+_COMPILE_KEYS = (
+    "batch_size",
+    "slack",
+    "groups",
+    "group_size",
+    "samples_per_prompt",
+    "strategy",
+    "seed",
+    "anneal_iterations",
+    "equal_samples",
+    "cost_model",
+    "predictor",
+    "history",
+    "history_length_field",
+)
+
+
+def compile_config_from_kwargs(kwargs: dict[str, Any]) -> tuple[InputOptions, CompileConfig]:
+    """Pop the input and compile options out of a command's kwargs."""
+    inputs = InputOptions(**{k: kwargs.pop(k) for k in _INPUT_KEYS if k in kwargs})
+    vals = {k: kwargs.pop(k) for k in _COMPILE_KEYS if k in kwargs}
+    if "history" in vals:
+        vals["history"] = tuple(vals["history"])
+    return inputs, CompileConfig(**vals)

@@ -1,0 +1,334 @@
+"""The compile pipeline: predict → partition → anneal → order → plan.
+
+This module glues the stages together; each stage lives in its own package
+with a Numba kernel beside a checked wrapper. It never imports the runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from aspc.emit import schema as S
+from aspc.emit.metrics import plan_metrics
+from aspc.emit.plan import Plan
+from aspc.errors import ConfigError, InputError
+from aspc.io import PromptTable, read_lengths, read_prompts
+from aspc.io.prompts import file_hash
+from aspc.predict.base import LengthPrediction
+from aspc.progress import NULL_PROGRESS, Progress
+
+
+class Strategy(str, Enum):
+    """How prompts become minibatches and in which order they are dispatched."""
+
+    ASP = "asp"  # sort + DP boundaries + annealed groups + interleaved order
+    SORTED = "sorted"  # sort + fixed-size minibatches dispatched shortest first
+    RANDOM = "random"  # shuffled fixed-size minibatches: the unscheduled baseline
+
+
+STRATEGIES = tuple(s.value for s in Strategy)
+
+
+def parse_strategy(name: str) -> Strategy:
+    try:
+        return Strategy(name)
+    except ValueError:
+        raise ConfigError(f"unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}") from None
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    prompt_field: str = "prompt"  # field holding the prompt text or chat messages
+    id_field: str = "id"  # field holding the prompt id; absent -> content hash
+    length_field: str | None = None  # known response lengths; None -> use a predictor
+    on_bad_line: str = "error"  # "error" or "skip"
+
+
+# Generation minibatches of 16 prompts keep a worker busy without making the
+# longest sequence dominate; small datasets get 4 minibatches at least.
+DEFAULT_BATCH_SIZE = 16
+# Eight minibatches per group: enough freedom for the annealer to balance loads
+# while keeping groups close to one trainer step of samples.
+DEFAULT_GROUP_SIZE = 8
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    batch_size: int | None = None  # prompts per minibatch (B); None -> 16, or n//4 under 64 prompts
+    slack: int | None = None  # δ: minibatch sizes in [B-δ, B+δ]; None -> B//4
+    groups: int | None = None  # dispatch groups (G); None -> from group_size
+    group_size: int | None = None  # minibatches per group (K); G = max(1, M // K); None -> 8
+    samples_per_prompt: int = 1  # responses per prompt (GRPO n); cost counts all n sequences
+    strategy: str = "asp"  # asp | sorted | random
+    seed: int = 0  # seeds the annealer and the random baseline
+    anneal_iterations: int | None = None  # annealing proposals; None -> scaled with M
+    equal_samples: bool = False  # groups must hold equal sample counts
+    cost_model: str = "padded"  # padded | expected-max
+    predictor: str | None = None  # predictor directory or "default"; None with no length field -> default
+    history: tuple[str, ...] = ()  # run logs / datasets of observed lengths
+    history_length_field: str = "length"  # length field in history datasets
+
+
+def resolve_sizes(config: CompileConfig, n: int) -> tuple[int, int]:
+    """Batch size and slack for ``n`` prompts, validated."""
+    if n < 1:
+        raise InputError("no prompts to compile")
+    b = config.batch_size
+    if b is None:
+        b = DEFAULT_BATCH_SIZE if n >= 4 * DEFAULT_BATCH_SIZE else max(1, n // 4)
+    if b < 1:
+        raise ConfigError(f"--batch-size must be >= 1, got {b}")
+    if b > n:
+        raise ConfigError(f"--batch-size {b} is larger than the dataset ({n} prompts); use --batch-size <= {n}")
+    d = config.slack if config.slack is not None else b // 4
+    if d < 0 or d >= b:
+        raise ConfigError(f"--slack must be in [0, batch size - 1] = [0, {b - 1}], got {d}")
+    if config.samples_per_prompt < 1:
+        raise ConfigError(f"--samples-per-prompt must be >= 1, got {config.samples_per_prompt}")
+    return b, d
+
+
+def resolve_groups(config: CompileConfig, m: int) -> int:
+    if config.groups is not None and config.group_size is not None:
+        raise ConfigError("give --groups or --group-size, not both")
+    if config.groups is not None:
+        if config.groups < 1:
+            raise ConfigError(f"--groups must be >= 1, got {config.groups}")
+        if config.groups > m:
+            raise ConfigError(f"--groups {config.groups} is more than the {m} minibatches; use --groups <= {m}")
+        return config.groups
+    k = config.group_size if config.group_size is not None else DEFAULT_GROUP_SIZE
+    if k < 1:
+        raise ConfigError(f"--group-size must be >= 1, got {k}")
+    return max(1, m // k)
+
+
+def prediction_from_lengths(lengths: list[np.ndarray]) -> LengthPrediction:
+    """Known lengths as a prediction: mean and empirical quantiles per prompt."""
+    mean = np.array([float(x.mean()) for x in lengths])
+    qs = np.array([np.quantile(x, [0.1, 0.5, 0.9]) for x in lengths]).reshape(-1, 3)
+    return LengthPrediction(mean=mean, q10=qs[:, 0], q50=qs[:, 1], q90=qs[:, 2])
+
+
+def prepare(
+    input_path: str | os.PathLike,
+    inputs: InputOptions,
+    config: CompileConfig,
+    progress: Progress = NULL_PROGRESS,
+) -> tuple[PromptTable, LengthPrediction, dict[str, Any]]:
+    """Read the input and predict lengths.
+
+    Returns the prompts, their predictions and the predictor's identity (for
+    the plan metadata: hashes, never paths).
+    """
+    progress.stage("read")
+    table = read_prompts(
+        input_path,
+        prompt_field=inputs.prompt_field,
+        id_field=inputs.id_field,
+        length_field=inputs.length_field,
+        on_bad_line=inputs.on_bad_line,
+    )
+    progress.done()
+    progress.stage("predict")
+    if inputs.length_field is not None:
+        if config.predictor is not None:
+            raise ConfigError("give --length-field or --predictor, not both")
+        assert table.lengths is not None
+        prediction = prediction_from_lengths(table.lengths)
+        identity: dict[str, Any] = {"kind": "known-lengths", "field": inputs.length_field}
+    else:
+        from aspc.predict import load_predictor
+
+        predictor = load_predictor(config.predictor or "default")
+        prediction = predictor.predict(table.texts)
+        identity = dict(predictor.identity())
+    if config.history:
+        prediction, identity = _apply_history(table, prediction, identity, inputs, config)
+    progress.done()
+    return table, prediction, identity
+
+
+def _apply_history(
+    table: PromptTable,
+    prediction: LengthPrediction,
+    identity: dict[str, Any],
+    inputs: InputOptions,
+    config: CompileConfig,
+) -> tuple[LengthPrediction, dict[str, Any]]:
+    from aspc.predict.history import blend_history
+
+    observed: dict[str, list[np.ndarray]] = {}
+    hashes = []
+    for path in config.history:
+        for pid, lens in read_lengths(path, id_field=inputs.id_field, length_field=config.history_length_field).items():
+            observed.setdefault(pid, []).append(lens)
+        hashes.append(_path_hash(path))
+    merged = {k: np.concatenate(v) for k, v in observed.items()}
+    blended = blend_history(prediction, table.ids, merged)
+    identity = {**identity, "history": hashes, "history_prompts_matched": sum(pid in merged for pid in table.ids)}
+    return blended, identity
+
+
+def _path_hash(path: str | os.PathLike) -> str:
+    import hashlib
+
+    if os.path.isdir(path):
+        h = hashlib.sha256()
+        for root, _dirs, files in sorted(os.walk(path)):
+            for name in sorted(files):
+                if name.endswith(".parquet"):
+                    h.update(file_hash(os.path.join(root, name)).encode())
+        return h.hexdigest()
+    return file_hash(path)
+
+
+def _fixed_bounds(n: int, b: int) -> np.ndarray:
+    return np.r_[np.arange(0, n, b), n].astype(np.int64)
+
+
+def compile_plan(
+    table: PromptTable,
+    prediction: LengthPrediction,
+    config: CompileConfig,
+    *,
+    predictor_identity: dict[str, Any] | None = None,
+    inputs: InputOptions | None = None,
+    progress: Progress = NULL_PROGRESS,
+) -> Plan:
+    """Compile prompts and their predictions into a :class:`Plan`.
+
+    Notes
+    -----
+    The Adaptive Scheduling Pipeline of Chikhi et al. (arXiv 2611.08864):
+    prompts are sorted by predicted length, a DP picks minibatch boundaries
+    minimising padded tokens, annealing balances minibatches into groups of
+    equal predicted work, and groups are dispatched in an interleaved order
+    so the trainer sees a steady stream of samples.
+    """
+    from aspc.anneal import balance, dispatch_order
+    from aspc.costs import COST_MODELS, minibatch_costs
+    from aspc.partition import partition
+
+    strategy = parse_strategy(config.strategy)
+    if config.cost_model not in COST_MODELS:
+        raise ConfigError(f"unknown cost model {config.cost_model!r}; use one of {', '.join(COST_MODELS)}")
+    n = len(table)
+    b, d = resolve_sizes(config, n)
+    mean = np.asarray(prediction.mean, dtype=np.float64)
+    if mean.shape != (n,):
+        raise ConfigError(f"prediction has {mean.size} rows for {n} prompts")
+    nseq = np.full(n, config.samples_per_prompt, dtype=np.int64)
+
+    progress.stage("partition")
+    if strategy is Strategy.RANDOM:
+        rows = np.random.default_rng(config.seed).permutation(n)
+        bounds = _fixed_bounds(n, b)
+    else:
+        rows = np.argsort(mean, kind="stable")
+        bounds = partition(mean[rows], b, d) if strategy is Strategy.ASP else _fixed_bounds(n, b)
+    progress.done()
+
+    def _q(name: str) -> np.ndarray:
+        return np.asarray(getattr(prediction, name), dtype=np.float64)[rows]
+
+    costs = minibatch_costs(config.cost_model, bounds, nseq[rows], mean[rows], _q("q10"), _q("q50"), _q("q90"))
+    m = costs.size
+    n_groups = resolve_groups(config, m)
+    seq_sizes = np.diff(bounds) * config.samples_per_prompt
+    extra: dict[str, Any] = {}
+
+    progress.stage("anneal")
+    if strategy is Strategy.ASP:
+        res = balance(
+            costs,
+            n_groups,
+            seed=config.seed,
+            iterations=config.anneal_iterations,
+            sample_sizes=np.diff(bounds),
+            equal_samples=config.equal_samples,
+        )
+        assignment = np.asarray(res.assignment, dtype=np.int64)
+        extra = {"init_imbalance": float(res.init_imbalance), "anneal_iterations_run": int(res.iterations_run)}
+    else:
+        # Baselines: consecutive minibatches form groups, as a trainer that
+        # consumes the dispatch stream in order would see them.
+        assignment = np.minimum(np.arange(m) * n_groups // m, n_groups - 1)
+    progress.done()
+
+    progress.stage("order")
+    if strategy is Strategy.ASP:
+        mb_order = np.asarray(dispatch_order(costs, seq_sizes, assignment, n_groups), dtype=np.int64)
+    else:
+        mb_order = np.arange(m, dtype=np.int64)
+    progress.done()
+
+    # Rows in dispatch order; minibatches and groups renumbered by first dispatch.
+    lens = np.diff(bounds)
+    row_order = np.concatenate([rows[bounds[k] : bounds[k + 1]] for k in mb_order])
+    mb_col = np.repeat(np.arange(m, dtype=np.int32), lens[mb_order])
+    grp_of_mb = assignment[mb_order]
+    _, first = np.unique(grp_of_mb, return_index=True)
+    renum = np.empty(n_groups, dtype=np.int32)
+    renum[grp_of_mb[np.sort(first)]] = np.arange(n_groups, dtype=np.int32)
+    grp_col = np.repeat(renum[grp_of_mb], lens[mb_order])
+
+    ids = np.asarray(table.ids, dtype=object)
+    prompts = np.asarray(table.prompts, dtype=object)
+    arrays = {
+        S.PROMPT_ID: pa.array(ids[row_order].tolist(), pa.string()),
+        S.SOURCE_ROW: pa.array(table.source_rows[row_order], pa.int64()),
+        S.PROMPT: pa.array(prompts[row_order].tolist(), pa.string()),
+        S.PROMPT_TOKENS: pa.array(table.prompt_tokens[row_order], pa.int64()),
+        S.N_SAMPLES: pa.array(nseq[row_order].astype(np.int32), pa.int32()),
+        S.PREDICTED_LEN: pa.array(mean[row_order], pa.float64()),
+        S.PREDICTED_Q10: pa.array(np.asarray(prediction.q10, dtype=np.float64)[row_order], pa.float64()),
+        S.PREDICTED_Q50: pa.array(np.asarray(prediction.q50, dtype=np.float64)[row_order], pa.float64()),
+        S.PREDICTED_Q90: pa.array(np.asarray(prediction.q90, dtype=np.float64)[row_order], pa.float64()),
+        S.MINIBATCH: pa.array(mb_col, pa.int32()),
+        S.GROUP: pa.array(grp_col, pa.int32()),
+        S.DISPATCH_RANK: pa.array(np.arange(n, dtype=np.int64), pa.int64()),
+    }
+    plan_table = pa.Table.from_pydict(arrays, schema=S.PLAN_SCHEMA)
+    metrics = plan_metrics(plan_table, config.cost_model)
+    metrics.update(extra)
+    metrics["n_skipped"] = len(table.skipped)
+    cfg = _config_record(config, inputs, b, d, n_groups)
+    return Plan(
+        table=plan_table,
+        config=cfg,
+        predictor=predictor_identity or {},
+        input_hash=table.input_hash,
+        metrics=metrics,
+    )
+
+
+def _config_record(config: CompileConfig, inputs: InputOptions | None, b: int, d: int, g: int) -> dict[str, Any]:
+    """The full compile configuration for the plan metadata (no paths)."""
+    cfg = dataclasses.asdict(config)
+    # Paths would make plans machine-specific; the predictor identity and
+    # history hashes are recorded separately.
+    cfg["predictor"] = None if config.predictor is None else ("default" if config.predictor == "default" else "dir")
+    cfg["history"] = len(config.history)
+    cfg.update({"batch_size": b, "slack": d, "groups": g})
+    if inputs is not None:
+        cfg["inputs"] = dataclasses.asdict(inputs)
+    return cfg
+
+
+def compile_file(
+    input_path: str | os.PathLike,
+    inputs: InputOptions,
+    config: CompileConfig,
+    progress: Progress = NULL_PROGRESS,
+) -> Plan:
+    """Read ``input_path``, predict, and compile: the library form of ``aspc compile``."""
+    table, prediction, identity = prepare(input_path, inputs, config, progress)
+    return compile_plan(table, prediction, config, predictor_identity=identity, inputs=inputs, progress=progress)

@@ -1,0 +1,174 @@
+"""The :class:`Plan` object and its Parquet reader/writer.
+
+Writes are atomic and deterministic: no timestamps or paths are stored, so the
+same input, config and seed give a byte-identical file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from aspc import __version__
+from aspc.atomic import atomic_path
+from aspc.emit import schema as S
+from aspc.errors import PlanError, SchemaVersionError
+
+
+@dataclass
+class Plan:
+    """A compiled plan: rows in dispatch order plus provenance and metrics."""
+
+    table: pa.Table  # PLAN_SCHEMA, one row per prompt, row i has dispatch_rank i
+    config: dict[str, Any] = field(default_factory=dict)  # full compile configuration
+    predictor: dict[str, Any] = field(default_factory=dict)  # predictor identity (kind, version, hash)
+    input_hash: str = ""  # sha256 of the input file
+    metrics: dict[str, Any] = field(default_factory=dict)  # plan metrics (aspc.emit.metrics)
+    schema_version: str = S.SCHEMA_VERSION  # version the plan was written with
+    stored_rows_hash: str = ""  # rows hash found in the file; "" for a plan not read from disk
+
+    @property
+    def n_rows(self) -> int:
+        return self.table.num_rows
+
+    def column(self, name: str) -> np.ndarray:
+        """A column as a NumPy array (strings come back as an object array)."""
+        return self.table.column(name).to_numpy(zero_copy_only=False)
+
+
+def rows_hash(table: pa.Table) -> str:
+    """sha256 over every plan column's values, in schema order.
+
+    Stored in the file so ``aspc check`` detects rows edited by hand.
+    """
+    h = hashlib.sha256()
+    for f in S.PLAN_SCHEMA:
+        col = table.column(f.name)
+        h.update(f.name.encode())
+        if pa.types.is_string(f.type):
+            for v in col.to_pylist():
+                b = v.encode("utf-8")
+                h.update(len(b).to_bytes(8, "little"))
+                h.update(b)
+        else:
+            arr = np.ascontiguousarray(col.to_numpy(zero_copy_only=False).astype(f.type.to_pandas_dtype()))
+            h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default).encode("utf-8")
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, (tuple, set)):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def write_plan(plan: Plan, path: str | os.PathLike) -> None:
+    """Write ``plan`` to ``path`` atomically (whole file or nothing)."""
+    table = plan.table.cast(S.PLAN_SCHEMA)
+    meta = {
+        S.META_SCHEMA_VERSION: S.SCHEMA_VERSION.encode(),
+        S.META_ASPC_VERSION: __version__.encode(),
+        S.META_CONFIG: _dumps(plan.config),
+        S.META_PREDICTOR: _dumps(plan.predictor),
+        S.META_INPUT_HASH: plan.input_hash.encode(),
+        S.META_METRICS: _dumps(plan.metrics),
+        S.META_ROWS_HASH: rows_hash(table).encode(),
+    }
+    table = table.replace_schema_metadata(meta)
+    with atomic_path(path) as tmp:
+        pq.write_table(
+            table,
+            tmp,
+            compression="zstd",
+            # Statistics and page indexes carry no timestamps; keep the defaults
+            # fixed here so a pyarrow upgrade does not silently change bytes.
+            write_statistics=True,
+            use_dictionary=True,
+            row_group_size=1 << 20,
+        )
+
+
+def _version_ok(version: str, path: Path) -> None:
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        raise PlanError(f"{path.name}: invalid aspc.schema_version {version!r}; recompile the plan") from None
+    if major > S.SCHEMA_MAJOR:
+        raise SchemaVersionError(
+            f"{path.name}: plan schema {version} is newer than this aspc {__version__} reads "
+            f"(schema {S.SCHEMA_VERSION}); upgrade aspc to a release that reads schema {major}.x"
+        )
+    if major < S.SCHEMA_MAJOR:
+        raise SchemaVersionError(
+            f"{path.name}: plan schema {version} is older than this aspc {__version__} reads "
+            f"(schema {S.SCHEMA_VERSION}); recompile the plan with this aspc"
+        )
+
+
+def read_plan(path: str | os.PathLike, *, verify: bool = True) -> Plan:
+    """Read a plan file, check its version and structure.
+
+    Raises
+    ------
+    PlanError
+        Missing, unreadable or non-aspc file, or rows that break the plan's
+        invariants (see :func:`aspc.emit.validate.validate_table`).
+    SchemaVersionError
+        A plan written with another major schema version.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise PlanError(f"{path}: no such plan file; run 'aspc compile' first")
+    if path.is_dir():
+        raise PlanError(f"{path}: is a directory, expected a plan .parquet file")
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise PlanError(f"{path.name}: not a readable Parquet file ({' '.join(str(exc).split())[:100]})") from None
+    meta = table.schema.metadata or {}
+    if S.META_SCHEMA_VERSION not in meta:
+        raise PlanError(f"{path.name}: not an aspc plan (no aspc.schema_version); compile one with 'aspc compile'")
+    version = meta[S.META_SCHEMA_VERSION].decode(errors="replace")
+    _version_ok(version, path)
+
+    def _json(key: bytes) -> Any:
+        try:
+            return json.loads(meta.get(key, b"{}"))
+        except json.JSONDecodeError:
+            raise PlanError(f"{path.name}: corrupt metadata {key.decode()}; recompile the plan") from None
+
+    missing = [f.name for f in S.PLAN_SCHEMA if f.name not in table.column_names]
+    if missing:
+        raise PlanError(f"{path.name}: plan lacks columns {missing}; recompile the plan")
+    try:
+        table = table.select([f.name for f in S.PLAN_SCHEMA]).cast(S.PLAN_SCHEMA)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+        raise PlanError(f"{path.name}: plan columns have wrong types or nulls; recompile the plan") from None
+    plan = Plan(
+        table=table,
+        config=_json(S.META_CONFIG),
+        predictor=_json(S.META_PREDICTOR),
+        input_hash=meta.get(S.META_INPUT_HASH, b"").decode(errors="replace"),
+        metrics=_json(S.META_METRICS),
+        schema_version=version,
+        stored_rows_hash=meta.get(S.META_ROWS_HASH, b"").decode(errors="replace"),
+    )
+    if verify:
+        from aspc.emit.validate import validate_table
+
+        validate_table(plan.table, name=path.name)
+    return plan

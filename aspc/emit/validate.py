@@ -1,0 +1,54 @@
+"""Structural invariants every plan satisfies.
+
+Checked on every read, so a hand-edited or truncated plan fails loudly before
+the runtime spends accelerator time on it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from aspc.emit import schema as S
+from aspc.errors import PlanError
+
+
+def _contiguous_ids(ids: np.ndarray) -> bool:
+    """True when ids start at 0, never decrease, and step by at most 1."""
+    if ids.size == 0:
+        return True
+    d = np.diff(ids)
+    return bool(ids[0] == 0 and np.all((d == 0) | (d == 1)))
+
+
+def validate_table(table: pa.Table, *, name: str = "plan") -> None:
+    """Raise :class:`PlanError` unless ``table`` is a well-formed plan."""
+    n = table.num_rows
+    if n == 0:
+        raise PlanError(f"{name}: plan has no rows; recompile from a non-empty dataset")
+    rank = table.column(S.DISPATCH_RANK).to_numpy()
+    if not np.array_equal(rank, np.arange(n)):
+        raise PlanError(f"{name}: rows are not in dispatch order (dispatch_rank != row number); recompile")
+    mb = table.column(S.MINIBATCH).to_numpy()
+    grp = table.column(S.GROUP).to_numpy()
+    if not _contiguous_ids(mb):
+        raise PlanError(f"{name}: minibatch ids are not contiguous in dispatch order; recompile the plan")
+    if not _contiguous_ids(grp):
+        raise PlanError(f"{name}: group ids are not contiguous in dispatch order; recompile the plan")
+    starts = np.flatnonzero(np.r_[True, mb[1:] != mb[:-1]])
+    if np.any(grp[starts] != grp[np.r_[starts[1:], n] - 1]):
+        raise PlanError(f"{name}: a minibatch spans two groups; recompile the plan")
+    ids = table.column(S.PROMPT_ID).to_pylist()
+    if len(set(ids)) != n:
+        raise PlanError(f"{name}: duplicate prompt ids in plan; recompile the plan")
+    ns = table.column(S.N_SAMPLES).to_numpy()
+    if np.any(ns < 1):
+        raise PlanError(f"{name}: n_samples must be >= 1 in every row; recompile the plan")
+    for col in (S.PREDICTED_LEN, S.PREDICTED_Q10, S.PREDICTED_Q50, S.PREDICTED_Q90):
+        v = table.column(col).to_numpy()
+        if not np.all(np.isfinite(v)) or np.any(v < 0):
+            raise PlanError(f"{name}: column {col} has negative or non-finite values; recompile the plan")
+    q10 = table.column(S.PREDICTED_Q10).to_numpy()
+    q90 = table.column(S.PREDICTED_Q90).to_numpy()
+    if np.any(q10 > q90 + 1e-9):
+        raise PlanError(f"{name}: predicted_q10 exceeds predicted_q90 in some rows; recompile the plan")

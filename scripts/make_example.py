@@ -1,0 +1,53 @@
+"""Derive the bundled example ``examples/prompts.jsonl`` from the CASTILLO data.
+
+Takes a seeded sample of prompts of one model from the ``validate`` split of
+``../shared/data/castillo-dev.parquet`` (so the default predictor, trained on
+``train``, never saw them) and writes one JSON line per prompt:
+``{"id", "prompt", "lengths": [ten sampled response lengths], "dataset"}``.
+
+Data: CASTILLO (Perez et al.), CC-BY-4.0; see examples/README.md.
+
+    python scripts/make_example.py [--n 600] [--model Qwen--Qwen2.5-7B-Instruct-1M]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / ".." / "shared" / "data" / "castillo-dev.parquet"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=600)
+    ap.add_argument("--model", default="Qwen--Qwen2.5-7B-Instruct-1M")
+    ap.add_argument("--max-prompt-chars", type=int, default=4000, help="skip very long prompts to keep the file small")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("-o", "--output", type=Path, default=ROOT / "examples" / "prompts.jsonl")
+    args = ap.parse_args()
+    if not DATA.exists():
+        print(f"data not found at ../shared/data/castillo-dev.parquet; nothing to do", file=sys.stderr)
+        return 1
+    t = pq.read_table(DATA)
+    t = t.filter(pc.and_(pc.equal(t["split"], "validate"), pc.equal(t["model"], args.model)))
+    t = t.filter(pc.less_equal(pc.utf8_length(t["prompt_text"]), args.max_prompt_chars))
+    idx = np.sort(np.random.default_rng(args.seed).choice(t.num_rows, size=min(args.n, t.num_rows), replace=False))
+    rows = t.take(idx).to_pylist()
+    with open(args.output, "w", encoding="utf-8") as fh:
+        for r in rows:
+            rec = {"id": r["prompt_id"], "prompt": r["prompt_text"], "lengths": r["output_sizes"], "dataset": r["dataset"]}
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    print(f"wrote {len(rows)} prompts of {args.model} to {args.output.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

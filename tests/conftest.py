@@ -1,0 +1,46 @@
+"""Shared fixtures: small datasets written to tmp paths, and the shared data path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT / ".." / "shared" / "data" / "castillo-dev.parquet"
+EXAMPLE = ROOT / "examples" / "prompts.jsonl"
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in records:
+            fh.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+    return path
+
+
+def lognormal_records(n: int, seed: int = 0, n_lengths: int = 4) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    mu = rng.normal(5.5, 0.8, size=n)
+    return [
+        {
+            "id": f"p{i:05d}",
+            "prompt": f"prompt number {i} " + "word " * int(rng.integers(1, 30)),
+            "lengths": [int(max(1, round(x))) for x in rng.lognormal(mu[i], 0.25, size=n_lengths)],
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    """A 400-prompt JSONL with lists of four sampled lengths per prompt."""
+    return write_jsonl(tmp_path / "in.jsonl", lognormal_records(400))
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.exists():
+        pytest.skip("../shared/data/castillo-dev.parquet not present (only on development machines)")
+    return SHARED_DATA

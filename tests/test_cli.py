@@ -1,0 +1,97 @@
+"""The compile/check/inspect commands through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from aspc.cli import main
+from tests.conftest import write_jsonl
+
+CONTRACT = ["--length-field", "lengths", "--batch-size", "16", "--slack", "4", "--group-size", "8", "--seed", "0"]
+
+
+def _run(args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_compile_check_inspect_contract(tmp_path, dataset):
+    plan = tmp_path / "plan.parquet"
+    r = _run(["compile", dataset, *CONTRACT, "-o", plan, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["n_prompts"] == 400
+    r = _run(["check", plan, "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    for key in ("padding_ratio", "group_imbalance", "delivery_drift", "n_prompts", "n_minibatches", "n_groups", "ok"):
+        assert key in got
+    assert got["ok"] is True and got["n_prompts"] == 400
+    r = _run(["inspect", plan, "--json"])
+    assert r.exit_code == 0
+    info = json.loads(r.stdout)
+    assert len(info["group_loads"]) == got["n_groups"]
+    assert sum(int(k) * v for k, v in info["minibatch_size_histogram"].items()) == 400
+    r = _run(["compile", dataset, "--length-field", "lengths", "--strategy", "random", "-o", tmp_path / "r.parquet"])
+    assert r.exit_code == 0, r.output
+    assert "padding_ratio" in r.stdout
+
+
+def test_check_bounds_exit_codes(tmp_path, dataset):
+    plan = tmp_path / "plan.parquet"
+    assert _run(["compile", dataset, "--length-field", "lengths", "--strategy", "sorted", "-o", plan]).exit_code == 0
+    r = _run(["check", plan, "--max-drift", "0.01", "--json"])
+    assert r.exit_code == 1
+    got = json.loads(r.stdout)
+    assert got["ok"] is False and "delivery_drift" in got["violations"][0]
+    r = _run(["check", tmp_path / "missing.parquet"])
+    assert r.exit_code == 2
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(
+    "lines, extra, fragment",
+    [
+        (['{"id": "a", "prompt": "x", "lengths": 3}', "{broken"], [], "line 2"),
+        (['{"id": "a", "prompt": "x", "lengths": -3}'], [], "negative"),
+        (['{"id": "a", "prompt": "x", "lengths": 3}'] * 2, [], "duplicate"),
+        (['{"id": "a", "prompt": "x", "lengths": 3}'], ["--batch-size", "0"], "batch-size"),
+    ],
+)
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, lines, extra, fragment):
+    src = write_jsonl(tmp_path / "bad.jsonl", lines)
+    out = tmp_path / "plan.parquet"
+    r = _run(["compile", src, "--length-field", "lengths", *extra, "-o", out])
+    assert r.exit_code != 0
+    assert fragment in r.output
+    assert "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == [src]
+
+
+def test_skip_mode_reports(tmp_path):
+    src = write_jsonl(
+        tmp_path / "m.jsonl",
+        [{"id": f"p{i}", "prompt": "x", "lengths": i + 1} for i in range(40)] + ["{bad"],
+    )
+    r = _run(["compile", src, "--length-field", "lengths", "--on-bad-line", "skip", "-o", tmp_path / "p.parquet", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["n_skipped"] == 1
+
+
+def test_every_command_has_help():
+    runner = CliRunner()
+    r = runner.invoke(main, ["--help"])
+    assert r.exit_code == 0
+    ctx = main.make_context("aspc", [])
+    names = main.list_commands(ctx)
+    assert {"compile", "check", "inspect"} <= set(names)
+    for name in names:
+        cmd = main.get_command(ctx, name)
+        assert cmd is not None and (cmd.help or "").strip(), f"{name} has no help text"
+        r = runner.invoke(main, [name, "--help"])
+        assert r.exit_code == 0, (name, r.output)
+        assert "Usage" in r.output

@@ -1,0 +1,192 @@
+"""The compile pipeline end to end: invariants, determinism, strategies, plan I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aspc.compiler import CompileConfig, InputOptions, compile_file, compile_plan, prediction_from_lengths
+from aspc.emit import check_plan, plan_metrics, read_plan, write_plan
+from aspc.emit import schema as S
+from aspc.emit.metrics import minibatch_starts
+from aspc.errors import ConfigError, PlanError, SchemaVersionError
+from aspc.io import PromptTable
+from tests.conftest import lognormal_records, write_jsonl
+
+INPUTS = InputOptions(length_field="lengths")
+
+
+def _table(lengths: list[list[float]]) -> PromptTable:
+    n = len(lengths)
+    return PromptTable(
+        ids=[f"p{i}" for i in range(n)],
+        prompts=[f"prompt {i}" for i in range(n)],
+        texts=[f"prompt {i}" for i in range(n)],
+        source_rows=np.arange(n, dtype=np.int64),
+        prompt_tokens=np.full(n, 3, dtype=np.int64),
+        lengths=[np.asarray(x, dtype=np.float64) for x in lengths],
+        input_hash="0" * 64,
+    )
+
+
+def _compile(lengths, **cfg):
+    t = _table(lengths)
+    return compile_plan(t, prediction_from_lengths(t.lengths), CompileConfig(**cfg), inputs=INPUTS)
+
+
+def _assert_plan_invariants(plan, n, b, d):
+    tab = plan.table
+    assert sorted(tab.column(S.PROMPT_ID).to_pylist()) == sorted(f"p{i}" for i in range(n))
+    assert tab.column(S.DISPATCH_RANK).to_pylist() == list(range(n))
+    sizes = np.diff(minibatch_starts(tab.column(S.MINIBATCH).to_numpy()))
+    assert sizes.min() >= 1
+    in_band = (sizes >= b - d) & (sizes <= b + d)
+    # At most one remainder minibatch may fall below the band when n cannot be tiled.
+    assert np.sum(~in_band) <= 1 and np.all(sizes <= b + d)
+    again = plan_metrics(tab, plan.metrics["cost_model"])
+    for k, v in again.items():
+        assert plan.metrics[k] == pytest.approx(v, rel=1e-12), k
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.floats(1, 5000, allow_nan=False), min_size=1, max_size=120),
+    b=st.integers(1, 12),
+    d=st.integers(0, 4),
+    gs=st.integers(1, 6),
+    seed=st.integers(0, 3),
+    strategy=st.sampled_from(["asp", "sorted", "random"]),
+    n_samples=st.integers(1, 3),
+)
+def test_plan_invariants_property(lengths, b, d, gs, seed, strategy, n_samples):
+    n = len(lengths)
+    b = min(b, n)
+    d = min(d, b - 1)
+    plan = _compile(
+        [[x] for x in lengths],
+        batch_size=b,
+        slack=d,
+        group_size=gs,
+        seed=seed,
+        strategy=strategy,
+        samples_per_prompt=n_samples,
+    )
+    _assert_plan_invariants(plan, n, b if strategy == "asp" else b, d if strategy == "asp" else 0)
+    assert plan.metrics["n_sequences"] == n * n_samples
+
+
+def test_asp_beats_baselines_on_padding_and_drift():
+    rng = np.random.default_rng(1)
+    lengths = [[x] for x in rng.lognormal(5.5, 0.9, size=2048)]
+    cfg = dict(batch_size=16, slack=4, group_size=8)
+    asp = _compile(lengths, strategy="asp", **cfg).metrics
+    srt = _compile(lengths, strategy="sorted", **cfg).metrics
+    rnd = _compile(lengths, strategy="random", **cfg).metrics
+    assert asp["padding_ratio"] <= srt["padding_ratio"] + 1e-12
+    assert srt["padding_ratio"] < 0.5 * rnd["padding_ratio"]
+    # Shortest-first dispatch is the sorting bubble; ASP interleaves.
+    assert srt["delivery_drift"] > 0.2
+    assert asp["delivery_drift"] < 0.05
+    assert asp["group_imbalance"] < 0.01
+
+
+def test_same_seed_gives_byte_identical_plan(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", lognormal_records(500, seed=3))
+    cfg = CompileConfig(batch_size=16, slack=4, group_size=4, seed=7)
+    for name in ("a", "b"):
+        write_plan(compile_file(src, INPUTS, cfg), tmp_path / f"{name}.parquet")
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+
+
+def test_plan_round_trip(tmp_path, dataset):
+    plan = compile_file(dataset, INPUTS, CompileConfig(batch_size=8, slack=2, group_size=4))
+    write_plan(plan, tmp_path / "p.parquet")
+    back = read_plan(tmp_path / "p.parquet")
+    assert back.table.to_pydict() == plan.table.to_pydict()
+    assert back.metrics == plan.metrics
+    assert back.config == plan.config and back.predictor == plan.predictor
+    assert back.input_hash == plan.input_hash
+    assert check_plan(back).ok
+    # No paths in the metadata: plans are portable between machines.
+    raw = pq.read_schema(tmp_path / "p.parquet").metadata
+    assert not any(str(tmp_path).encode() in v for v in raw.values())
+
+
+def test_known_lengths_give_mean_and_quantiles(dataset):
+    plan = compile_file(dataset, INPUTS, CompileConfig(batch_size=8))
+    row = plan.table.slice(0, 1).to_pylist()[0]
+    assert row[S.PREDICTED_Q10] <= row[S.PREDICTED_Q50] <= row[S.PREDICTED_Q90]
+    assert row[S.PREDICTED_Q10] <= row[S.PREDICTED_LEN] <= row[S.PREDICTED_Q90]
+
+
+def _rewrite(src, dst, table=None, meta_update=None):
+    t = pq.read_table(src)
+    meta = dict(t.schema.metadata)
+    meta.update(meta_update or {})
+    t = (table if table is not None else t).replace_schema_metadata(meta)
+    pq.write_table(t, dst)
+
+
+def test_edited_plan_is_detected(tmp_path, dataset):
+    write_plan(compile_file(dataset, INPUTS, CompileConfig(batch_size=8, group_size=4)), tmp_path / "p.parquet")
+    t = pq.read_table(tmp_path / "p.parquet")
+    pred = t.column(S.PREDICTED_LEN).to_numpy().copy()
+    pred[3] *= 5
+    edited = t.set_column(t.schema.get_field_index(S.PREDICTED_LEN), S.PREDICTED_LEN, pa.array(pred))
+    _rewrite(tmp_path / "p.parquet", tmp_path / "e.parquet", edited)
+    with pytest.raises(PlanError, match="edited"):
+        check_plan(read_plan(tmp_path / "e.parquet"))
+    # Reordered rows break the dispatch-order invariant at read time.
+    _rewrite(tmp_path / "p.parquet", tmp_path / "r.parquet", t.take(np.r_[1, 0, np.arange(2, t.num_rows)]))
+    with pytest.raises(PlanError, match="dispatch order"):
+        read_plan(tmp_path / "r.parquet")
+
+
+def test_schema_versions_and_foreign_files(tmp_path, dataset):
+    write_plan(compile_file(dataset, INPUTS, CompileConfig(batch_size=8)), tmp_path / "p.parquet")
+    _rewrite(tmp_path / "p.parquet", tmp_path / "new.parquet", meta_update={S.META_SCHEMA_VERSION: b"2.0"})
+    with pytest.raises(SchemaVersionError, match="upgrade aspc"):
+        read_plan(tmp_path / "new.parquet")
+    _rewrite(tmp_path / "p.parquet", tmp_path / "old.parquet", meta_update={S.META_SCHEMA_VERSION: b"0.3"})
+    with pytest.raises(SchemaVersionError, match="recompile"):
+        read_plan(tmp_path / "old.parquet")
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "foreign.parquet")
+    with pytest.raises(PlanError, match="not an aspc plan"):
+        read_plan(tmp_path / "foreign.parquet")
+    (tmp_path / "junk.parquet").write_bytes(b"not parquet at all")
+    with pytest.raises(PlanError, match="not a readable Parquet"):
+        read_plan(tmp_path / "junk.parquet")
+
+
+@pytest.mark.parametrize(
+    "cfg, fragment",
+    [
+        (dict(batch_size=0), "batch-size must be >= 1"),
+        (dict(batch_size=1000), "larger than the dataset"),
+        (dict(batch_size=8, slack=8), "slack"),
+        (dict(batch_size=8, groups=1000), "more than the"),
+        (dict(batch_size=8, groups=2, group_size=2), "not both"),
+        (dict(samples_per_prompt=0), "samples-per-prompt"),
+        (dict(strategy="fastest"), "unknown strategy"),
+        (dict(cost_model="magic"), "unknown cost model"),
+    ],
+)
+def test_bad_config(dataset, cfg, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        compile_file(dataset, INPUTS, CompileConfig(**cfg))
+
+
+def test_expected_max_cost_model_compiles(dataset):
+    plan = compile_file(dataset, INPUTS, CompileConfig(batch_size=8, group_size=4, cost_model="expected-max"))
+    assert plan.metrics["cost_model"] == "expected-max"
+    padded = compile_file(dataset, INPUTS, dataclasses.replace(CompileConfig(batch_size=8, group_size=4)))
+    # The expected max of sampled lengths is at least the max of medians, so
+    # expected-max costs exceed padded costs on data with spread.
+    assert plan.metrics["total_cost"] > 0.9 * padded.metrics["total_cost"]
+    assert check_plan(plan).ok

@@ -45,7 +45,8 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
         click.option("--anneal-iterations", type=int, default=None, help="Annealing proposals (default scales with M)."),
         click.option("--equal-samples", is_flag=True, help="Groups must hold equal sample counts."),
         click.option(
-            "--cost-model",
+            "--minibatch-cost",
+            "cost_model",
             type=click.Choice(["padded", "expected-max"]),
             default="padded",
             show_default=True,

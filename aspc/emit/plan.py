@@ -137,26 +137,31 @@ def read_plan(path: str | os.PathLike, *, verify: bool = True) -> Plan:
         raise PlanError(f"{path}: is a directory, expected a plan .parquet file")
     try:
         table = pq.read_table(path)
-    except (pa.ArrowInvalid, OSError) as exc:
+        meta = table.schema.metadata or {}
+        table.column_names  # noqa: B018 - decodes field names; corrupt bytes fail here, not later
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        # ValueError covers UnicodeDecodeError from corrupt field names.
         raise PlanError(f"{path.name}: not a readable Parquet file ({' '.join(str(exc).split())[:100]})") from None
-    meta = table.schema.metadata or {}
     if S.META_SCHEMA_VERSION not in meta:
         raise PlanError(f"{path.name}: not an aspc plan (no aspc.schema_version); compile one with 'aspc compile'")
     version = meta[S.META_SCHEMA_VERSION].decode(errors="replace")
     _version_ok(version, path)
 
-    def _json(key: bytes) -> Any:
+    def _json(key: bytes) -> dict[str, Any]:
         try:
-            return json.loads(meta.get(key, b"{}"))
-        except json.JSONDecodeError:
-            raise PlanError(f"{path.name}: corrupt metadata {key.decode()}; recompile the plan") from None
+            value = json.loads(meta.get(key, b"{}"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            value = None
+        if not isinstance(value, dict):
+            raise PlanError(f"{path.name}: corrupt metadata {key.decode()}; recompile the plan")
+        return value
 
     missing = [f.name for f in S.PLAN_SCHEMA if f.name not in table.column_names]
     if missing:
         raise PlanError(f"{path.name}: plan lacks columns {missing}; recompile the plan")
     try:
         table = table.select([f.name for f in S.PLAN_SCHEMA]).cast(S.PLAN_SCHEMA)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+    except (pa.ArrowException, ValueError):
         raise PlanError(f"{path.name}: plan columns have wrong types or nulls; recompile the plan") from None
     plan = Plan(
         table=table,

@@ -109,17 +109,23 @@ def read_parquet_table(path: Path):
 
     try:
         return pq.read_table(path)
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+    except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"{path.name}: not a readable Parquet file ({_short(exc)}); check the file") from None
 
 
 def iter_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    import pyarrow as pa
+
     table = read_parquet_table(path)
     row = 0
-    for batch in table.to_batches(max_chunksize=65536):
-        for rec in batch.to_pylist():
-            yield row, rec
-            row += 1
+    try:
+        batches = table.to_batches(max_chunksize=65536)
+        for batch in batches:
+            for rec in batch.to_pylist():
+                yield row, rec
+                row += 1
+    except (pa.ArrowException, ValueError) as exc:
+        raise InputError(f"{path.name}: row {row + 1}: unreadable Parquet data ({_short(exc)})") from None
 
 
 def _short(exc: Exception) -> str:

@@ -1,0 +1,197 @@
+"""Property-based fuzzing of the readers and of ``check`` on mutated plans.
+
+Only aspc's own typed errors may escape. The default run uses a small number
+of examples; ``make fuzz`` (marker ``fuzz``) runs >= 10,000 generated inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aspc.compiler import CompileConfig, InputOptions, compile_file
+from aspc.emit import check_plan, read_plan, write_plan
+from aspc.emit import schema as S
+from aspc.errors import AspcError, PlanError
+from aspc.io import read_lengths, read_prompts
+from tests.conftest import lognormal_records, write_jsonl
+
+FUZZ_EXAMPLES = int(os.environ.get("ASPC_FUZZ_EXAMPLES", "10000"))
+SMALL = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+LARGE = settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+
+json_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=20),
+)
+json_value = st.recursive(
+    json_scalar,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12,
+)
+message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", "wizard", ""]), "content": st.one_of(st.text(max_size=30), json_scalar)}
+)
+record = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": st.one_of(st.text(max_size=6), st.integers(0, 5), json_value),
+        "prompt": st.one_of(st.text(max_size=40), st.lists(message, max_size=3), json_value),
+        "messages": st.lists(message, max_size=3),
+        "lengths": st.one_of(
+            st.integers(-5, 10**8), st.floats(allow_nan=True), st.lists(st.one_of(st.integers(-2, 5000), st.floats()), max_size=5), json_value
+        ),
+    },
+)
+line = st.one_of(
+    record.map(lambda r: json.dumps(r, allow_nan=True)),
+    st.binary(max_size=40).map(lambda b: b.decode("latin-1")),
+    st.text(max_size=40),
+)
+
+
+def _read_any(tmp_path, lines, suffix, skip):
+    p = tmp_path / f"fuzz{suffix}"
+    p.write_bytes("\n".join(lines).encode("utf-8", errors="surrogatepass"))
+    try:
+        t = read_prompts(p, length_field="lengths", on_bad_line="skip" if skip else "error")
+    except AspcError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert len(t) == len(set(t.ids)) >= 1
+    assert all(np.all(np.isfinite(x)) and np.all(x >= 0) for x in t.lengths)
+
+
+def _fuzz_readers(tmp_path_factory, lines, suffix, skip):
+    _read_any(tmp_path_factory.mktemp("f"), lines, suffix, skip)
+
+
+@SMALL
+@given(lines=st.lists(line, max_size=8), suffix=st.sampled_from([".jsonl", ".json", ".csv", ".parquet"]), skip=st.booleans())
+def test_reader_fuzz_small(tmp_path_factory, lines, suffix, skip):
+    _fuzz_readers(tmp_path_factory, lines, suffix, skip)
+
+
+@pytest.mark.fuzz
+@LARGE
+@given(lines=st.lists(line, max_size=8), suffix=st.sampled_from([".jsonl", ".json", ".csv", ".parquet"]), skip=st.booleans())
+def test_reader_fuzz_large(tmp_path_factory, lines, suffix, skip):
+    _fuzz_readers(tmp_path_factory, lines, suffix, skip)
+
+
+def _fuzz_lengths(tmp_path_factory, lines):
+    p = tmp_path_factory.mktemp("l") / "h.jsonl"
+    p.write_bytes("\n".join(lines).encode("utf-8", errors="surrogatepass"))
+    try:
+        read_lengths(p, length_field="lengths")
+    except AspcError:
+        pass
+
+
+@SMALL
+@given(lines=st.lists(line, max_size=6))
+def test_length_reader_fuzz_small(tmp_path_factory, lines):
+    _fuzz_lengths(tmp_path_factory, lines)
+
+
+@pytest.fixture(scope="module")
+def base_plan(tmp_path_factory):
+    d = tmp_path_factory.mktemp("plan")
+    src = write_jsonl(d / "in.jsonl", lognormal_records(60, seed=5))
+    plan = compile_file(src, InputOptions(length_field="lengths"), CompileConfig(batch_size=4, slack=1, group_size=3))
+    write_plan(plan, d / "plan.parquet")
+    return d / "plan.parquet"
+
+
+_MUTABLE = [f.name for f in S.PLAN_SCHEMA]
+
+
+@st.composite
+def mutation(draw):
+    kind = draw(st.sampled_from(["cell", "swap", "drop", "truncate", "flip", "meta"]))
+    return kind, draw(st.integers(0, 10**9)), draw(st.integers(-(10**6), 10**6))
+
+
+def _mutate(src, dst, kind, a, b):
+    data = src.read_bytes()
+    if kind == "truncate":
+        dst.write_bytes(data[: a % len(data)])
+        return True
+    if kind == "flip":
+        arr = bytearray(data)
+        arr[a % len(arr)] ^= 1 + (abs(b) % 255)
+        dst.write_bytes(bytes(arr))
+        return True
+    t = pq.read_table(src)
+    meta = dict(t.schema.metadata)
+    if kind == "meta":
+        key = sorted(meta)[a % len(meta)]
+        meta[key] = str(b).encode() if b % 2 else meta[key][: max(0, len(meta[key]) - 3)]
+        pq.write_table(t.replace_schema_metadata(meta), dst)
+        return True
+    if kind == "drop":
+        t = t.drop_columns([_MUTABLE[a % len(_MUTABLE)]])
+    elif kind == "swap":
+        i, j = a % t.num_rows, abs(b) % t.num_rows
+        idx = np.arange(t.num_rows)
+        idx[i], idx[j] = idx[j], idx[i]
+        if i == j:
+            return False
+        t = t.take(idx)
+    else:
+        name = _MUTABLE[a % len(_MUTABLE)]
+        col = t.column(name).to_pylist()
+        r = abs(b) % t.num_rows
+        old = col[r]
+        col[r] = (old + (b % 7 or 1)) if isinstance(old, (int, float)) else (old or "") + "x"
+        t = t.set_column(t.schema.get_field_index(name), name, pa.array(col, t.schema.field(name).type))
+    pq.write_table(t.replace_schema_metadata(meta), dst)
+    return True
+
+
+def _check_mutation(base_plan, tmp_path_factory, mut):
+    kind, a, b = mut
+    dst = tmp_path_factory.mktemp("m") / "plan.parquet"
+    changed = _mutate(base_plan, dst, kind, a, b)
+    try:
+        plan = read_plan(dst)
+        res = check_plan(plan)
+    except AspcError:
+        return
+    # A plan that reads and checks clean must hold exactly the original rows.
+    if changed and kind in ("cell", "swap", "drop"):
+        original = read_plan(base_plan).table
+        assert plan.table.equals(original), f"undetected {kind} mutation"
+    assert res.ok
+
+
+@SMALL
+@given(mut=mutation())
+def test_check_detects_mutations_small(base_plan, tmp_path_factory, mut):
+    _check_mutation(base_plan, tmp_path_factory, mut)
+
+
+@pytest.mark.fuzz
+@LARGE
+@given(mut=mutation())
+def test_check_detects_mutations_large(base_plan, tmp_path_factory, mut):
+    _check_mutation(base_plan, tmp_path_factory, mut)
+
+
+def test_every_cell_edit_is_detected(base_plan, tmp_path):
+    """Exhaustive over columns: editing any single cell makes check fail."""
+    for k, name in enumerate(_MUTABLE):
+        dst = tmp_path / f"{k}.parquet"
+        _mutate(base_plan, dst, "cell", k, 3)
+        with pytest.raises(PlanError):
+            check_plan(read_plan(dst))

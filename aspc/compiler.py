@@ -280,12 +280,13 @@ def compile_plan(
     renum[grp_of_mb[np.sort(first)]] = np.arange(n_groups, dtype=np.int32)
     grp_col = np.repeat(renum[grp_of_mb], lens[mb_order])
 
-    ids = np.asarray(table.ids, dtype=object)
-    prompts = np.asarray(table.prompts, dtype=object)
+    # Arrow's take gathers strings in C++, several times faster than a
+    # Python-level gather at a million rows.
+    take = pa.array(row_order)
     arrays = {
-        S.PROMPT_ID: pa.array(ids[row_order].tolist(), pa.string()),
+        S.PROMPT_ID: pa.array(table.ids, pa.string()).take(take),
         S.SOURCE_ROW: pa.array(table.source_rows[row_order], pa.int64()),
-        S.PROMPT: pa.array(prompts[row_order].tolist(), pa.string()),
+        S.PROMPT: pa.array(table.prompts, pa.string()).take(take),
         S.PROMPT_TOKENS: pa.array(table.prompt_tokens[row_order], pa.int64()),
         S.N_SAMPLES: pa.array(nseq[row_order].astype(np.int32), pa.int32()),
         S.PREDICTED_LEN: pa.array(mean[row_order], pa.float64()),

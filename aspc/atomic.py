@@ -15,6 +15,12 @@ from pathlib import Path
 from typing import Iterator
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -37,6 +43,9 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    # mkstemp creates 0600; outputs are shared files (a trainer may run as
+    # another user), so give them the mode a plain open() would.
+    os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -62,6 +71,7 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
     try:
         yield tmp
         for root, _dirs, files in os.walk(tmp):

@@ -26,6 +26,18 @@ def test_atomic_path_leaves_nothing_on_error(tmp_path):
     assert target.read_bytes() == b"whole"
 
 
+def test_outputs_get_umask_permissions(tmp_path):
+    old = os.umask(0o022)
+    try:
+        atomic_write_bytes(tmp_path / "f", b"x")
+        with atomic_dir(tmp_path / "d") as tmp:
+            (tmp / "a").write_text("1")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "f").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+
+
 def test_atomic_dir_replaces_whole(tmp_path):
     target = tmp_path / "d"
     with atomic_dir(target) as tmp:

@@ -1,0 +1,172 @@
+"""``aspc report``: PNG figures and one HTML page for a plan and its run logs.
+
+matplotlib (the ``report`` extra) is imported only when figures are drawn;
+importing this package costs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from aspc.atomic import atomic_dir
+from aspc.errors import ConfigError
+from aspc.progress import NULL_PROGRESS, Progress
+
+__all__ = ["write_report"]
+
+INDEX = "index.html"
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """Refuse to replace a directory that is not an earlier aspc report (it would be deleted)."""
+    from aspc.report.html import GENERATOR
+
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ConfigError(f"-o {out_dir}: exists and is not a directory; pick a new report directory")
+    if not any(out_dir.iterdir()):
+        return
+    index = out_dir / INDEX
+    try:
+        head = index.read_text(encoding="utf-8", errors="replace")[:2000] if index.is_file() else ""
+    except OSError:
+        head = ""
+    if f'name="generator" content="{GENERATOR}' not in head:
+        raise ConfigError(
+            f"-o {out_dir}: directory exists and is not an aspc report; pick a new directory "
+            "(an earlier report there would be replaced, anything else is never deleted)"
+        )
+
+
+def write_report(
+    plan_path: str | os.PathLike,
+    run_dirs: list[str | os.PathLike] | tuple[str | os.PathLike, ...] = (),
+    out_dir: str | os.PathLike = "report",
+    progress: Progress = NULL_PROGRESS,
+    *,
+    embed: bool = False,
+) -> list[Path]:
+    """Draw the report of a plan (and optional run logs) into ``out_dir``.
+
+    Parameters
+    ----------
+    plan_path
+        A plan written by ``aspc compile``.
+    run_dirs
+        Run log directories written by ``aspc run --log`` from this plan;
+        several are overlaid in the same figures (legend: directory name).
+    out_dir
+        Report directory, written whole or not at all. An earlier aspc report
+        there is replaced; any other non-empty directory is refused.
+    progress
+        Receives the stages ``read``, ``figures`` and ``html``.
+    embed
+        Inline the PNGs into ``index.html`` as base64 data URIs (the PNG files
+        are written too).
+
+    Returns
+    -------
+    list of Path
+        ``out_dir/index.html`` then every PNG, in page order.
+
+    Raises
+    ------
+    AspcError
+        matplotlib missing (install ``aspc[report]``), an unreadable plan or
+        run log, a run log of another plan, or an unusable ``out_dir``.
+    """
+    from aspc.emit import read_plan
+    from aspc.report import figures as F
+    from aspc.report.data import plan_view, run_labels, run_view
+    from aspc.runtime.runlog import read_run_log
+
+    F.require_matplotlib()  # fail before any work when the extra is missing
+    plan_path, out_dir = Path(plan_path), Path(out_dir)
+    run_paths = [Path(r) for r in run_dirs]
+    _check_out_dir(out_dir)
+
+    progress.stage("read", total=1 + len(run_paths))
+    plan = read_plan(plan_path)
+    pv = plan_view(plan, plan_path.name)
+    progress.advance()
+    runs = []
+    for path, label in zip(run_paths, run_labels(run_paths), strict=True):
+        # A failed or interrupted run is still worth looking at; its status is shown.
+        runs.append(run_view(pv, read_run_log(path, allow_incomplete=True), label))
+        progress.advance()
+    progress.done()
+
+    specs = list(F.PLAN_FIGURES) + (list(F.RUN_FIGURES) if runs else [])
+    with atomic_dir(out_dir) as tmp:
+        # The temporary directory is private (0700); a report is meant to be shared like any directory.
+        os.chmod(tmp, 0o777 & ~_umask())
+        progress.stage("figures", total=len(specs))
+        for spec in F.PLAN_FIGURES:
+            spec.draw(pv, tmp / spec.file)
+            progress.advance()
+        if runs:
+            for spec in F.RUN_FIGURES:
+                spec.draw(pv, runs, tmp / spec.file)
+                progress.advance()
+        progress.done()
+        progress.stage("html")
+        (tmp / INDEX).write_text(_page(pv, runs, tmp, embed), encoding="utf-8")
+        progress.done()
+    return [out_dir / INDEX] + [out_dir / s.file for s in specs]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _scalars(d: Any) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {}
+    return {k: v for k, v in d.items() if isinstance(v, (int, float, str, bool)) and v is not None}
+
+
+def _page(pv: Any, runs: list[Any], tmp: Path, embed: bool) -> str:
+    from aspc.report import figures as F
+    from aspc.report import html as H
+
+    plan_figs = "".join(H.figure_html(tmp / s.file, s.title, s.caption, embed) for s in F.PLAN_FIGURES)
+    predictor = _scalars(pv.predictor)
+    sections = [
+        (
+            "plan",
+            "Plan",
+            "<h3>Metrics</h3>"
+            + H.kv_table(_scalars(pv.metrics))
+            + "<h3>Compile configuration</h3>"
+            + H.kv_table(_scalars(pv.config) | {f"predictor.{k}": v for k, v in predictor.items()}, "setting")
+            + plan_figs,
+        )
+    ]
+    if runs:
+        names = [r.name for r in runs]
+        keys: list[str] = []
+        for r in runs:
+            keys += [k for k in r.extra if k not in keys]
+        rows = {k: [r.extra.get(k, "") for r in runs] for k in keys}
+        configs = [_scalars(r.meta.get("config")) for r in runs]
+        cfg_rows = {k: [c.get(k, "") for c in configs] for k in sorted({k for c in configs for k in c})}
+        run_figs = "".join(H.figure_html(tmp / s.file, s.title, s.caption, embed) for s in F.RUN_FIGURES)
+        sections.append(
+            (
+                "runs",
+                "Runs",
+                "<h3>Run metrics</h3>"
+                + H.compare_table(names, rows)
+                + ("<h3>Run configuration</h3>" + H.compare_table(names, cfg_rows, "setting") if cfg_rows else "")
+                + run_figs,
+            )
+        )
+    sub = f"plan {pv.name}: {pv.predicted.size:,} prompts, {pv.n_minibatches:,} minibatches, {pv.n_groups:,} groups"
+    if runs:
+        sub += "; runs: " + ", ".join(r.name for r in runs)
+    return H.render_page(title=f"aspc report: {pv.name}", subtitle=sub, sections=sections)

@@ -1,0 +1,121 @@
+"""Tests of :func:`aspc.partition.partition` against the brute-force oracle."""
+
+from __future__ import annotations
+
+import naive
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aspc.errors import ConfigError, InputError
+from aspc.partition import padded_cost, partition
+
+
+def sizes_of(boundaries):
+    return tuple(int(s) for s in np.diff(boundaries))
+
+
+@st.composite
+def instances(draw, max_n=12):
+    n = draw(st.integers(1, max_n))
+    # Integer-valued lengths keep every float sum exact, so costs compare exactly.
+    lengths = sorted(draw(st.lists(st.integers(0, 50), min_size=n, max_size=n)))
+    batch = draw(st.integers(1, 6))
+    slack = draw(st.integers(0, batch - 1))
+    return np.array(lengths, dtype=np.float64), batch, slack
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances())
+def test_matches_brute_force_exactly(inst):
+    lengths, batch, slack = inst
+    boundaries = partition(lengths, batch, slack)
+    cost, sizes = naive.partition(lengths, batch, slack)
+    assert padded_cost(lengths, boundaries) == cost
+    assert sizes_of(boundaries) == sizes
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.floats(0, 1e4, allow_nan=False), min_size=1, max_size=10),
+    st.integers(1, 5),
+    st.data(),
+)
+def test_float_lengths_cost_is_optimal(values, batch, data):
+    slack = data.draw(st.integers(0, batch - 1))
+    lengths = np.sort(np.array(values))
+    cost, _ = naive.partition(lengths, batch, slack)
+    assert padded_cost(lengths, partition(lengths, batch, slack)) == pytest.approx(cost, rel=1e-12, abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("n", "batch", "slack", "expected"),
+    [
+        (1, 1, 0, (1,)),
+        (1, 4, 0, (1,)),
+        (3, 4, 1, (3,)),  # n = B - slack: one in-band minibatch
+        (2, 4, 1, (2,)),  # n < B - slack: a single remainder minibatch
+        (8, 4, 0, (4, 4)),
+        (10, 4, 0, (4, 4, 2)),  # equal lengths: the tie rule puts the remainder last
+        (12, 4, 1, (4, 4, 4)),  # equal lengths: sizes stay at B when they can
+    ],
+)
+def test_edge_cases_equal_lengths(n, batch, slack, expected):
+    boundaries = partition(np.full(n, 7.0), batch, slack)
+    assert sizes_of(boundaries) == expected
+    assert padded_cost(np.full(n, 7.0), boundaries) == 7.0 * n
+
+
+def test_remainder_goes_where_it_is_cheapest():
+    # One long outlier: the remainder should isolate it rather than pad 3 prompts to 100.
+    lengths = np.array([1, 1, 1, 1, 1, 1, 100], dtype=float)
+    assert sizes_of(partition(lengths, 3, 0)) == (3, 3, 1)
+    lengths = np.array([1, 50, 50, 50, 60, 60, 60], dtype=float)
+    assert sizes_of(partition(lengths, 3, 0)) == (1, 3, 3)
+
+
+def test_no_remainder_when_band_tiles():
+    rng = np.random.default_rng(3)
+    for n in range(12, 200):
+        lengths = np.sort(rng.lognormal(5, 1, n))
+        sizes = np.diff(partition(lengths, 8, 4))
+        assert sizes.min() >= 4 and sizes.max() <= 12
+
+
+def test_boundaries_cover_input():
+    rng = np.random.default_rng(1)
+    lengths = np.sort(rng.lognormal(6, 1, 4992))
+    b = partition(lengths, 16, 4)
+    assert b.dtype == np.int64 and b[0] == 0 and b[-1] == 4992
+    assert np.all(np.diff(b) >= 12) and np.all(np.diff(b) <= 20)
+    # Never worse than fixed chunks of B, which are one feasible answer here.
+    fixed = np.arange(0, 4993, 16)
+    assert padded_cost(lengths, b) <= padded_cost(lengths, fixed)
+
+
+def test_accepts_ints_and_lists():
+    assert sizes_of(partition([1, 2, 3, 4], 2, 0)) == (2, 2)
+    assert sizes_of(partition(np.arange(4, dtype=np.int32), 2, 0)) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "exc"),
+    [
+        ([], InputError),
+        ([3.0, 1.0], InputError),
+        ([1.0, np.nan], InputError),
+        ([-1.0, 2.0], InputError),
+        ([[1.0, 2.0]], InputError),
+        (["a"], InputError),
+    ],
+)
+def test_bad_lengths(lengths, exc):
+    with pytest.raises(exc):
+        partition(lengths, 2, 0)
+
+
+@pytest.mark.parametrize(("batch", "slack"), [(0, 0), (4, 4), (4, -1), (2.5, 0), (True, 0), (4, 1.0)])
+def test_bad_config(batch, slack):
+    with pytest.raises(ConfigError):
+        partition([1.0, 2.0], batch, slack)

@@ -63,6 +63,11 @@ DEFAULT_GROUP_SIZE = 8
 class CompileConfig:
     batch_size: int | None = None  # prompts per minibatch (B); None -> 16, or n//4 under 64 prompts
     slack: int | None = None  # δ: minibatch sizes in [B-δ, B+δ]; None -> B//4
+    # κ, sequence-equivalents: each minibatch costs (|b| + κ)·max_b in the DP.
+    # None keeps the nominal count round(n/B) (a per-minibatch Lagrange
+    # penalty), so the slack moves boundaries to length jumps instead of
+    # shrinking every minibatch to B-δ, which pure padding (κ = 0) would do.
+    minibatch_overhead: float | None = None
     groups: int | None = None  # dispatch groups (G); None -> from group_size
     group_size: int | None = None  # minibatches per group (K); G = max(1, M // K); None -> 8
     samples_per_prompt: int = 1  # responses per prompt (GRPO n); cost counts all n sequences
@@ -233,7 +238,10 @@ def compile_plan(
         bounds = _fixed_bounds(n, b)
     else:
         rows = np.argsort(mean, kind="stable")
-        bounds = partition(mean[rows], b, d) if strategy is Strategy.ASP else _fixed_bounds(n, b)
+        if strategy is Strategy.ASP:
+            bounds = partition(mean[rows], b, d, overhead=config.minibatch_overhead)
+        else:
+            bounds = _fixed_bounds(n, b)
     progress.done()
 
     def _q(name: str) -> np.ndarray:
@@ -256,7 +264,16 @@ def compile_plan(
             equal_samples=config.equal_samples,
         )
         assignment = np.asarray(res.assignment, dtype=np.int64)
-        extra = {"init_imbalance": float(res.init_imbalance), "anneal_iterations_run": int(res.iterations_run)}
+        # The cardinality bound (largest minibatch plus the smallest others a
+        # group must hold) is what no assignment can beat; report the gap to it
+        # beside group_imbalance, whose LB ignores group sizes.
+        extra = {
+            "init_imbalance": float(res.init_imbalance),
+            "anneal_iterations_run": int(res.iterations_run),
+            "cardinality_bound": float(res.cardinality_bound),
+            "imbalance_vs_cardinality_bound": float(res.loads.max()) / max(res.cardinality_bound, res.lower_bound)
+            - 1.0,
+        }
     else:
         # Baselines: consecutive minibatches form groups, as a trainer that
         # consumes the dispatch stream in order would see them.

@@ -25,7 +25,7 @@ def compositions(n: int):
         yield tuple(sizes)
 
 
-def partition(sorted_lengths, batch_size: int, slack: int) -> tuple[float, tuple[int, ...]]:
+def partition(sorted_lengths, batch_size: int, slack: int, overhead: float = 0.0) -> tuple[float, tuple[int, ...]]:
     """Optimal ``(padded cost, sizes)`` by enumerating all compositions of ``n``.
 
     Rule (mirrors :func:`aspc.partition.partition`): all sizes in
@@ -40,7 +40,7 @@ def partition(sorted_lengths, batch_size: int, slack: int) -> tuple[float, tuple
         cost, end = 0.0, 0
         for s in sizes:
             end += s
-            cost += s * a[end - 1]
+            cost += (s + overhead) * a[end - 1]
         dev = sum(abs(s - batch_size) for s in sizes)
         return cost, dev, tuple(reversed(sizes))
 

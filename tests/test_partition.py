@@ -36,6 +36,37 @@ def test_matches_brute_force_exactly(inst):
     assert sizes_of(boundaries) == sizes
 
 
+@settings(max_examples=200, deadline=None)
+@given(instances(), st.integers(0, 8))
+def test_overhead_matches_brute_force_exactly(inst, kappa):
+    lengths, batch, slack = inst
+    boundaries = partition(lengths, batch, slack, overhead=kappa)
+    cost, sizes = naive.partition(lengths, batch, slack, overhead=kappa)
+    assert padded_cost(lengths, boundaries, overhead=kappa) == cost
+    assert sizes_of(boundaries) == sizes
+
+
+def test_overhead_moves_sizes_toward_the_top_of_the_band():
+    lengths = np.sort(np.random.default_rng(0).lognormal(5.5, 0.8, size=4000))
+    mean_size = [np.diff(partition(lengths, 16, 4, overhead=k)).mean() for k in (0.0, 4.0, 16.0, 1e6)]
+    assert mean_size == sorted(mean_size)
+    assert mean_size[0] < 13 and mean_size[-1] > 19
+
+
+@pytest.mark.parametrize("sigma", [0.3, 0.8, 1.5])
+def test_nominal_count_mode_averages_batch_size(sigma):
+    lengths = np.sort(np.random.default_rng(1).lognormal(5.5, sigma, size=5000))
+    b = partition(lengths, 16, 4, overhead=None)
+    sizes = np.diff(b)
+    assert abs(sizes.size - round(5000 / 16)) <= 1
+    assert sizes.min() >= 12 and sizes.max() <= 20
+    # Lagrangian optimality: no feasible partition with as many minibatches
+    # pads less. Comparator: the same count, sizes as equal as possible.
+    even = np.r_[0, np.cumsum([len(c) for c in np.array_split(np.arange(5000), sizes.size)])]
+    near_fixed = even
+    assert padded_cost(lengths, b) <= padded_cost(lengths, near_fixed)
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.floats(0, 1e4, allow_nan=False), min_size=1, max_size=10),

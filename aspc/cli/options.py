@@ -38,6 +38,12 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
     opts = [
         click.option("--batch-size", "-b", type=int, default=None, help="Prompts per generation minibatch (B). [default: 16]"),
         click.option("--slack", type=int, default=None, help="Minibatch sizes may vary in [B-slack, B+slack]. [default: B//4]"),
+        click.option(
+            "--minibatch-overhead",
+            type=float,
+            default=None,
+            help="κ: per-minibatch cost (|b|+κ)·max in the DP; 0 = pure padding. [default: keep round(n/B) minibatches]",
+        ),
         click.option("--groups", "-g", type=int, default=None, help="Number of dispatch groups."),
         click.option("--group-size", type=int, default=None, help="Minibatches per dispatch group. [default: 8]"),
         click.option("--samples-per-prompt", "-n", type=int, default=1, show_default=True, help="Responses per prompt."),
@@ -83,6 +89,7 @@ _INPUT_KEYS = ("prompt_field", "id_field", "length_field", "on_bad_line")
 _COMPILE_KEYS = (
     "batch_size",
     "slack",
+    "minibatch_overhead",
     "groups",
     "group_size",
     "samples_per_prompt",

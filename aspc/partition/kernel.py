@@ -13,7 +13,7 @@ from aspc.numba_config import NJIT_FLAGS
 
 
 @njit(**NJIT_FLAGS)
-def _band_step(lengths, j, lo, hi, batch_size, cost, dev, base_cost, base_dev, lo_from):
+def _band_step(lengths, j, lo, hi, batch_size, overhead, penalty, cost, dev, base_cost, base_dev, lo_from):
     """Best way to end a prefix of length ``j`` with one minibatch.
 
     Sizes ``lo_from..hi`` are scanned in ascending order; a size below ``lo``
@@ -35,7 +35,7 @@ def _band_step(lengths, j, lo, hi, batch_size, cost, dev, base_cost, base_dev, l
             cand_dev = dev[j - s] + abs(s - batch_size)
         if prev == np.inf:
             continue
-        c = prev + s * last
+        c = prev + (s + overhead) * last + penalty
         if c < best or (c == best and cand_dev < best_dev):
             best = c
             best_dev = cand_dev
@@ -44,20 +44,21 @@ def _band_step(lengths, j, lo, hi, batch_size, cost, dev, base_cost, base_dev, l
 
 
 @njit(**NJIT_FLAGS)
-def _fill(lengths, lo, hi, batch_size, cost, dev, size, base_cost, base_dev, lo_from):
+def _fill(lengths, lo, hi, batch_size, overhead, penalty, cost, dev, size, base_cost, base_dev, lo_from):
     """Fill one DP table (cost, total deviation, last size) for every prefix."""
     n = lengths.shape[0]
     for j in range(1, n + 1):
-        c, d, s = _band_step(lengths, j, lo, hi, batch_size, cost, dev, base_cost, base_dev, lo_from)
+        c, d, s = _band_step(lengths, j, lo, hi, batch_size, overhead, penalty, cost, dev, base_cost, base_dev, lo_from)
         cost[j] = c
         dev[j] = d
         size[j] = s
 
 
 @njit(**NJIT_FLAGS)
-def _partition_kernel(lengths, batch_size, lo, hi):
+def _partition_kernel(lengths, batch_size, lo, hi, overhead, penalty):
     """Optimal boundaries of ``lengths`` into minibatches of size in ``[lo, hi]``.
 
+    Each minibatch costs ``(size + overhead) * max + penalty``.
     Returns ``(boundaries, used_remainder)``. First a band-only table ``f``; if
     it cannot reach ``n``, a second table ``g`` (exactly one remainder
     minibatch of size ``1..lo-1`` already placed) built on top of ``f``.
@@ -67,7 +68,7 @@ def _partition_kernel(lengths, batch_size, lo, hi):
     f_dev = np.zeros(n + 1, np.int64)
     f_size = np.zeros(n + 1, np.int64)
     f_cost[0] = 0.0
-    _fill(lengths, lo, hi, batch_size, f_cost, f_dev, f_size, f_cost, f_dev, lo)
+    _fill(lengths, lo, hi, batch_size, overhead, penalty, f_cost, f_dev, f_size, f_cost, f_dev, lo)
 
     use_g = f_cost[n] == np.inf
     g_size = np.zeros(1, np.int64)
@@ -75,7 +76,7 @@ def _partition_kernel(lengths, batch_size, lo, hi):
         g_cost = np.full(n + 1, np.inf)
         g_dev = np.zeros(n + 1, np.int64)
         g_size = np.zeros(n + 1, np.int64)
-        _fill(lengths, lo, hi, batch_size, g_cost, g_dev, g_size, f_cost, f_dev, 1)
+        _fill(lengths, lo, hi, batch_size, overhead, penalty, g_cost, g_dev, g_size, f_cost, f_dev, 1)
 
     # Walk back from n, switching from g to f at the remainder minibatch.
     sizes = np.empty(n, np.int64)

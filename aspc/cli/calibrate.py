@@ -1,0 +1,58 @@
+"""``aspc calibrate RUN``: fit the simulator's cost model from a run log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from aspc.cli.common import emit_json, handle_errors, json_option, note, out_console, quiet_option
+
+
+@click.command("calibrate")
+@click.argument("run_dir", metavar="RUN", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the fitted cost model here (JSON for --cost-model).",
+)
+@json_option
+@quiet_option
+@handle_errors
+def calibrate_cmd(run_dir: Path, output: Path | None, as_json: bool, quiet: bool) -> None:
+    """Fit decode, prefill and trainer coefficients from a run log's minibatch and step rows.
+
+    \b
+    aspc calibrate RUN -o cost.json
+    aspc run plan.parquet --cost-model cost.json
+    """
+    from aspc.runtime.calibrate import calibrate
+    from aspc.runtime.sim.cost import save_cost_model
+
+    cal = calibrate(run_dir)
+    if output is not None:
+        save_cost_model(cal.cost_model, output)
+        note(f"cost model written to {output}", quiet)
+    for msg in cal.notes:
+        note(msg, quiet)
+    fit = {
+        "n_minibatches": cal.n_minibatches,
+        "n_steps": cal.n_steps,
+        "r2_generation": cal.r2_generation,
+        "r2_trainer": cal.r2_trainer,
+        "generation_rel_error": cal.generation_rel_error,
+    }
+    if as_json:
+        emit_json({"cost_model": cal.cost_model.to_dict(), **fit})
+    elif not quiet:
+        t = Table(title=f"cost model fitted from {run_dir.name}", header_style="bold")
+        t.add_column("coefficient")
+        t.add_column("value", justify="right")
+        for k, v in cal.cost_model.to_dict().items():
+            t.add_row(k, f"{v:.6g}")
+        for k, v in fit.items():
+            t.add_row(k, "-" if v is None else f"{v:.6g}")
+        out_console.print(t)

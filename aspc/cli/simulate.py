@@ -1,0 +1,108 @@
+"""``aspc simulate INPUT``: compile with several strategies, simulate each, one table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+
+from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, quiet_option
+from aspc.cli.common import out_console as _out
+from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options
+from aspc.cli.run import run_config_from_kwargs, runtime_options
+
+
+def _f(v: Any, spec: str) -> str:
+    return "-" if v is None else spec.format(v)
+
+
+def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
+    t = Table(title=title, header_style="bold")
+    t.add_column("strategy", no_wrap=True, min_width=8)
+    for col in (
+        "mean iter s",
+        "vs random",
+        "steady iter s",
+        "vs random ",
+        "trend q4/q1",
+        "trainer wait",
+        "lag mean",
+        "lag max",
+        "makespan/LB",
+    ):
+        t.add_column(col, justify="right")
+    for name, d in table.items():
+        t.add_row(
+            name,
+            _f(d.get("mean_iteration_time"), "{:.3f}"),
+            _f(d.get("mean_iteration_time_vs_random"), "{:.3f}"),
+            _f(d.get("steady_iteration_time"), "{:.3f}"),
+            _f(d.get("steady_iteration_time_vs_random"), "{:.3f}"),
+            _f(d.get("iteration_time_trend"), "{:.3f}"),
+            _f(d.get("trainer_wait_fraction"), "{:.1%}"),
+            _f(d.get("policy_lag_mean"), "{:.2f}"),
+            _f(d.get("policy_lag_max"), "{}"),
+            _f(d.get("makespan_over_lower_bound"), "{:.4f}"),
+        )
+    return t
+
+
+@click.command("simulate")
+@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--strategies",
+    default="random,sorted,asp,oracle",
+    show_default=True,
+    help="Comma list of strategies: random, sorted, asp, oracle (asp with the true lengths).",
+)
+@input_options
+@compile_options
+@runtime_options
+@click.option(
+    "--actual-lengths",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Separate dataset (or run log) of real lengths; default: --length-field of INPUT.",
+)
+@json_option
+@quiet_option
+@handle_errors
+def simulate_cmd(
+    input_path: Path, strategies: str, actual_lengths: Path | None, as_json: bool, quiet: bool, **kwargs: Any
+) -> None:
+    """Compile INPUT with each strategy and simulate every plan on the same real lengths.
+
+    \b
+    aspc simulate in.jsonl --length-field lengths --samples-per-prompt 4 \\
+        --workers 8 --global-batch 64 --seed 0 --strategies random,sorted,asp,oracle --json
+    """
+    from aspc.runtime.compare import comparison_table, parse_strategies, simulate_strategies
+
+    names = parse_strategies(strategies)
+    inputs, config = compile_config_from_kwargs(kwargs)
+    # One seed for everything: the compile options' --seed also seeds the run.
+    run_config, cost = run_config_from_kwargs(kwargs, seed=config.seed)
+    with RichProgress(quiet) as progress:
+        results = simulate_strategies(
+            input_path,
+            inputs,
+            config,
+            run_config,
+            strategies=names,
+            cost_model=cost,
+            actual_lengths_path=actual_lengths,
+            progress=progress,
+        )
+    table = comparison_table(results)
+    if as_json:
+        emit_json({"strategies": table})
+    elif not quiet:
+        _out.print(
+            comparison_rich(
+                table,
+                f"simulate {input_path.name} (W={run_config.workers}, "
+                f"global batch {run_config.global_batch})",
+            )
+        )

@@ -1,0 +1,247 @@
+"""Execute a plan: dispatcher, bounded queue, workers, trainer, staggered reloads.
+
+The runtime only executes; the plan already holds every scheduling decision
+that can be made offline. One loop (:func:`aspc.runtime.loop.drive`) runs the
+pure :class:`~aspc.runtime.scheduler.Scheduler` against an
+:class:`~aspc.runtime.engine.Engine`: the ``sim`` backend on a virtual clock,
+real backends (later) on the wall clock.
+
+Example
+-------
+>>> from aspc.emit import read_plan                           # doctest: +SKIP
+>>> result = run(read_plan("plan.parquet"), config=RunConfig(workers=8))  # doctest: +SKIP
+>>> result.summary.mean_iteration_time                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from aspc.progress import NULL_PROGRESS, Progress
+from aspc.runtime.backend import (
+    BACKENDS,
+    BackendContext,
+    BackendKind,
+    Clock,
+    GenerationBackend,
+    GenerationResult,
+    TrainBatch,
+    Trainer,
+    TrainResult,
+    make_backend,
+    make_trainer,
+    parse_backend,
+)
+from aspc.runtime.config import RETURN_MODES, ReturnMode, RunConfig, parse_return_mode, resolve_queue_capacity
+from aspc.runtime.engine import ENGINES, Engine, EngineKind, make_engine, parse_engine
+from aspc.runtime.lengths import SampleLengths, join_actual_lengths, sample_predicted_lengths
+from aspc.runtime.loop import drive
+from aspc.runtime.metrics import RunSummary, summarize, summarize_log
+from aspc.runtime.recorder import Recorder
+from aspc.runtime.runlog import RunLog, RunLogWriter, read_run_log
+from aspc.runtime.scheduler import Scheduler
+from aspc.runtime.sim.cost import CostModel, load_cost_model
+from aspc.runtime.work import MinibatchWork, WorkPlan, work_from_table
+
+__all__ = [
+    "BACKENDS",
+    "ENGINES",
+    "RETURN_MODES",
+    "BackendContext",
+    "BackendKind",
+    "Clock",
+    "CostModel",
+    "Engine",
+    "EngineKind",
+    "GenerationBackend",
+    "GenerationResult",
+    "MinibatchWork",
+    "ReturnMode",
+    "RunConfig",
+    "RunLog",
+    "RunResult",
+    "RunSummary",
+    "SampleLengths",
+    "Scheduler",
+    "TrainBatch",
+    "TrainResult",
+    "Trainer",
+    "WorkPlan",
+    "load_cost_model",
+    "read_run_log",
+    "run",
+    "summarize_log",
+    "work_from_table",
+]
+
+
+@dataclass
+class RunResult:
+    """What :func:`run` returns."""
+
+    summary: RunSummary  # the metrics ``aspc run`` prints
+    columns: dict[str, dict[str, np.ndarray]]  # every run-log row in memory (no prompt ids)
+    lengths: SampleLengths | None  # lengths the sim replayed and their source; None for real backends
+    notes: list[str] = field(default_factory=list)  # diagnostics for stderr
+    log_dir: Path | None = None  # where the run log was written, if anywhere
+
+
+def _plan_parts(plan: Any) -> tuple[pa.Table, dict[str, Any]]:
+    """Accept a :class:`aspc.emit.Plan` or a bare plan table."""
+    if isinstance(plan, pa.Table):
+        return plan, {}
+    info = {
+        "input_hash": getattr(plan, "input_hash", ""),
+        "rows_hash": getattr(plan, "stored_rows_hash", ""),
+        "schema_version": getattr(plan, "schema_version", ""),
+        "strategy": (getattr(plan, "config", None) or {}).get("strategy"),
+    }
+    return plan.table, info
+
+
+def run(
+    plan: Any,
+    *,
+    config: RunConfig | None = None,
+    cost_model: CostModel | None = None,
+    actual_lengths: dict[str, np.ndarray] | None = None,
+    lengths_name: str = "",
+    backend: GenerationBackend | None = None,
+    trainer: Trainer | None = None,
+    log_dir: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    progress: Progress = NULL_PROGRESS,
+) -> RunResult:
+    """Execute ``plan`` and return its metrics.
+
+    Parameters
+    ----------
+    plan
+        An :class:`aspc.emit.Plan` (as :func:`aspc.emit.read_plan` returns) or
+        a plan table with the PLAN_SCHEMA columns in dispatch order.
+    config
+        Workers, global batch, queue capacity, reload time, return mode, seed,
+        backend and engine names. Defaults to :class:`RunConfig()`.
+    cost_model
+        Step-time coefficients of the ``sim`` backend and trainer.
+    actual_lengths
+        Prompt id -> observed response lengths (as :func:`aspc.io.read_lengths`
+        returns); sample ``i`` of a prompt replays its ``i``-th length. ``None``
+        draws lengths from the plan's predictions (seeded; a note says so).
+    lengths_name
+        Name of the lengths source, for messages and the log metadata.
+    backend, trainer
+        Instances to use instead of the ones ``config.backend`` names (tests,
+        library users with their own trainer).
+    log_dir
+        Write the run log there (see :mod:`aspc.runtime.runlog`); ``None`` keeps
+        it in memory only.
+    overwrite
+        Replace an existing aspc run log at ``log_dir``.
+    progress
+        Progress sink (the CLI's bar).
+
+    Raises
+    ------
+    ConfigError
+        Invalid options (W = 0, a queue smaller than one global batch, ...),
+        checked before anything is written.
+    InputError
+        Actual lengths missing for some prompts.
+    BackendError
+        A backend or engine that cannot run here.
+    RunError
+        The run failed part-way; its log is marked ``failed``.
+    """
+    config = config or RunConfig()
+    config.validate()
+    mode = parse_return_mode(config.return_mode)
+    cost_model = cost_model or CostModel()
+    table, plan_info = _plan_parts(plan)
+    work = work_from_table(table, samples_per_prompt=config.samples_per_prompt)
+    capacity = resolve_queue_capacity(config, int(work.minibatch_sizes.max()))
+    kind = parse_backend(config.backend)
+    parse_engine(config.engine)
+
+    lengths: SampleLengths | None = None
+    if backend is None and kind is BackendKind.SIM:
+        if actual_lengths is not None:
+            lengths = join_actual_lengths(
+                work, actual_lengths, max_new_tokens=config.max_new_tokens, source_name=lengths_name
+            )
+        else:
+            lengths = sample_predicted_lengths(work, seed=config.seed, max_new_tokens=config.max_new_tokens)
+    context = BackendContext(
+        n_workers=config.workers,
+        reload_time=config.reload_time,
+        cost_model=cost_model,
+        response_len=None if lengths is None else lengths.response_len,
+    )
+    backend = backend or make_backend(kind, context)
+    trainer = trainer or make_trainer("sim", context)
+    engine = make_engine(config.engine, backend, trainer, mode)
+
+    writer = RunLogWriter(log_dir, overwrite=overwrite) if log_dir is not None else None
+    if writer is not None:
+        writer.check()
+    backend.setup(work, config.workers)
+    trainer.setup(work)
+    run_info = {
+        "samples_planned": work.n_total_samples,
+        "n_minibatches": work.n_minibatches,
+        "queue_capacity": capacity,
+        "length_source": None if lengths is None else lengths.source,
+        "lengths_name": lengths_name or None,
+    }
+    if writer is not None:
+        writer.start(
+            {
+                "config": _config_record(config),
+                "cost_model": cost_model.to_dict(),
+                "plan": plan_info,
+                "run": run_info,
+            }
+        )
+    recorder = Recorder(work, writer, flush_seconds=config.log_flush_seconds)
+    scheduler = Scheduler(work.minibatch_sizes, config.workers, config.global_batch, capacity)
+    try:
+        drive(work, scheduler, engine, recorder, progress)
+    except BaseException as exc:
+        if writer is not None:
+            try:
+                recorder.flush()
+            finally:
+                writer.fail(" ".join(str(exc).split()) or type(exc).__name__)
+        raise
+    finally:
+        engine.close()
+        backend.close()
+        trainer.close()
+    columns = recorder.all_columns()
+    summary = summarize(
+        columns, n_workers=config.workers, samples_planned=work.n_total_samples, queue_capacity=capacity
+    )
+    if lengths is not None:
+        summary.extra["length_source"] = lengths.source
+    if writer is not None:
+        writer.finish(summary.to_dict())
+    return RunResult(
+        summary=summary,
+        columns=columns,
+        lengths=lengths,
+        notes=list(lengths.notes) if lengths is not None else [],
+        log_dir=None if log_dir is None else Path(log_dir),
+    )
+
+
+def _config_record(config: RunConfig) -> dict[str, Any]:
+    d = dataclasses.asdict(config)
+    d["return_mode"] = ReturnMode(config.return_mode).value
+    return d

@@ -1,0 +1,178 @@
+"""The execute half's contracts: generation backends and trainers.
+
+A backend knows how to generate one minibatch on one worker and how to load
+new weights; a trainer knows how to run one step. Neither decides anything:
+the :class:`~aspc.runtime.scheduler.Scheduler` decides, an
+:class:`~aspc.runtime.engine.Engine` calls these methods (on a virtual clock
+for ``sim``, from threads or Ray actors for real backends). Real backends
+(``hf``, ``vllm``) import their heavy dependencies inside their own modules.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, ClassVar
+
+import numpy as np
+
+from aspc.errors import ConfigError
+from aspc.runtime.work import MinibatchWork, WorkPlan
+
+
+class Clock(str, Enum):
+    """Whose seconds a backend's timings are."""
+
+    VIRTUAL = "virtual"  # computed from a cost model; the engine advances a simulated clock
+    WALL = "wall"  # measured; the engine runs calls concurrently and reads a real clock
+
+
+@dataclass
+class GenerationResult:
+    """What a worker hands back for one minibatch."""
+
+    response_len: np.ndarray  # int64 per sample of the minibatch, in sample-id order, tokens
+    finish_offset: np.ndarray  # float64 per sample: seconds from generation start to its end, <= elapsed
+    elapsed: float  # seconds the minibatch occupied the worker, reload excluded
+    payload: list[Any] | None = None  # per-sample outputs a real trainer needs (tokens, text); None in sim
+
+
+@dataclass(frozen=True)
+class TrainBatch:
+    """One global batch handed to the trainer."""
+
+    step: int  # trainer step index; the trainer holds weights version ``step`` while it runs
+    samples: np.ndarray  # int64 global sample ids, oldest first, exactly global_batch of them
+    response_len: np.ndarray  # int64 per sample, tokens generated
+    prompt_tokens: np.ndarray  # int64 per sample, tokens of its prompt
+    weights_version: np.ndarray  # int64 per sample, version that generated it (<= step)
+    payload: list[Any] | None = None  # per-sample backend outputs, when the backend returns any
+
+
+@dataclass
+class TrainResult:
+    """What the trainer hands back after one step."""
+
+    version: int  # the weights version it published: step + 1
+    elapsed: float  # seconds the step took
+    weights: Any = None  # where workers load that version from (path, handle); None in sim
+
+
+class GenerationBackend(ABC):
+    """Generates minibatches for the workers of one run."""
+
+    clock: ClassVar[Clock] = Clock.WALL  # VIRTUAL backends run only under the simulated clock
+
+    def setup(self, work: WorkPlan, n_workers: int) -> None:  # noqa: B027 - optional hook
+        """Called once before the first dispatch, with the whole plan."""
+
+    @abstractmethod
+    def load_weights(self, worker: int, version: int, weights: Any) -> float:
+        """Load weights ``version`` (published by the trainer as ``weights``) into ``worker``.
+
+        Called only between two minibatches of that worker, when a newer
+        version than its own exists. Returns the seconds it took.
+        """
+
+    @abstractmethod
+    def generate(self, worker: int, work: MinibatchWork) -> GenerationResult:
+        """Generate every sample of ``work`` on ``worker`` and return them.
+
+        Called when the dispatcher hands ``work`` to ``worker``; never called
+        twice at once for the same worker. Samples are numbered
+        ``work.sample_start .. work.sample_end - 1``.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Called once when the run ends, also after a failure."""
+
+
+class Trainer(ABC):
+    """Consumes global batches and publishes weights versions."""
+
+    clock: ClassVar[Clock] = Clock.WALL
+
+    def setup(self, work: WorkPlan) -> None:  # noqa: B027 - optional hook
+        """Called once before the first step."""
+
+    @abstractmethod
+    def step(self, batch: TrainBatch) -> TrainResult:
+        """Run one optimisation step on ``batch``; return the new version (``batch.step + 1``).
+
+        Called when a global batch is queued and the previous step finished.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Called once when the run ends."""
+
+
+class BackendKind(str, Enum):
+    """Generation backends ``--backend`` accepts."""
+
+    SIM = "sim"  # discrete-event simulation with a cost model; no hardware
+    HF = "hf"  # transformers generate (CPU / CUDA / NPU): aspc.runtime.backends.hf
+    VLLM = "vllm"  # vLLM / vLLM-Ascend engines: aspc.runtime.backends.vllm
+
+
+BACKENDS = tuple(k.value for k in BackendKind)
+
+
+@dataclass
+class BackendContext:
+    """Everything a backend factory may need; backends ignore what they do not use."""
+
+    n_workers: int  # W
+    reload_time: float = 0.0  # seconds per weight reload (sim)
+    cost_model: Any = None  # aspc.runtime.sim.CostModel for sim
+    response_len: np.ndarray | None = None  # int64 per sample: lengths the sim replays
+    options: dict[str, Any] = field(default_factory=dict)  # backend-specific (model path, device, ...)
+
+
+def parse_backend(name: str | BackendKind) -> BackendKind:
+    try:
+        return BackendKind(name)
+    except ValueError:
+        raise ConfigError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}") from None
+
+
+def make_backend(name: str | BackendKind, context: BackendContext) -> GenerationBackend:
+    """The generation backend called ``name``.
+
+    Raises
+    ------
+    ConfigError
+        Unknown name.
+    BackendError
+        A known backend that cannot run here.
+    """
+    kind = parse_backend(name)
+    if kind is BackendKind.SIM:
+        from aspc.runtime.sim.backend import SimBackend
+
+        if context.response_len is None:
+            raise ConfigError("the sim backend needs response lengths (actual or sampled)")
+        return SimBackend(context.cost_model, context.response_len, reload_time=context.reload_time)
+    # hf / vllm: options (model, device, sampling, replay lengths) come from context.options.
+    from aspc.runtime.backends import make_model_backend
+
+    return make_model_backend(kind.value, context.options)
+
+
+def make_trainer(name: str, context: BackendContext) -> Trainer:
+    """The trainer called ``name``.
+
+    ``sim`` times each step with the cost model; ``package.module:factory``
+    imports a user's trainer (the only import of user code, see
+    :mod:`aspc.runtime.trainers`), called with ``context`` and
+    ``context.options["trainer_args"]``.
+    """
+    if name == "sim":
+        from aspc.runtime.sim.backend import SimTrainer
+
+        return SimTrainer(context.cost_model)
+    from aspc.runtime.trainers import is_factory_spec, make_user_trainer
+
+    if is_factory_spec(name):
+        return make_user_trainer(name, context, context.options.get("trainer_args"))
+    raise ConfigError(f"unknown trainer {name!r}; use 'sim' or 'package.module:factory'")

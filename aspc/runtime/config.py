@@ -1,0 +1,125 @@
+"""Run configuration: how many workers, how big a trainer step, how deep a queue.
+
+One :class:`RunConfig` drives every backend; options that only a backend
+understands (model paths, devices) belong to that backend, not here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+from aspc.errors import ConfigError
+
+
+class ReturnMode(str, Enum):
+    """When a worker hands a minibatch's samples to the queue."""
+
+    # The preprint's mode: every sample of a minibatch is returned when its
+    # longest sequence finishes (what one batched ``generate`` call does).
+    STATIC = "static"
+    # Each sequence is returned the moment it finishes, as continuous-batching
+    # engines stream them; the worker is still busy until the longest ends.
+    CONTINUOUS = "continuous"
+
+
+RETURN_MODES = tuple(m.value for m in ReturnMode)
+
+
+def parse_return_mode(name: str | ReturnMode) -> ReturnMode:
+    """The :class:`ReturnMode` called ``name``; :class:`ConfigError` if unknown."""
+    try:
+        return ReturnMode(name)
+    except ValueError:
+        raise ConfigError(f"unknown return mode {name!r}; use one of {', '.join(RETURN_MODES)}") from None
+
+
+# "auto", a sample count ("512") or a number of trainer batches ("4b").
+_CAPACITY_RE = re.compile(r"^\s*(?:(auto)|(\d+)|(\d+(?:\.\d+)?)\s*b)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Options shared by every backend and engine.
+
+    The defaults make ``aspc run plan.parquet`` meaningful on its own: a small
+    pipeline of eight workers feeding a trainer that steps every 64 samples.
+    """
+
+    workers: int = 8  # generation workers W; >= 1
+    global_batch: int = 64  # samples per trainer step; >= 1
+    # Bounded-queue high-water mark: samples ("512"), trainer batches ("4b"), or
+    # "auto" = one global batch plus one largest minibatch per worker, the least
+    # that lets every worker keep generating while the trainer has a batch ready.
+    queue_capacity: str = "auto"
+    reload_time: float = 0.5  # seconds a worker spends loading new weights (sim); >= 0
+    return_mode: ReturnMode = ReturnMode.STATIC  # when samples reach the queue
+    seed: int = 0  # seeds lengths drawn from the plan's predictions (no --actual-lengths)
+    max_new_tokens: int | None = None  # cap on every response length, tokens; None = no cap
+    samples_per_prompt: int | None = None  # override the plan's n_samples for every prompt
+    backend: str = "sim"  # generation backend: sim | hf | vllm
+    engine: str = "local"  # where workers run: local | ray
+    # Run-log parts are flushed at least this often (wall seconds), so a crash
+    # loses little finished work; sim runs finish faster and write one part.
+    log_flush_seconds: float = 10.0
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` for a value no run could use."""
+        if not isinstance(self.workers, (int, np.integer)) or self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {self.workers}")
+        if self.global_batch < 1:
+            raise ConfigError(f"--global-batch must be >= 1 sample, got {self.global_batch}")
+        if not math.isfinite(self.reload_time) or self.reload_time < 0:
+            raise ConfigError(
+                f"--reload-time must be a finite number of seconds >= 0, got {self.reload_time}"
+            )
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.samples_per_prompt is not None and self.samples_per_prompt < 1:
+            raise ConfigError(f"--samples-per-prompt must be >= 1, got {self.samples_per_prompt}")
+        if _CAPACITY_RE.match(str(self.queue_capacity)) is None:
+            raise ConfigError(
+                f"--queue-capacity {self.queue_capacity!r} is not a sample count (512), "
+                "a number of trainer batches (4b) or 'auto'"
+            )
+        parse_return_mode(self.return_mode)
+
+
+def resolve_queue_capacity(config: RunConfig, largest_minibatch: int) -> int:
+    """The queue's high-water mark in samples.
+
+    Parameters
+    ----------
+    config
+        The run configuration (``queue_capacity`` and ``global_batch``).
+    largest_minibatch
+        Samples in the plan's largest minibatch.
+
+    Raises
+    ------
+    ConfigError
+        A malformed value, or a capacity below one global batch: the trainer
+        could never gather a step's samples and the run would deadlock.
+    """
+    m = _CAPACITY_RE.match(str(config.queue_capacity))
+    if m is None:
+        config.validate()  # raises with the message
+        raise AssertionError("unreachable")
+    auto, samples, batches = m.groups()
+    if auto:
+        cap = config.global_batch + config.workers * int(largest_minibatch)
+    elif samples is not None:
+        cap = int(samples)
+    else:
+        cap = int(math.floor(float(batches) * config.global_batch))
+    if cap < config.global_batch:
+        raise ConfigError(
+            f"--queue-capacity {config.queue_capacity} ({cap} samples) is smaller than one global batch "
+            f"({config.global_batch} samples); the trainer could never start: use at least "
+            f"{config.global_batch} or '1b'"
+        )
+    return cap

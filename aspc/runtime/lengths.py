@@ -1,0 +1,102 @@
+"""Response lengths for simulated runs: observed ones, or drawn from the plan.
+
+The simulator never uses a plan's predictions as the truth when real lengths
+exist: those come from the data (``--actual-lengths``). With none given, each
+sample's length is drawn, seeded, from the plan's predictive distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from aspc.costs.kernel import Z90
+from aspc.emit import schema as S
+from aspc.errors import InputError
+from aspc.runtime.work import WorkPlan
+
+
+@dataclass
+class SampleLengths:
+    """Response length of every sample of a run, and where it came from."""
+
+    response_len: np.ndarray  # int64 per global sample id, tokens, >= 0
+    source: str  # "actual" (joined from data) or "sampled" (drawn from predictions)
+    notes: list[str] = field(default_factory=list)  # things the user should know (stderr)
+
+
+def _cap(lengths: np.ndarray, max_new_tokens: int | None) -> np.ndarray:
+    return lengths if max_new_tokens is None else np.minimum(lengths, max_new_tokens)
+
+
+def join_actual_lengths(
+    work: WorkPlan,
+    lengths_by_id: dict[str, np.ndarray],
+    *,
+    max_new_tokens: int | None = None,
+    source_name: str = "",
+) -> SampleLengths:
+    """Per-sample lengths from observed data keyed by prompt id.
+
+    Sample ``i`` of a prompt takes the prompt's ``i``-th observed value; with
+    fewer values than samples the list is reused cyclically (and a note says so).
+
+    Raises
+    ------
+    InputError
+        Some plan prompts have no observed length (names how many and one id),
+        or a length is negative or not finite.
+    """
+    where = f" in {source_name}" if source_name else ""
+    ids = work.prompt_ids
+    missing = [pid for pid in ids if pid not in lengths_by_id]
+    if missing:
+        raise InputError(
+            f"{len(missing)} of {len(ids)} plan prompts have no length{where}, e.g. id {missing[0]!r}; "
+            "check --length-field and --id-field, or compile and run from the same dataset"
+        )
+    per_row = [np.asarray(lengths_by_id[pid], dtype=np.float64).ravel() for pid in ids]
+    counts = np.fromiter((v.size for v in per_row), dtype=np.int64, count=len(per_row))
+    if np.any(counts == 0):
+        bad = ids[int(np.flatnonzero(counts == 0)[0])]
+        raise InputError(f"prompt {bad!r} has an empty list of lengths{where}; give at least one length")
+    flat = np.concatenate(per_row)
+    if not np.all(np.isfinite(flat)) or np.any(flat < 0):
+        raise InputError(f"lengths{where} must be finite and >= 0; fix the length field")
+    first = np.r_[0, np.cumsum(counts)[:-1]]
+    rows = work.sample_row
+    pick = first[rows] + work.sample_index.astype(np.int64) % counts[rows]
+    lengths = np.rint(flat[pick]).astype(np.int64)
+    notes = []
+    short = int(np.count_nonzero(counts < work.n_samples))
+    if short:
+        notes.append(
+            f"{short} prompts have fewer observed lengths than samples; their lengths are reused cyclically"
+        )
+    return SampleLengths(_cap(lengths, max_new_tokens), "actual", notes)
+
+
+def sample_predicted_lengths(
+    work: WorkPlan, *, seed: int = 0, max_new_tokens: int | None = None
+) -> SampleLengths:
+    """Draw each sample's length from a lognormal fitted to the plan's predictions.
+
+    The lognormal has median ``predicted_q50`` and the log-spread that puts
+    ``predicted_q10`` and ``predicted_q90`` at its 10th and 90th percentiles,
+    the same per-prompt model the compiler's ``expected-max`` cost uses.
+    """
+    t = work.table
+    q10 = np.maximum(t.column(S.PREDICTED_Q10).to_numpy(), 1.0)
+    q50 = np.maximum(t.column(S.PREDICTED_Q50).to_numpy(), 1.0)
+    q90 = np.maximum(t.column(S.PREDICTED_Q90).to_numpy(), 1.0)
+    mu = np.log(q50)
+    sigma = np.maximum(np.log(q90) - np.log(q10), 0.0) / (2.0 * Z90)
+    rows = work.sample_row
+    z = np.random.default_rng(seed).standard_normal(rows.size)
+    lengths = np.maximum(np.rint(np.exp(mu[rows] + sigma[rows] * z)), 1.0).astype(np.int64)
+    note = (
+        f"no --actual-lengths: each sample's length is drawn (seed {seed}) from a lognormal fitted to the "
+        "plan's predicted_q10..q90"
+    )
+    return SampleLengths(_cap(lengths, max_new_tokens), "sampled", [note])

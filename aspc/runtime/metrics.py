@@ -1,0 +1,238 @@
+"""Run metrics, computed from the run log's columns (or the same columns in memory).
+
+Names match DESIGN.md "Metrics". Times are seconds on the engine's clock.
+
+- ``iteration_time`` of step k = end_k − end_{k−1} (end_{−1} = run start);
+  ``trainer_wait`` = start_k − end_{k−1}.
+- The *steady* steps are those that end while the dispatcher still had
+  minibatches to hand out (no later than the last dispatch). After that the
+  run drains: workers fall idle one by one and the last steps wait for the
+  slowest minibatches, a single-pass artifact that a longer run would not
+  show. ``steady_iteration_time`` and the trend (last quarter / first quarter
+  of the steady steps, > 1 = iterations slow down: the sorting bubble) use
+  them; mean / p50 / p95 use every step.
+- ``makespan`` = when the last minibatch finished; ``lower_bound`` =
+  max(Σ minibatch generation time / W, longest minibatch): no dispatch order
+  can finish these minibatches on W workers sooner (reloads excluded).
+- ``policy_lag`` of a consumed sample = consuming step − weights version that
+  generated it.
+- Bubbles: ``padding`` and ``skew`` are fractions of decode slot-steps
+  (sequence × step) spent idle inside minibatches: ``skew`` is the idle time
+  after only a minibatch's longest 10% of sequences are still decoding
+  (at least one), ``padding`` the rest. ``backpressure`` and ``drain`` are
+  fractions of worker time (W × makespan) idle while minibatches remained
+  undispatched (the queue was full) and after the last dispatch;
+  ``trainer_starvation`` is the trainer's wait fraction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from aspc.runtime import runlog as R
+
+# Fraction of a minibatch's sequences that form its "tail" for the skew bubble.
+SKEW_TAIL_FRACTION = 0.1
+
+
+@dataclass
+class RunSummary:
+    """The numbers ``aspc run`` prints; None where undefined (e.g. no trainer step)."""
+
+    n_workers: int  # W
+    n_minibatches: int  # minibatches generated
+    samples_planned: int  # Σ n_samples over the plan
+    samples_generated: int  # samples returned by workers (== planned on success)
+    samples_consumed: int  # samples in trainer steps (== n_trainer_steps × global batch)
+    samples_left_over: int  # generated, never consumed (< one global batch)
+    n_trainer_steps: int  # trainer steps run
+    mean_iteration_time: float | None  # seconds per trainer step, mean
+    p50_iteration_time: float | None  # seconds, median
+    p95_iteration_time: float | None  # seconds, 95th percentile
+    steady_iteration_time: float | None  # mean over the steady steps (before the drain), seconds
+    n_steady_steps: int  # steps that ended no later than the last dispatch
+    iteration_time_first_quarter: float | None  # mean over the first quarter of steady steps, seconds
+    iteration_time_last_quarter: float | None  # mean over the last quarter of steady steps, seconds
+    iteration_time_trend: float | None  # last / first quarter of steady steps; > 1 = iterations slow down
+    trainer_wait_fraction: float | None  # Σ trainer wait / end of the last step
+    worker_busy_fraction: float  # Σ generation time / (W × makespan)
+    worker_reload_fraction: float  # Σ reload time / (W × makespan)
+    n_reloads: int  # weight reloads across all workers
+    tokens_per_s_per_worker: float  # mean over workers of response tokens / makespan
+    worker_tokens_per_s: list[float]  # per worker, response tokens / makespan
+    bubbles: dict[str, float]  # padding, skew, backpressure, drain, trainer_starvation (fractions)
+    policy_lag_mean: float | None  # mean over consumed samples, trainer steps
+    policy_lag_max: int | None  # max over consumed samples
+    makespan: float  # seconds until the last minibatch finished
+    lower_bound: float  # max(Σ generation time / W, longest minibatch), seconds
+    makespan_over_lower_bound: float | None  # makespan / lower_bound (>= 1)
+    run_time: float  # seconds until the last minibatch or trainer step finished
+    queue_depth_max: int  # most samples ever queued
+    queue_capacity: int | None  # the high-water mark used, samples
+    extra: dict[str, Any] = field(default_factory=dict)  # run context (length source, ...)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        extra = d.pop("extra")
+        return {**_clean(d), **extra}
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (float, np.floating)):
+        return None if not math.isfinite(float(obj)) else float(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def _opt(x: float) -> float | None:
+    return float(x) if math.isfinite(float(x)) else None
+
+
+def slot_bubbles(response_len: np.ndarray, minibatch: np.ndarray) -> tuple[float, float]:
+    """(padding, skew) idle decode slot-steps as fractions of all padded slot-steps."""
+    lens = np.asarray(response_len, dtype=np.int64)
+    mb = np.asarray(minibatch, dtype=np.int64)
+    if lens.size == 0:
+        return 0.0, 0.0
+    order = np.lexsort((lens, mb))
+    sl, smb = lens[order], mb[order]
+    starts = np.flatnonzero(np.r_[True, smb[1:] != smb[:-1]])
+    ends = np.r_[starts[1:], sl.size]
+    s = ends - starts
+    lmax = sl[ends - 1]
+    k = np.maximum(1, np.floor(SKEW_TAIL_FRACTION * s).astype(np.int64))
+    cs = np.r_[0, np.cumsum(sl)]
+    tail_sum = cs[ends] - cs[ends - k]
+    head = s - k
+    # Longest non-tail sequence: from it on only the tail is decoding.
+    l_tail = np.where(head > 0, sl[np.maximum(ends - k - 1, 0)], 0)
+    skew = head * (lmax - l_tail) + (k * lmax - tail_sum)
+    padded = s * lmax
+    idle = padded - (cs[ends] - cs[starts])
+    total = float(padded.sum())
+    if total == 0:
+        return 0.0, 0.0
+    return float((idle - skew).sum()) / total, float(skew.sum()) / total
+
+
+def summarize(
+    columns: dict[str, dict[str, np.ndarray]],
+    *,
+    n_workers: int,
+    samples_planned: int | None = None,
+    queue_capacity: int | None = None,
+) -> RunSummary:
+    """Compute a :class:`RunSummary` from run-log columns (see :mod:`aspc.runtime.runlog`).
+
+    Parameters
+    ----------
+    columns
+        kind -> column name -> NumPy array, as :func:`aspc.runtime.runlog.to_columns`
+        gives for a log read back (nullable integers as -1).
+    n_workers
+        W (workers that never ran a minibatch still count as capacity).
+    samples_planned
+        Σ n_samples of the plan; defaults to the samples generated.
+    queue_capacity
+        The queue high-water mark, reported as is.
+    """
+    smp, mbs, stp, que = (columns[k] for k in (R.SAMPLES, R.MINIBATCHES, R.STEPS, R.QUEUE))
+    generated_mask = smp["response_len"] >= 0
+    consumed = smp["consumed_step"] >= 0
+    n_generated = int(generated_mask.sum())
+    w = int(n_workers)
+
+    # Workers.
+    dispatch, start, end = mbs["dispatch_time"], mbs["start"], mbs["end"]
+    dur = end - start
+    makespan = float(end.max()) if end.size else 0.0
+    capacity = w * makespan
+    lb = float(max(dur.sum() / w, dur.max())) if dur.size else 0.0
+    t_last_dispatch = float(dispatch.max()) if dispatch.size else 0.0
+    occupied_before = np.clip(np.minimum(end, t_last_dispatch) - dispatch, 0.0, None).sum()
+    occupied_after = np.clip(end - np.maximum(dispatch, t_last_dispatch), 0.0, None).sum()
+    backpressure = w * t_last_dispatch - occupied_before
+    drain = w * (makespan - t_last_dispatch) - occupied_after
+
+    # Trainer.
+    order = np.argsort(stp["step"], kind="stable")
+    starts, ends = stp["start"][order], stp["end"][order]
+    n_steps = int(ends.size)
+    it = np.diff(np.r_[0.0, ends]) if n_steps else np.empty(0)
+    waits = starts - np.r_[0.0, ends[:-1]] if n_steps else np.empty(0)
+    steady = it[ends <= t_last_dispatch]
+    first = last = mean_it = p50 = p95 = wait_frac = trend = steady_mean = math.nan
+    if n_steps:
+        mean_it, p50, p95 = float(it.mean()), float(np.percentile(it, 50)), float(np.percentile(it, 95))
+        wait_frac = float(waits.sum() / ends[-1]) if ends[-1] > 0 else 0.0
+    if steady.size:
+        q = max(1, steady.size // 4)
+        first, last, steady_mean = float(steady[:q].mean()), float(steady[-q:].mean()), float(steady.mean())
+        trend = last / first if first > 0 else math.nan
+
+    tokens_w = np.bincount(mbs["worker"].astype(np.int64), weights=mbs["tokens"], minlength=w)[:w]
+    tok_s = tokens_w / makespan if makespan > 0 else np.zeros(w)
+    padding, skew = slot_bubbles(smp["response_len"][generated_mask], smp["minibatch"][generated_mask])
+
+    lags = smp["policy_lag"][consumed]
+    depth = que["depth"]
+    return RunSummary(
+        n_workers=w,
+        n_minibatches=int(end.size),
+        samples_planned=int(samples_planned if samples_planned is not None else n_generated),
+        samples_generated=n_generated,
+        samples_consumed=int(consumed.sum()),
+        samples_left_over=int((generated_mask & ~consumed).sum()),
+        n_trainer_steps=n_steps,
+        mean_iteration_time=_opt(mean_it),
+        p50_iteration_time=_opt(p50),
+        p95_iteration_time=_opt(p95),
+        steady_iteration_time=_opt(steady_mean),
+        n_steady_steps=int(steady.size),
+        iteration_time_first_quarter=_opt(first),
+        iteration_time_last_quarter=_opt(last),
+        iteration_time_trend=_opt(trend),
+        trainer_wait_fraction=_opt(wait_frac),
+        worker_busy_fraction=float(dur.sum() / capacity) if capacity > 0 else 0.0,
+        worker_reload_fraction=float((start - dispatch).sum() / capacity) if capacity > 0 else 0.0,
+        n_reloads=int(np.count_nonzero(mbs["reload"])),
+        tokens_per_s_per_worker=float(tok_s.mean()),
+        worker_tokens_per_s=[float(x) for x in tok_s],
+        bubbles={
+            "padding": padding,
+            "skew": skew,
+            "backpressure": float(backpressure / capacity) if capacity > 0 else 0.0,
+            "drain": float(drain / capacity) if capacity > 0 else 0.0,
+            "trainer_starvation": _opt(wait_frac) if n_steps else 0.0,
+        },
+        policy_lag_mean=float(lags.mean()) if lags.size else None,
+        policy_lag_max=int(lags.max()) if lags.size else None,
+        makespan=makespan,
+        lower_bound=lb,
+        makespan_over_lower_bound=makespan / lb if lb > 0 else None,
+        run_time=float(max(makespan, ends.max() if n_steps else 0.0)),
+        queue_depth_max=int(depth.max()) if depth.size else 0,
+        queue_capacity=queue_capacity,
+    )
+
+
+def summarize_log(log: R.RunLog) -> RunSummary:
+    """Recompute the summary of a run log read back from disk."""
+    cols = {k: R.to_columns(t) for k, t in log.tables.items()}
+    run = log.meta.get("run", {})
+    return summarize(
+        cols,
+        n_workers=int(log.meta.get("config", {}).get("workers", 1)),
+        samples_planned=run.get("samples_planned"),
+        queue_capacity=run.get("queue_capacity"),
+    )

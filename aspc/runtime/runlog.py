@@ -1,0 +1,289 @@
+"""The run log: a directory of append-only Parquet parts plus ``meta.json``.
+
+Layout::
+
+    RUN/meta.json                  format, version, status, config, summary
+    RUN/samples/part-000000.parquet     one row per generated sample
+    RUN/minibatches/part-*.parquet      one row per finished minibatch
+    RUN/steps/part-*.parquet            one row per trainer step
+    RUN/queue/part-*.parquet            queue depth after every change
+
+Every part is written whole or not at all (temp file + fsync + rename), so a
+crash loses only unflushed work; ``meta.json`` says ``running`` until the run
+completes (``complete``) or fails (``failed``, with the error), so a reader
+never mistakes a partial log for a finished one. A sample row is written once
+its fate is known: when a trainer step consumes it, or at the end as left over
+(``consumed_step`` null).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from aspc import __version__
+from aspc.atomic import atomic_path, atomic_write_bytes
+from aspc.errors import ConfigError, RunError, SchemaVersionError
+
+RUNLOG_FORMAT = "aspc.runlog"
+# Major.minor, as for plans: a reader refuses another major version.
+RUNLOG_VERSION = "1.0"
+RUNLOG_MAJOR = 1
+META_FILE = "meta.json"
+
+STATUS_RUNNING = "running"
+STATUS_COMPLETE = "complete"
+STATUS_FAILED = "failed"
+
+SAMPLES, MINIBATCHES, STEPS, QUEUE = "samples", "minibatches", "steps", "queue"
+
+SCHEMAS: dict[str, pa.Schema] = {
+    SAMPLES: pa.schema(
+        [
+            pa.field("prompt_id", pa.string(), nullable=False),  # plan prompt id
+            pa.field("sample_index", pa.int32(), nullable=False),  # 0..n_samples-1 within the prompt
+            pa.field("response_len", pa.int64(), nullable=False),  # tokens generated
+            pa.field("prompt_tokens", pa.int64(), nullable=False),  # tokens of the prompt
+            pa.field("minibatch", pa.int32(), nullable=False),  # plan minibatch that generated it
+            pa.field("worker", pa.int32(), nullable=False),  # worker that generated it
+            pa.field("weights_version", pa.int32(), nullable=False),  # version that generated it
+            pa.field("finish_time", pa.float64(), nullable=False),  # seconds since start, entered the queue
+            pa.field("consumed_step", pa.int32()),  # trainer step that consumed it; null = left over
+            pa.field("policy_lag", pa.int32()),  # consumed_step - weights_version; null = left over
+        ]
+    ),
+    MINIBATCHES: pa.schema(
+        [
+            pa.field("minibatch", pa.int32(), nullable=False),  # plan minibatch id
+            pa.field("group", pa.int32(), nullable=False),  # plan dispatch group
+            pa.field("worker", pa.int32(), nullable=False),  # worker that ran it
+            pa.field("reload", pa.bool_(), nullable=False),  # weights reloaded right before it
+            pa.field("dispatch_time", pa.float64(), nullable=False),  # seconds; a reload starts here
+            pa.field("start", pa.float64(), nullable=False),  # seconds; generation begins (after reload)
+            pa.field("end", pa.float64(), nullable=False),  # seconds; longest sequence finished
+            pa.field("weights_version", pa.int32(), nullable=False),  # version that generated it
+            pa.field("n_prompts", pa.int32(), nullable=False),  # plan rows
+            pa.field("n_sequences", pa.int32(), nullable=False),  # samples generated
+            pa.field("tokens", pa.int64(), nullable=False),  # Σ response_len
+            pa.field("padded_tokens", pa.int64(), nullable=False),  # n_sequences * max_len
+            pa.field("max_len", pa.int64(), nullable=False),  # longest response = decode steps
+            pa.field(
+                "prompt_tokens", pa.int64(), nullable=False
+            ),  # Σ prompt tokens over its prompts (prefill)
+            pa.field("context_tokens", pa.float64(), nullable=False),  # Σ over steps of Σ context (attention)
+        ]
+    ),
+    STEPS: pa.schema(
+        [
+            pa.field("step", pa.int32(), nullable=False),  # trainer step index
+            pa.field("start", pa.float64(), nullable=False),  # seconds; batch taken from the queue
+            pa.field("end", pa.float64(), nullable=False),  # seconds; version step+1 published
+            pa.field("wait", pa.float64(), nullable=False),  # seconds idle before it: start - previous end
+            pa.field("n_samples", pa.int32(), nullable=False),  # == global batch
+            pa.field("tokens", pa.int64(), nullable=False),  # Σ prompt + response tokens
+            pa.field("lag_mean", pa.float64(), nullable=False),  # mean policy lag of its samples
+            pa.field("lag_max", pa.int32(), nullable=False),  # max policy lag of its samples
+            pa.field("version", pa.int32(), nullable=False),  # version it published (step + 1)
+        ]
+    ),
+    QUEUE: pa.schema(
+        [
+            pa.field("time", pa.float64(), nullable=False),  # seconds since start
+            pa.field("depth", pa.int64(), nullable=False),  # samples queued for the trainer
+            pa.field("in_flight", pa.int64(), nullable=False),  # samples dispatched, not yet returned
+        ]
+    ),
+}
+KINDS = tuple(SCHEMAS)
+# Integer columns whose null means "not applicable"; in memory they hold -1.
+NULLABLE_INT = {"consumed_step", "policy_lag"}
+
+
+def to_table(kind: str, columns: dict[str, np.ndarray]) -> pa.Table:
+    """A part's columns (NumPy, -1 for null) as an Arrow table of the kind's schema."""
+    schema = SCHEMAS[kind]
+    arrays = []
+    for f in schema:
+        v = columns[f.name]
+        if f.name in NULLABLE_INT:
+            v = np.asarray(v)
+            arrays.append(pa.array(v, type=f.type, mask=v < 0))
+        elif pa.types.is_string(f.type):
+            arrays.append(pa.array(list(v), type=f.type))
+        else:
+            arrays.append(pa.array(np.asarray(v), type=f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def to_columns(table: pa.Table) -> dict[str, np.ndarray]:
+    """An Arrow table as NumPy columns, nulls in nullable integer columns as -1."""
+    out = {}
+    for name in table.column_names:
+        col = table.column(name)
+        if name in NULLABLE_INT:
+            col = col.fill_null(-1)
+        out[name] = col.to_numpy(zero_copy_only=False)
+    return out
+
+
+def is_run_log(path: str | os.PathLike) -> bool:
+    return (Path(path) / META_FILE).is_file()
+
+
+class RunLogWriter:
+    """Writes a run log as it goes: ``start``, ``write_part`` many times, then ``finish`` or ``fail``.
+
+    Parameters
+    ----------
+    path
+        The run directory. It must not exist or be empty; with ``overwrite``
+        an existing aspc run log there is replaced (nothing else is deleted).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False):
+        self.path = Path(path)
+        self.overwrite = overwrite
+        self._parts = dict.fromkeys(KINDS, 0)  # next part number per kind
+        self._meta: dict[str, Any] = {}
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` if the log cannot be written there; writes nothing."""
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise ConfigError(f"--log {p}: exists and is not a directory; pick a new run directory")
+        if p.is_dir() and any(p.iterdir()):
+            if not self.overwrite:
+                raise ConfigError(
+                    f"--log {p}: directory exists and is not empty; pick a new path or pass --overwrite"
+                )
+            if not is_run_log(p):
+                raise ConfigError(
+                    f"--log {p}: not an aspc run log, refusing to overwrite it; pick a new path"
+                )
+
+    def start(self, meta: dict[str, Any]) -> None:
+        """Create the directory and write ``meta.json`` with status ``running``."""
+        self.check()
+        if self.path.is_dir() and self.overwrite and is_run_log(self.path):
+            shutil.rmtree(self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        for kind in KINDS:
+            (self.path / kind).mkdir(exist_ok=True)
+        self._meta = {
+            "format": RUNLOG_FORMAT,
+            "format_version": RUNLOG_VERSION,
+            "aspc_version": __version__,
+            **meta,
+            "status": STATUS_RUNNING,
+        }
+        self._write_meta()
+
+    def write_part(self, kind: str, columns: dict[str, np.ndarray]) -> None:
+        """Append one part of ``kind`` atomically (nothing if it has no rows)."""
+        table = to_table(kind, columns)
+        if table.num_rows == 0:
+            return
+        target = self.path / kind / f"part-{self._parts[kind]:06d}.parquet"
+        self._parts[kind] += 1
+        with atomic_path(target) as tmp:
+            pq.write_table(table, tmp, compression="zstd")
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Mark the run complete and store its summary."""
+        self._meta.update(status=STATUS_COMPLETE, summary=summary)
+        self._write_meta()
+
+    def fail(self, message: str) -> None:
+        """Mark the run failed; parts already written stay for inspection or resume."""
+        self._meta.update(status=STATUS_FAILED, error=message)
+        self._write_meta()
+
+    def _write_meta(self) -> None:
+        data = json.dumps(self._meta, indent=2, sort_keys=True, default=_json_default) + "\n"
+        atomic_write_bytes(self.path / META_FILE, data.encode())
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (tuple, set)):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+@dataclass
+class RunLog:
+    """A run log read back."""
+
+    path: Path  # the run directory
+    meta: dict[str, Any]  # meta.json: format, status, config, summary, ...
+    tables: dict[str, pa.Table]  # kind -> all its parts concatenated (empty table if none)
+
+    @property
+    def status(self) -> str:
+        return str(self.meta.get("status"))
+
+
+def read_run_log(path: str | os.PathLike, *, allow_incomplete: bool = False) -> RunLog:
+    """Read a run log directory.
+
+    Raises
+    ------
+    RunError
+        Not a run log, unreadable parts, or (unless ``allow_incomplete``) a
+        run that did not complete.
+    SchemaVersionError
+        A log written with another major format version.
+    """
+    p = Path(path)
+    meta_path = p / META_FILE
+    if not meta_path.is_file():
+        raise RunError(
+            f"{p}: not an aspc run log (no {META_FILE}); pass the directory given to 'aspc run --log'"
+        )
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise RunError(f"{p}: corrupt {META_FILE}; the run log cannot be read") from None
+    if meta.get("format") != RUNLOG_FORMAT:
+        raise RunError(f"{p}: {META_FILE} is not an aspc run log's")
+    version = str(meta.get("format_version", "?"))
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        raise RunError(f"{p}: invalid run log format_version {version!r}") from None
+    if major != RUNLOG_MAJOR:
+        newer = "newer" if major > RUNLOG_MAJOR else "older"
+        raise SchemaVersionError(
+            f"{p}: run log format {version} is {newer} than this aspc {__version__} reads ({RUNLOG_VERSION}); "
+            f"use an aspc that reads run log format {major}.x"
+        )
+    if not allow_incomplete and meta.get("status") != STATUS_COMPLETE:
+        raise RunError(
+            f"{p}: run log status is {meta.get('status')!r}, not complete"
+            + (f" ({meta['error']})" if meta.get("error") else "")
+            + "; rerun it, or read it with allow_incomplete"
+        )
+    tables = {}
+    for kind, schema in SCHEMAS.items():
+        d = p / kind
+        files = sorted(d.glob("part-*.parquet")) if d.is_dir() else []
+        if not files:
+            tables[kind] = schema.empty_table()
+            continue
+        try:
+            tables[kind] = ds.dataset([str(f) for f in files], format="parquet", schema=schema).to_table()
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise RunError(f"{p}: unreadable {kind} parts ({' '.join(str(exc).split())[:120]})") from None
+    return RunLog(path=p, meta=meta, tables=tables)

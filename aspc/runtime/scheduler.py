@@ -1,0 +1,163 @@
+"""The decide half of the runtime: a pure state machine, no clock, no I/O.
+
+An engine reports what happened (a worker finished, samples arrived, the
+trainer published weights); :meth:`Scheduler.decide` answers what to start
+next. The same scheduler runs under the simulator's virtual clock and under a
+real engine's wall clock, so every backend follows one logic:
+
+- the dispatcher hands minibatches out in plan order to free workers
+  (lowest worker id first, for determinism);
+- a bounded queue: a minibatch is dispatched only while the samples queued
+  plus the samples in flight stay below the capacity. Counting samples in
+  flight is what bounds the queue depth by capacity + one minibatch: samples
+  already being generated cannot be recalled;
+- the trainer takes a fixed global batch, oldest samples first, and its step
+  ``k`` publishes weights version ``k + 1``;
+- a worker reloads weights only between minibatches, when a newer version
+  than its own exists, so reloads follow the workers' staggered finish times.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Start minibatch ``minibatch`` on ``worker``."""
+
+    worker: int  # 0..W-1, idle until now
+    minibatch: int  # next minibatch in plan order
+    reload_version: int | None  # load this weights version first; None = keep current weights
+    weights_version: int  # version that will generate the minibatch (after any reload)
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    """Run trainer step ``step`` on ``samples``."""
+
+    step: int  # 0, 1, 2, ...; the trainer holds weights version ``step`` while it runs
+    samples: np.ndarray  # int64 global sample ids, exactly one global batch, oldest first
+
+
+Action = Dispatch | TrainStep
+
+
+class Scheduler:
+    """Dispatcher, bounded queue, trainer gate and reload policy.
+
+    Parameters
+    ----------
+    minibatch_sizes
+        Samples in each minibatch, in plan order.
+    n_workers, global_batch, queue_capacity
+        W, samples per trainer step, and the queue's high-water mark in
+        samples (at least one global batch; see
+        :func:`aspc.runtime.config.resolve_queue_capacity`).
+    """
+
+    def __init__(self, minibatch_sizes: np.ndarray, n_workers: int, global_batch: int, queue_capacity: int):
+        if n_workers < 1 or global_batch < 1 or queue_capacity < global_batch:
+            raise ValueError("need n_workers >= 1, global_batch >= 1 and queue_capacity >= global_batch")
+        self.sizes = [int(s) for s in minibatch_sizes]
+        self.n_workers = n_workers
+        self.global_batch = global_batch
+        self.capacity = queue_capacity
+        self.next_minibatch = 0  # next minibatch to dispatch, in plan order
+        self._idle = list(range(n_workers))  # min-heap of idle worker ids
+        self.worker_version = [0] * n_workers  # weights version each worker holds
+        self.busy_workers = 0  # workers with a minibatch (or reload) under way
+        self.latest_version = 0  # newest published weights version
+        self._queue: deque[np.ndarray] = deque()  # chunks of queued sample ids, oldest first
+        self.queued = 0  # samples in the queue (== sum of chunk lengths)
+        self.in_flight = 0  # samples dispatched but not yet returned
+        self.trainer_busy = False
+        self.next_step = 0  # index of the next trainer step
+
+    # ---- events reported by the engine ----------------------------------------
+
+    def on_samples(self, samples: np.ndarray) -> None:
+        """Samples finished generating and enter the queue (call in return order)."""
+        if samples.size:
+            self._queue.append(samples)
+            self.queued += int(samples.size)
+            self.in_flight -= int(samples.size)
+
+    def on_minibatch_done(self, worker: int) -> None:
+        """``worker`` finished its minibatch; all its samples were reported first."""
+        self.busy_workers -= 1
+        heapq.heappush(self._idle, worker)
+
+    def on_train_done(self, version: int) -> None:
+        """The trainer finished a step and published weights ``version``."""
+        self.trainer_busy = False
+        self.latest_version = max(self.latest_version, version)
+
+    # ---- decisions -------------------------------------------------------------
+
+    def decide(self) -> list[Action]:
+        """What to start now. Call after applying every event of one instant.
+
+        The trainer is served first, so that a batch it takes frees room in
+        the queue for the dispatches decided in the same call.
+        """
+        actions: list[Action] = []
+        if not self.trainer_busy and self.queued >= self.global_batch:
+            actions.append(TrainStep(self.next_step, self._take(self.global_batch)))
+            self.trainer_busy = True
+            self.next_step += 1
+        while (
+            self._idle
+            and self.next_minibatch < len(self.sizes)
+            and self.queued + self.in_flight < self.capacity
+        ):
+            worker = heapq.heappop(self._idle)
+            reload = self.latest_version if self.worker_version[worker] < self.latest_version else None
+            if reload is not None:
+                self.worker_version[worker] = reload
+            m = self.next_minibatch
+            actions.append(Dispatch(worker, m, reload, self.worker_version[worker]))
+            self.next_minibatch += 1
+            self.in_flight += self.sizes[m]
+            self.busy_workers += 1
+        return actions
+
+    @property
+    def work_remaining(self) -> bool:
+        """Minibatches not yet dispatched."""
+        return self.next_minibatch < len(self.sizes)
+
+    @property
+    def done(self) -> bool:
+        """Nothing is running and nothing more can start."""
+        return (
+            not self.work_remaining
+            and self.busy_workers == 0
+            and not self.trainer_busy
+            and self.queued < self.global_batch
+        )
+
+    def leftover(self) -> np.ndarray:
+        """Sample ids still queued: fewer than one global batch once :attr:`done`."""
+        if not self._queue:
+            return np.empty(0, dtype=np.int64)
+        return np.concatenate(list(self._queue)).astype(np.int64)
+
+    def _take(self, k: int) -> np.ndarray:
+        parts = []
+        need = k
+        while need:
+            chunk = self._queue[0]
+            if chunk.size <= need:
+                parts.append(self._queue.popleft())
+                need -= chunk.size
+            else:
+                parts.append(chunk[:need])
+                self._queue[0] = chunk[need:]
+                need = 0
+        self.queued -= k
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)

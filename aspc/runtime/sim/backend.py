@@ -1,0 +1,104 @@
+"""The ``sim`` backend and trainer: timings from the cost model, no hardware.
+
+Both declare a virtual clock: their ``elapsed`` values are simulated seconds
+that :class:`~aspc.runtime.sim.engine.VirtualClockEngine` adds to its clock.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from aspc.errors import ConfigError
+from aspc.runtime.backend import Clock, GenerationBackend, GenerationResult, TrainBatch, Trainer, TrainResult
+from aspc.runtime.sim.cost import CostModel
+from aspc.runtime.sim.kernel import _minibatch_times
+from aspc.runtime.work import MinibatchWork, WorkPlan
+
+
+def minibatch_times(
+    work: WorkPlan, response_len: np.ndarray, cost: CostModel
+) -> tuple[np.ndarray, np.ndarray]:
+    """Simulated duration of every minibatch and finish offset of every sample.
+
+    Parameters
+    ----------
+    work
+        The expanded plan.
+    response_len
+        int64 tokens per global sample id (length ``work.n_total_samples``), >= 0.
+    cost
+        The step-time coefficients.
+
+    Returns
+    -------
+    (duration, finish_offset)
+        float64 seconds per minibatch (prefill + every decode step up to its
+        longest sequence), and per sample (prefill + decode steps up to its
+        own last token). ``max(finish_offset[m]) == duration[m]``.
+    """
+    lens = np.ascontiguousarray(response_len, dtype=np.int64)
+    if lens.shape != (work.n_total_samples,):
+        raise ConfigError(f"got {lens.size} response lengths for {work.n_total_samples} planned samples")
+    if lens.size and lens.min() < 0:
+        raise ConfigError("response lengths must be >= 0")
+    prefill = np.add.reduceat(work.prompt_tokens.astype(np.float64), work.row_offsets[:-1])
+    coef = np.array(
+        [
+            cost.decode_base,
+            cost.decode_per_seq,
+            cost.decode_per_context_token,
+            cost.prefill_base,
+            cost.prefill_per_token,
+        ],
+        dtype=np.float64,
+    )
+    ptok = np.ascontiguousarray(work.sample_prompt_tokens(), dtype=np.int64)
+    duration, finish = _minibatch_times(np.ascontiguousarray(work.sample_offsets), lens, ptok, prefill, coef)
+    return duration, finish
+
+
+class SimBackend(GenerationBackend):
+    """Generation by cost model: replays given lengths, times them with :class:`CostModel`."""
+
+    clock = Clock.VIRTUAL
+
+    def __init__(self, cost: CostModel, response_len: np.ndarray, *, reload_time: float = 0.0):
+        self.cost = cost  # step-time coefficients
+        self.response_len = np.asarray(response_len, dtype=np.int64)  # per global sample id, tokens
+        self.reload_time = float(reload_time)  # seconds per weight reload
+        self._duration: np.ndarray | None = None  # per minibatch, seconds (set by setup)
+        self._finish: np.ndarray | None = None  # per sample, seconds from generation start
+
+    def setup(self, work: WorkPlan, n_workers: int) -> None:
+        # All lengths are known up front, so every minibatch is timed in one
+        # vectorised pass instead of once per dispatch.
+        self._duration, self._finish = minibatch_times(work, self.response_len, self.cost)
+
+    def load_weights(self, worker: int, version: int, weights: Any) -> float:
+        return self.reload_time
+
+    def generate(self, worker: int, work: MinibatchWork) -> GenerationResult:
+        assert self._duration is not None and self._finish is not None, "setup() not called"
+        s0, s1 = work.sample_start, work.sample_end
+        return GenerationResult(
+            response_len=self.response_len[s0:s1],
+            finish_offset=self._finish[s0:s1],
+            elapsed=float(self._duration[work.index]),
+        )
+
+
+class SimTrainer(Trainer):
+    """A trainer whose step takes ``train_base + train_per_token·tokens`` simulated seconds."""
+
+    clock = Clock.VIRTUAL
+
+    def __init__(self, cost: CostModel):
+        self.cost = cost  # α and β of the trainer step
+
+    def step(self, batch: TrainBatch) -> TrainResult:
+        tokens = float(batch.response_len.sum() + batch.prompt_tokens.sum())
+        return TrainResult(
+            version=batch.step + 1, elapsed=self.cost.train_base + self.cost.train_per_token * tokens
+        )

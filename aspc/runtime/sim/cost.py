@@ -1,0 +1,108 @@
+"""The simulator's cost model: seconds per decode step, prefill and trainer step.
+
+A decode step of a worker with ``active`` sequences holding ``Σcontext``
+tokens of context (prompt plus tokens generated so far, summed over the active
+sequences) costs ``a + b·active + c·Σcontext`` seconds: the linear step model
+of published LLM-serving simulators (weights read once per step, per-sequence
+compute, attention over the KV cache). A minibatch adds a prefill term
+``p0 + p1·prompt_tokens`` (parallel samples of one prompt share its prefill).
+A trainer step over a global batch costs ``α + β·tokens`` with tokens = prompt
++ response tokens of its samples.
+
+Defaults are illustrative assumptions, not measurements: an 8B-parameter
+dense model in bf16 on one H100-class device per worker.
+
+- ``decode_base`` a = 10 ms: reading 16 GB of weights at ~2 TB/s effective
+  (8 ms) plus launch overhead.
+- ``decode_per_seq`` b = 50 µs: 16 GFLOP per token at ~320 TFLOP/s effective,
+  plus sampling.
+- ``decode_per_context_token`` c = 65 ns: a Llama-3-8B KV cache holds
+  128 KiB per token, read once per step at ~2 TB/s.
+- ``prefill_base`` = 10 ms, ``prefill_per_token`` = 40 µs: compute-bound
+  prefill at ~400 TFLOP/s.
+- ``train_per_token`` β = 25 µs: a policy-gradient step costs ~80 GFLOP per
+  token for an 8B model (6N forward + backward, plus 4N for the old-policy
+  and reference log-probabilities), on a trainer of 8 such devices at
+  ~400 TFLOP/s effective each. ``train_base`` α = 0.5 s: optimizer step and
+  publishing the new weights.
+
+With these, generating a global batch on the default 8 workers takes a few
+times longer than training on it: the generation-bound regime the preprint
+studies, where the schedule decides how long the trainer waits.
+
+``aspc calibrate RUN`` fits every coefficient from a real run log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from aspc.atomic import atomic_write_bytes
+from aspc.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Coefficients of the simulator's step-time model, seconds; all >= 0."""
+
+    decode_base: float = 0.010  # a: seconds per decode step, whatever the batch
+    decode_per_seq: float = 5e-5  # b: seconds per active sequence per decode step
+    decode_per_context_token: float = 6.5e-8  # c: seconds per context token of the active sequences, per step
+    prefill_base: float = 0.010  # seconds per minibatch before its first decode step
+    prefill_per_token: float = 4e-5  # seconds per prompt token (once per prompt, not per sample)
+    train_base: float = 0.5  # α: seconds per trainer step
+    train_per_token: float = 2.5e-5  # β: seconds per prompt+response token in the global batch
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"cost model {f.name} must be a finite number >= 0, got {v!r}")
+
+    def to_dict(self) -> dict[str, float]:
+        return {f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+COST_MODEL_KEYS = tuple(f.name for f in dataclasses.fields(CostModel))
+
+
+def cost_model_from_dict(values: dict, *, source: str = "cost model") -> CostModel:
+    """A :class:`CostModel` with the given coefficients; the rest keep their defaults.
+
+    Raises
+    ------
+    ConfigError
+        Unknown keys (a typo would otherwise silently keep a default), or values
+        that are not finite numbers >= 0.
+    """
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: expected a JSON object of coefficients, got {type(values).__name__}")
+    unknown = sorted(set(values) - set(COST_MODEL_KEYS))
+    if unknown:
+        raise ConfigError(f"{source}: unknown keys {unknown}; allowed keys are {', '.join(COST_MODEL_KEYS)}")
+    try:
+        return CostModel(**{k: v for k, v in values.items()})
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def load_cost_model(path: str | os.PathLike) -> CostModel:
+    """Read a cost-model JSON file (as ``aspc calibrate`` writes)."""
+    path = Path(path)
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: cost-model file not found; check --cost-model") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path.name}: not valid JSON ({exc}); fix the cost-model file") from None
+    return cost_model_from_dict(values, source=path.name)
+
+
+def save_cost_model(model: CostModel, path: str | os.PathLike) -> None:
+    """Write ``model`` as JSON atomically."""
+    atomic_write_bytes(path, (json.dumps(model.to_dict(), indent=2, sort_keys=True) + "\n").encode())

@@ -1,0 +1,125 @@
+"""Work items: a plan's rows expanded into minibatches and samples.
+
+A *sample* is one response to generate: prompt row ``r``, sample index
+``i < n_samples[r]``. Samples get global ids 0..N-1 in dispatch order
+(minibatch by minibatch, row by row, then sample index), so minibatch ``m``
+owns the contiguous id range ``sample_offsets[m]:sample_offsets[m+1]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from aspc.emit import schema as S
+from aspc.errors import PlanError
+
+
+@dataclass(frozen=True)
+class MinibatchWork:
+    """One generation minibatch, as handed to a worker."""
+
+    index: int  # minibatch id == dispatch position, 0..M-1
+    row_start: int  # first plan row (inclusive)
+    row_end: int  # last plan row (exclusive); row_end > row_start
+    sample_start: int  # first global sample id (inclusive)
+    sample_end: int  # last global sample id (exclusive)
+
+    @property
+    def n_samples(self) -> int:
+        """Sequences to generate: the sum of the rows' n_samples."""
+        return self.sample_end - self.sample_start
+
+
+@dataclass
+class WorkPlan:
+    """A plan as the runtime sees it: arrays only, in dispatch order."""
+
+    table: pa.Table  # the plan rows (prompt text for real backends), PLAN_SCHEMA
+    prompt_ids: np.ndarray  # object array of str, one per row
+    prompt_tokens: np.ndarray  # int64 per row, tokens of the prompt
+    n_samples: np.ndarray  # int64 per row, >= 1 (after any --samples-per-prompt override)
+    row_offsets: np.ndarray  # int64, M+1 entries: minibatch m = rows row_offsets[m]:row_offsets[m+1]
+    sample_offsets: np.ndarray  # int64, M+1 entries: minibatch m = samples sample_offsets[m]:[m+1]
+    sample_row: np.ndarray  # int64 per sample: its plan row
+    sample_index: np.ndarray  # int32 per sample: 0..n_samples[row]-1
+    group: np.ndarray  # int32 per minibatch: its dispatch group
+    _bounds: tuple[list[int], list[int]] | None = field(default=None, repr=False)  # offsets as lists (cache)
+
+    @property
+    def n_minibatches(self) -> int:
+        return int(self.row_offsets.size - 1)
+
+    @property
+    def n_total_samples(self) -> int:
+        return int(self.sample_offsets[-1])
+
+    @property
+    def minibatch_sizes(self) -> np.ndarray:
+        """Samples per minibatch (int64, length M)."""
+        return np.diff(self.sample_offsets)
+
+    def minibatch(self, m: int) -> MinibatchWork:
+        """The work item of minibatch ``m``."""
+        if self._bounds is None:
+            # Python ints: indexing NumPy scalars once per dispatch adds up on large plans.
+            self._bounds = (self.row_offsets.tolist(), self.sample_offsets.tolist())
+        rows, samples = self._bounds
+        return MinibatchWork(m, rows[m], rows[m + 1], samples[m], samples[m + 1])
+
+    def sample_prompt_tokens(self) -> np.ndarray:
+        """Prompt tokens of every sample (int64, length N)."""
+        return self.prompt_tokens[self.sample_row]
+
+
+def work_from_table(table: pa.Table, *, samples_per_prompt: int | None = None) -> WorkPlan:
+    """Expand plan rows (PLAN_SCHEMA columns, dispatch order) into a :class:`WorkPlan`.
+
+    Parameters
+    ----------
+    table
+        The plan rows; :func:`aspc.emit.read_plan` has already validated a plan
+        read from disk, hand-built tables are checked for the invariants the
+        runtime relies on.
+    samples_per_prompt
+        If given, every prompt gets this many samples instead of its ``n_samples``.
+
+    Raises
+    ------
+    PlanError
+        Empty plan, or minibatch ids that are not 0..M-1 in dispatch order.
+    """
+    n = table.num_rows
+    if n == 0:
+        raise PlanError("plan has no rows; recompile from a non-empty dataset")
+    mb = table.column(S.MINIBATCH).to_numpy().astype(np.int64)
+    d = np.diff(mb)
+    if mb[0] != 0 or np.any((d != 0) & (d != 1)):
+        raise PlanError("plan minibatch ids are not 0..M-1 in dispatch order; recompile the plan")
+    if samples_per_prompt is not None:
+        n_samples = np.full(n, int(samples_per_prompt), dtype=np.int64)
+    else:
+        n_samples = table.column(S.N_SAMPLES).to_numpy().astype(np.int64)
+    if np.any(n_samples < 1):
+        raise PlanError("plan has rows with n_samples < 1; recompile the plan")
+    starts = np.flatnonzero(np.r_[True, d != 0])
+    row_offsets = np.r_[starts, n].astype(np.int64)
+    cum = np.r_[0, np.cumsum(n_samples)].astype(np.int64)
+    sample_offsets = cum[row_offsets]
+    sample_row = np.repeat(np.arange(n, dtype=np.int64), n_samples)
+    # Index within the prompt: position minus the prompt's first sample id.
+    sample_index = (np.arange(cum[-1], dtype=np.int64) - cum[:-1][sample_row]).astype(np.int32)
+    group = table.column(S.GROUP).to_numpy().astype(np.int32)[starts]
+    return WorkPlan(
+        table=table,
+        prompt_ids=np.asarray(table.column(S.PROMPT_ID).to_pylist(), dtype=object),
+        prompt_tokens=table.column(S.PROMPT_TOKENS).to_numpy().astype(np.int64),
+        n_samples=n_samples,
+        row_offsets=row_offsets,
+        sample_offsets=sample_offsets,
+        sample_row=sample_row,
+        sample_index=sample_index,
+        group=group,
+    )

@@ -1,0 +1,202 @@
+"""``aspc run``, ``aspc simulate`` and ``aspc calibrate`` through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from aspc.cli import main
+from aspc.errors import AspcError
+
+RUN_KEYS = {
+    "mean_iteration_time",
+    "p95_iteration_time",
+    "makespan",
+    "lower_bound",
+    "trainer_wait_fraction",
+    "worker_busy_fraction",
+    "policy_lag_mean",
+    "policy_lag_max",
+    "samples_generated",
+    "samples_consumed",
+    "n_trainer_steps",
+}
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+@pytest.fixture
+def plan(dataset: Path, tmp_path: Path) -> Path:
+    """A plan compiled from the known lengths of ``dataset`` (no predictor needed)."""
+    out = tmp_path / "plan.parquet"
+    from aspc.compiler import CompileConfig, InputOptions, compile_file
+    from aspc.emit import write_plan
+
+    plan = compile_file(dataset, InputOptions(length_field="lengths"), CompileConfig(samples_per_prompt=4))
+    write_plan(plan, out)
+    return out
+
+
+def test_run_with_no_options_simulates_and_says_lengths_are_drawn(plan):
+    r = invoke("run", plan)
+    assert r.exit_code == 0, r.output
+    assert "mean_iteration_time" in r.stdout
+    assert "drawn" in r.stderr and "predicted_q10..q90" in r.stderr
+
+
+def test_run_contract_json(plan, dataset):
+    r = invoke(
+        "run",
+        plan,
+        "--backend",
+        "sim",
+        "--actual-lengths",
+        dataset,
+        "--length-field",
+        "lengths",
+        "--workers",
+        "8",
+        "--global-batch",
+        "64",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert RUN_KEYS <= set(out)
+    assert out["samples_generated"] == 1600
+    assert out["samples_consumed"] == out["n_trainer_steps"] * 64
+    assert out["length_source"] == "actual"
+
+
+def test_run_log_then_calibrate_then_run_with_the_fit(plan, dataset, tmp_path):
+    run_dir = tmp_path / "RUN"
+    r = invoke(
+        "run",
+        plan,
+        "--actual-lengths",
+        dataset,
+        "--length-field",
+        "lengths",
+        "--workers",
+        "4",
+        "--global-batch",
+        "32",
+        "--log",
+        run_dir,
+        "--quiet",
+    )
+    assert r.exit_code == 0, r.output
+    t = ds.dataset(run_dir / "samples").to_table()
+    assert t.num_rows == 1600
+    assert {
+        "prompt_id",
+        "sample_index",
+        "response_len",
+        "minibatch",
+        "worker",
+        "weights_version",
+        "consumed_step",
+    } <= set(t.column_names)
+    r = invoke("calibrate", run_dir, "-o", tmp_path / "cost.json", "--json")
+    assert r.exit_code == 0, r.output
+    fit = json.loads(r.stdout)
+    assert fit["r2_generation"] == pytest.approx(1.0)
+    r = invoke("run", plan, "--cost-model", tmp_path / "cost.json", "--json", "--seed", "3")
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--workers", "0"], "--workers must be >= 1"),
+        (["--global-batch", "64", "--queue-capacity", "10"], "smaller than one global batch"),
+        (["--backend", "hf"], "--model"),
+        (["--engine", "ray"], "local engine"),
+    ],
+)
+def test_run_bad_options(plan, tmp_path, args, message):
+    r = invoke("run", plan, *args, "--log", tmp_path / "RUN")
+    assert r.exit_code != 0
+    assert message in r.output
+    assert "Traceback" not in r.output
+    assert not (tmp_path / "RUN").exists()
+
+
+def test_run_missing_lengths_and_bad_cost_model(plan, tmp_path):
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text(json.dumps({"id": "p00000", "lengths": [5]}) + "\n")
+    r = invoke(
+        "run", plan, "--actual-lengths", partial, "--length-field", "lengths", "--log", tmp_path / "RUN"
+    )
+    assert r.exit_code != 0 and "399 of 400 plan prompts have no length" in r.output
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"decode_base": 0.1, "alpha": 2}))
+    r = invoke("run", plan, "--cost-model", cost, "--log", tmp_path / "RUN")
+    assert r.exit_code != 0 and "unknown keys ['alpha']" in r.output
+    assert not (tmp_path / "RUN").exists()
+
+
+def test_run_refuses_a_plan_of_another_schema_version(plan, tmp_path):
+    t = pq.read_table(plan)
+    meta = dict(t.schema.metadata)
+    meta[b"aspc.schema_version"] = b"9.0"
+    newer = tmp_path / "newer.parquet"
+    pq.write_table(t.replace_schema_metadata(meta), newer)
+    r = invoke("run", newer)
+    assert r.exit_code != 0 and "schema 9.0" in r.output
+
+
+def test_simulate_contract_json(dataset):
+    predict = pytest.importorskip("aspc.predict")
+    try:
+        predict.load_predictor("default")
+    except (AttributeError, AspcError):
+        pytest.skip("the default predictor is not in this checkout yet")
+    r = invoke(
+        "simulate",
+        dataset,
+        "--length-field",
+        "lengths",
+        "--samples-per-prompt",
+        "4",
+        "--workers",
+        "8",
+        "--global-batch",
+        "64",
+        "--seed",
+        "0",
+        "--strategies",
+        "random,sorted,asp,oracle",
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)["strategies"]
+    assert set(out) == {"random", "sorted", "asp", "oracle"}
+    for d in out.values():
+        assert RUN_KEYS <= set(d)
+        assert d["samples_generated"] == 1600
+    assert out["random"]["mean_iteration_time_vs_random"] == 1.0
+    assert out["oracle"]["mean_iteration_time"] < out["random"]["mean_iteration_time"]
+
+
+def test_simulate_oracle_only_table_and_errors(dataset):
+    r = invoke("simulate", dataset, "--length-field", "lengths", "-n", "2", "--strategies", "oracle")
+    assert r.exit_code == 0, r.output
+    assert "oracle" in r.stdout and "strategy" in r.stdout
+    r = invoke("simulate", dataset, "--strategies", "oracle")
+    assert r.exit_code != 0 and "needs actual response lengths" in r.output
+    r = invoke("simulate", dataset, "--length-field", "lengths", "--strategies", "oracle,fifo")
+    assert r.exit_code != 0 and "unknown strategies ['fifo']" in r.output
+
+
+@pytest.mark.parametrize("cmd", ["run", "simulate", "calibrate"])
+def test_help(cmd):
+    r = invoke(cmd, "--help")
+    assert r.exit_code == 0 and len(r.output) > 200

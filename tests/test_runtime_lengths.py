@@ -1,0 +1,48 @@
+"""Where simulated lengths come from: joined actual lengths, or draws from the plan."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aspc.errors import InputError
+from aspc.runtime import RunConfig, run, work_from_table
+from aspc.runtime.lengths import join_actual_lengths, sample_predicted_lengths
+from aspc.runtime.synthetic import plan_table
+
+
+def test_sample_i_uses_the_ith_length_and_short_lists_cycle():
+    work = work_from_table(plan_table([0, 0, 1], n_samples=3))
+    got = join_actual_lengths(work, {"p0000000": [1, 2, 3], "p0000001": [7], "p0000002": [4, 5]})
+    assert got.response_len.tolist() == [1, 2, 3, 7, 7, 7, 4, 5, 4]
+    assert got.source == "actual" and "cyclically" in got.notes[0]
+
+
+def test_max_new_tokens_caps_lengths_and_bad_values_fail():
+    work = work_from_table(plan_table([0, 1], n_samples=1))
+    got = join_actual_lengths(work, {"p0000000": [900], "p0000001": [20]}, max_new_tokens=64)
+    assert got.response_len.tolist() == [64, 20]
+    with pytest.raises(InputError, match="finite and >= 0"):
+        join_actual_lengths(work, {"p0000000": [np.nan], "p0000001": [20]})
+
+
+def test_draws_follow_the_predicted_quantiles():
+    n = 20000
+    table = plan_table(np.arange(n) // 100, predicted=400.0, spread=0.5)
+    work = work_from_table(table)
+    got = sample_predicted_lengths(work, seed=3)
+    q10, q50, q90 = np.quantile(got.response_len, [0.1, 0.5, 0.9])
+    t = table.to_pydict()
+    assert q50 == pytest.approx(400, rel=0.03)
+    assert q10 == pytest.approx(t["predicted_q10"][0], rel=0.05)
+    assert q90 == pytest.approx(t["predicted_q90"][0], rel=0.05)
+    assert got.source == "sampled" and "seed 3" in got.notes[0]
+    again = sample_predicted_lengths(work, seed=3)
+    assert np.array_equal(got.response_len, again.response_len)
+
+
+def test_samples_per_prompt_overrides_the_plan():
+    table = plan_table(np.arange(10) // 5, n_samples=1)
+    res = run(table, config=RunConfig(workers=2, global_batch=5, samples_per_prompt=3))
+    assert res.summary.samples_planned == 30
+    assert res.summary.samples_consumed == 30

@@ -1,0 +1,149 @@
+"""The run log: layout, round trip, status marking, versions, bad input writes nothing."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+from aspc.errors import ConfigError, InputError, RunError, SchemaVersionError
+from aspc.runtime import RunConfig, read_run_log, run, summarize_log
+from aspc.runtime import runlog as R
+from aspc.runtime.backend import GenerationBackend
+from aspc.runtime.sim import SimBackend
+from aspc.runtime.synthetic import plan_table, synthetic_plan
+
+
+def test_layout_columns_and_summary_round_trip(tmp_path):
+    table = synthetic_plan(500, 16, n_samples=2, seed=4)
+    res = run(table, config=RunConfig(workers=4, global_batch=32), log_dir=tmp_path / "RUN")
+    root = tmp_path / "RUN"
+    assert sorted(p.name for p in root.iterdir()) == ["meta.json", "minibatches", "queue", "samples", "steps"]
+    meta = json.loads((root / "meta.json").read_text())
+    assert meta["format"] == "aspc.runlog" and meta["status"] == "complete"
+    assert meta["config"]["workers"] == 4 and meta["run"]["length_source"] == "sampled"
+    samples = ds.dataset(root / "samples").to_table()
+    for col in (
+        "prompt_id",
+        "sample_index",
+        "response_len",
+        "minibatch",
+        "worker",
+        "weights_version",
+        "consumed_step",
+    ):
+        assert col in samples.column_names
+    assert samples.num_rows == 1000
+    log = read_run_log(root)
+    assert summarize_log(log).to_dict() == {
+        k: v for k, v in res.summary.to_dict().items() if k != "length_source"
+    }
+    assert meta["summary"]["mean_iteration_time"] == res.summary.mean_iteration_time
+    mbs = R.to_columns(log.tables[R.MINIBATCHES])
+    assert np.all(mbs["padded_tokens"] >= mbs["tokens"])
+
+
+def test_lengths_read_back_from_a_run_log(tmp_path):
+    from aspc.io import read_lengths
+
+    table = synthetic_plan(100, 10, n_samples=3, seed=1)
+    res = run(table, config=RunConfig(workers=2, global_batch=30), log_dir=tmp_path / "RUN")
+    observed = read_lengths(tmp_path / "RUN")
+    assert len(observed) == 100
+    assert sum(v.size for v in observed.values()) == res.summary.samples_generated
+
+
+class Exploding(GenerationBackend):
+    """Generates three minibatches, then fails."""
+
+    def __init__(self, inner: SimBackend):
+        self.inner, self.calls = inner, 0
+        self.clock = inner.clock
+
+    def setup(self, work, n_workers):
+        self.inner.setup(work, n_workers)
+
+    def load_weights(self, worker, version, weights):
+        return self.inner.load_weights(worker, version, weights)
+
+    def generate(self, worker, work):
+        self.calls += 1
+        if self.calls > 3:
+            raise RunError("worker 0 lost its device")
+        return self.inner.generate(worker, work)
+
+
+def test_failed_run_is_marked_failed_and_keeps_finished_parts(tmp_path):
+    table = plan_table(np.arange(40) // 4, n_samples=1)
+    lengths = {f"p{i:07d}": [10 + i] for i in range(40)}
+    from aspc.runtime.sim import CostModel
+
+    backend = Exploding(SimBackend(CostModel(), np.array([10 + i for i in range(40)]), reload_time=0.0))
+    with pytest.raises(RunError, match="lost its device"):
+        run(
+            table,
+            config=RunConfig(workers=1, global_batch=4),
+            actual_lengths=lengths,
+            backend=backend,
+            log_dir=tmp_path / "RUN",
+        )
+    meta = json.loads((tmp_path / "RUN" / "meta.json").read_text())
+    assert meta["status"] == "failed" and "lost its device" in meta["error"]
+    with pytest.raises(RunError, match="not complete"):
+        read_run_log(tmp_path / "RUN")
+    log = read_run_log(tmp_path / "RUN", allow_incomplete=True)
+    assert log.tables[R.MINIBATCHES].num_rows >= 1
+
+
+@pytest.mark.parametrize(
+    "config, lengths, error",
+    [
+        (RunConfig(workers=0), None, ConfigError),
+        (RunConfig(global_batch=64, queue_capacity="63"), None, ConfigError),
+        (RunConfig(global_batch=64, queue_capacity="0.5b"), None, ConfigError),
+        (RunConfig(queue_capacity="lots"), None, ConfigError),
+        (RunConfig(), {"p0000000": [5]}, InputError),
+    ],
+)
+def test_bad_input_writes_no_log(tmp_path, config, lengths, error):
+    table = plan_table(np.arange(8) // 2)
+    with pytest.raises(error):
+        run(table, config=config, actual_lengths=lengths, log_dir=tmp_path / "RUN")
+    assert not (tmp_path / "RUN").exists()
+
+
+def test_missing_lengths_message_names_count_and_example():
+    table = plan_table(np.arange(8) // 2)
+    with pytest.raises(InputError, match=r"7 of 8 plan prompts have no length.*'p0000001'"):
+        run(table, actual_lengths={"p0000000": [5]})
+
+
+def test_existing_directory_rules(tmp_path):
+    table = plan_table(np.arange(8) // 2)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not empty"):
+        run(table, log_dir=other)
+    with pytest.raises(ConfigError, match="not an aspc run log"):
+        run(table, log_dir=other, overwrite=True)
+    assert (other / "keep.txt").read_text() == "mine"
+    run(table, log_dir=tmp_path / "RUN")
+    with pytest.raises(ConfigError, match="--overwrite"):
+        run(table, log_dir=tmp_path / "RUN")
+    run(table, log_dir=tmp_path / "RUN", overwrite=True)
+    assert read_run_log(tmp_path / "RUN").status == "complete"
+
+
+def test_reader_refuses_other_format_versions(tmp_path):
+    run(plan_table(np.arange(8) // 2), log_dir=tmp_path / "RUN")
+    meta_path = tmp_path / "RUN" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["format_version"] = "2.0"
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(SchemaVersionError, match="newer"):
+        read_run_log(tmp_path / "RUN")
+    with pytest.raises(RunError, match="not an aspc run log"):
+        read_run_log(tmp_path)

@@ -79,6 +79,10 @@ class CompileConfig:
     predictor: str | None = None  # predictor directory or "default"; None with no length field -> default
     history: tuple[str, ...] = ()  # run logs / datasets of observed lengths
     history_length_field: str = "length"  # length field in history datasets
+    # Generation workers the plan will run on; None -> order ignores makespan.
+    # With W known, minibatches longer than half a worker's share of the work
+    # are dispatched first (see _front_load_heavy).
+    workers: int | None = None
 
 
 def resolve_sizes(config: CompileConfig, n: int) -> tuple[int, int]:
@@ -283,6 +287,10 @@ def compile_plan(
     progress.stage("order")
     if strategy is Strategy.ASP:
         mb_order = np.asarray(dispatch_order(costs, seq_sizes, assignment, n_groups), dtype=np.int64)
+        if config.workers is not None:
+            if config.workers < 1:
+                raise ConfigError(f"--workers must be >= 1, got {config.workers}")
+            mb_order = _front_load_heavy(mb_order, costs, assignment, config.workers)
     else:
         mb_order = np.arange(m, dtype=np.int64)
     progress.done()
@@ -326,6 +334,37 @@ def compile_plan(
         input_hash=table.input_hash,
         metrics=metrics,
     )
+
+
+def _front_load_heavy(order: np.ndarray, costs: np.ndarray, assignment: np.ndarray, workers: int) -> np.ndarray:
+    """Move groups holding very long minibatches, and those minibatches, to the front.
+
+    A minibatch of cost ``c`` dispatched after work ``w`` ends no earlier than
+    ``w / W + c``; to keep the makespan at its bound ``total / W`` a minibatch
+    longer than half a worker's share must start near the beginning (the LPT
+    rule of Graham 1969 for the few jobs that dominate). Groups stay
+    contiguous: heavy groups go first, heaviest first, each with its heavy
+    minibatches leading; everything else keeps the interleaved order.
+    """
+    threshold = 0.5 * float(costs.sum()) / workers
+    heavy = costs > threshold
+    if not heavy.any():
+        return order
+    groups_in_order = list(dict.fromkeys(assignment[order].tolist()))
+    members: dict[int, list[int]] = {g: [] for g in groups_in_order}
+    for k in order.tolist():
+        members[int(assignment[k])].append(k)
+    peak = {g: max(costs[m] for m in members[g]) for g in groups_in_order}
+    heavy_groups = sorted((g for g in groups_in_order if peak[g] > threshold), key=lambda g: (-peak[g], g))
+    rest = [g for g in groups_in_order if peak[g] <= threshold]
+    out: list[int] = []
+    for g in heavy_groups:
+        big = sorted((k for k in members[g] if heavy[k]), key=lambda k: (-costs[k], k))
+        out.extend(big)
+        out.extend(k for k in members[g] if not heavy[k])
+    for g in rest:
+        out.extend(members[g])
+    return np.asarray(out, dtype=np.int64)
 
 
 def _config_record(config: CompileConfig, inputs: InputOptions | None, b: int, d: int, g: int) -> dict[str, Any]:

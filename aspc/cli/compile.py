@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -14,17 +15,27 @@ from aspc.cli.render import metrics_table
 @click.command("compile")
 @click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Plan file to write.")
+@click.option(
+    "--workers",
+    "-w",
+    type=int,
+    default=None,
+    help="Generation workers the plan will run on: very long minibatches are then dispatched first.",
+)
 @input_options
 @compile_options
 @json_option
 @quiet_option
 @handle_errors
-def compile_cmd(input_path: Path, output: Path, as_json: bool, quiet: bool, **kwargs) -> None:
+def compile_cmd(
+    input_path: Path, output: Path, workers: int | None, as_json: bool, quiet: bool, **kwargs
+) -> None:
     """Compile a prompt dataset (JSONL, JSON, CSV, Parquet) into a dispatch plan."""
     from aspc.compiler import compile_file
     from aspc.emit import write_plan
 
     inputs, config = compile_config_from_kwargs(kwargs)
+    config = dataclasses.replace(config, workers=workers)
     with RichProgress(quiet) as progress:
         plan = compile_file(input_path, inputs, config, progress)
         progress.stage("write")

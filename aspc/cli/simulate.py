@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +86,8 @@ def simulate_cmd(
     inputs, config = compile_config_from_kwargs(kwargs)
     # One seed for everything: the compile options' --seed also seeds the run.
     run_config, cost = run_config_from_kwargs(kwargs, seed=config.seed)
+    # Plans are compiled for the workers they will run on (makespan-aware order).
+    config = dataclasses.replace(config, workers=run_config.workers)
     with RichProgress(quiet) as progress:
         results = simulate_strategies(
             input_path,

@@ -268,16 +268,7 @@ def compile_plan(
             equal_samples=config.equal_samples,
         )
         assignment = np.asarray(res.assignment, dtype=np.int64)
-        # The cardinality bound (largest minibatch plus the smallest others a
-        # group must hold) is what no assignment can beat; report the gap to it
-        # beside group_imbalance, whose LB ignores group sizes.
-        extra = {
-            "init_imbalance": float(res.init_imbalance),
-            "anneal_iterations_run": int(res.iterations_run),
-            "cardinality_bound": float(res.cardinality_bound),
-            "imbalance_vs_cardinality_bound": float(res.loads.max()) / max(res.cardinality_bound, res.lower_bound)
-            - 1.0,
-        }
+        extra = {"init_imbalance": float(res.init_imbalance), "anneal_iterations_run": int(res.iterations_run)}
     else:
         # Baselines: consecutive minibatches form groups, as a trainer that
         # consumes the dispatch stream in order would see them.

@@ -222,6 +222,34 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
     help="Write the run log (Parquet parts) into this new directory.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing aspc run log at --log.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue the run log at --log after a crash or failure, with the same plan and options: durable "
+    "samples and trainer steps are kept, the rest is generated and trained (none twice).",
+)
+@click.option(
+    "--max-retries",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Times a minibatch is handed out again after its worker raised, hung or died, before the run stops.",
+)
+@click.option(
+    "--worker-timeout",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="Abandon a generation call running longer than this (wall-clock backends) and hand its "
+    "minibatch to another worker. Default: no limit.",
+)
+@click.option(
+    "--log-flush-seconds",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Commit finished work to the run log at least this often (wall seconds): what a crash can lose.",
+)
 @json_option
 @quiet_option
 @handle_errors
@@ -234,6 +262,10 @@ def run_cmd(
     seed: int,
     log_dir: Path | None,
     overwrite: bool,
+    resume: bool,
+    max_retries: int,
+    worker_timeout: float | None,
+    log_flush_seconds: float,
     as_json: bool,
     quiet: bool,
     **kwargs: Any,
@@ -244,11 +276,23 @@ def run_cmd(
     aspc run plan.parquet                        # simulate, lengths drawn from the plan
     aspc run plan.parquet --actual-lengths in.jsonl --length-field lengths \\
         --workers 8 --global-batch 64 --log RUN --json
+    aspc run plan.parquet ...same options... --log RUN --resume   # after a crash
     """
     from aspc.emit import read_plan
     from aspc.runtime import run
 
-    config, cost = run_config_from_kwargs(kwargs, seed=seed, samples_per_prompt=samples_per_prompt)
+    if resume and log_dir is None:
+        raise click.UsageError("--resume needs --log RUN: the run log to continue")
+    if resume and overwrite:
+        raise click.UsageError("--resume and --overwrite contradict each other; pass one of them")
+    config, cost = run_config_from_kwargs(
+        kwargs,
+        seed=seed,
+        samples_per_prompt=samples_per_prompt,
+        max_retries=max_retries,
+        worker_timeout=worker_timeout,
+        log_flush_seconds=log_flush_seconds,
+    )
     plan = read_plan(plan_path)
     lengths = None
     if actual_lengths is not None:
@@ -271,6 +315,7 @@ def run_cmd(
             trainer=trainer,
             log_dir=log_dir,
             overwrite=overwrite,
+            resume=resume,
             progress=progress,
         )
     for msg in result.notes:

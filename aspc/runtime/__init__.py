@@ -16,6 +16,7 @@ Example
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from aspc.errors import ConfigError
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.backend import (
     BACKENDS,
@@ -39,13 +41,21 @@ from aspc.runtime.backend import (
     make_trainer,
     parse_backend,
 )
-from aspc.runtime.config import RETURN_MODES, ReturnMode, RunConfig, parse_return_mode, resolve_queue_capacity
+from aspc.runtime.config import (
+    OPERATIONAL_KEYS,
+    RETURN_MODES,
+    ReturnMode,
+    RunConfig,
+    parse_return_mode,
+    resolve_queue_capacity,
+)
 from aspc.runtime.engine import ENGINES, Engine, EngineKind, make_engine, parse_engine
 from aspc.runtime.lengths import SampleLengths, join_actual_lengths, sample_predicted_lengths
 from aspc.runtime.loop import drive
 from aspc.runtime.metrics import RunSummary, summarize, summarize_log
 from aspc.runtime.recorder import Recorder
-from aspc.runtime.runlog import RunLog, RunLogWriter, read_run_log
+from aspc.runtime.runlog import STATUS_COMPLETE, RunLog, RunLogWriter, is_run_log, read_meta, read_run_log
+from aspc.runtime.runlog import to_columns as R_to_columns
 from aspc.runtime.scheduler import Scheduler
 from aspc.runtime.sim.cost import CostModel, load_cost_model
 from aspc.runtime.work import MinibatchWork, WorkPlan, work_from_table
@@ -76,6 +86,7 @@ __all__ = [
     "WorkPlan",
     "load_cost_model",
     "read_run_log",
+    "resume_status",
     "run",
     "summarize_log",
     "work_from_table",
@@ -117,6 +128,7 @@ def run(
     trainer: Trainer | None = None,
     log_dir: str | os.PathLike | None = None,
     overwrite: bool = False,
+    resume: bool = False,
     progress: Progress = NULL_PROGRESS,
 ) -> RunResult:
     """Execute ``plan`` and return its metrics.
@@ -145,6 +157,13 @@ def run(
         it in memory only.
     overwrite
         Replace an existing aspc run log at ``log_dir``.
+    resume
+        Continue the run log at ``log_dir`` after a crash or a failure: what
+        it holds durably is kept (see :mod:`aspc.runtime.runlog`), the rest is
+        generated and trained; the plan and the configuration (all but
+        ``log_flush_seconds``, ``max_retries`` and ``worker_timeout``) must be
+        the log's. A complete log is returned as it is (with a note); no log
+        at ``log_dir`` yet starts a fresh run.
     progress
         Progress sink (the CLI's bar).
 
@@ -186,33 +205,59 @@ def run(
     )
     backend = backend or make_backend(kind, context)
     trainer = trainer or make_trainer("sim", context)
-    engine = make_engine(config.engine, backend, trainer, mode)
-
-    writer = RunLogWriter(log_dir, overwrite=overwrite) if log_dir is not None else None
+    if resume and log_dir is None:
+        raise ConfigError("--resume continues a run log: pass the run's --log directory")
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other; pass one of them")
+    writer = RunLogWriter(log_dir, overwrite=overwrite, resume=resume) if log_dir is not None else None
     if writer is not None:
         writer.check()
-    backend.setup(work, config.workers)
-    trainer.setup(work)
     run_info = {
         "samples_planned": work.n_total_samples,
         "n_minibatches": work.n_minibatches,
         "queue_capacity": capacity,
         "length_source": None if lengths is None else lengths.source,
         "lengths_name": lengths_name or None,
+        "work_hash": work_hash(work),
     }
+    new_meta = {
+        "config": _config_record(config),
+        "cost_model": cost_model.to_dict(),
+        "plan": plan_info,
+        "run": run_info,
+    }
+    resuming = writer is not None and writer.resuming
+    if resuming:
+        assert log_dir is not None
+        old = read_meta(log_dir)
+        _check_resumable(Path(log_dir), old, new_meta)
+        if old.get("status") == STATUS_COMPLETE:
+            return _completed_result(Path(log_dir), lengths)
+    engine = make_engine(config.engine, backend, trainer, mode, worker_timeout=config.worker_timeout)
+
+    backend.setup(work, config.workers)
+    trainer.setup(work)
     if writer is not None:
-        writer.start(
-            {
-                "config": _config_record(config),
-                "cost_model": cost_model.to_dict(),
-                "plan": plan_info,
-                "run": run_info,
-            }
-        )
+        writer.start(new_meta)
     recorder = Recorder(work, writer, flush_seconds=config.log_flush_seconds)
-    scheduler = Scheduler(work.minibatch_sizes, config.workers, config.global_batch, capacity)
+    scheduler = Scheduler(
+        work.minibatch_sizes, config.workers, config.global_batch, capacity, max_retries=config.max_retries
+    )
+    weights = None
+    notes: list[str] = []
     try:
-        drive(work, scheduler, engine, recorder, progress)
+        if resuming:
+            assert log_dir is not None
+            state = recorder.restore(read_run_log(log_dir, allow_incomplete=True))
+            scheduler.restore(state.done, state.queued, state.next_step)
+            engine.advance_clock(state.clock)
+            weights = trainer.restore(state.next_step)
+            notes.append(
+                f"resumed {log_dir}: {int(state.done.sum())} of {work.n_minibatches} minibatches and "
+                f"{state.next_step} trainer steps were durable; {state.queued.size} generated samples wait "
+                f"for the trainer"
+            )
+        drive(work, scheduler, engine, recorder, progress, weights=weights)
     except BaseException as exc:
         if writer is not None:
             try:
@@ -230,14 +275,74 @@ def run(
     )
     if lengths is not None:
         summary.extra["length_source"] = lengths.source
+    if recorder.n_faults:
+        summary.extra["worker_faults"] = recorder.n_faults
+        notes.append(f"{recorder.n_faults} worker faults: their minibatches were generated again")
     if writer is not None:
         writer.finish(summary.to_dict())
     return RunResult(
         summary=summary,
         columns=columns,
         lengths=lengths,
-        notes=list(lengths.notes) if lengths is not None else [],
+        notes=(list(lengths.notes) if lengths is not None else []) + notes,
         log_dir=None if log_dir is None else Path(log_dir),
+    )
+
+
+def work_hash(work: WorkPlan) -> str:
+    """Hash of what a run generates: prompt ids, minibatch boundaries, samples per prompt."""
+    h = hashlib.sha256()
+    h.update("\x00".join(str(p) for p in work.prompt_ids.tolist()).encode())
+    h.update(np.ascontiguousarray(work.row_offsets, dtype=np.int64).tobytes())
+    h.update(np.ascontiguousarray(work.n_samples, dtype=np.int64).tobytes())
+    return h.hexdigest()
+
+
+def resume_status(log_dir: str | os.PathLike) -> str | None:
+    """Status of the run log at ``log_dir`` (``running``, ``failed``, ``complete``), or None if there is none."""
+    if not is_run_log(log_dir):
+        return None
+    return str(read_meta(log_dir).get("status"))
+
+
+def _check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Raise :class:`ConfigError` unless the log at ``path`` ran this plan with this configuration."""
+    diffs = []
+    if (old.get("run") or {}).get("work_hash") != new["run"]["work_hash"]:
+        diffs.append("the plan (prompts, minibatches or samples per prompt)")
+    for key in ("input_hash", "rows_hash"):
+        a, b = (old.get("plan") or {}).get(key), new["plan"].get(key)
+        if a and b and a != b:
+            diffs.append(f"the plan's {key}")
+            break
+    oc, nc = old.get("config") or {}, new["config"]
+    diffs += [
+        f"--{k.replace('_', '-')} ({oc.get(k)!r} in the log, {nc.get(k)!r} now)"
+        for k in sorted(set(oc) | set(nc))
+        if k not in OPERATIONAL_KEYS and oc.get(k) != nc.get(k)
+    ]
+    if (old.get("cost_model") or {}) != new["cost_model"]:
+        diffs.append("the cost model")
+    old_len = (old.get("run") or {}).get("lengths_name")
+    if old_len != new["run"]["lengths_name"]:
+        diffs.append(f"--actual-lengths ({old_len!r} in the log, {new['run']['lengths_name']!r} now)")
+    if diffs:
+        raise ConfigError(
+            f"--resume {path}: this run differs from the logged one in {'; '.join(diffs)}; "
+            "resume with the original options, or start a new run"
+        )
+
+
+def _completed_result(path: Path, lengths: SampleLengths | None) -> RunResult:
+    log = read_run_log(path)
+    summary = summarize_log(log)
+    cols = {k: R_to_columns(t) for k, t in log.tables.items()}
+    return RunResult(
+        summary=summary,
+        columns=cols,
+        lengths=lengths,
+        notes=[f"{path}: the run is already complete; nothing to resume"],
+        log_dir=path,
     )
 
 

@@ -103,6 +103,17 @@ class Trainer(ABC):
         Called when a global batch is queued and the previous step finished.
         """
 
+    def restore(self, version: int) -> Any:
+        """Resume a run whose log holds ``version`` published versions (``aspc run --resume``).
+
+        Called once, before the first step, when a run continues from its run
+        log: the next step will be ``version``. A trainer that checkpoints
+        loads its checkpoint of ``version`` here and returns the weights
+        handle workers reload (as :attr:`TrainResult.weights`); the default
+        keeps its current state and returns ``None``.
+        """
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Called once when the run ends."""
 

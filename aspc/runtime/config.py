@@ -66,6 +66,12 @@ class RunConfig:
     # Run-log parts are flushed at least this often (wall seconds), so a crash
     # loses little finished work; sim runs finish faster and write one part.
     log_flush_seconds: float = 10.0
+    # Worker faults: a minibatch whose worker raised, hung or died is handed out
+    # again, at most this many times before the run stops.
+    max_retries: int = 3
+    # Wall seconds a generation call may run before it is abandoned as hung
+    # (wall-clock engines); None = no limit.
+    worker_timeout: float | None = None
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` for a value no run could use."""
@@ -87,6 +93,16 @@ class RunConfig:
                 "a number of trainer batches (4b) or 'auto'"
             )
         parse_return_mode(self.return_mode)
+        if not isinstance(self.max_retries, (int, np.integer)) or self.max_retries < 0:
+            raise ConfigError(f"--max-retries must be >= 0, got {self.max_retries}")
+        if self.worker_timeout is not None and not (math.isfinite(self.worker_timeout) and self.worker_timeout > 0):
+            raise ConfigError(f"--worker-timeout must be a finite number of seconds > 0, got {self.worker_timeout}")
+        if not math.isfinite(self.log_flush_seconds) or self.log_flush_seconds < 0:
+            raise ConfigError(f"--log-flush-seconds must be >= 0, got {self.log_flush_seconds}")
+
+
+# Options that change how a run copes, not what it computes: a resumed run may change them.
+OPERATIONAL_KEYS = ("log_flush_seconds", "max_retries", "worker_timeout")
 
 
 def resolve_queue_capacity(config: RunConfig, largest_minibatch: int) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from aspc.errors import ConfigError
+from aspc.errors import ConfigError, InputError, PlanError
 from aspc.runtime.backend import Clock, GenerationBackend, GenerationResult, TrainBatch, Trainer, TrainResult
 from aspc.runtime.config import ReturnMode
 from aspc.runtime.scheduler import Dispatch
@@ -60,11 +60,34 @@ class MinibatchFinished:
     result: GenerationResult  # lengths and per-sample finish offsets
 
 
-Event = TrainFinished | SamplesReturned | MinibatchFinished
+@dataclass(frozen=True)
+class MinibatchFailed:
+    """A worker's call for a minibatch raised, hung past the timeout, or its worker died.
+
+    None of the minibatch's samples were reported; the scheduler hands it out
+    again (:meth:`~aspc.runtime.scheduler.Scheduler.on_minibatch_failed`).
+    """
+
+    time: float  # seconds since run start, engine clock
+    worker: int  # 0..W-1
+    minibatch: int  # minibatch id
+    error: str  # one line: what went wrong
+    lost: bool = False  # the worker is hung or dead: give it no work until WorkerRestored
+
+
+@dataclass(frozen=True)
+class WorkerRestored:
+    """A worker reported lost is usable again (its abandoned call returned)."""
+
+    time: float  # seconds since run start, engine clock
+    worker: int  # 0..W-1
+
+
+Event = TrainFinished | SamplesReturned | MinibatchFinished | MinibatchFailed | WorkerRestored
 
 # Order of events at one instant: a published version first (so the records
 # show it before any decision), then returned samples, then free workers.
-EVENT_PRIORITY = {TrainFinished: 0, SamplesReturned: 1, MinibatchFinished: 2}
+EVENT_PRIORITY = {TrainFinished: 0, SamplesReturned: 1, MinibatchFinished: 2, MinibatchFailed: 3, WorkerRestored: 4}
 
 
 class Engine(ABC):
@@ -97,6 +120,25 @@ class Engine(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Stop threads or actors; called once, also after a failure."""
 
+    def advance_clock(self, seconds: float) -> None:  # noqa: B027 - optional hook
+        """Start the clock at ``seconds`` instead of 0 (a resumed run continues its log's timeline)."""
+
+
+def is_worker_fault(exc: BaseException) -> bool:
+    """Whether a generation call's exception is a worker fault, worth another try on a worker.
+
+    Errors about the input or the configuration (``ConfigError``,
+    ``InputError``, ``PlanError``) would fail the same way again and stop the
+    run at once; so do interrupts (``KeyboardInterrupt``, ``SystemExit``).
+    """
+    return isinstance(exc, Exception) and not isinstance(exc, (ConfigError, InputError, PlanError))
+
+
+def fault_message(exc: BaseException) -> str:
+    """``exc`` as one short line."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
+
 
 class EngineKind(str, Enum):
     """Engines ``--engine`` accepts."""
@@ -116,12 +158,19 @@ def parse_engine(name: str | EngineKind) -> EngineKind:
 
 
 def make_engine(
-    name: str | EngineKind, backend: GenerationBackend, trainer: Trainer, return_mode: ReturnMode
+    name: str | EngineKind,
+    backend: GenerationBackend,
+    trainer: Trainer,
+    return_mode: ReturnMode,
+    *,
+    worker_timeout: float | None = None,
 ) -> Engine:
     """The engine called ``name`` for this backend and trainer.
 
     ``local`` picks the virtual clock when the backend's timings are
-    simulated, and threads on the wall clock otherwise.
+    simulated, and threads on the wall clock otherwise. ``worker_timeout``
+    (wall seconds per generation call) applies to the thread engine; the
+    virtual clock has nothing that can hang.
     """
     kind = parse_engine(name)
     if kind is EngineKind.RAY:
@@ -131,11 +180,11 @@ def make_engine(
             )
         from aspc.runtime.ray_engine import RayEngine  # the only place ray is imported
 
-        return RayEngine(backend, trainer, return_mode)
+        return RayEngine(backend, trainer, return_mode, worker_timeout=worker_timeout)
     if backend.clock is Clock.VIRTUAL:
         from aspc.runtime.sim.engine import VirtualClockEngine
 
         return VirtualClockEngine(backend, trainer, return_mode)
     from aspc.runtime.local import ThreadEngine
 
-    return ThreadEngine(backend, trainer, return_mode)
+    return ThreadEngine(backend, trainer, return_mode, worker_timeout=worker_timeout)

@@ -6,6 +6,16 @@ that declares a virtual clock can still run here: its simulated seconds are
 slept (times ``time_scale``), which is how a real generation backend can be
 paired with a simulated trainer, and how tests check that both clocks give
 the same decisions.
+
+Worker faults: a generation call that raises (a worker fault, see
+:func:`~aspc.runtime.engine.is_worker_fault`) is reported as a
+:class:`~aspc.runtime.engine.MinibatchFailed`, and the scheduler hands the
+minibatch out again. With ``worker_timeout`` a generation call running longer
+than that many wall seconds is *abandoned*: reported failed with its worker
+lost. Python cannot stop a thread, so the call keeps running in its daemon
+thread; whatever it returns is discarded, and its worker gets work again
+(:class:`~aspc.runtime.engine.WorkerRestored`) only once the call has
+returned. Trainer failures are not retried: they stop the run.
 """
 
 from __future__ import annotations
@@ -24,12 +34,27 @@ from aspc.runtime.engine import (
     EVENT_PRIORITY,
     Engine,
     Event,
+    MinibatchFailed,
     MinibatchFinished,
     SamplesReturned,
     TrainFinished,
+    WorkerRestored,
+    fault_message,
+    is_worker_fault,
 )
 from aspc.runtime.scheduler import Dispatch
 from aspc.runtime.work import MinibatchWork
+
+
+class _Job:
+    """A call running in a thread: what it is, and when it is abandoned."""
+
+    __slots__ = ("worker", "minibatch", "deadline")
+
+    def __init__(self, worker: int | None, minibatch: int | None, deadline: float | None):
+        self.worker = worker  # generation worker, None for the trainer
+        self.minibatch = minibatch  # its minibatch, None for the trainer
+        self.deadline = deadline  # monotonic seconds after which it is abandoned; None = never
 
 
 class ThreadEngine(Engine):
@@ -39,12 +64,16 @@ class ThreadEngine(Engine):
     ----------
     backend, trainer
         What to run. Calls for different workers may overlap; one worker's
-        calls never do.
+        calls never do (a worker whose call was abandoned gets no work until
+        that call returns).
     return_mode
         Only ``static`` for now: the backend contract returns a minibatch
         whole (streaming backends will add continuous returns).
     time_scale
         Factor on simulated seconds slept for virtual-clock components.
+    worker_timeout
+        Wall seconds a generation call (reload included) may run before it is
+        abandoned and its minibatch handed out again; ``None`` = no limit.
     """
 
     def __init__(
@@ -54,34 +83,48 @@ class ThreadEngine(Engine):
         return_mode: ReturnMode,
         *,
         time_scale: float = 1.0,
+        worker_timeout: float | None = None,
     ):
         if ReturnMode(return_mode) is not ReturnMode.STATIC:
             raise ConfigError("--return-mode continuous needs a streaming backend; use --return-mode static")
         self.backend = backend
         self.trainer = trainer
         self.time_scale = time_scale
+        self.worker_timeout = worker_timeout
         self._t0 = time.monotonic()
-        self._done: queue.Queue[tuple[int, list[Event]] | BaseException] = queue.Queue()
-        self._running = 0  # jobs started and not yet reported
+        self._done: queue.Queue[tuple[int, list[Event] | BaseException]] = queue.Queue()
+        self._live: dict[int, _Job] = {}  # start order -> job started and not yet reported
+        self._abandoned: dict[int, _Job] = {}  # start order -> job reported failed that may still return
         self._seq = 0  # start order, breaks ties between events of one wait
+
+    @property
+    def _running(self) -> int:
+        return len(self._live)
 
     def now(self) -> float:
         return time.monotonic() - self._t0
+
+    def advance_clock(self, seconds: float) -> None:
+        self._t0 = time.monotonic() - float(seconds)
 
     def _sleep_virtual(self, clock: Clock, seconds: float) -> None:
         if clock is Clock.VIRTUAL and seconds > 0:
             time.sleep(seconds * self.time_scale)
 
-    def _spawn(self, job: Any) -> None:
+    def _spawn(self, job: Any, worker: int | None = None, minibatch: int | None = None) -> None:
+        """Run ``job`` in a thread; with ``worker`` and ``minibatch`` its exceptions are worker faults."""
         seq = self._seq
         self._seq += 1
-        self._running += 1
+        deadline = None
+        if worker is not None and self.worker_timeout is not None:
+            deadline = time.monotonic() + self.worker_timeout
+        self._live[seq] = _Job(worker, minibatch, deadline)
 
         def target() -> None:
             try:
                 self._done.put((seq, job()))
-            except BaseException as exc:  # handed to the driver thread, which raises it
-                self._done.put(exc)
+            except BaseException as exc:  # handed to the driver thread
+                self._done.put((seq, exc))
 
         threading.Thread(target=target, daemon=True).start()
 
@@ -103,7 +146,7 @@ class ThreadEngine(Engine):
                 MinibatchFinished(end, w, m, t0, start, end, action.reload_version is not None, res),
             ]
 
-        self._spawn(job)
+        self._spawn(job, action.worker, work.index)
 
     def start_train(self, batch: TrainBatch) -> None:
         start = self.now()
@@ -116,22 +159,65 @@ class ThreadEngine(Engine):
 
         self._spawn(job)
 
+    def _expire(self) -> list[tuple[int, list[Event]]]:
+        """Abandon generation calls past their deadline: a failure event each, worker lost."""
+        now = time.monotonic()
+        out = []
+        for seq, job in list(self._live.items()):
+            if job.deadline is not None and now >= job.deadline:
+                del self._live[seq]
+                self._abandoned[seq] = job
+                assert job.worker is not None and job.minibatch is not None
+                msg = f"no answer within --worker-timeout {self.worker_timeout:g} s (call abandoned)"
+                out.append((seq, [MinibatchFailed(self.now(), job.worker, job.minibatch, msg, lost=True)]))
+        return out
+
+    def _next_timeout(self) -> float | None:
+        deadlines = [j.deadline for j in self._live.values() if j.deadline is not None]
+        if not self._live and self._abandoned:
+            # Only abandoned calls remain: give them one more timeout to come back.
+            return self.worker_timeout
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+
     def wait(self) -> list[Event]:
-        if self._running == 0:
+        if not self._live and not self._abandoned:
             raise RunError(
                 "the run stalled with nothing running (a bug in aspc's scheduler); please report it"
             )
-        items = [self._done.get()]
         while True:
+            items: list[tuple[int, list[Event] | BaseException]] = []
             try:
-                items.append(self._done.get_nowait())
+                items.append(self._done.get(timeout=self._next_timeout()))
             except queue.Empty:
-                break
-        self._running -= len(items)
-        for it in items:
-            if isinstance(it, AspcError):
-                raise it
-            if isinstance(it, BaseException):
-                raise RunError(f"a worker or the trainer failed: {type(it).__name__}: {it}") from it
-        keyed = [(EVENT_PRIORITY[type(ev)], seq, i, ev) for seq, evs in items for i, ev in enumerate(evs)]
-        return [ev for *_k, ev in sorted(keyed, key=lambda k: k[:3])]
+                if not self._live:
+                    workers = sorted({j.worker for j in self._abandoned.values() if j.worker is not None})
+                    raise RunError(
+                        f"every worker still needed is hung (workers {', '.join(map(str, workers))} "
+                        f"past --worker-timeout {self.worker_timeout:g} s); the run log keeps what was completed"
+                    ) from None
+            while True:
+                try:
+                    items.append(self._done.get_nowait())
+                except queue.Empty:
+                    break
+            results: list[tuple[int, list[Event]]] = []
+            for seq, it in items:
+                gone = self._abandoned.pop(seq, None)
+                if gone is not None:  # an abandoned call returned: its result is discarded
+                    assert gone.worker is not None
+                    results.append((seq, [WorkerRestored(self.now(), gone.worker)]))
+                    continue
+                job = self._live.pop(seq)
+                if isinstance(it, BaseException):
+                    if job.worker is not None and job.minibatch is not None and is_worker_fault(it):
+                        results.append((seq, [MinibatchFailed(self.now(), job.worker, job.minibatch,
+                                                              fault_message(it))]))
+                        continue
+                    if isinstance(it, AspcError):
+                        raise it
+                    raise RunError(f"a worker or the trainer failed: {type(it).__name__}: {it}") from it
+                results.append((seq, it))
+            results += self._expire()
+            if results:
+                keyed = [(EVENT_PRIORITY[type(ev)], seq, i, ev) for seq, evs in results for i, ev in enumerate(evs)]
+                return [ev for *_k, ev in sorted(keyed, key=lambda k: k[:3])]

@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from aspc.progress import NULL_PROGRESS, Progress
-from aspc.runtime.engine import Engine, MinibatchFinished, SamplesReturned, TrainFinished
+from aspc.runtime.engine import (
+    Engine,
+    MinibatchFailed,
+    MinibatchFinished,
+    SamplesReturned,
+    TrainFinished,
+    WorkerRestored,
+)
 from aspc.runtime.recorder import Recorder
 from aspc.runtime.scheduler import Dispatch, Scheduler
 from aspc.runtime.work import WorkPlan
@@ -21,8 +28,12 @@ def drive(
     engine: Engine,
     recorder: Recorder,
     progress: Progress = NULL_PROGRESS,
+    weights: Any = None,
 ) -> None:
     """Run ``work`` to completion.
+
+    ``weights`` is the handle of the newest published version when the run
+    starts: ``None`` for a fresh run, the trainer's restored version when resumed.
 
     Raises
     ------
@@ -30,9 +41,11 @@ def drive(
         The run stalled (nothing running, work left: a bug, reported as such),
         or a backend or trainer failed.
     """
-    weights: Any = None  # handle of the newest published version, passed to reloads
+    # ``weights``: handle of the newest published version, passed to reloads.
     m_total = work.n_minibatches
     progress.stage("run", total=m_total)
+    if scheduler.restored_minibatches:
+        progress.advance(scheduler.restored_minibatches)
     # Advancing a rich bar per minibatch would cost more than simulating it.
     tick = max(1, m_total // 200)
     pending_ticks = 0
@@ -63,6 +76,12 @@ def drive(
                 if pending_ticks >= tick:
                     progress.advance(pending_ticks)
                     pending_ticks = 0
+            elif isinstance(ev, MinibatchFailed):
+                recorder.on_minibatch_failed(ev)
+                # Raises RunError once the minibatch has failed more than max_retries times.
+                scheduler.on_minibatch_failed(ev.worker, ev.minibatch, ev.error, lost=ev.lost)
+            elif isinstance(ev, WorkerRestored):
+                scheduler.on_worker_restored(ev.worker)
         # Depth right after arrivals (before the trainer takes a batch) is the
         # peak the queue-bound guarantee is about.
         recorder.on_queue(engine.now(), scheduler.queued, scheduler.in_flight)

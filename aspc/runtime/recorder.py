@@ -5,11 +5,17 @@ decisions and the engine's events. It keeps per-sample and per-minibatch
 arrays indexed by id (so a million-sample run costs a few vectorised writes,
 not a million Python rows) and remembers which rows are new since the last
 flush, so the run log grows append-only.
+
+Each flush is one commit (see :mod:`aspc.runtime.runlog` for what is durable
+when): finished minibatches with their sample rows, then the trainer steps
+whose consumption can be committed, then queue rows. :meth:`Recorder.restore`
+loads a committed log back into the arrays to resume a run.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,9 +23,21 @@ import numpy as np
 from aspc.errors import RunError
 from aspc.runtime import runlog as R
 from aspc.runtime.backend import TrainBatch
-from aspc.runtime.engine import MinibatchFinished, SamplesReturned, TrainFinished
+from aspc.runtime.engine import MinibatchFailed, MinibatchFinished, SamplesReturned, TrainFinished
 from aspc.runtime.scheduler import Dispatch, TrainStep
 from aspc.runtime.work import WorkPlan
+
+MAX_FAULTS_KEPT = 100  # worker faults listed in meta.json (all are counted)
+
+
+@dataclass
+class ResumeState:
+    """Where a resumed run starts, as read from its log by :meth:`Recorder.restore`."""
+
+    done: np.ndarray  # bool per minibatch: generated, durable
+    queued: np.ndarray  # int64 sample ids generated but not consumed, oldest first
+    next_step: int  # trainer steps durable; the newest weights version
+    clock: float  # seconds: the latest time in the log, where the resumed timeline starts
 
 
 class Recorder:
@@ -73,11 +91,13 @@ class Recorder:
         self.leftover = np.empty(0, dtype=np.int64)
         # Rows not yet flushed.
         self._new_mbs: list[int] = []
-        self._new_samples: list[np.ndarray] = []
+        self._step_ids: list[np.ndarray | None] = []  # per step, sample ids consumed (None once committed)
         self._new_steps_from = 0  # first finished step not yet flushed
         self._steps_done = 0
         self._new_queue_from = 0
         self._last_flush = time.monotonic()
+        self.n_faults = 0  # worker faults (failed minibatch attempts) over the run
+        self.faults: list[dict[str, Any]] = []  # the first MAX_FAULTS_KEPT, for meta.json
 
     # ---- decisions -------------------------------------------------------------
 
@@ -102,7 +122,7 @@ class Recorder:
         self.step_tokens.append(int(lens.sum() + ptok.sum()))
         self.step_lag_mean.append(float(lags.mean()))
         self.step_lag_max.append(int(lags.max()))
-        self._new_samples.append(ids)
+        self._step_ids.append(ids)
         payload = None
         if self._payload:
             payload = [self._payload.pop(int(i), None) for i in ids]
@@ -132,6 +152,13 @@ class Recorder:
         self.mb_end[m] = ev.end
         self._new_mbs.append(m)
         self._unfeatured.append(m)
+
+    def on_minibatch_failed(self, ev: MinibatchFailed) -> None:
+        self.n_faults += 1
+        if len(self.faults) < MAX_FAULTS_KEPT:
+            self.faults.append(
+                {"time": ev.time, "worker": ev.worker, "minibatch": ev.minibatch, "error": ev.error, "lost": ev.lost}
+            )
 
     def _apply_minibatch_features(self) -> None:
         """Token features of finished minibatches, from their samples' lengths, in bulk."""
@@ -181,7 +208,6 @@ class Recorder:
             )
         if leftover.size and np.any(self.consumed_step[leftover] >= 0):
             raise RunError("a sample was both consumed and left over; the run log is inconsistent")
-        self._new_samples.append(leftover)
         self.flush()
 
     # ---- output ----------------------------------------------------------------
@@ -191,32 +217,128 @@ class Recorder:
             self.flush()
 
     def flush(self) -> None:
-        """Write every row new since the last flush as one part per kind."""
+        """Write every row new since the last flush (one part per kind) and commit them together.
+
+        Finished minibatches go with their sample rows (``consumed_step``
+        null). A finished trainer step goes with its ``consumed`` rows, in
+        step order, once every sample it consumed is in a finished minibatch
+        (in continuous mode a step can consume samples of a minibatch still
+        running; such a step waits for a later flush).
+        """
         self._last_flush = time.monotonic()
         self._apply_minibatch_features()
         if self.writer is None:
             return
-        if self._new_samples:
-            ids = np.concatenate(self._new_samples).astype(np.int64)
-            self._new_samples = []
-            self.writer.write_part(R.SAMPLES, self.sample_columns(ids))
         if self._new_mbs:
             mbs = np.asarray(self._new_mbs, dtype=np.int64)
             self._new_mbs = []
+            offs = self.work.sample_offsets
+            ids = np.concatenate([np.arange(offs[m], offs[m + 1], dtype=np.int64) for m in mbs.tolist()])
+            self.writer.write_part(R.SAMPLES, self.sample_columns(ids, consumed=False))
             self.writer.write_part(R.MINIBATCHES, self.minibatch_columns(mbs))
-        if self._steps_done > self._new_steps_from:
-            self.writer.write_part(R.STEPS, self.step_columns(self._new_steps_from, self._steps_done))
-            self._new_steps_from = self._steps_done
+        a = b = self._new_steps_from
+        while b < self._steps_done:
+            ids = self._step_ids[b]
+            assert ids is not None
+            if np.isnan(self.mb_end[self.sample_mb[ids]]).any():
+                break
+            b += 1
+        if b > a:
+            ids = np.concatenate([self._step_ids[k] for k in range(a, b)])  # type: ignore[misc]
+            self.writer.write_part(
+                R.CONSUMED,
+                {
+                    "prompt_id": self.work.prompt_ids[self.work.sample_row[ids]],
+                    "sample_index": self.work.sample_index[ids],
+                    "consumed_step": self.consumed_step[ids],
+                },
+            )
+            self.writer.write_part(R.STEPS, self.step_columns(a, b))
+            for k in range(a, b):
+                self._step_ids[k] = None
+            self._new_steps_from = b
         if len(self.queue_rows) > self._new_queue_from:
             rows = self.queue_rows[self._new_queue_from :]
             self._new_queue_from = len(self.queue_rows)
             self.writer.write_part(R.QUEUE, _queue_columns(rows))
+        self.writer.commit(faults={"count": self.n_faults, "first": self.faults})
 
-    def sample_columns(self, ids: np.ndarray, *, with_ids: bool = True) -> dict[str, np.ndarray]:
-        """Sample rows for global ids ``ids`` (``-1`` = null in consumed_step / policy_lag)."""
+    def restore(self, log: R.RunLog) -> ResumeState:
+        """Load the committed rows of ``log`` (a run of this same plan) and say where to resume.
+
+        Raises
+        ------
+        RunError
+            The log's rows do not fit this plan or contradict each other.
+        """
+        work = self.work
+        where = f"{log.path}: cannot resume"
+        smp = log.tables[R.SAMPLES]
+        row_of = {pid: r for r, pid in enumerate(work.prompt_ids.tolist())}
+        try:
+            rows = np.fromiter((row_of[p] for p in smp.column("prompt_id").to_pylist()), np.int64, smp.num_rows)
+        except KeyError as exc:
+            raise RunError(f"{where}: its samples name prompt {exc} that this plan does not have") from None
+        cols = R.to_columns(smp.drop_columns(["prompt_id"]))
+        idx = cols["sample_index"].astype(np.int64)
+        if np.any(idx < 0) or np.any(idx >= work.n_samples[rows]):
+            raise RunError(f"{where}: its samples have indices beyond this plan's n_samples")
+        gid = np.r_[0, np.cumsum(work.n_samples)][rows] + idx
+        if np.unique(gid).size != gid.size:
+            raise RunError(f"{where}: a sample appears twice in its samples parts")
+        self.response_len[gid] = cols["response_len"]
+        self.finish_time[gid] = cols["finish_time"]
+        self.generated[gid] = 1
+        self.consumed_step[gid] = cols["consumed_step"]
+        mbc = R.to_columns(log.tables[R.MINIBATCHES])
+        m = mbc["minibatch"].astype(np.int64)
+        done = np.zeros(work.n_minibatches, dtype=bool)
+        done[m] = True
+        for name, col in (("worker", self.mb_worker), ("weights_version", self.mb_version), ("reload", self.mb_reload),
+                          ("dispatch_time", self.mb_dispatch), ("start", self.mb_start), ("end", self.mb_end),
+                          ("tokens", self.mb_tokens), ("max_len", self.mb_max_len),
+                          ("context_tokens", self.mb_context)):
+            col[m] = mbc[name]
+        per_mb = np.bincount(self.sample_mb[gid], minlength=work.n_minibatches)
+        if m.size != np.unique(m).size or np.any(per_mb != np.where(done, work.minibatch_sizes, 0)):
+            raise RunError(f"{where}: its minibatch rows and sample rows disagree")
+        st = R.to_columns(log.tables[R.STEPS])
+        order = np.argsort(st["step"], kind="stable")
+        st = {k: v[order] for k, v in st.items()}
+        n = int(st["step"].size)
+        if not np.array_equal(st["step"], np.arange(n)):
+            raise RunError(f"{where}: its trainer steps are not 0..{n - 1}")
+        consumed = self.consumed_step[gid]
+        used = np.bincount(consumed[consumed >= 0], minlength=n)
+        if used.size != n or np.any(used != st["n_samples"]):
+            raise RunError(f"{where}: its consumed samples do not match its trainer steps")
+        self.step_start = st["start"].tolist()
+        self.step_end = st["end"].tolist()
+        self.step_n = st["n_samples"].tolist()
+        self.step_tokens = st["tokens"].tolist()
+        self.step_lag_mean = st["lag_mean"].tolist()
+        self.step_lag_max = st["lag_max"].tolist()
+        self._step_ids = [None] * n
+        self._steps_done = self._new_steps_from = n
+        q = R.to_columns(log.tables[R.QUEUE])
+        self.queue_rows = list(zip(q["time"].tolist(), q["depth"].tolist(), q["in_flight"].tolist(), strict=True))
+        self._new_queue_from = len(self.queue_rows)
+        waiting = gid[consumed < 0]
+        waiting = waiting[np.lexsort((waiting, self.finish_time[waiting]))]
+        times = [0.0, *st["end"].tolist(), *mbc["end"].tolist(), *q["time"].tolist()]
+        return ResumeState(done=done, queued=waiting.astype(np.int64), next_step=n, clock=float(max(times)))
+
+    def sample_columns(
+        self, ids: np.ndarray, *, with_ids: bool = True, consumed: bool = True
+    ) -> dict[str, np.ndarray]:
+        """Sample rows for global ids ``ids`` (``-1`` = null in consumed_step / policy_lag).
+
+        ``consumed=False`` writes every ``consumed_step`` as null (rows written
+        at generation time; consumption is recorded apart).
+        """
         mb = self.sample_mb[ids]
         version = self.mb_version[mb]
-        step = self.consumed_step[ids]
+        step = self.consumed_step[ids] if consumed else np.full(ids.size, -1, dtype=np.int32)
         cols = {
             "sample_index": self.work.sample_index[ids],
             "response_len": self.response_len[ids],

@@ -7,19 +7,41 @@ Layout::
     RUN/minibatches/part-*.parquet      one row per finished minibatch
     RUN/steps/part-*.parquet            one row per trainer step
     RUN/queue/part-*.parquet            queue depth after every change
+    RUN/consumed/part-*.parquet         (prompt_id, sample_index, consumed_step) per
+                                        consumed sample, while the run is not finished
 
-Every part is written whole or not at all (temp file + fsync + rename), so a
-crash loses only unflushed work; ``meta.json`` says ``running`` until the run
-completes (``complete``) or fails (``failed``, with the error), so a reader
-never mistakes a partial log for a finished one. A sample row is written once
-its fate is known: when a trainer step consumes it, or at the end as left over
-(``consumed_step`` null).
+Every part is written whole or not at all (temp file + fsync + rename);
+``meta.json`` says ``running`` until the run completes (``complete``) or
+fails (``failed``, with the error), so a reader never mistakes a partial log
+for a finished one.
+
+Durability (what a crash keeps; ``aspc run --resume`` continues from it):
+
+- A *flush* writes new parts, then *commits* them by rewriting ``meta.json``
+  with each kind's live part range (``parts``: kind -> [first, end)). Parts
+  outside the committed ranges (a flush cut short by a crash, or parts
+  replaced by compaction) are ignored by readers and deleted on resume.
+- A minibatch is durable once its row and all its sample rows are committed;
+  they are written in the same flush, when it finished. Sample rows are
+  written at generation time with ``consumed_step`` null.
+- A trainer step is durable once its ``steps`` row and its ``consumed`` rows
+  are committed: written together after the step published its version, and
+  only once every sample it consumed is durable too.
+- Everything else (minibatches in flight, finished but not yet flushed, a
+  trainer step under way) is lost at a crash and redone on resume: a lost
+  minibatch is generated again from scratch, a lost step runs again.
+- When the run ends (``complete`` or ``failed``) the sample parts are
+  compacted into one part with ``consumed_step`` filled in, in sample order,
+  so ``pyarrow.dataset.dataset("RUN/samples")`` holds one row per generated
+  sample with its fate (null = left over, or queued when a run failed).
+  Before that (a crashed run), :func:`read_run_log` joins the two.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +49,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -36,7 +59,7 @@ from aspc.errors import ConfigError, RunError, SchemaVersionError
 
 RUNLOG_FORMAT = "aspc.runlog"
 # Major.minor, as for plans: a reader refuses another major version.
-RUNLOG_VERSION = "1.0"
+RUNLOG_VERSION = "1.1"  # 1.1: committed part ranges in meta.json, consumed/ parts (resume)
 RUNLOG_MAJOR = 1
 META_FILE = "meta.json"
 
@@ -44,7 +67,7 @@ STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
 STATUS_FAILED = "failed"
 
-SAMPLES, MINIBATCHES, STEPS, QUEUE = "samples", "minibatches", "steps", "queue"
+SAMPLES, MINIBATCHES, STEPS, QUEUE, CONSUMED = "samples", "minibatches", "steps", "queue", "consumed"
 
 SCHEMAS: dict[str, pa.Schema] = {
     SAMPLES: pa.schema(
@@ -102,6 +125,13 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("in_flight", pa.int64(), nullable=False),  # samples dispatched, not yet returned
         ]
     ),
+    CONSUMED: pa.schema(
+        [
+            pa.field("prompt_id", pa.string(), nullable=False),  # plan prompt id
+            pa.field("sample_index", pa.int32(), nullable=False),  # 0..n_samples-1 within the prompt
+            pa.field("consumed_step", pa.int32(), nullable=False),  # trainer step that consumed it
+        ]
+    ),
 }
 KINDS = tuple(SCHEMAS)
 # Integer columns whose null means "not applicable"; in memory they hold -1.
@@ -139,19 +169,32 @@ def is_run_log(path: str | os.PathLike) -> bool:
     return (Path(path) / META_FILE).is_file()
 
 
+_PART_RE = re.compile(r"^part-(\d{6,})\.parquet$")
+
+
+def _part_number(path: Path) -> int | None:
+    m = _PART_RE.match(path.name)
+    return int(m.group(1)) if m else None
+
+
 class RunLogWriter:
-    """Writes a run log as it goes: ``start``, ``write_part`` many times, then ``finish`` or ``fail``.
+    """Writes a run log as it goes: ``start``, ``write_part``/``commit`` many times, then ``finish`` or ``fail``.
 
     Parameters
     ----------
     path
         The run directory. It must not exist or be empty; with ``overwrite``
         an existing aspc run log there is replaced (nothing else is deleted).
+    resume
+        Continue the aspc run log at ``path`` (see :meth:`start`); a path with
+        no run log yet starts a fresh one.
     """
 
-    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False):
+    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False, resume: bool = False):
         self.path = Path(path)
         self.overwrite = overwrite
+        self.resume = resume
+        self._first = dict.fromkeys(KINDS, 0)  # first live part number per kind
         self._parts = dict.fromkeys(KINDS, 0)  # next part number per kind
         self._meta: dict[str, Any] = {}
 
@@ -160,19 +203,51 @@ class RunLogWriter:
         p = self.path
         if p.exists() and not p.is_dir():
             raise ConfigError(f"--log {p}: exists and is not a directory; pick a new run directory")
+        if self.resume:
+            if p.is_dir() and any(p.iterdir()) and not is_run_log(p):
+                raise ConfigError(f"--log {p}: not an aspc run log, nothing to resume; pick the run's directory")
+            return
         if p.is_dir() and any(p.iterdir()):
             if not self.overwrite:
                 raise ConfigError(
-                    f"--log {p}: directory exists and is not empty; pick a new path or pass --overwrite"
+                    f"--log {p}: directory exists and is not empty; pick a new path, pass --overwrite, "
+                    "or --resume to continue it"
                 )
             if not is_run_log(p):
                 raise ConfigError(
                     f"--log {p}: not an aspc run log, refusing to overwrite it; pick a new path"
                 )
 
+    @property
+    def resuming(self) -> bool:
+        """``start`` will continue an existing log (``resume`` and a run log at ``path``)."""
+        return self.resume and is_run_log(self.path)
+
     def start(self, meta: dict[str, Any]) -> None:
-        """Create the directory and write ``meta.json`` with status ``running``."""
+        """Create the directory and write ``meta.json`` with status ``running``.
+
+        When :attr:`resuming`, keep the existing log: drop parts no commit
+        covers, count the resume, and mark it ``running`` again (``meta`` is
+        ignored: the caller checked it matches the log's).
+        """
         self.check()
+        if self.resuming:
+            old = read_meta(self.path)
+            if "parts" not in old:
+                raise ConfigError(
+                    f"--log {self.path}: run log format {old.get('format_version')} predates resume; "
+                    "start a new run with --overwrite"
+                )
+            self._meta = old
+            for kind in KINDS:
+                first, end = old["parts"].get(kind, [0, 0])
+                self._first[kind], self._parts[kind] = int(first), int(end)
+            self.collect_garbage()
+            self._meta.pop("error", None)
+            self._meta.update(status=STATUS_RUNNING, resumes=int(old.get("resumes", 0)) + 1,
+                              format_version=RUNLOG_VERSION, aspc_version=__version__)
+            self._write_meta()
+            return
         if self.path.is_dir() and self.overwrite and is_run_log(self.path):
             shutil.rmtree(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
@@ -185,11 +260,11 @@ class RunLogWriter:
             **meta,
             "status": STATUS_RUNNING,
         }
-        self._write_meta()
+        self.commit()
 
-    def write_part(self, kind: str, columns: dict[str, np.ndarray]) -> None:
-        """Append one part of ``kind`` atomically (nothing if it has no rows)."""
-        table = to_table(kind, columns)
+    def write_part(self, kind: str, columns: dict[str, np.ndarray] | pa.Table) -> None:
+        """Write one part of ``kind`` atomically (nothing if it has no rows); live after :meth:`commit`."""
+        table = columns if isinstance(columns, pa.Table) else to_table(kind, columns)
         if table.num_rows == 0:
             return
         target = self.path / kind / f"part-{self._parts[kind]:06d}.parquet"
@@ -197,15 +272,53 @@ class RunLogWriter:
         with atomic_path(target) as tmp:
             pq.write_table(table, tmp, compression="zstd")
 
-    def finish(self, summary: dict[str, Any]) -> None:
-        """Mark the run complete and store its summary."""
-        self._meta.update(status=STATUS_COMPLETE, summary=summary)
+    def commit(self, **meta: Any) -> None:
+        """Make every part written so far live (one atomic ``meta.json`` write), with ``meta`` updates."""
+        self._meta.update(meta)
+        self._meta["parts"] = {k: [self._first[k], self._parts[k]] for k in KINDS}
         self._write_meta()
 
+    def collect_garbage(self) -> None:
+        """Delete parts outside the committed ranges and temporary files left by a crash."""
+        for kind in KINDS:
+            d = self.path / kind
+            if not d.is_dir():
+                continue
+            for f in d.iterdir():
+                n = _part_number(f)
+                stale = n is None and f.name.startswith(".") and f.name.endswith(".tmp")
+                if stale or (n is not None and not self._first[kind] <= n < self._parts[kind]):
+                    f.unlink(missing_ok=True)
+
+    def _compact(self) -> None:
+        """Write the live samples, joined with their consumption, as one new (uncommitted) part."""
+        tables = _live_tables(self.path, self._meta)
+        samples = tables[SAMPLES]
+        if samples.num_rows == 0:
+            return
+        joined = join_consumed(samples, tables[CONSUMED])
+        order = np.argsort(joined.column("minibatch").to_numpy(), kind="stable")
+        first = self._parts[SAMPLES]
+        self.write_part(SAMPLES, joined.take(pa.array(order)))
+        self._first[SAMPLES] = first
+        self._first[CONSUMED] = self._parts[CONSUMED]
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Compact the samples, mark the run complete and store its summary."""
+        self._compact()
+        self.commit(status=STATUS_COMPLETE, summary=summary)
+        self.collect_garbage()
+        consumed = self.path / CONSUMED
+        if consumed.is_dir() and not any(consumed.iterdir()):
+            consumed.rmdir()
+
     def fail(self, message: str) -> None:
-        """Mark the run failed; parts already written stay for inspection or resume."""
-        self._meta.update(status=STATUS_FAILED, error=message)
-        self._write_meta()
+        """Compact what is committed and mark the run failed; the log stays resumable."""
+        try:
+            self._compact()
+        finally:
+            self.commit(status=STATUS_FAILED, error=message)
+        self.collect_garbage()
 
     def _write_meta(self) -> None:
         data = json.dumps(self._meta, indent=2, sort_keys=True, default=_json_default) + "\n"
@@ -235,14 +348,13 @@ class RunLog:
         return str(self.meta.get("status"))
 
 
-def read_run_log(path: str | os.PathLike, *, allow_incomplete: bool = False) -> RunLog:
-    """Read a run log directory.
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    """``meta.json`` of the run log at ``path``, checked for format and major version.
 
     Raises
     ------
     RunError
-        Not a run log, unreadable parts, or (unless ``allow_incomplete``) a
-        run that did not complete.
+        Not a run log, or a corrupt ``meta.json``.
     SchemaVersionError
         A log written with another major format version.
     """
@@ -256,7 +368,7 @@ def read_run_log(path: str | os.PathLike, *, allow_incomplete: bool = False) -> 
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise RunError(f"{p}: corrupt {META_FILE}; the run log cannot be read") from None
-    if meta.get("format") != RUNLOG_FORMAT:
+    if not isinstance(meta, dict) or meta.get("format") != RUNLOG_FORMAT:
         raise RunError(f"{p}: {META_FILE} is not an aspc run log's")
     version = str(meta.get("format_version", "?"))
     try:
@@ -269,16 +381,19 @@ def read_run_log(path: str | os.PathLike, *, allow_incomplete: bool = False) -> 
             f"{p}: run log format {version} is {newer} than this aspc {__version__} reads ({RUNLOG_VERSION}); "
             f"use an aspc that reads run log format {major}.x"
         )
-    if not allow_incomplete and meta.get("status") != STATUS_COMPLETE:
-        raise RunError(
-            f"{p}: run log status is {meta.get('status')!r}, not complete"
-            + (f" ({meta['error']})" if meta.get("error") else "")
-            + "; rerun it, or read it with allow_incomplete"
-        )
+    return meta
+
+
+def _live_tables(p: Path, meta: dict[str, Any]) -> dict[str, pa.Table]:
+    """Every kind's committed parts concatenated (all parts for a log without ``parts``)."""
+    ranges = meta.get("parts")
     tables = {}
     for kind, schema in SCHEMAS.items():
         d = p / kind
         files = sorted(d.glob("part-*.parquet")) if d.is_dir() else []
+        if isinstance(ranges, dict):
+            first, end = ranges.get(kind, [0, 0])
+            files = [f for f in files if (n := _part_number(f)) is not None and first <= n < end]
         if not files:
             tables[kind] = schema.empty_table()
             continue
@@ -286,4 +401,42 @@ def read_run_log(path: str | os.PathLike, *, allow_incomplete: bool = False) -> 
             tables[kind] = ds.dataset([str(f) for f in files], format="parquet", schema=schema).to_table()
         except (pa.ArrowInvalid, OSError) as exc:
             raise RunError(f"{p}: unreadable {kind} parts ({' '.join(str(exc).split())[:120]})") from None
+    return tables
+
+
+def join_consumed(samples: pa.Table, consumed: pa.Table) -> pa.Table:
+    """``samples`` (row order kept) with ``consumed_step`` and ``policy_lag`` filled in from ``consumed``."""
+    if consumed.num_rows == 0:
+        return samples
+    t = samples.append_column("__row", pa.array(np.arange(samples.num_rows, dtype=np.int64)))
+    c = consumed.rename_columns(["prompt_id", "sample_index", "__step"])
+    j = t.join(c, keys=["prompt_id", "sample_index"], join_type="left outer").sort_by("__row")
+    step = pc.coalesce(j.column("consumed_step"), j.column("__step")).cast(pa.int32())
+    lag = pc.subtract(step, j.column("weights_version")).cast(pa.int32())
+    cols = {name: j.column(name) for name in SCHEMAS[SAMPLES].names}
+    cols["consumed_step"], cols["policy_lag"] = step, lag
+    return pa.Table.from_arrays([cols[f.name] for f in SCHEMAS[SAMPLES]], schema=SCHEMAS[SAMPLES])
+
+
+def read_run_log(path: str | os.PathLike, *, allow_incomplete: bool = False) -> RunLog:
+    """Read a run log directory: its committed parts, samples joined with their consumption.
+
+    Raises
+    ------
+    RunError
+        Not a run log, unreadable parts, or (unless ``allow_incomplete``) a
+        run that did not complete.
+    SchemaVersionError
+        A log written with another major format version.
+    """
+    p = Path(path)
+    meta = read_meta(p)
+    if not allow_incomplete and meta.get("status") != STATUS_COMPLETE:
+        raise RunError(
+            f"{p}: run log status is {meta.get('status')!r}, not complete"
+            + (f" ({meta['error']})" if meta.get("error") else "")
+            + "; rerun it, or read it with allow_incomplete"
+        )
+    tables = _live_tables(p, meta)
+    tables[SAMPLES] = join_consumed(tables[SAMPLES], tables[CONSUMED])
     return RunLog(path=p, meta=meta, tables=tables)

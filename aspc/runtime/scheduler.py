@@ -14,7 +14,14 @@ real engine's wall clock, so every backend follows one logic:
 - the trainer takes a fixed global batch, oldest samples first, and its step
   ``k`` publishes weights version ``k + 1``;
 - a worker reloads weights only between minibatches, when a newer version
-  than its own exists, so reloads follow the workers' staggered finish times.
+  than its own exists, so reloads follow the workers' staggered finish times;
+- a minibatch whose worker failed (raised, hung, died) goes back to the
+  dispatcher ahead of every undispatched one; after ``max_retries`` failures
+  of one minibatch the run stops (:class:`~aspc.errors.RunError`). A worker
+  reported *lost* (hung past its timeout) gets no work until it is restored;
+- a resumed run (:meth:`Scheduler.restore`) starts from what its log holds:
+  the minibatches not yet generated, the samples generated but not consumed
+  (queued oldest first), the next trainer step and its weights version.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
+
+from aspc.errors import RunError
 
 
 @dataclass(frozen=True)
@@ -60,14 +69,30 @@ class Scheduler:
         :func:`aspc.runtime.config.resolve_queue_capacity`).
     """
 
-    def __init__(self, minibatch_sizes: np.ndarray, n_workers: int, global_batch: int, queue_capacity: int):
-        if n_workers < 1 or global_batch < 1 or queue_capacity < global_batch:
-            raise ValueError("need n_workers >= 1, global_batch >= 1 and queue_capacity >= global_batch")
+    def __init__(
+        self,
+        minibatch_sizes: np.ndarray,
+        n_workers: int,
+        global_batch: int,
+        queue_capacity: int,
+        *,
+        max_retries: int = 0,
+    ):
+        if n_workers < 1 or global_batch < 1 or queue_capacity < global_batch or max_retries < 0:
+            raise ValueError(
+                "need n_workers >= 1, global_batch >= 1, queue_capacity >= global_batch and max_retries >= 0"
+            )
         self.sizes = [int(s) for s in minibatch_sizes]
         self.n_workers = n_workers
         self.global_batch = global_batch
         self.capacity = queue_capacity
-        self.next_minibatch = 0  # next minibatch to dispatch, in plan order
+        self.max_retries = max_retries  # failures of one minibatch tolerated before the run stops
+        self._order: list[int] = list(range(len(self.sizes)))  # minibatches to dispatch, plan order
+        self._pos = 0  # next index into _order
+        self._retry: list[int] = []  # min-heap of failed minibatches, dispatched before _order[_pos:]
+        self.failures: dict[int, int] = {}  # minibatch -> times its worker failed on it
+        self._lost: set[int] = set()  # workers hung or dead: no dispatch until restored
+        self.restored_minibatches = 0  # minibatches already generated when the run was resumed
         self._idle = list(range(n_workers))  # min-heap of idle worker ids
         self.worker_version = [0] * n_workers  # weights version each worker holds
         self.busy_workers = 0  # workers with a minibatch (or reload) under way
@@ -92,6 +117,65 @@ class Scheduler:
         self.busy_workers -= 1
         heapq.heappush(self._idle, worker)
 
+    def on_minibatch_failed(self, worker: int, minibatch: int, error: str = "", *, lost: bool = False) -> None:
+        """``worker`` failed on ``minibatch`` (raised, hung or died); none of its samples were reported.
+
+        The minibatch goes back to the dispatcher, ahead of every undispatched
+        one. ``worker`` is idle again unless ``lost`` (hung, or its process
+        died), in which case it gets no work until :meth:`on_worker_restored`.
+        Its weights are treated as unknown: its next dispatch reloads.
+
+        Raises
+        ------
+        RunError
+            ``minibatch`` failed more than ``max_retries`` times.
+        """
+        n = self.failures.get(minibatch, 0) + 1
+        self.failures[minibatch] = n
+        self.busy_workers -= 1
+        self.in_flight -= self.sizes[minibatch]
+        self.worker_version[worker] = -1
+        if lost:
+            self._lost.add(worker)
+        else:
+            heapq.heappush(self._idle, worker)
+        heapq.heappush(self._retry, minibatch)
+        if n > self.max_retries:
+            raise RunError(
+                f"minibatch {minibatch} failed {n} times (--max-retries {self.max_retries}); "
+                f"last: worker {worker}: {error or 'failed'}"
+            )
+
+    def on_worker_restored(self, worker: int) -> None:
+        """A lost worker is usable again (its hung call finally returned)."""
+        if worker in self._lost:
+            self._lost.discard(worker)
+            heapq.heappush(self._idle, worker)
+
+    def restore(self, done: np.ndarray, queued: np.ndarray, next_step: int) -> None:
+        """Start from a run log: ``done`` minibatches are generated, ``queued`` sample ids await the trainer.
+
+        Parameters
+        ----------
+        done
+            bool per minibatch: its samples are durable in the log.
+        queued
+            int64 sample ids generated but not consumed, oldest first.
+        next_step
+            Trainer steps already durable; the trainer resumes at this step
+            and the newest weights version is ``next_step``. Workers start
+            from version 0 (fresh processes) and reload before their first
+            minibatch.
+        """
+        self._order = np.flatnonzero(~np.asarray(done, dtype=bool)).tolist()
+        self.restored_minibatches = len(self.sizes) - len(self._order)
+        self._pos = 0
+        self._retry = []
+        self._queue = deque([np.asarray(queued, dtype=np.int64)] if len(queued) else [])
+        self.queued = int(len(queued))
+        self.next_step = int(next_step)
+        self.latest_version = int(next_step)
+
     def on_train_done(self, version: int) -> None:
         """The trainer finished a step and published weights ``version``."""
         self.trainer_busy = False
@@ -110,26 +194,37 @@ class Scheduler:
             actions.append(TrainStep(self.next_step, self._take(self.global_batch)))
             self.trainer_busy = True
             self.next_step += 1
-        while (
-            self._idle
-            and self.next_minibatch < len(self.sizes)
-            and self.queued + self.in_flight < self.capacity
-        ):
+        while self._idle and self.work_remaining and self.queued + self.in_flight < self.capacity:
             worker = heapq.heappop(self._idle)
             reload = self.latest_version if self.worker_version[worker] < self.latest_version else None
             if reload is not None:
                 self.worker_version[worker] = reload
-            m = self.next_minibatch
+            if self._retry:
+                m = heapq.heappop(self._retry)
+            else:
+                m = self._order[self._pos]
+                self._pos += 1
             actions.append(Dispatch(worker, m, reload, self.worker_version[worker]))
-            self.next_minibatch += 1
             self.in_flight += self.sizes[m]
             self.busy_workers += 1
         return actions
 
     @property
     def work_remaining(self) -> bool:
-        """Minibatches not yet dispatched."""
-        return self.next_minibatch < len(self.sizes)
+        """Minibatches not yet dispatched (or handed back after a failure)."""
+        return bool(self._retry) or self._pos < len(self._order)
+
+    @property
+    def next_minibatch(self) -> int:
+        """The minibatch the next dispatch hands out (``len(sizes)`` when none is left)."""
+        if self._retry:
+            return self._retry[0]
+        return self._order[self._pos] if self._pos < len(self._order) else len(self.sizes)
+
+    @property
+    def lost_workers(self) -> int:
+        """Workers hung or dead, awaiting :meth:`on_worker_restored`."""
+        return len(self._lost)
 
     @property
     def done(self) -> bool:

@@ -4,11 +4,21 @@ Nothing sleeps. Starting a minibatch asks the backend for its (simulated)
 duration and schedules the completion on an event heap; :meth:`wait` jumps the
 clock to the next completion. The loop runs once per minibatch and per trainer
 step (and per distinct finish time in continuous mode), never per token.
+
+A backend call that raises a worker fault (see
+:func:`~aspc.runtime.engine.is_worker_fault`) is reported as a
+:class:`~aspc.runtime.engine.MinibatchFailed` at the dispatch instant.
+
+``ASPC_TEST_SIM_EVENT_DELAY`` (seconds, tests only) makes every :meth:`wait`
+sleep that long in real time, so a test can kill a simulated run part-way;
+it changes nothing else.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
+import time
 from typing import Any
 
 import numpy as np
@@ -20,12 +30,18 @@ from aspc.runtime.engine import (
     EVENT_PRIORITY,
     Engine,
     Event,
+    MinibatchFailed,
     MinibatchFinished,
     SamplesReturned,
     TrainFinished,
+    fault_message,
+    is_worker_fault,
 )
 from aspc.runtime.scheduler import Dispatch
 from aspc.runtime.work import MinibatchWork
+
+# Test-only: real seconds slept per wait(), to make a simulated run killable mid-way.
+TEST_DELAY_ENV = "ASPC_TEST_SIM_EVENT_DELAY"
 
 
 class VirtualClockEngine(Engine):
@@ -38,6 +54,7 @@ class VirtualClockEngine(Engine):
         self._now = 0.0  # simulated seconds since the run started
         self._heap: list[tuple[float, int, int, Event]] = []  # (time, priority, start order, event)
         self._seq = 0  # start order, breaks ties deterministically
+        self._test_delay = float(os.environ.get(TEST_DELAY_ENV) or 0.0)
 
     def now(self) -> float:
         return self._now
@@ -46,12 +63,21 @@ class VirtualClockEngine(Engine):
         heapq.heappush(self._heap, (event.time, EVENT_PRIORITY[type(event)], self._seq, event))
         self._seq += 1
 
+    def advance_clock(self, seconds: float) -> None:
+        self._now = float(seconds)
+
     def start_generation(self, action: Dispatch, work: MinibatchWork, weights: Any) -> None:
         t0 = self._now
         start = t0
-        if action.reload_version is not None:
-            start = t0 + self.backend.load_weights(action.worker, action.reload_version, weights)
-        res = self.backend.generate(action.worker, work)
+        try:
+            if action.reload_version is not None:
+                start = t0 + self.backend.load_weights(action.worker, action.reload_version, weights)
+            res = self.backend.generate(action.worker, work)
+        except BaseException as exc:
+            if not is_worker_fault(exc):
+                raise
+            self._push(MinibatchFailed(t0, action.worker, work.index, fault_message(exc)))
+            return
         end = start + res.elapsed
         ids = np.arange(work.sample_start, work.sample_end, dtype=np.int64)
         w, m = action.worker, work.index
@@ -83,6 +109,8 @@ class VirtualClockEngine(Engine):
             raise RunError(
                 "the run stalled with nothing running (a bug in aspc's scheduler); please report it"
             )
+        if self._test_delay:
+            time.sleep(self._test_delay)
         t = self._heap[0][0]
         events = []
         while self._heap and self._heap[0][0] == t:

@@ -1,0 +1,220 @@
+"""What the real backends share: per-minibatch requests, per-worker engines, replay lengths.
+
+A real backend splits :meth:`~aspc.runtime.backend.GenerationBackend.generate`
+in two, so the same backend runs in threads (local engine) and in Ray actors:
+
+- :meth:`ModelBackend.request` runs where the plan is (the driver): it cuts
+  the minibatch's rows out of the plan and attaches the replay lengths. The
+  result is small and picklable.
+- :meth:`ModelBackend.execute` runs where the worker's model is: it turns a
+  request into tokens.
+
+Each worker holds its own model (its own weights version), created by
+:meth:`ModelBackend.start_worker` in the process that serves it.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from aspc.emit import schema as S
+from aspc.errors import RunError
+from aspc.runtime.backend import Clock, GenerationBackend, GenerationResult
+from aspc.runtime.backends.options import DEFAULT_MAX_NEW_TOKENS, GenerationOptions
+from aspc.runtime.lengths import join_actual_lengths
+from aspc.runtime.work import MinibatchWork, WorkPlan
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One minibatch as a worker needs it: prompts, samples per prompt, and how long each may run."""
+
+    minibatch: int  # plan minibatch id
+    sample_start: int  # global id of its first sample; samples are numbered row by row, then sample index
+    prompt_ids: list[str]  # plan prompt id per row
+    prompts: list[str]  # plan prompt per row: text, or chat messages as compact JSON
+    n_samples: np.ndarray  # int64 per row, >= 1; sum == number of samples
+    replay_len: np.ndarray | None  # int64 per sample, tokens each must generate; None = end at EOS
+    max_new_tokens: int  # cap on generated tokens per sequence
+
+    @property
+    def n_total(self) -> int:
+        return int(self.n_samples.sum())
+
+
+class ModelBackend(GenerationBackend):
+    """Base of backends that hold one model per worker (``hf``, ``vllm``).
+
+    Parameters
+    ----------
+    options
+        Parsed generation options; ``options.model`` is a resolved local
+        directory.
+    """
+
+    clock = Clock.WALL
+    name: ClassVar[str] = "model"
+
+    def __init__(self, options: GenerationOptions):
+        self.options = options
+        # Workers whose models this process holds: None = all (local engine);
+        # the Ray engine sets () on the driver's copy and (w,) in actor w.
+        self.serve_workers: tuple[int, ...] | None = None
+        self.n_workers = 0  # W, known after setup
+        # Share of one device a worker may fill; None = the backend decides (the
+        # Ray engine sets it when several actors share a GPU).
+        self.device_share: float | None = None
+        self._work: WorkPlan | None = None
+        self._replay: np.ndarray | None = None  # int64 per global sample id (replay mode)
+        self._version: dict[int, int] = {}  # worker -> weights version its model holds
+        self._busy: dict[int, bool] = {}  # worker -> generating now (reloads must not happen then)
+        self._lock = threading.Lock()
+        self._closing = threading.Event()  # set by close(): in-flight generations stop at their next step
+        # Called with W at the end of setup(): the Ray engine starts its actors
+        # there, so model loading happens before the run's clock matters.
+        self.on_setup: Callable[[int], None] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Shipped to Ray actors as a fresh worker_copy: locks do not pickle.
+        state = dict(self.__dict__)
+        del state["_lock"], state["_closing"]
+        state["on_setup"] = None  # an engine's hook stays with the engine
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+
+    # ---- driver side -----------------------------------------------------------
+
+    def setup(self, work: WorkPlan, n_workers: int) -> None:
+        self._work = work
+        self.n_workers = n_workers
+        if self.options.replay:
+            assert self.options.replay_lengths is not None  # GenerationOptions.validate checked it
+            self._replay = join_actual_lengths(
+                work,
+                self.options.replay_lengths,
+                max_new_tokens=self.options.max_new_tokens,
+                source_name=self.options.replay_source,
+            ).response_len
+        served = range(n_workers) if self.serve_workers is None else self.serve_workers
+        for w in served:
+            self.start_worker(w)
+        if self.on_setup is not None:
+            self.on_setup(n_workers)
+
+    def request(self, work: MinibatchWork) -> GenerationRequest:
+        """The request for minibatch ``work`` (cheap; runs on the driver)."""
+        plan = self._work
+        if plan is None:
+            raise RunError("backend used before setup(); this is a bug in the engine")
+        r0, r1 = work.row_start, work.row_end
+        replay = None if self._replay is None else self._replay[work.sample_start : work.sample_end].copy()
+        if self.options.max_new_tokens is not None:
+            cap = int(self.options.max_new_tokens)
+        elif replay is not None:
+            cap = int(replay.max(initial=0)) + 1  # one more step for the forced EOS
+        else:
+            cap = DEFAULT_MAX_NEW_TOKENS
+        return GenerationRequest(
+            minibatch=work.index,
+            sample_start=work.sample_start,
+            prompt_ids=[str(p) for p in plan.prompt_ids[r0:r1]],
+            prompts=plan.table.column(S.PROMPT).slice(r0, r1 - r0).to_pylist(),
+            n_samples=plan.n_samples[r0:r1].astype(np.int64).copy(),
+            replay_len=replay,
+            max_new_tokens=max(1, cap),
+        )
+
+    def generate(self, worker: int, work: MinibatchWork) -> GenerationResult:
+        return self.execute(worker, self.request(work))
+
+    def worker_copy(self, worker: int) -> ModelBackend:
+        """A fresh, picklable copy that will serve only ``worker`` (for a Ray actor)."""
+        copy = type(self)(self.options.for_worker_process())
+        copy.serve_workers = (worker,)
+        copy.n_workers = self.n_workers
+        return copy
+
+    # ---- worker side -------------------------------------------------------------
+
+    @abstractmethod
+    def start_worker(self, worker: int) -> None:
+        """Load ``worker``'s model (weights version 0) in this process."""
+
+    @abstractmethod
+    def _execute(self, worker: int, request: GenerationRequest) -> GenerationResult:
+        """Generate ``request`` on ``worker``'s model."""
+
+    @abstractmethod
+    def _load(self, worker: int, weights: Any) -> None:
+        """Copy ``weights`` (a state dict or a directory of .safetensors) into ``worker``'s model."""
+
+    def execute(self, worker: int, request: GenerationRequest) -> GenerationResult:
+        """Generate every sample of ``request`` on ``worker`` and time it."""
+        with self._lock:
+            self._busy[worker] = True
+        try:
+            return self._execute(worker, request)
+        finally:
+            with self._lock:
+                self._busy[worker] = False
+
+    def load_weights(self, worker: int, version: int, weights: Any) -> float:
+        """Load weights ``version`` into ``worker``'s model; a ``None`` handle only records the version.
+
+        The trainer publishes weights as a state dict (``{name: tensor}``) or
+        a directory of ``.safetensors`` files; ``None`` (a simulated trainer)
+        changes no parameter.
+        """
+        import time
+
+        with self._lock:
+            if self._busy.get(worker):
+                raise RunError(f"worker {worker} was asked to reload weights mid-minibatch; this is a bug in aspc")
+        t0 = time.perf_counter()
+        if weights is not None:
+            self._load(worker, weights)
+        self._version[worker] = int(version)
+        return time.perf_counter() - t0
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Ask in-flight generations to stop and wait until none runs; False if some still does.
+
+        After a failure elsewhere in the run, other workers may still be
+        generating; their results are no longer wanted, and a model torn down
+        under a running thread (or an interpreter exiting around one) crashes
+        the process instead of letting it report the failure.
+        """
+        import time
+
+        self._closing.set()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not any(self._busy.values()):
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def weights_version(self, worker: int) -> int:
+        """The weights version ``worker``'s model holds (0 until its first reload)."""
+        return self._version.get(worker, 0)
+
+
+def replay_total(request: GenerationRequest) -> np.ndarray | None:
+    """Replay lengths of a request (or ``None``), checked against its sample count."""
+    if request.replay_len is None:
+        return None
+    if request.replay_len.size != request.n_total:
+        raise RunError(f"minibatch {request.minibatch}: {request.replay_len.size} replay lengths for "
+                       f"{request.n_total} samples; this is a bug in aspc")
+    return request.replay_len

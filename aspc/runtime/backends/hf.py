@@ -1,0 +1,246 @@
+"""The ``hf`` backend: Hugging Face ``transformers`` generation, one minibatch per ``generate`` call.
+
+Each worker holds its own copy of the model (its own weights version) on its
+device (NPU > CUDA > CPU unless ``--device``). A minibatch is generated in
+one batched, left-padded ``generate`` call, every prompt repeated once per
+sample; the call returns when its longest sequence ends, which is the
+``static`` return mode the preprint describes.
+
+Replay mode (``--replay-lengths``)
+    A logits processor forbids end-of-sequence tokens before a sequence's
+    recorded length and forces one at it, so a real model on real hardware
+    reproduces a recorded length distribution exactly:
+    ``response_len == min(recorded, max_new_tokens)``. Custom processors run
+    before temperature / top-k / top-p, so sampling cannot undo the forcing.
+
+Timing
+    The minibatch's ``elapsed`` is measured around tokenization, ``generate``
+    and decoding; a second logits processor timestamps every decode step, so
+    each sample's ``finish_offset`` is when its last token was produced.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from aspc.errors import BackendError
+from aspc.runtime.backend import GenerationResult
+from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
+from aspc.runtime.backends.options import GenerationOptions
+from aspc.runtime.backends.prompts import render_prompt
+from aspc.runtime.devices import pick_device
+from aspc.runtime.models import load_causal_lm, load_tokenizer, require_transformers
+
+
+class _WorkerState:
+    """One worker's model, tokenizer and token ids, living on one device."""
+
+    def __init__(self, model: Any, tokenizer: Any, device: str):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        ids = []
+        for src in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+            for i in src if isinstance(src, (list, tuple)) else [src]:
+                if i is not None and int(i) not in ids:
+                    ids.append(int(i))
+        if not ids:
+            raise BackendError("the model's tokenizer has no end-of-sequence token; generation could never end")
+        self.eos_ids = ids  # every id that ends a sequence; ids[0] is the one replay forces
+        self.pad_id = int(tokenizer.pad_token_id)
+
+
+def _stop_when(event: Any) -> Any:
+    """A StoppingCriteriaList that ends every sequence once ``event`` is set (the backend is closing)."""
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Closing(StoppingCriteria):
+        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+            return torch.full((input_ids.shape[0],), event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([Closing()])
+
+
+def _processors(prompt_len: int, eos_ids: list[int], replay: np.ndarray | None, stamps: list[float]) -> Any:
+    """A LogitsProcessorList: a step clock, plus the replay forcing when ``replay`` is given."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class StepClock(LogitsProcessor):
+        """Records when each decode step's logits are ready (one call per generated position)."""
+
+        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+            stamps.append(time.perf_counter())
+            return scores
+
+    class ReplayEnds(LogitsProcessor):
+        """Forbid EOS before each row's target length and force it at that length."""
+
+        def __init__(self, target: torch.Tensor):
+            self.target = target  # int64 per row: tokens before the EOS
+            self.eos = torch.tensor(eos_ids, dtype=torch.long, device=target.device)
+
+        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+            if self.target.device != scores.device:  # built on the CPU, used where the model runs
+                self.target, self.eos = self.target.to(scores.device), self.eos.to(scores.device)
+            t = input_ids.shape[1] - prompt_len  # tokens generated so far == index of the token being chosen
+            neg = torch.finfo(scores.dtype).min
+            early = (self.target > t).unsqueeze(1)
+            eos_scores = scores[:, self.eos]
+            scores[:, self.eos] = torch.where(early, torch.full_like(eos_scores, neg), eos_scores)
+            at = (self.target == t).unsqueeze(1)
+            forced = torch.full_like(scores[:1], neg)
+            forced[0, self.eos[0]] = 0.0
+            return torch.where(at, forced.expand_as(scores), scores)
+
+    procs = [StepClock()]
+    if replay is not None:
+        procs.append(ReplayEnds(torch.tensor(np.asarray(replay), dtype=torch.long)))
+    return LogitsProcessorList(procs)
+
+
+class HFBackend(ModelBackend):
+    """Generation with ``transformers``; see the module docstring for replay and timing."""
+
+    name = "hf"
+
+    def __init__(self, options: GenerationOptions):
+        super().__init__(options)
+        self._state: dict[int, _WorkerState] = {}
+
+    def start_worker(self, worker: int) -> None:
+        require_transformers()
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # one console owner: the CLI
+        device = pick_device(self.options.device, worker)
+        from pathlib import Path
+
+        path = Path(self.options.model)
+        model = load_causal_lm(path, device=device, dtype=self.options.dtype)
+        tok = load_tokenizer(path)
+        self._state[worker] = _WorkerState(model, tok, device)
+        self._version.setdefault(worker, 0)
+        torch.manual_seed(self.options.seed + worker)
+
+    def _worker(self, worker: int) -> _WorkerState:
+        st = self._state.get(worker)
+        if st is None:
+            raise BackendError(f"worker {worker} has no model in this process; the engine did not start it")
+        return st
+
+    def _load(self, worker: int, weights: Any) -> None:
+        st = self._worker(worker)
+        state = as_state_dict(weights)
+        result = st.model.load_state_dict(state, strict=False)
+        if result.unexpected_keys:
+            raise BackendError(
+                f"published weights hold {len(result.unexpected_keys)} tensors the model does not have "
+                f"(e.g. {result.unexpected_keys[0]!r}); the trainer and --model must be the same architecture"
+            )
+
+    def _execute(self, worker: int, request: GenerationRequest) -> GenerationResult:
+        import torch
+        from transformers import GenerationConfig
+
+        st = self._worker(worker)
+        replay = replay_total(request)
+        t0 = time.perf_counter()
+        tok = st.tokenizer
+        row_ids = []
+        for prompt in request.prompts:
+            text, templated = render_prompt(prompt, tok)
+            row_ids.append(tok(text, add_special_tokens=not templated)["input_ids"])
+        seqs = [ids for ids, n in zip(row_ids, request.n_samples, strict=True) for _ in range(int(n))]
+        prompt_len = max(len(s) for s in seqs)
+        input_ids = torch.full((len(seqs), prompt_len), st.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), prompt_len), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            if s:
+                input_ids[i, prompt_len - len(s) :] = torch.tensor(s, dtype=torch.long)
+                mask[i, prompt_len - len(s) :] = 1
+        o = self.options
+        cfg = GenerationConfig(
+            max_new_tokens=request.max_new_tokens,
+            do_sample=o.temperature > 0,
+            temperature=o.temperature if o.temperature > 0 else None,
+            top_p=o.top_p if o.temperature > 0 else None,
+            top_k=o.top_k if o.temperature > 0 else None,
+            eos_token_id=st.eos_ids,
+            pad_token_id=st.pad_id,
+        )
+        stamps: list[float] = []
+        with torch.inference_mode():
+            out = st.model.generate(
+                input_ids=input_ids.to(st.device),
+                attention_mask=mask.to(st.device),
+                generation_config=cfg,
+                logits_processor=_processors(prompt_len, st.eos_ids, replay, stamps),
+                stopping_criteria=_stop_when(self._closing),
+            )
+        gen = out[:, prompt_len:].cpu()
+        is_eos = torch.isin(gen, torch.tensor(st.eos_ids, dtype=gen.dtype))
+        finished = is_eos.any(dim=1)
+        first = torch.where(finished, is_eos.to(torch.int8).argmax(dim=1), torch.full_like(finished, gen.shape[1],
+                                                                                             dtype=torch.long))
+        lens = first.numpy().astype(np.int64)
+        ended = finished.numpy()
+        payload = None
+        if o.return_payload:
+            gen_l = gen.tolist()
+            texts = tok.batch_decode([g[: int(n)] for g, n in zip(gen_l, lens, strict=True)], skip_special_tokens=True)
+            version = self.weights_version(worker)
+            payload = []
+            k = 0
+            for r, n in enumerate(request.n_samples):
+                for _ in range(int(n)):
+                    payload.append({
+                        "prompt_id": request.prompt_ids[r],
+                        "prompt": request.prompts[r],
+                        "prompt_token_ids": list(seqs[k]),
+                        "response_token_ids": gen_l[k][: int(lens[k]) + int(ended[k])],
+                        "text": texts[k],
+                        "finished": bool(ended[k]),
+                        "weights_version": version,
+                    })
+                    k += 1
+        t1 = time.perf_counter()
+        # Token index i is done when step i + 1 starts (or when generate returned).
+        done_at = np.asarray(stamps[1:] + [t1], dtype=np.float64)
+        last_index = np.minimum(lens + ended.astype(np.int64) - 1, done_at.size - 1).clip(min=0)
+        finish = np.minimum(done_at[last_index] - t0, t1 - t0)
+        return GenerationResult(response_len=lens, finish_offset=finish, elapsed=t1 - t0, payload=payload)
+
+    def close(self) -> None:
+        self.wait_idle()
+        self._state.clear()
+
+
+def as_state_dict(weights: Any) -> dict[str, Any]:
+    """A published weights handle as a state dict: a mapping, a .safetensors file, or a directory of them."""
+    import os
+    from collections.abc import Mapping
+    from pathlib import Path
+
+    if isinstance(weights, Mapping):
+        return dict(weights)
+    if isinstance(weights, (str, os.PathLike)):
+        from safetensors.torch import load_file
+
+        path = Path(weights)
+        files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+        if not files or not all(f.is_file() and f.suffix == ".safetensors" for f in files):
+            raise BackendError(f"published weights {path}: expected a .safetensors file or a directory of them")
+        state: dict[str, Any] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+    raise BackendError(
+        f"the trainer published weights as {type(weights).__name__}; publish a state dict, "
+        "a .safetensors file or a directory of them"
+    )

@@ -1,0 +1,81 @@
+"""Options of the real generation backends (``hf``, ``vllm``), parsed once from ``BackendContext.options``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from aspc.errors import ConfigError
+
+# Keys of BackendContext.options that the real backends read (the CLI fills them).
+OPTION_KEYS = (
+    "model",  # --model: local HF directory, .gguf file, or a bundled alias
+    "device",  # --device: auto | cpu | cuda[:N] | npu[:N]
+    "dtype",  # --dtype: auto | float32 | float16 | bfloat16
+    "max_new_tokens",  # --max-new-tokens
+    "temperature",  # --temperature
+    "top_p",  # --top-p
+    "top_k",  # --top-k
+    "seed",  # --seed
+    "replay",  # --replay-lengths
+    "replay_lengths",  # prompt id -> observed lengths (from --actual-lengths)
+    "replay_source",  # name of the lengths file, for messages
+    "return_payload",  # hand tokens and text to the trainer (default True)
+)
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    """What a real backend needs besides the plan; every field has a CLI flag."""
+
+    model: str  # resolved local Hugging Face causal-LM directory
+    device: str = "auto"  # auto = NPU > CUDA > CPU; a Ray actor picks among its own devices
+    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on accelerators
+    # Cap on generated tokens per sequence. None: the longest replayed length
+    # (replay mode), else DEFAULT_MAX_NEW_TOKENS.
+    max_new_tokens: int | None = None
+    temperature: float = 1.0  # 0 = greedy; sampling otherwise (RL needs samples that differ)
+    top_p: float = 1.0  # nucleus mass kept, (0, 1]; 1 = off
+    top_k: int = 0  # tokens kept; 0 = off
+    seed: int = 0  # seeds each worker's sampler (worker w uses seed + w)
+    replay: bool = False  # force each sequence to end at its recorded length
+    replay_lengths: dict[str, np.ndarray] | None = None  # prompt id -> observed lengths, for replay
+    replay_source: str = ""  # where replay lengths came from, for messages
+    return_payload: bool = True  # per-sample token ids and text for a real trainer
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` for values no generation could use."""
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not (0 < self.top_p <= 1):
+            raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"--top-k must be >= 0 (0 = off), got {self.top_k}")
+        if self.replay and self.replay_lengths is None:
+            raise ConfigError("--replay-lengths needs the recorded lengths: pass --actual-lengths FILE --length-field F")
+
+    def for_worker_process(self) -> GenerationOptions:
+        """A copy without the replay table, which only the driver needs (requests carry the lengths)."""
+        return GenerationOptions(**{**self.__dict__, "replay_lengths": None, "replay": False})
+
+
+DEFAULT_MAX_NEW_TOKENS = 256  # without replay or --max-new-tokens: long enough for short RL answers
+
+
+def options_from_context(options: dict[str, Any]) -> GenerationOptions:
+    """Parse ``BackendContext.options`` into :class:`GenerationOptions` (model path not yet resolved)."""
+    unknown = sorted(set(options) - set(OPTION_KEYS) - {"trainer_args"})
+    if unknown:
+        raise ConfigError(f"unknown backend options {unknown}; known: {', '.join(OPTION_KEYS)}")
+    if not options.get("model"):
+        raise ConfigError("real backends need a model: pass --model DIR (a local Hugging Face causal-LM directory)")
+    vals = {k: v for k, v in options.items() if k in OPTION_KEYS and v is not None}
+    vals["model"] = str(vals["model"])
+    opts = GenerationOptions(**vals)
+    opts.validate()
+    return opts

@@ -1,0 +1,43 @@
+"""Plan prompts as model input: plain text, or chat messages through the tokenizer's template.
+
+The plan's ``prompt`` column holds the text, or the chat messages as compact
+JSON (``[{"role": ..., "content": ...}, ...]``, as :mod:`aspc.io.prompts`
+stores them). Chat prompts go through the tokenizer's chat template with the
+generation prompt appended; a tokenizer without a template gets a plain
+``role: content`` transcript. Plain text is used as it is.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def parse_chat(prompt: str) -> list[dict[str, str]] | None:
+    """The chat messages stored in ``prompt``, or ``None`` if it is plain text."""
+    if not prompt.startswith("[{"):
+        return None
+    try:
+        value = json.loads(prompt)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, list) or not value:
+        return None
+    for m in value:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            return None
+    return value
+
+
+def render_prompt(prompt: str, tokenizer: Any) -> tuple[str, bool]:
+    """The text to tokenize for ``prompt``, and whether a chat template already added special tokens.
+
+    Text from a chat template already holds the model's special tokens, so it
+    must be tokenized with ``add_special_tokens=False`` (no second BOS).
+    """
+    messages = parse_chat(prompt)
+    if messages is None:
+        return prompt, False
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ", False

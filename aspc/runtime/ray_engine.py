@@ -1,0 +1,283 @@
+"""The ``ray`` engine: each generation worker is a Ray actor holding its own model.
+
+The dispatcher, bounded queue and trainer stay in the driver (the same
+:class:`~aspc.runtime.scheduler.Scheduler` and run loop as every other
+engine); only generation moves into actors. This is the only module that
+imports ``ray``.
+
+- **Actors.** Worker ``w`` is an actor built from
+  :meth:`~aspc.runtime.backends.ModelBackend.worker_copy`. All W actors are
+  started, and their models loaded, during the backend's setup; the engine's
+  clock restarts once they are ready. Each asks Ray for one GPU (or an
+  ``NPU`` custom resource) when the cluster has them, else for a CPU
+  (fractions when there are fewer devices than workers, so a run never waits
+  for resources that do not exist).
+- **Calls.** One remote call per minibatch carries the reload (if the
+  scheduler decided one) and the request, so a reload can only happen
+  between two minibatches of that worker. Published state dicts are put in
+  Ray's object store once per version and shared by every actor.
+- **Faults.** An actor that dies mid-minibatch (process killed, node lost)
+  raises ``RayActorError`` in the driver. Nothing of that minibatch has been
+  reported, so it is a worker fault like any other: the minibatch goes back
+  to the dispatcher, which hands it out again (``--max-retries`` bounds how
+  often), and every sample is still generated once and returned once. The
+  dead actor's slot gets a fresh actor at its next dispatch, which first
+  reloads the weights version the scheduler believes that worker holds.
+- **Clock.** Timestamps are the driver's wall clock; a minibatch's generation
+  start is its end minus the generation time the actor measured, so transfer
+  latency and a replacement actor's start-up count as reload time, not
+  generation time.
+
+Connects to the cluster in ``RAY_ADDRESS`` if set, else starts a local Ray
+instance (and shuts it down at the end). A Ray session that is already
+initialised is used as is and left running.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from aspc.errors import AspcError, BackendError, ConfigError, RunError
+from aspc.runtime.backend import Clock, GenerationBackend, GenerationResult, Trainer
+from aspc.runtime.backends.base import GenerationRequest, ModelBackend
+from aspc.runtime.config import ReturnMode
+from aspc.runtime.engine import Event, MinibatchFinished, SamplesReturned
+from aspc.runtime.local import ThreadEngine
+from aspc.runtime.scheduler import Dispatch
+from aspc.runtime.work import MinibatchWork
+
+RAY_EXTRA = "pip install 'aspc[ray]'"
+
+
+def import_ray() -> Any:
+    """``import ray``, or a :class:`BackendError` that says how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise BackendError(f"--engine ray needs Ray, which is not installed; {RAY_EXTRA}") from None
+    return ray
+
+
+class WorkerActor:
+    """The body of one worker actor (wrapped with ``ray.remote`` by :class:`RayEngine`)."""
+
+    def __init__(self, backend: ModelBackend, worker: int):
+        self.backend = backend  # a worker_copy: serves only ``worker``
+        self.worker = worker
+        backend.start_worker(worker)
+
+    def run(self, reload: tuple[int, Any] | None, request: GenerationRequest) -> tuple[float, GenerationResult]:
+        """Reload weights if asked, then generate ``request``; returns (reload seconds, result)."""
+        seconds = 0.0
+        if reload is not None:
+            import ray
+
+            version, weights = reload
+            if isinstance(weights, ray.ObjectRef):
+                weights = ray.get(weights)
+            seconds = self.backend.load_weights(self.worker, version, weights)
+        return seconds, self.backend.execute(self.worker, request)
+
+    def pid(self) -> int:
+        """The actor's process id (lets tests and operators find it)."""
+        return os.getpid()
+
+
+class RayEngine(ThreadEngine):
+    """Generation in Ray actors, the trainer in a driver thread; see the module docstring.
+
+    Parameters
+    ----------
+    backend
+        A :class:`~aspc.runtime.backends.ModelBackend` (``hf`` or ``vllm``);
+        the driver's copy loads no model.
+    trainer
+        Runs in the driver, as with the local engine.
+    return_mode
+        ``static`` only.
+    worker_timeout
+        Wall seconds a minibatch call may take before it is abandoned (as
+        with the local engine).
+    init_kwargs
+        Extra ``ray.init`` arguments when this engine starts Ray itself.
+    """
+
+    def __init__(
+        self,
+        backend: GenerationBackend,
+        trainer: Trainer,
+        return_mode: ReturnMode,
+        *,
+        worker_timeout: float | None = None,
+        init_kwargs: dict[str, Any] | None = None,
+    ):
+        if backend.clock is Clock.VIRTUAL:
+            raise ConfigError("the sim backend runs on the local engine; drop --engine ray or pick a real backend")
+        if not isinstance(backend, ModelBackend):
+            raise ConfigError("--engine ray runs the hf and vllm backends (workers need a model per actor)")
+        super().__init__(backend, trainer, return_mode, worker_timeout=worker_timeout)
+        ray = import_ray()
+        self._ray = ray
+        self._owns_ray = False
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
+            self._owns_ray = True
+        backend.serve_workers = ()  # the driver keeps no model: actors do
+        self.model_backend = backend
+        self._actors: dict[int, Any] = {}  # worker -> actor handle
+        self._last: dict[int, tuple[int, Any]] = {}  # worker slot -> (version, weights handle) last loaded
+        self._fresh: set[int] = set()  # slots whose actor was replaced and holds version 0 again
+        self._weights: tuple[int, Any] | None = None  # newest published (version, object-store handle)
+        self._lock = threading.Lock()
+        self.restarts = 0  # actors replaced after dying, over the whole run
+        self.redispatched: list[int] = []  # minibatches handed back to the dispatcher after their actor died
+        if backend.n_workers:  # already set up: start the actors now
+            self.start_actors(backend.n_workers)
+        else:
+            backend.on_setup = self.start_actors
+
+    # ---- actors ----------------------------------------------------------------
+
+    def _actor_options(self) -> dict[str, Any]:
+        resources = self._ray.cluster_resources()
+        n = max(1, self.model_backend.n_workers)
+        device = self.model_backend.options.device.split(":", 1)[0]
+        if device in ("auto", "cuda") and resources.get("GPU", 0) > 0:
+            return {"num_gpus": min(1.0, resources["GPU"] / n), "num_cpus": 0}
+        if device in ("auto", "npu") and resources.get("NPU", 0) > 0:
+            return {"resources": {"NPU": min(1.0, resources["NPU"] / n)}, "num_cpus": 0}
+        return {"num_cpus": min(1.0, resources.get("CPU", 1) / n)}
+
+    def _actor(self, worker: int) -> Any:
+        with self._lock:
+            actor = self._actors.get(worker)
+            if actor is None:
+                opts = self._actor_options()
+                copy = self.model_backend.worker_copy(worker)
+                if opts.get("num_gpus", 0) > 0:
+                    copy.device_share = float(opts["num_gpus"])
+                cls = self._ray.remote(WorkerActor).options(max_restarts=0, **opts)
+                actor = cls.remote(copy, worker)
+                self._actors[worker] = actor
+            return actor
+
+    def start_actors(self, n_workers: int) -> None:
+        """Create every worker's actor and wait until each has loaded its model.
+
+        Runs during the backend's setup, so model loading is not generation
+        time; the engine's clock restarts when the actors are ready.
+        """
+        ray = self._ray
+        actors = [self._actor(w) for w in range(n_workers)]
+        try:
+            ray.get([a.pid.remote() for a in actors])
+        except ray.exceptions.RayActorError as exc:
+            raise BackendError(f"a Ray worker could not start: {_cause_line(exc)}") from None
+        self._t0 = time.monotonic()
+
+    def actor(self, worker: int) -> Any:
+        """The handle of ``worker``'s actor, if it was started."""
+        with self._lock:
+            return self._actors.get(worker)
+
+    def _replace(self, worker: int, dead: Any) -> None:
+        with self._lock:
+            if self._actors.get(worker) is dead:
+                del self._actors[worker]
+                self._fresh.add(worker)
+                self.restarts += 1
+        try:
+            self._ray.kill(dead)
+        except Exception:  # already gone
+            pass
+
+    def _handle(self, version: int, weights: Any) -> Any:
+        """What an actor receives for ``weights``: paths as they are, tensors via the object store."""
+        if weights is None or isinstance(weights, (str, os.PathLike)):
+            return weights if not isinstance(weights, os.PathLike) else os.fspath(weights)
+        with self._lock:
+            if self._weights is None or self._weights[0] != version:
+                self._weights = (version, self._ray.put(weights))
+            return self._weights[1]
+
+    # ---- engine ------------------------------------------------------------------
+
+    def start_generation(self, action: Dispatch, work: MinibatchWork, weights: Any) -> None:
+        t0 = self.now()
+        request = self.model_backend.request(work)
+        w, m = action.worker, work.index
+        reload = None
+        if action.reload_version is not None:
+            reload = (action.reload_version, self._handle(action.reload_version, weights))
+
+        def job() -> list[Event]:
+            seconds, res = self._call(w, m, action.weights_version, reload, request)
+            end = self.now()
+            start = max(t0, end - res.elapsed)
+            ids = np.arange(work.sample_start, work.sample_end, dtype=np.int64)
+            return [
+                SamplesReturned(end, w, m, ids, np.asarray(res.response_len, dtype=np.int64), res.payload),
+                MinibatchFinished(end, w, m, t0, start, end, action.reload_version is not None, res),
+            ]
+
+        self._spawn(job, w, m)  # an exception here is a worker fault: the minibatch is handed out again
+
+    def _call(
+        self, worker: int, minibatch: int, version: int, reload: tuple[int, Any] | None, request: GenerationRequest
+    ) -> tuple[float, GenerationResult]:
+        ray = self._ray
+        actor = self._actor(worker)
+        call_reload = reload
+        if call_reload is None and version > 0 and worker in self._fresh:
+            # A replacement actor starts from version 0: bring it back to the
+            # version this minibatch was dispatched with.
+            call_reload = self._last.get(worker)
+        try:
+            seconds, res = ray.get(actor.run.remote(call_reload, request))
+        except ray.exceptions.RayActorError as exc:
+            # Nothing of this minibatch was reported: the dispatcher hands it out
+            # again (a worker fault, counted against --max-retries); this worker
+            # slot gets a fresh actor at its next dispatch.
+            self._replace(worker, actor)
+            with self._lock:
+                self.redispatched.append(minibatch)
+            raise RunError(f"worker {worker}'s Ray actor died during minibatch {minibatch} "
+                           f"({_cause_line(exc)})") from None
+        except ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, AspcError):
+                raise cause from None
+            raise RunError(f"worker {worker} failed on minibatch {minibatch}: "
+                           f"{type(cause or exc).__name__}: {' '.join(str(cause or exc).split())[:200]}") from None
+        with self._lock:
+            self._fresh.discard(worker)
+            if call_reload is not None:
+                self._last[worker] = call_reload
+        return seconds, res
+
+    def close(self) -> None:
+        with self._lock:
+            actors = list(self._actors.values())
+            self._actors.clear()
+        for a in actors:
+            try:
+                self._ray.kill(a)
+            except Exception:  # already dead
+                pass
+        if self._owns_ray and self._ray.is_initialized():
+            self._ray.shutdown()
+
+
+def _cause_line(exc: BaseException) -> str:
+    """The most telling line of a Ray error: the original exception's message when Ray carries one."""
+    text = str(exc)
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if "Error:" in line and not line.startswith(("ray.", "File ")):
+            return line[:240]
+    return " ".join(text.split())[:240]

@@ -1,0 +1,67 @@
+"""The example's trainer factory and its verifiable toy reward.
+
+``aspc run ... --trainer examples.cpu_grpo.trainer:make_trainer`` imports this
+module (run from the repository root) and calls :func:`make_trainer` with the
+run's context. The reward is checked by a program, not a model: a prompt
+``"<id> repeat <c>:"`` asks for the character ``c``; the reward is the share
+of the first :data:`TARGET_LEN` response characters that are ``c``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from aspc.runtime.trainers.grpo import GRPOConfig, GRPOTrainer
+
+TARGET_LEN = 8  # characters the reward looks at
+LETTERS = "abcd"  # the characters prompts ask for
+
+
+def target_char(prompt: str) -> str:
+    """The character a prompt asks for: the one just before its trailing colon."""
+    return prompt.rstrip().rstrip(":")[-1:]
+
+
+def reward(prompt: str, response: str) -> float:
+    """Share of the first TARGET_LEN response characters equal to the prompt's character (0..1)."""
+    c = target_char(prompt)
+    return sum(ch == c for ch in response[:TARGET_LEN]) / TARGET_LEN
+
+
+class LoggingGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer that also appends one JSON line per step to ``stats`` (if given)."""
+
+    def __init__(self, *args: Any, stats: str | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.stats = Path(stats) if stats else None
+        if self.stats is not None:
+            self.stats.parent.mkdir(parents=True, exist_ok=True)
+            self.stats.write_text("")
+
+    def step(self, batch: Any) -> Any:
+        result = super().step(batch)
+        if self.stats is not None:
+            with open(self.stats, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(self.history[-1].__dict__) + "\n")
+        return result
+
+
+def make_trainer(context: Any, lr: float = 3e-3, seed: int = 0, stats: str | None = None) -> LoggingGRPOTrainer:
+    """``--trainer`` factory: a GRPO trainer on the run's ``--model`` with the toy reward.
+
+    Parameters
+    ----------
+    context
+        The run's BackendContext; ``context.options["model"]`` is the
+        resolved model directory.
+    lr, seed
+        Optimiser learning rate and torch seed (``--trainer-arg lr=0.003``).
+    stats
+        Optional JSONL path for per-step reward and loss (``--trainer-arg stats=out/stats.jsonl``).
+    """
+    model = context.options.get("model")
+    if not model:
+        raise ValueError("pass --model DIR: the trainer trains the same model the workers generate with")
+    return LoggingGRPOTrainer(model, reward, GRPOConfig(lr=lr, seed=seed), device="cpu", stats=stats)

@@ -1,0 +1,270 @@
+"""The hf backend with a tiny random causal LM: replay, reloads between minibatches, the CLI contract, bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from aspc.cli import main
+from aspc.errors import BackendError, ConfigError, RunError
+from aspc.runtime import BackendContext, RunConfig, read_run_log, run
+from aspc.runtime.backend import make_backend
+from tests.conftest import write_jsonl
+from tests.realmodel import VersionTrainer, expected_lengths, run_log_samples, small_plan, tiny_model
+
+pytest.importorskip("transformers")
+
+CAP = 64
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("models"))
+
+
+def _backend(model_dir, lengths=None, **extra):
+    opts = {"model": str(model_dir), "device": "cpu", "max_new_tokens": CAP, **extra}
+    if lengths is not None:
+        opts.update(replay=True, replay_lengths=lengths)
+    return make_backend("hf", BackendContext(n_workers=2, options=opts))
+
+
+def test_replay_ends_every_sequence_at_its_recorded_length(model_dir):
+    # Rows with 1, 2 and 3 samples; lengths include 0 and one above the cap.
+    table, lengths = small_plan(n_rows=9, rows_per_minibatch=3, n_samples=[1, 2, 3] * 3, max_len=80)
+    backend = _backend(model_dir, lengths)
+    got = []
+
+    class Keep(VersionTrainer):
+        def step(self, batch):
+            got.extend(zip(batch.samples.tolist(), batch.payload, strict=True))
+            return super().step(batch)
+
+    res = run(table, config=RunConfig(workers=2, global_batch=2, backend="hf"), backend=backend,
+              trainer=Keep(model_dir))
+    want = expected_lengths(table, lengths, CAP)
+    cols = res.columns["samples"]
+    ids = table.column("prompt_id").to_pylist()
+    rows = np.repeat(np.arange(len(ids)), table.column("n_samples").to_numpy())
+    for k, (r, i) in enumerate(zip(rows, cols["sample_index"], strict=True)):
+        assert cols["response_len"][k] == want[(ids[r], int(i))]
+    assert res.summary.samples_generated == len(want)
+    # The payload's tokens agree: response_len tokens, plus the EOS when the sequence ended.
+    for sid, p in got:
+        n = int(cols["response_len"][sid])
+        assert len(p["response_token_ids"]) == n + int(p["finished"])
+        assert p["finished"] == (n < CAP)
+
+
+def test_chat_and_plain_prompts_generate_real_tokens(model_dir):
+    from aspc.runtime.backends.prompts import parse_chat, render_prompt
+    from aspc.runtime.models import load_tokenizer
+
+    chat = json.dumps([{"role": "user", "content": "hi"}], separators=(",", ":"))
+    tok = load_tokenizer(model_dir)
+    assert parse_chat(chat) == [{"role": "user", "content": "hi"}]
+    assert parse_chat("[not json") is None and parse_chat("plain") is None
+    text, templated = render_prompt(chat, tok)
+    assert text == "user: hi\nassistant: " and templated
+    assert render_prompt("plain text", tok) == ("plain text", False)
+
+    table, _ = small_plan(n_rows=4, rows_per_minibatch=2, n_samples=2)
+    prompts = [chat, "plain one", chat, "plain two"]
+    import pyarrow as pa
+
+    table = table.set_column(table.schema.get_field_index("prompt"), "prompt", pa.array(prompts, pa.string()))
+    backend = _backend(model_dir, temperature=0.0, max_new_tokens=12)
+    lens = []
+    for _ in range(2):
+        res = run(table, config=RunConfig(workers=2, global_batch=4, backend="hf"), backend=backend)
+        lens.append(res.columns["samples"]["response_len"].tolist())
+        backend = _backend(model_dir, temperature=0.0, max_new_tokens=12)
+    assert all(0 <= x <= 12 for x in lens[0])
+    assert lens[0] == lens[1]  # greedy decoding is deterministic
+
+
+def test_reloads_only_between_minibatches_and_versions_are_recorded(model_dir):
+    table, lengths = small_plan(n_rows=16, rows_per_minibatch=2, n_samples=2, max_len=40)
+    backend = _backend(model_dir, lengths)
+    calls = []
+    original_execute, original_load = backend.execute, backend.load_weights
+
+    def execute(worker, request):
+        calls.append(("gen-start", worker))
+        try:
+            return original_execute(worker, request)
+        finally:
+            calls.append(("gen-end", worker))
+
+    def load_weights(worker, version, weights):
+        calls.append(("reload", worker))
+        return original_load(worker, version, weights)
+
+    backend.execute, backend.load_weights = execute, load_weights
+    backend.close = lambda: None  # keep the models to inspect their weights afterwards
+    trainer = VersionTrainer(model_dir, delay=0.05)
+    res = run(table, config=RunConfig(workers=2, global_batch=4, backend="hf"), backend=backend, trainer=trainer)
+    # No worker reloads while it is generating.
+    busy = set()
+    for kind, w in calls:
+        if kind == "gen-start":
+            busy.add(w)
+        elif kind == "gen-end":
+            busy.discard(w)
+        else:
+            assert w not in busy
+    assert any(kind == "reload" for kind, _ in calls)
+    # The version the backend held when generating == the version the run log records.
+    assert trainer.pairs and all(stamp == logged for stamp, logged in trainer.pairs)
+    assert max(v for _, v in trainer.pairs) >= 1
+    # Each worker's model holds exactly the weights of the last version it loaded.
+    for w in (0, 1):
+        v = backend.weights_version(w)
+        if v:
+            params = backend._state[w].model.state_dict()
+            for k, t in trainer.published[v].items():
+                assert np.allclose(params[k].numpy(), t.numpy())
+    lag = res.columns["samples"]["policy_lag"]
+    assert (lag[lag >= 0] >= 0).all()
+
+
+def test_reload_mid_minibatch_is_refused(model_dir):
+    backend = _backend(model_dir)
+    backend._busy[0] = True
+    with pytest.raises(RunError, match="mid-minibatch"):
+        backend.load_weights(0, 1, None)
+
+
+def _contract_files(tmp_path, n=16):
+    rng = np.random.default_rng(3)
+    records = [
+        {"id": f"q{i:02d}", "prompt": f"question {i}: " + "x" * int(rng.integers(1, 12)),
+         "lengths": [int(x) for x in rng.integers(0, 90, size=2)]}
+        for i in range(n)
+    ]
+    data = write_jsonl(tmp_path / "IN.jsonl", records)
+    plan = tmp_path / "plan.parquet"
+    r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "--samples-per-prompt", "2",
+                                  "--batch-size", "4", "-o", str(plan), "--quiet"])
+    assert r.exit_code == 0, r.output
+    return data, plan, {(d["id"], i): min(x, CAP) for d in records for i, x in enumerate(d["lengths"])}
+
+
+def _contract_args(plan, model_dir, data, run_dir):
+    return ["run", str(plan), "--backend", "hf", "--model", str(model_dir), "--replay-lengths",
+            "--actual-lengths", str(data), "--length-field", "lengths", "--workers", "2",
+            "--global-batch", "8", "--max-new-tokens", str(CAP), "--log", str(run_dir), "--json"]
+
+
+def test_cli_contract_response_len_is_the_replayed_length(tmp_path, model_dir):
+    data, plan, want = _contract_files(tmp_path)
+    run_dir = tmp_path / "RUN"
+    r = CliRunner().invoke(main, _contract_args(plan, model_dir, data, run_dir))
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["samples_generated"] == len(want) == summary["samples_planned"]
+    rows = run_log_samples(run_dir)
+    assert Counter((s["prompt_id"], s["sample_index"]) for s in rows) == Counter(want.keys())
+    for s in rows:
+        assert s["response_len"] == want[(s["prompt_id"], s["sample_index"])]
+
+
+@pytest.mark.parametrize(
+    "extra, fragment",
+    [
+        (["--model", "{tmp}/nope"], "no such directory"),
+        (["--model", "{tmp}/empty"], "no config.json"),
+        (["--model", "{tmp}/encoder"], "not a causal LM"),
+        (["--model", "{model}", "--device", "npu"], "torch-npu"),
+        (["--model", "{model}", "--device", "gpu:0"], "--device"),
+        (["--model", "{model}", "--temperature", "-1"], "--temperature"),
+        ([], "--model"),
+    ],
+)
+def test_bad_input_one_line_errors(tmp_path, model_dir, extra, fragment):
+    if "torch-npu" in fragment and __import__("importlib").util.find_spec("torch_npu") is not None:
+        pytest.skip("torch-npu is installed here")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "encoder").mkdir()
+    (tmp_path / "encoder" / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5Model"]}))
+    data, plan, _ = _contract_files(tmp_path, n=4)
+    args = ["run", str(plan), "--backend", "hf", "--actual-lengths", str(data), "--length-field", "lengths",
+            "--replay-lengths", "--workers", "2", "--global-batch", "4", "--log", str(tmp_path / "RUN")]
+    args += [a.format(tmp=tmp_path, model=model_dir) for a in extra]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code != 0
+    assert fragment in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "RUN").exists()  # nothing written before the run could start
+
+
+def test_replay_without_lengths_and_missing_ray(tmp_path, model_dir, monkeypatch):
+    _, plan, _ = _contract_files(tmp_path, n=4)
+    r = CliRunner().invoke(main, ["run", str(plan), "--backend", "hf", "--model", str(model_dir), "--replay-lengths"])
+    assert r.exit_code == 2 and "--actual-lengths" in r.output
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    r = CliRunner().invoke(main, ["run", str(plan), "--backend", "hf", "--model", str(model_dir),
+                                  "--engine", "ray", "--max-new-tokens", "4"])
+    assert r.exit_code != 0 and "pip install 'aspc[ray]'" in r.output and "Traceback" not in r.output
+
+
+def test_worker_crash_keeps_completed_samples_in_the_log(tmp_path, model_dir):
+    table, lengths = small_plan(n_rows=16, rows_per_minibatch=2, n_samples=2, max_len=30)
+    backend = _backend(model_dir, lengths)
+    original = backend._execute
+
+    def crash_on_late_minibatch(worker, request):
+        if request.minibatch == 6:
+            raise RuntimeError("device lost")
+        return original(worker, request)
+
+    backend._execute = crash_on_late_minibatch
+    run_dir = tmp_path / "RUN"
+    with pytest.raises(RunError, match="device lost"):
+        run(table, config=RunConfig(workers=2, global_batch=4, backend="hf", log_flush_seconds=0.0),
+            backend=backend, trainer=VersionTrainer(model_dir), log_dir=run_dir)
+    log = read_run_log(run_dir, allow_incomplete=True)
+    assert log.status == "failed" and "device lost" in log.meta["error"]
+    samples = log.tables["samples"].to_pylist()
+    # Every generated sample once; null consumed_step = generated, still queued when the run failed.
+    assert any(s["consumed_step"] is not None for s in samples)
+    assert len({(s["prompt_id"], s["sample_index"]) for s in samples}) == len(samples)
+
+
+def test_make_backend_errors_without_model():
+    with pytest.raises(ConfigError, match="--model"):
+        make_backend("hf", BackendContext(n_workers=1, options={}))
+    with pytest.raises(BackendError, match="no such directory"):
+        make_backend("hf", BackendContext(n_workers=1, options={"model": "does/not/exist"}))
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(not _cuda(), reason="no CUDA device here")
+def test_replay_and_reload_on_cuda(model_dir):
+    table, lengths = small_plan(n_rows=12, rows_per_minibatch=3, n_samples=2, max_len=80)
+    backend = _backend(model_dir, lengths, device="auto")
+    backend.close = lambda: None
+    trainer = VersionTrainer(model_dir)
+    res = run(table, config=RunConfig(workers=2, global_batch=4, backend="hf"), backend=backend, trainer=trainer)
+    assert backend._state[0].device.startswith("cuda")
+    assert str(backend._state[0].model.dtype) == "torch.bfloat16"  # dtype auto on an accelerator
+    want = expected_lengths(table, lengths, CAP)
+    ids = table.column("prompt_id").to_pylist()
+    rows = np.repeat(np.arange(len(ids)), 2)
+    cols = res.columns["samples"]
+    assert [int(x) for x in cols["response_len"]] == [want[(ids[r], int(i))] for r, i in
+                                                      zip(rows, cols["sample_index"], strict=True)]
+    assert trainer.pairs and all(stamp == logged for stamp, logged in trainer.pairs)

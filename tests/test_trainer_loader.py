@@ -1,0 +1,116 @@
+"""``--trainer module:factory``: the only import of user code, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from click.testing import CliRunner
+
+from aspc.cli import main
+from aspc.errors import ConfigError
+from aspc.runtime import BackendContext
+from aspc.runtime.backend import make_trainer
+from aspc.runtime.trainers import load_factory, parse_trainer_args
+from tests.conftest import lognormal_records, write_jsonl
+
+GOOD = """
+from aspc.runtime import Trainer, TrainResult
+
+class Counting(Trainer):
+    def __init__(self, scale):
+        self.scale = scale
+        self.steps = 0
+
+    def step(self, batch):
+        self.steps += 1
+        return TrainResult(version=batch.step + 1, elapsed=0.01 * self.scale)
+
+def factory(context, scale=1):
+    return Counting(scale)
+
+not_callable = 3
+
+def broken(context):
+    raise RuntimeError("boom")
+
+def wrong_type(context):
+    return object()
+"""
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """A directory holding user modules, made the current directory (as a user would run aspc)."""
+    (tmp_path / "good_trainer_mod.py").write_text(textwrap.dedent(GOOD))
+    (tmp_path / "raising_mod.py").write_text("raise ImportError('needs a package you lack')\n")
+    (tmp_path / "syntax_mod.py").write_text("def f(:\n")
+    monkeypatch.chdir(tmp_path)
+    for name in ("good_trainer_mod", "raising_mod", "syntax_mod"):
+        monkeypatch.delitem(__import__("sys").modules, name, raising=False)
+    return tmp_path
+
+
+def test_loads_a_factory_from_the_current_directory(user_dir):
+    trainer = make_trainer("good_trainer_mod:factory", BackendContext(n_workers=1, options={"trainer_args": {"scale": 3}}))
+    assert type(trainer).__name__ == "Counting" and trainer.scale == 3
+    assert callable(load_factory("good_trainer_mod:factory"))
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("a:b:c", "expected 'package.module:factory'"),
+        ("no_such_module_xyz:factory", "cannot import 'no_such_module_xyz'"),
+        ("raising_mod:factory", "needs a package you lack"),
+        ("syntax_mod:f", "SyntaxError"),
+        ("good_trainer_mod:missing", "has no attribute 'missing'"),
+        ("good_trainer_mod:not_callable", "is not callable"),
+        ("good_trainer_mod:broken", "the factory failed (RuntimeError: boom)"),
+        ("good_trainer_mod:wrong_type", "not an aspc.runtime.Trainer"),
+        ("nonsense", "unknown trainer"),
+    ],
+)
+def test_bad_trainer_specs(user_dir, spec, fragment):
+    with pytest.raises(ConfigError) as err:
+        make_trainer(spec, BackendContext(n_workers=1))
+    assert fragment in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_trainer_args():
+    assert parse_trainer_args(["lr=1e-3", "name=abc", "n=4", "flag=true"]) == {
+        "lr": 1e-3, "name": "abc", "n": 4, "flag": True}
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_trainer_args(["novalue"])
+
+
+@pytest.fixture
+def plan(tmp_path):
+    data = write_jsonl(tmp_path / "in.jsonl", lognormal_records(40))
+    out = tmp_path / "plan.parquet"
+    r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "--batch-size", "4",
+                                  "-o", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    return out, data
+
+
+def test_cli_user_trainer_with_the_sim_backend(plan, user_dir):
+    path, data = plan
+    r = CliRunner().invoke(main, ["run", str(path), "--actual-lengths", str(data), "--length-field", "lengths",
+                                  "--workers", "2", "--global-batch", "8", "--trainer", "good_trainer_mod:factory",
+                                  "--trainer-arg", "scale=2", "--json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["n_trainer_steps"] == 40 // 8
+
+
+def test_cli_trainer_import_failure_is_one_line(plan, user_dir):
+    path, _ = plan
+    run_dir = user_dir / "RUN"
+    r = CliRunner().invoke(main, ["run", str(path), "--trainer", "raising_mod:factory", "--log", str(run_dir)])
+    assert r.exit_code == 2
+    assert "needs a package you lack" in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not run_dir.exists()

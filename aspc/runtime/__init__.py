@@ -232,11 +232,15 @@ def run(
         old = read_meta(log_dir)
         _check_resumable(Path(log_dir), old, new_meta)
         if old.get("status") == STATUS_COMPLETE:
+            writer.tidy()
             return _completed_result(Path(log_dir), lengths)
     engine = make_engine(config.engine, backend, trainer, mode, worker_timeout=config.worker_timeout)
 
     backend.setup(work, config.workers)
     trainer.setup(work)
+    # The run's clock starts at the first dispatch: model loading in setup is
+    # not generation time (a no-op on the virtual clock).
+    engine.advance_clock(0.0)
     if writer is not None:
         writer.start(new_meta)
     recorder = Recorder(work, writer, flush_seconds=config.log_flush_seconds)

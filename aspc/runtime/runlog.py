@@ -290,6 +290,20 @@ class RunLogWriter:
                 if stale or (n is not None and not self._first[kind] <= n < self._parts[kind]):
                     f.unlink(missing_ok=True)
 
+    def tidy(self) -> None:
+        """Delete files a crash left outside the committed parts of the log at :attr:`path`.
+
+        A crash between the final commit and its clean-up leaves the replaced
+        sample parts on disk; readers that list the directory directly (such
+        as ``pyarrow.dataset``) would see them, so ``--resume`` tidies even a
+        complete log.
+        """
+        meta = read_meta(self.path)
+        for kind in KINDS:
+            first, end = meta.get("parts", {}).get(kind, [0, 0])
+            self._first[kind], self._parts[kind] = int(first), int(end)
+        self.collect_garbage()
+
     def _compact(self) -> None:
         """Write the live samples, joined with their consumption, as one new (uncommitted) part."""
         tables = _live_tables(self.path, self._meta)

@@ -1,0 +1,399 @@
+"""``aspc predict``: train, evaluate and apply response-length predictors.
+
+    aspc predict train TRAIN.jsonl --length-field length --kind lexical -o pred/
+    aspc predict eval pred/ TEST.jsonl --length-field length --json
+    aspc predict pred/ TEST.jsonl -o preds.parquet
+
+The last form has no subcommand name: :class:`_DefaultGroup` routes a first
+argument that is not a subcommand to the hidden ``apply`` command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from aspc.cli.common import (
+    RichProgress,
+    emit_json,
+    handle_errors,
+    json_option,
+    note,
+    out_console,
+    quiet_option,
+)
+from aspc.errors import ConfigError, InputError
+
+F = Callable[..., Any]
+_DEFAULT_CMD = "apply"
+
+
+class _DefaultGroup(click.Group):
+    """A group whose first argument, when it names no subcommand, goes to ``apply``."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = [_DEFAULT_CMD, *args]
+        return super().parse_args(ctx, args)
+
+
+def _data_options(fn: F) -> F:
+    for opt in reversed(
+        [
+            click.option(
+                "--prompt-field",
+                default="prompt",
+                show_default=True,
+                help="Field with the prompt text or chat list.",
+            ),
+            click.option(
+                "--id-field",
+                default="id",
+                show_default=True,
+                help="Field with the prompt id (else a content hash).",
+            ),
+            click.option(
+                "--on-bad-line",
+                type=click.Choice(["error", "skip"]),
+                default="error",
+                show_default=True,
+                help="Fail on a bad input row, or skip it.",
+            ),
+        ]
+    ):
+        fn = opt(fn)
+    return fn
+
+
+def _target_option(fn: F) -> F:
+    return click.option(
+        "--target",
+        default=None,
+        help="Target-model head of a multi-model predictor (e.g. 'qwen2.5-7b' for the default); else pooled.",
+    )(fn)
+
+
+def _device_option(fn: F) -> F:
+    return click.option(
+        "--device",
+        default="auto",
+        show_default=True,
+        help="Transformer device: auto (NPU > CUDA > CPU), npu, cuda or cpu.",
+    )(fn)
+
+
+def _check_device(device: str) -> None:
+    """Fail early on an explicit device that is not there (any kind), before reading data."""
+    if device.lower() != "auto":
+        from aspc.predict.device import resolve_device
+
+        try:
+            resolve_device(device)
+        except ImportError:
+            raise ConfigError(f"--device {device}: torch is not installed; use --device auto") from None
+
+
+def _read_with_lengths(data: Path, length_field: str, prompt_field: str, id_field: str, on_bad_line: str):
+    from aspc.io import read_prompts
+
+    table = read_prompts(
+        data, prompt_field=prompt_field, id_field=id_field, length_field=length_field, on_bad_line=on_bad_line
+    )
+    if table.lengths is None:
+        raise InputError(f"{data.name}: no lengths read from field {length_field!r}; check --length-field")
+    return table
+
+
+@click.group("predict", cls=_DefaultGroup, invoke_without_command=False)
+def predict_group() -> None:
+    """Train, evaluate and apply response-length predictors.
+
+    \b
+    aspc predict train TRAIN.jsonl --length-field length --kind lexical -o pred/
+    aspc predict eval pred/ TEST.jsonl --length-field length
+    aspc predict pred/ TEST.jsonl -o preds.parquet      (or: default TEST.jsonl)
+    """
+
+
+@predict_group.command("train")
+@click.argument("data", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Predictor directory to write (replaced atomically).",
+)
+@click.option(
+    "--length-field",
+    default="length",
+    show_default=True,
+    help="Field with observed lengths (a number or a list).",
+)
+@click.option(
+    "--kind",
+    type=click.Choice(["lexical", "transformer"]),
+    default="lexical",
+    show_default=True,
+    help="lexical: hashed n-grams + ridge (NumPy); transformer: fine-tuned encoder (torch).",
+)
+@click.option(
+    "--base-model",
+    default=None,
+    help="Transformer: local Hugging Face model dir. [default: all-MiniLM-L6-v2]",
+)
+@_device_option
+@click.option(
+    "--epochs", type=int, default=None, help="Transformer epochs. [default: 3, or 40 with --freeze-encoder]"
+)
+@click.option("--freeze-encoder", is_flag=True, help="Transformer: train only the head on fixed embeddings.")
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed for the split, folds and initialisation."
+)
+@click.option(
+    "--validation-split",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="Fraction of prompts held out for the recorded validation metrics.",
+)
+@_data_options
+@json_option
+@quiet_option
+@handle_errors
+def train_cmd(
+    data: Path,
+    output: Path,
+    length_field: str,
+    kind: str,
+    base_model: str | None,
+    device: str,
+    epochs: int | None,
+    freeze_encoder: bool,
+    seed: int,
+    validation_split: float,
+    prompt_field: str,
+    id_field: str,
+    on_bad_line: str,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Train a predictor on DATA's prompts and observed lengths; write it to -o DIR."""
+    from aspc.predict import train_predictor
+
+    if epochs is not None and epochs < 1:
+        raise ConfigError(f"--epochs {epochs}: give at least 1")
+    _check_device(device)
+    table = _read_with_lengths(data, length_field, prompt_field, id_field, on_bad_line)
+    with RichProgress(quiet) as progress:
+        pred = train_predictor(
+            kind,
+            table.texts,
+            table.lengths,
+            seed=seed,
+            validation_split=validation_split,
+            base_model=base_model,
+            device=device,
+            epochs=epochs,
+            freeze_encoder=freeze_encoder,
+            progress=progress,
+        )
+        pred.metadata.setdefault("training", {})["input_sha256"] = table.input_hash
+        progress.stage("write")
+        pred.save(output)
+        progress.done()
+    val = pred.metadata.get("validation")
+    if as_json:
+        emit_json(
+            {
+                "output": str(output),
+                "identity": pred.identity(),
+                "training": pred.metadata.get("training"),
+                "validation": val,
+            }
+        )
+        return
+    note(f"wrote {kind} predictor to {output} ({len(table)} prompts)", quiet)
+    if val and not quiet:
+        out_console.print(_metrics_table({"validation": val}, f"held-out {validation_split:.0%} of prompts"))
+
+
+@predict_group.command("eval")
+@click.argument("predictor", type=str)
+@click.argument("data", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--length-field",
+    default="length",
+    show_default=True,
+    help="Field with observed lengths (a number or a list).",
+)
+@_target_option
+@_device_option
+@_data_options
+@json_option
+@quiet_option
+@handle_errors
+def eval_cmd(
+    predictor: str,
+    data: Path,
+    length_field: str,
+    target: str | None,
+    device: str,
+    prompt_field: str,
+    id_field: str,
+    on_bad_line: str,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Score PREDICTOR (a directory or 'default') against DATA's observed lengths.
+
+    Kendall tau, Spearman rho, MAE (tokens), 10-bucket accuracy and q10-q90
+    coverage, with the same figures for a no-information baseline that
+    predicts the training set's marginal length for every prompt.
+    """
+    from aspc.predict import load_predictor
+    from aspc.predict.metrics import baseline_prediction, evaluate, marginal_summary
+
+    _check_device(device)
+    pred = load_predictor(predictor, target=target, device=device)
+    table = _read_with_lengths(data, length_field, prompt_field, id_field, on_bad_line)
+    with RichProgress(quiet) as progress:
+        progress.stage("predict", total=1)
+        result = evaluate(pred.predict(table.texts, ids=table.ids), table.lengths)
+        progress.done()
+    marginal = pred.metadata.get("marginal")
+    source = "training marginal"
+    if not marginal:
+        marginal, source = marginal_summary(table.lengths), "evaluation-data marginal"
+    result["baseline"] = {
+        **evaluate(baseline_prediction(len(table), marginal), table.lengths),
+        "source": source,
+    }
+    result["predictor"] = pred.identity()
+    if as_json:
+        emit_json(result)
+    elif not quiet:
+        out_console.print(
+            _metrics_table(
+                {"predictor": result, "baseline": result["baseline"]}, f"{data.name}: n={result['n']}"
+            )
+        )
+
+
+@predict_group.command(_DEFAULT_CMD, hidden=True)
+@click.argument("predictor", type=str)
+@click.argument("data", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Parquet file to write: prompt_id, predicted_len, predicted_q10/_q50/_q90.",
+)
+@_target_option
+@click.option(
+    "--history",
+    "history",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Observed lengths by prompt id: an aspc run log or a dataset (repeatable).",
+)
+@click.option(
+    "--history-length-field", default="length", show_default=True, help="Length field of --history datasets."
+)
+@_device_option
+@_data_options
+@json_option
+@quiet_option
+@handle_errors
+def apply_cmd(
+    predictor: str,
+    data: Path,
+    output: Path,
+    target: str | None,
+    history: tuple[Path, ...],
+    history_length_field: str,
+    device: str,
+    prompt_field: str,
+    id_field: str,
+    on_bad_line: str,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Predict response lengths of DATA's prompts with PREDICTOR (a directory or 'default')."""
+    from aspc.io import read_prompts
+    from aspc.predict import HistoryPredictor, load_predictor
+
+    _check_device(device)
+    pred = load_predictor(predictor, target=target, device=device)
+    table = read_prompts(data, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)
+    if history:
+        pred = HistoryPredictor(pred, _read_history(history, id_field, history_length_field))
+    with RichProgress(quiet) as progress:
+        progress.stage("predict", total=1)
+        result = pred.predict(table.texts, ids=table.ids)
+        progress.done()
+        _write_predictions(output, table.ids, result)
+    summary: dict[str, Any] = {"output": str(output), "n": len(table), "predictor": pred.identity()}
+    if history:
+        summary["with_history"] = pred.coverage(table.ids)
+    if as_json:
+        emit_json(summary)
+        return
+    extra = f", {summary['with_history']} with history" if history else ""
+    note(f"wrote {len(table)} predictions to {output} ({pred.kind} predictor{extra})", quiet)
+
+
+def _read_history(paths: tuple[Path, ...], id_field: str, length_field: str) -> dict[str, Any]:
+    import numpy as np
+
+    from aspc.io import read_lengths
+
+    merged: dict[str, list] = {}
+    for p in paths:
+        for k, v in read_lengths(p, id_field=id_field, length_field=length_field).items():
+            merged.setdefault(k, []).append(v)
+    return {k: np.concatenate(v) for k, v in merged.items()}
+
+
+def _write_predictions(output: Path, ids: list[str], pred: Any) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from aspc.atomic import atomic_path
+    from aspc.emit import schema as S
+
+    table = pa.table(
+        {
+            S.PROMPT_ID: pa.array(ids, pa.string()),
+            S.PREDICTED_LEN: pa.array(pred.mean, pa.float64()),
+            S.PREDICTED_Q10: pa.array(pred.q10, pa.float64()),
+            S.PREDICTED_Q50: pa.array(pred.q50, pa.float64()),
+            S.PREDICTED_Q90: pa.array(pred.q90, pa.float64()),
+        }
+    )
+    with atomic_path(output) as tmp:
+        pq.write_table(table, tmp)
+
+
+def _metrics_table(columns: dict[str, dict[str, Any]], title: str) -> Any:
+    from rich.table import Table
+
+    rows = [
+        ("kendall_tau", "Kendall τ", "{:.3f}"),
+        ("spearman", "Spearman ρ", "{:.3f}"),
+        ("mae", "MAE (tokens)", "{:.1f}"),
+        ("bucket_accuracy", "10-bucket accuracy", "{:.3f}"),
+        ("coverage_q10_q90", "q10–q90 coverage", "{:.3f}"),
+        ("n", "prompts", "{}"),
+    ]
+    t = Table(title=title, header_style="bold")
+    t.add_column("metric")
+    for name in columns:
+        t.add_column(name, justify="right")
+    for key, label, fmt in rows:
+        t.add_row(label, *(fmt.format(c[key]) if c.get(key) is not None else "–" for c in columns.values()))
+    return t

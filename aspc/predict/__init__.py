@@ -1,0 +1,180 @@
+"""Response-length predictors: train, evaluate, load, predict.
+
+Three kinds share one interface (:class:`Predictor`, ``predict(texts) ->
+LengthPrediction`` with a mean and q10/q50/q90 per prompt, in tokens):
+
+- ``lexical``: hashed word n-grams and prompt length, ridge on log length;
+  NumPy only. The predictor shipped in the package (``"default"``) is one.
+- ``transformer``: a small pretrained encoder fine-tuned with regression and
+  pinball heads (needs torch and transformers).
+- ``history``: any of the above blended with lengths observed for the same
+  prompt id in earlier runs (:class:`HistoryPredictor`).
+
+Importing this package does not import torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aspc.errors import ConfigError
+from aspc.predict.base import FORMAT_VERSION, MIN_PAIRS, LengthPrediction, Predictor, read_metadata
+from aspc.predict.history import HistoryPredictor, blend_history
+from aspc.predict.metrics import evaluate
+from aspc.progress import NULL_PROGRESS, Progress
+
+__all__ = [
+    "FORMAT_VERSION",
+    "KINDS",
+    "MIN_PAIRS",
+    "HistoryPredictor",
+    "LengthPrediction",
+    "Predictor",
+    "blend_history",
+    "default_predictor_path",
+    "evaluate",
+    "load_predictor",
+    "train_predictor",
+]
+
+KINDS = ("lexical", "transformer")
+"""Kinds that :func:`train_predictor` can train and :func:`load_predictor` can read."""
+
+DEFAULT = "default"
+
+
+def default_predictor_path() -> Path:
+    """Directory of the lexical predictor shipped inside the package."""
+    return Path(str(resources.files("aspc.predict") / "default"))
+
+
+def load_predictor(
+    path: str | Path,
+    *,
+    kind: str | None = None,
+    target: str | None = None,
+    device: str = "auto",
+) -> Predictor:
+    """Load a predictor directory, or the shipped default with ``"default"``.
+
+    Parameters
+    ----------
+    path
+        A directory written by :meth:`Predictor.save` / ``aspc predict train``,
+        or ``"default"``.
+    kind
+        When given, fail unless the directory holds a predictor of this kind.
+    target
+        Target model head to answer for (predictors trained with target
+        names, such as the default, which knows the 13 CASTILLO models); any
+        unique case-insensitive substring works, e.g. ``"qwen2.5-7b"``.
+        ``None``: the pooled head.
+    device
+        For transformer predictors: ``auto`` (NPU > CUDA > CPU), ``npu``,
+        ``cuda`` or ``cpu``.
+
+    Raises
+    ------
+    aspc.errors.PredictorError
+        Missing directory, unknown or mismatched kind, other format version,
+        corrupt weights.
+    """
+    name = str(path)
+    directory = default_predictor_path() if name == DEFAULT else Path(path)
+    meta = read_metadata(directory, kind=kind)
+    found = meta["aspc_predictor"]
+    if found == "lexical":
+        from aspc.predict.lexical import LexicalPredictor
+
+        pred: Predictor = LexicalPredictor.load(directory, target=target)
+    elif found == "transformer":
+        from aspc.predict.transformer import TransformerPredictor
+
+        pred = TransformerPredictor.load(directory, target=target, device=device)
+    else:
+        from aspc.errors import PredictorError
+
+        raise PredictorError(
+            f"{directory}: unknown predictor kind {found!r}; this aspc reads {', '.join(KINDS)}"
+        )
+    pred.metadata["name"] = DEFAULT if name == DEFAULT else directory.name
+    return pred
+
+
+def train_predictor(
+    kind: str,
+    texts: Sequence[str],
+    lengths: Sequence[Any],
+    *,
+    targets: Sequence[str] | None = None,
+    groups: Sequence[str] | None = None,
+    seed: int = 0,
+    validation_split: float = 0.1,
+    base_model: str | None = None,
+    device: str = "auto",
+    epochs: int | None = None,
+    freeze_encoder: bool = False,
+    progress: Progress = NULL_PROGRESS,
+) -> Predictor:
+    """Train a predictor of ``kind`` on (prompt text, observed lengths) pairs.
+
+    Parameters
+    ----------
+    kind
+        ``lexical`` or ``transformer``.
+    texts
+        Prompt texts.
+    lengths
+        Per prompt, one observed length or an array of sampled lengths (tokens).
+    targets
+        Optional name of the LLM that produced each prompt's lengths.
+    groups
+        Optional source of each prompt (lexical: leave-one-source-out residuals
+        for the quantile band).
+    seed
+        Same seed, data and kind give the same predictor (lexical: bit for bit;
+        transformer: up to non-deterministic kernels on accelerators).
+    validation_split
+        Fraction of distinct prompts held out; their metrics go to the metadata.
+    base_model, device, epochs, freeze_encoder
+        Transformer settings (ignored, and rejected when set, for lexical).
+    progress
+        Progress sink (the CLI passes a rich bar).
+
+    Returns
+    -------
+    Predictor
+        Not yet saved; call ``.save(directory)``.
+    """
+    if kind == "lexical":
+        if base_model is not None or freeze_encoder or epochs is not None:
+            raise ConfigError("--base-model, --epochs and --freeze-encoder apply to --kind transformer only")
+        from aspc.predict.lexical import train_lexical
+
+        return train_lexical(
+            texts,
+            lengths,
+            targets=targets,
+            groups=groups,
+            seed=seed,
+            validation_split=validation_split,
+            progress=progress,
+        )
+    if kind == "transformer":
+        from aspc.predict.transformer import TransformerConfig, train_transformer
+
+        config = TransformerConfig(base_model=base_model, freeze_encoder=freeze_encoder, epochs=epochs)
+        return train_transformer(
+            texts,
+            lengths,
+            targets=targets,
+            config=config,
+            device=device,
+            seed=seed,
+            validation_split=validation_split,
+            progress=progress,
+        )
+    raise ConfigError(f"unknown predictor kind {kind!r}; use one of {', '.join(KINDS)}")

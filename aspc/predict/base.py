@@ -1,0 +1,231 @@
+"""The predictor interface, the prediction record, and the on-disk metadata format.
+
+Every predictor directory holds ``metadata.json`` (kind, format version,
+training-data hash, validation metrics, configuration) next to its weights.
+Readers check kind and version before touching the weights, so a directory
+from another aspc version or of another kind fails with one clear line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from aspc.errors import InputError, PredictorError
+
+FORMAT_VERSION = 1
+"""Version of the predictor directory layout; bump on any incompatible change."""
+
+METADATA_FILE = "metadata.json"
+
+MIN_PAIRS = 50
+"""Fewest (prompt, lengths) pairs a predictor may be trained on: below this a
+held-out split and residual quantiles are meaningless."""
+
+
+@dataclass(frozen=True)
+class LengthPrediction:
+    """Predicted response lengths, one entry per prompt, all in tokens.
+
+    ``mean`` is the expected length of one sampled response (what a cost model
+    sums); ``q10``, ``q50``, ``q90`` are quantiles of that one response's length
+    (what a cost model needs for the expected maximum of a minibatch).
+    Invariant: ``0 < q10 <= q50 <= q90`` and ``mean > 0`` elementwise.
+    """
+
+    mean: np.ndarray  # float64 (n,), expected tokens of one response
+    q10: np.ndarray  # float64 (n,), 10% quantile of one response's tokens
+    q50: np.ndarray  # float64 (n,), median
+    q90: np.ndarray  # float64 (n,), 90% quantile
+
+    def __post_init__(self) -> None:
+        arrays = [
+            np.ascontiguousarray(a, dtype=np.float64) for a in (self.mean, self.q10, self.q50, self.q90)
+        ]
+        n = arrays[0].shape
+        if any(a.ndim != 1 or a.shape != n for a in arrays):
+            raise ValueError("mean, q10, q50 and q90 must be 1-D arrays of the same length")
+        for name, a in zip(("mean", "q10", "q50", "q90"), arrays, strict=True):
+            object.__setattr__(self, name, a)
+
+    def __len__(self) -> int:
+        return len(self.mean)
+
+    def take(self, index: np.ndarray | Sequence[int]) -> LengthPrediction:
+        """The predictions for the given positions, in that order."""
+        idx = np.asarray(index, dtype=np.int64)
+        return LengthPrediction(self.mean[idx], self.q10[idx], self.q50[idx], self.q90[idx])
+
+    @staticmethod
+    def concat(parts: Sequence[LengthPrediction]) -> LengthPrediction:
+        """Predictions of several batches, one after the other."""
+        if not parts:
+            return LengthPrediction(*(np.empty(0) for _ in range(4)))
+        return LengthPrediction(
+            *(np.concatenate([getattr(p, f) for p in parts]) for f in ("mean", "q10", "q50", "q90"))
+        )
+
+
+class Predictor(ABC):
+    """A response-length predictor.
+
+    Subclasses set ``kind`` and implement :meth:`predict`, :meth:`save` and
+    :meth:`content_hash`. ``metadata`` holds what training recorded (data
+    hash, validation metrics, configuration) and is written to
+    ``metadata.json`` by :meth:`save`.
+    """
+
+    kind: ClassVar[str]
+    metadata: dict[str, Any]
+
+    @abstractmethod
+    def predict(self, texts: Sequence[str], *, ids: Sequence[str] | None = None) -> LengthPrediction:
+        """Predict the response length of each prompt.
+
+        Parameters
+        ----------
+        texts
+            Prompts as plain text (chat prompts flattened, as ``PromptTable.texts``).
+        ids
+            Stable prompt ids, same order; only predictors that use observed
+            history need them, the others ignore them.
+
+        Returns
+        -------
+        LengthPrediction
+            One entry per prompt, in input order.
+        """
+
+    @abstractmethod
+    def save(self, path: str | Path) -> None:
+        """Write the predictor to directory ``path`` atomically (whole or not at all)."""
+
+    @abstractmethod
+    def content_hash(self) -> str:
+        """sha256 of the weights (hex), stable across save and load."""
+
+    def identity(self) -> dict[str, Any]:
+        """What a plan records about the predictor that made its lengths."""
+        ident = {"kind": self.kind, "format_version": FORMAT_VERSION, "hash": self.content_hash()}
+        if self.metadata.get("target") is not None:
+            ident["target"] = self.metadata["target"]
+        return ident
+
+
+def hash_arrays(arrays: dict[str, np.ndarray]) -> str:
+    """sha256 over named arrays (name, dtype, shape and bytes), in name order."""
+    h = hashlib.sha256()
+    for name in sorted(arrays):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(name.encode())
+        h.update(str(a.dtype).encode())
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def hash_training_data(
+    texts: Sequence[str], lengths: Sequence[np.ndarray], targets: Sequence[str] | None
+) -> str:
+    """sha256 of the training pairs, independent of the file format they came from."""
+    h = hashlib.sha256()
+    for i, (text, obs) in enumerate(zip(texts, lengths, strict=True)):
+        h.update(text.encode("utf-8", "replace"))
+        h.update(b"\x00")
+        h.update(np.asarray(obs, dtype=np.float64).tobytes())
+        if targets is not None:
+            h.update(targets[i].encode())
+        h.update(b"\x01")
+    return h.hexdigest()
+
+
+def write_metadata(directory: Path, kind: str, body: dict[str, Any]) -> None:
+    """Write ``metadata.json`` with the header every predictor directory carries."""
+    from aspc import __version__
+
+    meta = {"aspc_predictor": kind, "format_version": FORMAT_VERSION, "aspc_version": __version__, **body}
+    (directory / METADATA_FILE).write_text(
+        json.dumps(meta, indent=2, sort_keys=True, default=_jsonable) + "\n"
+    )
+
+
+def _jsonable(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def read_metadata(directory: str | Path, kind: str | None = None) -> dict[str, Any]:
+    """Read and check ``metadata.json``; raise :class:`PredictorError` on any mismatch.
+
+    Parameters
+    ----------
+    directory
+        The predictor directory.
+    kind
+        When given, the directory must hold a predictor of this kind.
+    """
+    directory = Path(directory)
+    if not directory.exists():
+        raise PredictorError(f"{directory}: no such predictor directory; train one with 'aspc predict train'")
+    if not directory.is_dir():
+        raise PredictorError(
+            f"{directory}: not a directory; give the directory 'aspc predict train -o' wrote"
+        )
+    path = directory / METADATA_FILE
+    if not path.is_file():
+        raise PredictorError(f"{directory}: no {METADATA_FILE}, so not an aspc predictor directory")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PredictorError(f"{path}: unreadable ({exc}); retrain the predictor") from None
+    if not isinstance(meta, dict) or "aspc_predictor" not in meta or "format_version" not in meta:
+        raise PredictorError(f"{path}: not aspc predictor metadata; retrain the predictor")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise PredictorError(
+            f"{directory}: predictor format version {meta['format_version']}, this aspc reads version "
+            f"{FORMAT_VERSION}; retrain it with this aspc"
+        )
+    if kind is not None and meta["aspc_predictor"] != kind:
+        raise PredictorError(f"{directory}: holds a {meta['aspc_predictor']} predictor, expected {kind}")
+    return meta
+
+
+def check_training_pairs(texts: Sequence[str], lengths: Sequence[Any]) -> list[np.ndarray]:
+    """Validate training pairs; return each prompt's lengths as a float64 array.
+
+    Raises
+    ------
+    InputError
+        On an empty set, fewer than :data:`MIN_PAIRS` pairs, a count mismatch,
+        or a length that is missing, non-numeric, non-finite or negative.
+    """
+    if len(texts) != len(lengths):
+        raise InputError(f"{len(texts)} prompts but {len(lengths)} length entries; give one per prompt")
+    if len(texts) == 0:
+        raise InputError("the training set is empty; give a dataset with prompts and a length field")
+    if len(texts) < MIN_PAIRS:
+        raise InputError(f"only {len(texts)} (prompt, length) pairs; training needs at least {MIN_PAIRS}")
+    out = []
+    for i, obs in enumerate(lengths):
+        try:
+            a = np.atleast_1d(np.asarray(obs, dtype=np.float64))
+        except (TypeError, ValueError):
+            raise InputError(f"prompt {i}: length {obs!r} is not a number; give token counts") from None
+        if a.ndim != 1 or a.size == 0:
+            raise InputError(f"prompt {i}: no length given; give at least one token count per prompt")
+        if not np.all(np.isfinite(a)) or np.any(a < 0):
+            raise InputError(
+                f"prompt {i}: length {a.tolist()} is negative or not finite; give token counts >= 0"
+            )
+        out.append(a)
+    return out

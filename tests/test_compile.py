@@ -204,3 +204,23 @@ def test_expected_max_cost_model_compiles(dataset):
     # expected-max costs exceed padded costs on data with spread.
     assert plan.metrics["total_cost"] > 0.9 * padded.metrics["total_cost"]
     assert check_plan(plan).ok
+
+
+def test_history_moves_observed_prompts_only(tmp_path):
+    from tests.conftest import EXAMPLE
+
+    hist = write_jsonl(tmp_path / "hist.jsonl", [{"id": "2ce9ae4263602e52", "length": [2000, 2100]}])
+    base = compile_file(EXAMPLE, InputOptions(), CompileConfig())
+    blended = compile_file(EXAMPLE, InputOptions(), CompileConfig(history=(str(hist),)))
+
+    def by_id(plan):
+        t = plan.table
+        return dict(zip(t.column(S.PROMPT_ID).to_pylist(), t.column(S.PREDICTED_LEN).to_pylist()))
+
+    a, b = by_id(base), by_id(blended)
+    pid = "2ce9ae4263602e52"
+    assert a[pid] < b[pid] < 2050
+    assert all(a[k] == b[k] for k in a if k != pid)
+    assert blended.predictor["history_prompts_matched"] == 1
+    with pytest.raises(ConfigError, match="history"):
+        compile_file(EXAMPLE, INPUTS, CompileConfig(history=(str(hist),)))

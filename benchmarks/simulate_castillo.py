@@ -100,6 +100,7 @@ def main() -> None:
             seed=args.seed,
             batch_size=args.batch_size,
             predictor=args.predictor,
+            workers=args.workers,  # as `aspc simulate` does: makespan-aware dispatch order
         )
         run_config = RunConfig(
             workers=args.workers, global_batch=args.global_batch, seed=args.seed, return_mode=args.return_mode

@@ -58,7 +58,7 @@ bench: install
 	$(BIN)/python benchmarks/compile_scale.py
 
 lint: install
-	$(BIN)/ruff check aspc tests benchmarks scripts
+	$(BIN)/ruff check aspc tests benchmarks scripts examples
 
 clean:
 	rm -rf $(VENV) examples/out .pytest_cache .hypothesis

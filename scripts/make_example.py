@@ -34,7 +34,7 @@ def main() -> int:
     ap.add_argument("-o", "--output", type=Path, default=ROOT / "examples" / "prompts.jsonl")
     args = ap.parse_args()
     if not DATA.exists():
-        print(f"data not found at ../shared/data/castillo-dev.parquet; nothing to do", file=sys.stderr)
+        print("data not found at ../shared/data/castillo-dev.parquet; nothing to do", file=sys.stderr)
         return 1
     t = pq.read_table(DATA)
     t = t.filter(pc.and_(pc.equal(t["split"], "validate"), pc.equal(t["model"], args.model)))

@@ -215,7 +215,7 @@ def test_history_moves_observed_prompts_only(tmp_path):
 
     def by_id(plan):
         t = plan.table
-        return dict(zip(t.column(S.PROMPT_ID).to_pylist(), t.column(S.PREDICTED_LEN).to_pylist()))
+        return dict(zip(t.column(S.PROMPT_ID).to_pylist(), t.column(S.PREDICTED_LEN).to_pylist(), strict=True))
 
     a, b = by_id(base), by_id(blended)
     pid = "2ce9ae4263602e52"

@@ -22,7 +22,7 @@ def test_padded_matches_brute_force(lens, cuts, n):
     x = np.asarray(lens)
     starts = np.unique(np.r_[0, [c for c in cuts if c < x.size], x.size]).astype(np.int64)
     got = minibatch_costs("padded", starts, np.full(x.size, n), x)
-    want = [n * (e - s) * x[s:e].max() for s, e in zip(starts[:-1], starts[1:])]
+    want = [n * (e - s) * x[s:e].max() for s, e in zip(starts[:-1], starts[1:], strict=True)]
     np.testing.assert_allclose(got, want)
 
 

@@ -190,7 +190,7 @@ def test_check_detects_mutations_large(base_plan, tmp_path_factory, mut):
 
 def test_every_cell_edit_is_detected(base_plan, tmp_path):
     """Exhaustive over columns: editing any single cell makes check fail."""
-    for k, name in enumerate(_MUTABLE):
+    for k in range(len(_MUTABLE)):
         dst = tmp_path / f"{k}.parquet"
         _mutate(base_plan, dst, "cell", k, 3)
         with pytest.raises(PlanError):

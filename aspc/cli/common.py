@@ -9,7 +9,8 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import click
 from rich.console import Console
@@ -67,7 +68,7 @@ class RichProgress:
         self._progress: Progress | None = None
         self._task: Any = None
 
-    def __enter__(self) -> "RichProgress":
+    def __enter__(self) -> RichProgress:
         if self.enabled:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"),

@@ -27,7 +27,7 @@ def inspect_cmd(plan_path: Path, as_json: bool) -> None:
     loads = group_loads(plan.table, cost_model)
     sizes = np.diff(minibatch_starts(plan.column(S.MINIBATCH)))
     values, counts = np.unique(sizes, return_counts=True)
-    hist = {int(v): int(c) for v, c in zip(values, counts)}
+    hist = {int(v): int(c) for v, c in zip(values, counts, strict=True)}
     lb = plan.metrics.get("lower_bound") or float(loads.max())
     if as_json:
         emit_json(

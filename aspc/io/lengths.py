@@ -36,7 +36,7 @@ def _read_run_log(path: Path) -> dict[str, np.ndarray]:
     ids, lens = ids[order], lens[order]
     starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
     ends = np.r_[starts[1:], len(ids)]
-    return {str(ids[s]): lens[s:e].copy() for s, e in zip(starts, ends)}
+    return {str(ids[s]): lens[s:e].copy() for s, e in zip(starts, ends, strict=True)}
 
 
 def read_lengths(

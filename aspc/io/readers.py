@@ -11,10 +11,12 @@ import csv
 import io
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from aspc.errors import InputError
+
 
 class BadRecord:
     """Stands in for a record that could not be parsed; carries the reason."""
@@ -96,8 +98,7 @@ def iter_csv(path: Path) -> Iterator[tuple[int, Any]]:
     if not reader.fieldnames:
         raise InputError(f"{path.name}: CSV has no header row; add one naming the columns")
     try:
-        for i, rec in enumerate(reader):
-            yield i, rec
+        yield from enumerate(reader)
     except csv.Error as exc:
         raise InputError(f"{path.name}: line {reader.line_num}: malformed CSV ({exc})") from None
 

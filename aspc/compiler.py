@@ -75,7 +75,10 @@ class CompileConfig:
     seed: int = 0  # seeds the annealer and the random baseline
     anneal_iterations: int | None = None  # annealing proposals; None -> scaled with M
     equal_samples: bool = False  # groups must hold equal sample counts
-    cost_model: str = "padded"  # padded | expected-max
+    # Minibatch cost: "expected-max" = sequences x the expected maximum of
+    # their sampled lengths (lognormal per prompt from q10/q50/q90), the cost
+    # a static minibatch really pays; "padded" = sequences x max predicted mean.
+    cost_model: str = "expected-max"
     predictor: str | None = None  # predictor directory or "default"; None with no length field -> default
     history: tuple[str, ...] = ()  # run logs / datasets of observed lengths
     history_length_field: str = "length"  # length field in history datasets
@@ -312,7 +315,7 @@ def compile_plan(
         S.DISPATCH_RANK: pa.array(np.arange(n, dtype=np.int64), pa.int64()),
     }
     plan_table = pa.Table.from_pydict(arrays, schema=S.PLAN_SCHEMA)
-    metrics = plan_metrics(plan_table, config.cost_model)
+    metrics = plan_metrics(plan_table, config.cost_model, costs=costs[mb_order])
     metrics.update(extra)
     metrics["n_skipped"] = len(table.skipped)
     cfg = _config_record(config, inputs, b, d, n_groups)

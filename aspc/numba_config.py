@@ -7,3 +7,7 @@ Set ``NUMBA_DISABLE_JIT=1`` to run kernels as plain Python (coverage, debug).
 """
 
 NJIT_FLAGS = {"cache": True, "fastmath": False, "nogil": True}
+
+# For kernels whose outer loop has independent iterations (one minibatch
+# each, no reductions across them): results do not depend on thread count.
+NJIT_PARALLEL_FLAGS = {**NJIT_FLAGS, "parallel": True}

@@ -100,8 +100,12 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--slack", type=int, default=4)
     ap.add_argument("--group-size", type=int, default=16)
+    ap.add_argument("--minibatch-cost", choices=["padded", "expected-max"], default="expected-max")
     args = ap.parse_args()
-    cfg = CompileConfig(batch_size=args.batch_size, slack=args.slack, group_size=args.group_size)
+    cfg = CompileConfig(
+        batch_size=args.batch_size, slack=args.slack, group_size=args.group_size, cost_model=args.minibatch_cost
+    )
+    print(f"minibatch cost model: {args.minibatch_cost}")
     rng = np.random.default_rng(0)
     mean = rng.lognormal(5.8, 0.8, size=args.n)
     run("lognormal", *make_table(mean, np.full(args.n, 1.3)), cfg)

@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=None, help="prompts per minibatch (compiler default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--return-mode", choices=["static", "continuous"], default="static")
+    ap.add_argument("--minibatch-cost", choices=["padded", "expected-max"], default="expected-max")
     ap.add_argument("--predictor", default=None, help="predictor directory (default: the shipped one)")
     ap.add_argument("--max-prompts", type=int, default=None)
     ap.add_argument("--strategies", default="random,sorted,asp,asp+history,oracle")
@@ -101,6 +102,7 @@ def main() -> None:
             batch_size=args.batch_size,
             predictor=args.predictor,
             workers=args.workers,  # as `aspc simulate` does: makespan-aware dispatch order
+            cost_model=args.minibatch_cost,
         )
         run_config = RunConfig(
             workers=args.workers, global_batch=args.global_batch, seed=args.seed, return_mode=args.return_mode

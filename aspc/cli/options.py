@@ -55,7 +55,7 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
             "--minibatch-cost",
             "cost_model",
             type=click.Choice(["padded", "expected-max"]),
-            default="padded",
+            default="expected-max",
             show_default=True,
             help="Minibatch cost: sequences x max predicted mean, or x expected max sampled length.",
         ),

@@ -5,15 +5,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
-from aspc.numba_config import NJIT_FLAGS
+from aspc.numba_config import NJIT_FLAGS, NJIT_PARALLEL_FLAGS
 
 # z-score of the 90th percentile of a standard normal: q90 = exp(mu + Z90*sigma).
 Z90 = 1.2815515655446004
-# Grid points for the expected-maximum integral; 256 keeps the relative error
-# of E[max] well under 1e-3 for the spreads seen in real length data.
-N_GRID = 256
+# Simpson panels (even) for the expected-maximum integral over [floor, upper];
+# 32 keep E[max] within 0.5% of Monte Carlo (tests) at a cost that compiles a
+# million prompts in about a second.
+N_GRID = 32
 
 
 @njit(**NJIT_FLAGS)
@@ -36,13 +37,13 @@ def _norm_cdf(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
 
-@njit(**NJIT_FLAGS)
+@njit(**NJIT_PARALLEL_FLAGS)
 def _expected_max_costs(
     mu: np.ndarray, sigma: np.ndarray, point: np.ndarray, nseq: np.ndarray, starts: np.ndarray
 ) -> np.ndarray:
     m = starts.size - 1
     out = np.empty(m, dtype=np.float64)
-    for b in range(m):
+    for b in prange(m):
         lo_i, hi_i = starts[b], starts[b + 1]
         s = 0.0
         upper = 0.0
@@ -55,20 +56,24 @@ def _expected_max_costs(
                 if point[i] > upper:
                     upper = point[i]
             else:
-                # Six sigmas above the median: the max of a few thousand draws
-                # essentially never goes further.
-                u = math.exp(mu[i] + 6.0 * sigma[i])
+                # Five sigmas above the median (tail mass 3e-7 per draw): the
+                # max of a few hundred draws essentially never goes further.
+                u = math.exp(mu[i] + 5.0 * sigma[i])
                 if u > upper:
                     upper = u
+                # Below three sigmas under some prompt's median its CDF is
+                # < 0.0014, so the product of CDFs is ~0 and the integrand ~1:
+                # integrate from there, adding the stretch below exactly.
+                f = math.exp(mu[i] - 3.0 * sigma[i])
+                if f > floor:
+                    floor = f
         if upper <= floor:
             out[b] = s * floor
             continue
-        # E[max] = floor + integral_floor^upper (1 - prod_i F_i(x)^n_i) dx, since
-        # point masses make the CDF zero below ``floor``.
+        # E[max] = floor + integral_floor^upper (1 - prod_i F_i(x)^n_i) dx.
         h = (upper - floor) / N_GRID
         acc = 0.0
-        prev = 1.0
-        for k in range(1, N_GRID + 1):
+        for k in range(0, N_GRID + 1):
             x = floor + k * h
             logf = 0.0
             for i in range(lo_i, hi_i):
@@ -78,8 +83,12 @@ def _expected_max_costs(
                         logf = -math.inf
                         break
                     logf += nseq[i] * math.log(c)
+                elif x < point[i]:
+                    logf = -math.inf
+                    break
             cur = 1.0 - math.exp(logf)
-            acc += 0.5 * (prev + cur) * h
-            prev = cur
-        out[b] = s * (floor + acc)
+            # Composite Simpson weights 1, 4, 2, 4, ..., 2, 4, 1 (N_GRID even).
+            w = 1.0 if k == 0 or k == N_GRID else (4.0 if k % 2 == 1 else 2.0)
+            acc += w * cur
+        out[b] = s * (floor + acc * h / 3.0)
     return out

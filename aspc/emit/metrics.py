@@ -76,7 +76,7 @@ def load_lower_bound(costs: np.ndarray, group_cardinalities: np.ndarray) -> floa
     return max(float(c.sum()) / max(n_groups, 1), float(c[-1]), card)
 
 
-def plan_metrics(table: pa.Table, cost_model: str = "padded") -> dict[str, Any]:
+def plan_metrics(table: pa.Table, cost_model: str = "padded", costs: np.ndarray | None = None) -> dict[str, Any]:
     """Compute every plan metric from the rows of ``table``."""
     mb = table.column(S.MINIBATCH).to_numpy()
     grp = table.column(S.GROUP).to_numpy()
@@ -88,7 +88,8 @@ def plan_metrics(table: pa.Table, cost_model: str = "padded") -> dict[str, Any]:
     max_per_mb = np.maximum.reduceat(pred, starts[:-1])
     total_len = float(np.dot(nseq, pred))
     padded = float(np.dot(seq_per_mb, max_per_mb))
-    costs = table_costs(table, cost_model)
+    # The compiler passes the costs it already computed (same rows, same model).
+    costs = table_costs(table, cost_model) if costs is None else np.asarray(costs, dtype=np.float64)
     mb_group = grp[starts[:-1]]
     n_groups = int(grp.max()) + 1
     loads = np.bincount(mb_group, weights=costs, minlength=n_groups)

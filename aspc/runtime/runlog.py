@@ -280,6 +280,9 @@ class RunLogWriter:
 
     def collect_garbage(self) -> None:
         """Delete parts outside the committed ranges and temporary files left by a crash."""
+        # A crash mid-commit leaves the temporary meta.json sibling behind.
+        for f in self.path.glob(f".{META_FILE}.*.tmp"):
+            f.unlink(missing_ok=True)
         for kind in KINDS:
             d = self.path / kind
             if not d.is_dir():

@@ -20,7 +20,9 @@ from aspc.errors import AspcError
 
 # Diagnostics and bars go to stderr so ``--json`` output stays parseable.
 err_console = Console(stderr=True, highlight=False)
-out_console = Console(highlight=False)
+# Piped output (make, CI logs) gets a wide fixed width so tables are not cut
+# to 80 columns; a terminal keeps its own width.
+out_console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 class CliError(click.ClickException):

@@ -150,7 +150,6 @@ def prepare(
     )
     progress.done()
     progress.stage("predict")
-    observed, history_hashes = _read_history(inputs, config)
     if inputs.length_field is not None:
         if config.predictor is not None:
             raise ConfigError("give --length-field or --predictor, not both")
@@ -162,6 +161,7 @@ def prepare(
     else:
         from aspc.predict import HistoryPredictor, load_predictor
 
+        observed, history_hashes = _read_history(inputs, config)
         predictor = load_predictor(config.predictor or "default")
         if observed is not None:
             predictor = HistoryPredictor(predictor, observed)

@@ -12,16 +12,12 @@ from aspc.compiler import STRATEGIES, CompileConfig, InputOptions
 F = Callable[..., Any]
 
 
-def input_options(fn: F) -> F:
+def read_options(fn: F) -> F:
+    """How to read a dataset: prompt and id fields, and what to do with bad rows."""
     for opt in reversed(
         [
             click.option("--prompt-field", default="prompt", show_default=True, help="Field with the prompt text or chat list."),
             click.option("--id-field", default="id", show_default=True, help="Field with the prompt id (else a content hash)."),
-            click.option(
-                "--length-field",
-                default=None,
-                help="Use known response lengths from this field (a number or a list) instead of a predictor.",
-            ),
             click.option(
                 "--on-bad-line",
                 type=click.Choice(["error", "skip"]),
@@ -33,6 +29,16 @@ def input_options(fn: F) -> F:
     ):
         fn = opt(fn)
     return fn
+
+
+def input_options(fn: F) -> F:
+    """:func:`read_options` plus ``--length-field`` (known lengths instead of a predictor)."""
+    fn = read_options(fn)
+    return click.option(
+        "--length-field",
+        default=None,
+        help="Use known response lengths from this field (a number or a list) instead of a predictor.",
+    )(fn)
 
 
 def compile_options(fn: F, *, with_strategy: bool = True) -> F:

@@ -25,6 +25,7 @@ from aspc.cli.common import (
     out_console,
     quiet_option,
 )
+from aspc.cli.options import read_options
 from aspc.errors import ConfigError, InputError
 
 F = Callable[..., Any]
@@ -40,32 +41,7 @@ class _DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-def _data_options(fn: F) -> F:
-    for opt in reversed(
-        [
-            click.option(
-                "--prompt-field",
-                default="prompt",
-                show_default=True,
-                help="Field with the prompt text or chat list.",
-            ),
-            click.option(
-                "--id-field",
-                default="id",
-                show_default=True,
-                help="Field with the prompt id (else a content hash).",
-            ),
-            click.option(
-                "--on-bad-line",
-                type=click.Choice(["error", "skip"]),
-                default="error",
-                show_default=True,
-                help="Fail on a bad input row, or skip it.",
-            ),
-        ]
-    ):
-        fn = opt(fn)
-    return fn
+_data_options = read_options  # the dataset-reading options every predict command takes
 
 
 def _target_option(fn: F) -> F:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from aspc.choices import Strategy, parse_strategy
 from aspc.emit import schema as S
 from aspc.emit.metrics import plan_metrics
 from aspc.emit.plan import Plan
@@ -23,24 +23,6 @@ from aspc.io import PromptTable, read_prompts
 from aspc.io.history import history_hashes, read_history
 from aspc.predict.base import LengthPrediction
 from aspc.progress import NULL_PROGRESS, Progress
-
-
-class Strategy(str, Enum):
-    """How prompts become minibatches and in which order they are dispatched."""
-
-    ASP = "asp"  # sort + DP boundaries + annealed groups + interleaved order
-    SORTED = "sorted"  # sort + fixed-size minibatches dispatched shortest first
-    RANDOM = "random"  # shuffled fixed-size minibatches: the unscheduled baseline
-
-
-STRATEGIES = tuple(s.value for s in Strategy)
-
-
-def parse_strategy(name: str) -> Strategy:
-    try:
-        return Strategy(name)
-    except ValueError:
-        raise ConfigError(f"unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}") from None
 
 
 @dataclass(frozen=True)

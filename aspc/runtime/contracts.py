@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
+if TYPE_CHECKING:  # annotations only: the contracts load neither numpy nor pyarrow (fast --help)
+    import numpy as np
 
-if TYPE_CHECKING:  # annotations only: contracts stay importable without pyarrow
     from aspc.runtime.work import MinibatchWork, WorkPlan
 
 

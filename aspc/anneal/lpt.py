@@ -99,9 +99,7 @@ def max_quantiles(
     return out
 
 
-def lpt_order(
-    key: np.ndarray, assignment: np.ndarray, n_groups: int, tie: np.ndarray | None = None
-) -> np.ndarray:
+def lpt_order(key: np.ndarray, assignment: np.ndarray, n_groups: int, tie: np.ndarray | None = None) -> np.ndarray:
     """Dispatch order: groups by descending peak ``key``, minibatches in a group by descending ``key``.
 
     Parameters

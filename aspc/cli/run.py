@@ -78,6 +78,13 @@ def runtime_options(fn: F, *, cost_model_flags: tuple[str, ...] = ("--cost-model
             "--max-new-tokens", type=int, default=None, help="Cap every response at this many tokens."
         ),
         click.option(
+            "--max-staleness",
+            type=int,
+            default=None,
+            help="K: never start a minibatch whose samples could be consumed more than K weight versions "
+            "after the version generating them (policy lag <= K). [default: unbounded]",
+        ),
+        click.option(
             *cost_model_flags,
             "sim_cost_model",
             type=click.Path(dir_okay=False, path_type=Path),
@@ -99,6 +106,7 @@ _RUNTIME_KEYS = (
     "reload_time",
     "return_mode",
     "max_new_tokens",
+    "max_staleness",
 )
 
 

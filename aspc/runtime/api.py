@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.backends.sim_cost import SimCostModel
-from aspc.runtime.config import RunConfig, parse_return_mode, resolve_queue_capacity
+from aspc.runtime.config import RunConfig, check_staleness, parse_return_mode, resolve_queue_capacity
 from aspc.runtime.contracts import BackendContext, GenerationBackend, Trainer
 from aspc.runtime.core.batches import BatchBuilder
 from aspc.runtime.core.loop import drive
@@ -137,6 +137,7 @@ def run(
     table, plan_info = _plan_parts(plan)
     work = work_from_table(table, samples_per_prompt=config.samples_per_prompt)
     capacity = resolve_queue_capacity(config, int(work.minibatch_sizes.max()))
+    check_staleness(config, int(work.minibatch_sizes.max()))
     kind = parse_backend(config.backend)
     parse_engine(config.engine)
 
@@ -200,7 +201,12 @@ def run(
         writer.start(new_meta)
     recorder = Recorder(work, writer, flush_seconds=config.log_flush_seconds)
     scheduler = Scheduler(
-        work.minibatch_sizes, config.workers, config.global_batch, capacity, max_retries=config.max_retries
+        work.minibatch_sizes,
+        config.workers,
+        config.global_batch,
+        capacity,
+        max_retries=config.max_retries,
+        max_staleness=config.max_staleness,
     )
     batches = BatchBuilder(work)
     weights = None

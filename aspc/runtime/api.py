@@ -24,10 +24,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from aspc.errors import ConfigError
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.config import RunConfig, check_staleness, parse_return_mode, resolve_queue_capacity
-from aspc.runtime.contracts import BackendContext, GenerationBackend, Trainer
+from aspc.runtime.contracts import BackendContext, GenerationBackend, Replanner, Trainer
 from aspc.runtime.core.batches import BatchBuilder
 from aspc.runtime.core.loop import drive
 from aspc.runtime.core.scheduler import Scheduler
@@ -79,6 +80,7 @@ def run(
     log_dir: str | os.PathLike | None = None,
     overwrite: bool = False,
     resume: bool = False,
+    replanner: Replanner | None = None,
     progress: Progress = NULL_PROGRESS,
 ) -> RunResult:
     """Execute ``plan`` and return its metrics.
@@ -115,6 +117,10 @@ def run(
         ``log_flush_seconds``, ``max_retries`` and ``worker_timeout``) must be
         the log's. A complete log is returned as it is (with a note); no log
         at ``log_dir`` yet starts a fresh run.
+    replanner
+        Revises the undispatched remainder every ``replanner.every_steps``
+        trainer steps (``aspc run --replan``, :mod:`aspc.replan`); sim backend
+        only, and not with ``resume``.
     progress
         Progress sink (the CLI's bar).
 
@@ -158,6 +164,10 @@ def run(
     backend = backend or make_backend(kind, context)
     trainer = trainer or make_trainer("sim", context)
     resume_log.check_log_options(log_dir, overwrite=overwrite, resume=resume)
+    if replanner is not None and not hasattr(backend, "on_revision"):
+        raise ConfigError(f"--replan needs a backend that follows plan revisions; {config.backend} does not yet (use sim)")
+    if replanner is not None and resume:
+        raise ConfigError("--replan with --resume is not supported yet; resume without --replan or start a new run")
     writer = RunLogWriter(log_dir, overwrite=overwrite, resume=resume) if log_dir is not None else None
     if writer is not None:
         writer.check()
@@ -224,7 +234,21 @@ def run(
                 f"{state.next_step} trainer steps were durable; {state.queued.size} generated samples wait "
                 f"for the trainer"
             )
-        drive(work, scheduler, engine, recorder, progress, weights=weights, batches=batches)
+        def on_revision(work_now, first, new_to_old, revision):  # noqa: ANN001 - see drive()
+            backend.on_revision(work_now, first, new_to_old)  # type: ignore[union-attr]
+            recorder.on_revision(work_now, first, new_to_old, revision)
+
+        drive(
+            work,
+            scheduler,
+            engine,
+            recorder,
+            progress,
+            weights=weights,
+            batches=batches,
+            replanner=replanner,
+            on_revision=on_revision if replanner is not None else None,
+        )
     except BaseException as exc:
         if writer is not None:
             try:

@@ -246,6 +246,23 @@ class Scheduler:
         return bool(self._retry) or self._pos < len(self._order)
 
     @property
+    def first_undispatched(self) -> int | None:
+        """``k`` such that minibatches ``>= k`` were never handed out and all others were; None if not so."""
+        rest = self._order[self._pos :]
+        if not rest:
+            return None
+        k = rest[0]
+        return k if rest == list(range(k, len(self.sizes))) else None
+
+    def revise(self, first: int, sizes: np.ndarray) -> None:
+        """Minibatches ``>= first`` (never dispatched) are replaced by ones of ``sizes`` samples."""
+        if self.first_undispatched != first:
+            raise ValueError("revise() only replaces minibatches never dispatched")
+        self.sizes = self.sizes[:first] + [int(x) for x in sizes]
+        self._order = list(range(len(self.sizes)))
+        self._pos = first
+
+    @property
     def next_minibatch(self) -> int:
         """The minibatch the next dispatch hands out (a retried one first); only while work remains."""
         return self._retry[0] if self._retry else self._order[self._pos]

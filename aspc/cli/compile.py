@@ -22,20 +22,32 @@ from aspc.cli.render import metrics_table
     default=None,
     help="Generation workers the plan will run on: very long minibatches are then dispatched first.",
 )
+@click.option(
+    "--max-new-tokens",
+    type=int,
+    default=None,
+    help="Responses are capped at this many tokens (verl's max_response_length): predictions are clipped to it.",
+)
 @input_options
 @compile_options
 @json_option
 @quiet_option
 @handle_errors
 def compile_cmd(
-    input_path: Path, output: Path, workers: int | None, as_json: bool, quiet: bool, **kwargs
+    input_path: Path,
+    output: Path,
+    workers: int | None,
+    max_new_tokens: int | None,
+    as_json: bool,
+    quiet: bool,
+    **kwargs,
 ) -> None:
     """Compile a prompt dataset (JSONL, JSON, CSV, Parquet) into a dispatch plan."""
     from aspc.compiler import compile_file
     from aspc.emit import write_plan
 
     inputs, config = compile_config_from_kwargs(kwargs)
-    config = dataclasses.replace(config, workers=workers)
+    config = dataclasses.replace(config, workers=workers, max_new_tokens=max_new_tokens)
     with RichProgress(quiet) as progress:
         plan = compile_file(input_path, inputs, config, progress)
         progress.stage("write")

@@ -255,6 +255,28 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
     show_default=True,
     help="Commit finished work to the run log at least this often (wall seconds): what a crash can lose.",
 )
+@click.option(
+    "--epochs",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Passes over the prompts; each after the first is compiled from the run log so far "
+    "(RUN/plans/epoch-K.parquet, logs in RUN/epoch-K/). Needs --log.",
+)
+@click.option(
+    "--length-drift",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Sim with --epochs: epoch k replays lengths scaled by (1+F)^(k-1) (a policy whose responses grow).",
+)
+@click.option(
+    "--replan",
+    is_flag=True,
+    help="Re-plan the undispatched remainder from the lengths returned so far, every --replan-every "
+    "trainer steps (sim backend); revisions go to RUN/plans/revision-R.parquet.",
+)
+@click.option("--replan-every", type=int, default=8, show_default=True, help="Trainer steps per re-planning window.")
 @json_option
 @quiet_option
 @handle_errors
@@ -271,6 +293,10 @@ def run_cmd(
     max_retries: int,
     worker_timeout: float | None,
     log_flush_seconds: float,
+    epochs: int,
+    length_drift: float,
+    replan: bool,
+    replan_every: int,
     as_json: bool,
     quiet: bool,
     **kwargs: Any,
@@ -307,6 +333,23 @@ def run_cmd(
     )
     for msg in backend_notes:
         note(msg, quiet)
+    if epochs != 1 or length_drift:
+        from aspc.cli.run_epochs import run_epochs_cmd
+
+        return run_epochs_cmd(
+            plan, epochs, log_dir, config, cost, lengths, actual_lengths, length_drift, replan, replan_every,
+            overwrite=overwrite, resume=resume, as_json=as_json, quiet=quiet,
+        )
+    replanner = None
+    if replan:
+        from aspc.replan import OnlineReplanner, compile_config_of
+
+        if replan_every < 1:
+            raise click.ClickException(f"--replan-every must be >= 1, got {replan_every}")
+        cfg = compile_config_of(plan.config or {}, workers=config.workers, max_new_tokens=config.max_new_tokens)
+        replanner = OnlineReplanner(
+            plan.table, cfg, every_steps=replan_every, log_dir=log_dir, input_hash=plan.input_hash
+        )
     with RichProgress(quiet) as progress:
         result = run(
             plan,
@@ -319,6 +362,7 @@ def run_cmd(
             log_dir=log_dir,
             overwrite=overwrite,
             resume=resume,
+            replanner=replanner,
             progress=progress,
         )
     for msg in result.notes:

@@ -38,7 +38,7 @@ from aspc.io.prompts import PromptTable
 from aspc.predict.base import LengthPrediction
 from aspc.predict.history import blend_history
 from aspc.predict.history import DEFAULT_KAPPA
-from aspc.replan import compile_config_of
+from aspc.replan import compile_config_of, used_columns
 from aspc.runtime.api import RunResult, run
 
 MAX_EPOCHS = 1000
@@ -84,7 +84,7 @@ def epoch_prediction(plan: Plan, logs: list[Path]) -> LengthPrediction:
     seen = np.array([o is not None and o.size > 0 for o in observed])
     if seen.sum() >= 32:
         # Refit of the per-run correction (see aspc.replan) on every observed prompt.
-        x = featurize(t.column(S.PROMPT).to_pylist(), FeatureConfig()).compact()
+        x = used_columns(featurize(t.column(S.PROMPT).to_pylist(), FeatureConfig()).compact())
         obs = np.flatnonzero(seen)
         y = np.log(np.maximum([float(np.mean(observed[i])) for i in obs], 1.0))
         off = np.log(np.maximum(base.mean, 1.0))

@@ -61,7 +61,7 @@ def test_revise_work_keeps_the_prefix_and_every_sample(sizes, n_samples, data):
 
 
 def test_replanned_run_logs_revisions_and_generates_every_sample_once(tmp_path):
-    table, lens, flat = _data(1200, 0)
+    table, lens, flat = _data(480, 0)
     cfg = CompileConfig(samples_per_prompt=4, batch_size=8, workers=4)
     plan = compile_plan(table, flat, cfg)
     rc = RunConfig(workers=4, global_batch=32)
@@ -69,10 +69,10 @@ def test_replanned_run_logs_revisions_and_generates_every_sample_once(tmp_path):
     res = run(plan, config=rc, actual_lengths=lens, replanner=rp, log_dir=tmp_path / "run")
     assert rp.revisions, "no revision happened"
     s = res.summary
-    assert s.samples_generated == s.samples_planned == 4800
+    assert s.samples_generated == s.samples_planned == 1920
     mbs = ds.dataset(tmp_path / "run" / "minibatches").to_table().to_pydict()
     smp = ds.dataset(tmp_path / "run" / "samples").to_table().to_pydict()
-    assert len(set(zip(smp["prompt_id"], smp["sample_index"], strict=True))) == 4800
+    assert len(set(zip(smp["prompt_id"], smp["sample_index"], strict=True))) == 1920
     # A revision only defines minibatches at or after its first undispatched one.
     firsts = {r["revision"]: r["first_minibatch"] for r in rp.revisions}
     for m, r in zip(mbs["minibatch"], mbs["plan_revision"], strict=True):
@@ -89,7 +89,7 @@ def test_replanned_run_logs_revisions_and_generates_every_sample_once(tmp_path):
 def test_replan_learns_what_the_predictor_did_not_know():
     # The plan's predictor is flat (no information); the run's observations
     # teach the correction which words make answers long.
-    table, lens, flat = _data(2400, 1)
+    table, lens, flat = _data(960, 1)
     cfg = CompileConfig(samples_per_prompt=4, batch_size=8, workers=4)
     plan = compile_plan(table, flat, cfg)
     rc = RunConfig(workers=4, global_batch=32)

@@ -36,8 +36,7 @@ from aspc.errors import ConfigError
 from aspc.io.history import read_history
 from aspc.io.prompts import PromptTable
 from aspc.predict.base import LengthPrediction
-from aspc.predict.history import blend_history
-from aspc.predict.history import DEFAULT_KAPPA
+from aspc.predict.history import DEFAULT_KAPPA, blend_history
 from aspc.replan import compile_config_of, used_columns
 from aspc.runtime.api import RunResult, run
 
@@ -97,7 +96,9 @@ def epoch_prediction(plan: Plan, logs: list[Path]) -> LengthPrediction:
         prev = per_epoch[-2]
         common = [pid for pid in ids if pid in prev and pid in last]
         if common:
-            g = float(np.mean([np.mean(last[p]) for p in common]) / max(np.mean([np.mean(prev[p]) for p in common]), 1e-9))
+            g = float(
+                np.mean([np.mean(last[p]) for p in common]) / max(np.mean([np.mean(prev[p]) for p in common]), 1e-9)
+            )
             pred = LengthPrediction(pred.mean * g, pred.q10 * g, pred.q50 * g, pred.q90 * g)
     return pred
 

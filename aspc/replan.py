@@ -147,9 +147,7 @@ class OnlineReplanner(Replanner):
         rest = np.arange(r0, len(w.prompt_ids))
         obs_g = glob[full]
         y = np.log(np.maximum(s_got[full] / n_got[full], 1.0))
-        sol = ridge_fit(
-            self._features.take_rows(obs_g), y, RIDGE_LAMBDA, offset=self._offset[obs_g], max_iter=60
-        )
+        sol = ridge_fit(self._features.take_rows(obs_g), y, RIDGE_LAMBDA, offset=self._offset[obs_g], max_iter=60)
         rest_g = glob[rest]
         factor = np.exp(sol.predict(self._features.take_rows(rest_g)))
         base = self._base.take(rest_g)

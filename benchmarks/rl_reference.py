@@ -66,7 +66,9 @@ def predictor_for(model: str, rows, cache: Path) -> Path:
     if (d / "metadata.json").exists():
         return d
     tr = [r for r in rows if r["model"] == model and r["split"] == "train"]
-    p = train_predictor("lexical", [r["prompt_text"] for r in tr], [np.asarray(r["output_sizes"], float) for r in tr], seed=0)
+    p = train_predictor(
+        "lexical", [r["prompt_text"] for r in tr], [np.asarray(r["output_sizes"], float) for r in tr], seed=0
+    )
     p.save(d)
     return d
 
@@ -141,26 +143,43 @@ def main() -> None:
         tmp = Path(t)
         cache = Path(args.predictors) if args.predictors else tmp / "pred"
         summary: dict[str, dict[str, list[float]]] = {}
-        print(f"RL reference scenario: n={N} samples/prompt, cap {CAP}, W={W}, global batch {GB}, static returns, "
-              f"sim defaults; {args.repeats} repeats (seeds 0..{args.repeats - 1}); ratios = mean ± std vs random")
+        print(
+            f"RL reference scenario: n={N} samples/prompt, cap {CAP}, W={W}, global batch {GB}, static returns, "
+            f"sim defaults; {args.repeats} repeats (seeds 0..{args.repeats - 1}); ratios = mean ± std vs random"
+        )
         for model in models:
             t0 = time.perf_counter()
             pdir = predictor_for(model, rows, cache)
             reps = [one_repeat(model, rows, pdir, tmp, s, staleness) for s in range(args.repeats)]
             names = list(reps[0])
             print(f"\n{model} ({reps[0]['random']['samples_planned'] // N} prompts, {time.perf_counter() - t0:.0f} s)")
-            head = ("strategy", "mean iter s", "vs random", "steady vs random", "trend q4/q1", "trainer busy",
-                    "lag max", "makespan/LB")
+            head = (
+                "strategy",
+                "mean iter s",
+                "vs random",
+                "steady vs random",
+                "trend q4/q1",
+                "trainer busy",
+                "lag max",
+                "makespan/LB",
+            )
             print("| " + " | ".join(head) + " |\n|" + "|".join("---" for _ in head) + "|")
             for name in names:
                 ds = [r[name] for r in reps]
                 mr = np.array([ratio(d, r["random"]) for d, r in zip(ds, reps, strict=True)])
                 sr = np.array([ratio(d, r["random"], "steady_iteration_time") for d, r in zip(ds, reps, strict=True)])
-                f = lambda k: np.mean([d[k] for d in ds if d.get(k) is not None])  # noqa: E731
+                f = lambda k, ds=ds: np.mean([d[k] for d in ds if d.get(k) is not None])  # noqa: E731
                 pm = lambda a: f"{np.nanmean(a):.3f} ± {np.nanstd(a, ddof=1) if a.size > 1 else 0:.3f}"  # noqa: E731
-                cells = [name, f"{f('mean_iteration_time'):.3f}", pm(mr), pm(sr), f"{f('iteration_time_trend'):.2f}",
-                         f"{1 - f('trainer_wait_fraction'):.0%}", f"{max(d['policy_lag_max'] for d in ds)}",
-                         f"{f('makespan_over_lower_bound'):.3f}"]
+                cells = [
+                    name,
+                    f"{f('mean_iteration_time'):.3f}",
+                    pm(mr),
+                    pm(sr),
+                    f"{f('iteration_time_trend'):.2f}",
+                    f"{1 - f('trainer_wait_fraction'):.0%}",
+                    f"{max(d['policy_lag_max'] for d in ds)}",
+                    f"{f('makespan_over_lower_bound'):.3f}",
+                ]
                 print("| " + " | ".join(cells) + " |")
                 s = summary.setdefault(name, {"ratio": [], "mslb": [], "lag": [], "gap": []})
                 s["ratio"].append(float(np.nanmean(mr)))
@@ -174,7 +193,9 @@ def main() -> None:
         for name, s in summary.items():
             r = np.array(s["ratio"])
             gap = np.mean((1 - r) / (1 - orc))
-            print(f"| {name} | {r.mean():.3f} | {r.max():.3f} | {gap:.2f} | {np.mean(s['mslb']):.3f} | {max(s['lag'])} |")
+            print(
+                f"| {name} | {r.mean():.3f} | {r.max():.3f} | {gap:.2f} | {np.mean(s['mslb']):.3f} | {max(s['lag'])} |"
+            )
 
 
 if __name__ == "__main__":

@@ -73,8 +73,14 @@ def _table(n: int, seed: int) -> tuple[PromptTable, dict[str, np.ndarray]]:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(n=st.integers(40, 400), b=st.integers(2, 12), workers=st.integers(1, 8), gb=st.integers(4, 64),
-       seed=st.integers(0, 50), value=st.floats(10, 2000))
+@given(
+    n=st.integers(40, 400),
+    b=st.integers(2, 12),
+    workers=st.integers(1, 8),
+    gb=st.integers(4, 64),
+    seed=st.integers(0, 50),
+    value=st.floats(10, 2000),
+)
 def test_constant_predictions_asp_within_2pct_of_random(n, b, workers, gb, seed, value):
     table, lens = _table(n, seed)
     flat = LengthPrediction(*(np.full(n, value) for _ in range(4)))

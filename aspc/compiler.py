@@ -86,6 +86,11 @@ class CompileConfig:
     # With W known, minibatches longer than half a worker's share of the work
     # are dispatched first (see _front_load_heavy).
     workers: int | None = None
+    # Trainer the plan is for (aspc.profiles): "verl" -> equal prompt counts per
+    # group (slack 0, remainder left out, counted), None -> no trainer constraint.
+    target: str | None = None
+    max_response_length: int | None = None  # tokens; responses cut here (predictions and costs capped)
+    max_prompt_length: int | None = None  # tokens; longer prompts are excluded from the plan (aspc.caps)
 
 
 def resolve_sizes(config: CompileConfig, n: int) -> tuple[int, int]:
@@ -135,11 +140,26 @@ def prepare(
     config: CompileConfig,
     progress: Progress = NULL_PROGRESS,
 ) -> tuple[PromptTable, LengthPrediction, dict[str, Any]]:
-    """Read the input and predict lengths.
+    """Read the input, select the prompts the plan holds, and predict lengths.
 
     Returns the prompts, their predictions and the predictor's identity (for
     the plan metadata: hashes, never paths).
     """
+    table, prediction, identity, _ = _prepare(input_path, inputs, config, progress)
+    return table, prediction, identity
+
+
+def _prepare(
+    input_path: str | os.PathLike, inputs: InputOptions, config: CompileConfig, progress: Progress
+) -> tuple[PromptTable, LengthPrediction, dict[str, Any], Any]:
+    from aspc.caps import cap_lengths, cap_prediction, check_cap
+    from aspc.profiles import check_target, select_prompts, take_rows
+
+    check_target(config.target)
+    check_cap("--max-response-length", config.max_response_length)
+    check_cap("--max-prompt-length", config.max_prompt_length)
+    if config.target == "verl":
+        config = _verl_config(config)
     progress.stage("read")
     table = read_prompts(
         input_path,
@@ -148,6 +168,9 @@ def prepare(
         length_field=inputs.length_field,
         on_bad_line=inputs.on_bad_line,
     )
+    tokenizer = _tokenizer(config)
+    selection = select_prompts(table, config, tokenizer)
+    table = take_rows(table, selection.keep)
     progress.done()
     progress.stage("predict")
     if inputs.length_field is not None:
@@ -156,12 +179,12 @@ def prepare(
         if config.history:
             raise ConfigError("--history blends into a predictor's output; drop it when using --length-field")
         assert table.lengths is not None
-        prediction = prediction_from_lengths(table.lengths)
+        prediction = prediction_from_lengths(cap_lengths(table.lengths, config.max_response_length))
         identity: dict[str, Any] = {"kind": "known-lengths", "field": inputs.length_field}
     else:
         from aspc.predict import HistoryPredictor, load_predictor
 
-        observed, history_hashes = _read_history(inputs, config)
+        observed, history_hashes, rollouts = _read_history(inputs, config, table, tokenizer)
         predictor = load_predictor(config.predictor or "default")
         if observed is not None:
             predictor = HistoryPredictor(predictor, observed)
@@ -170,21 +193,53 @@ def prepare(
         if observed is not None:
             identity["history"] = history_hashes
             identity["history_prompts_matched"] = predictor.coverage(table.ids)
+            if rollouts:
+                identity["history_verl_rollouts"] = rollouts
+        prediction = cap_prediction(prediction, config.max_response_length)
     progress.done()
-    return table, prediction, identity
+    return table, prediction, identity, selection
 
 
-def _read_history(inputs: InputOptions, config: CompileConfig) -> tuple[dict[str, np.ndarray] | None, list[str]]:
-    """Observed lengths by prompt id from every --history source, and their content hashes."""
+def _verl_config(config: CompileConfig) -> CompileConfig:
+    from aspc.profiles import verl_config
+
+    return verl_config(config)
+
+
+def _tokenizer(config: CompileConfig) -> Any | None:
+    spec = getattr(config, "tokenizer", None)
+    if spec is None:
+        return None
+    from aspc.io.tokens import load_tokenizer
+
+    return load_tokenizer(spec)
+
+
+def _read_history(
+    inputs: InputOptions, config: CompileConfig, table: PromptTable, tokenizer: Any | None = None
+) -> tuple[dict[str, np.ndarray] | None, list[str], list[dict[str, Any]]]:
+    """Observed lengths by prompt id from every --history source, their content hashes, verl dump stats."""
     if not config.history:
-        return None, []
+        return None, [], []
+    from aspc.io.verl_rollouts import is_rollout_dir, read_rollout_lengths, rollout_dir_hash
+
     observed: dict[str, list[np.ndarray]] = {}
     hashes = []
+    rollouts: list[dict[str, Any]] = []
     for path in config.history:
-        for pid, lens in read_lengths(path, id_field=inputs.id_field, length_field=config.history_length_field).items():
+        if is_rollout_dir(path):
+            got = read_rollout_lengths(path, table.ids, table.prompts, tokenizer=tokenizer)
+            found = got.lengths
+            hashes.append(rollout_dir_hash(path))
+            rollouts.append(
+                {"files": got.n_files, "samples": got.n_samples, "matched": got.n_matched, "counted_with": got.counted_with}
+            )
+        else:
+            found = read_lengths(path, id_field=inputs.id_field, length_field=config.history_length_field)
+            hashes.append(_path_hash(path))
+        for pid, lens in found.items():
             observed.setdefault(pid, []).append(lens)
-        hashes.append(_path_hash(path))
-    return {k: np.concatenate(v) for k, v in observed.items()}, hashes
+    return {k: np.concatenate(v) for k, v in observed.items()}, hashes, rollouts
 
 
 def _path_hash(path: str | os.PathLike) -> str:
@@ -227,6 +282,8 @@ def compile_plan(
     from aspc.costs import MINIBATCH_COSTS, minibatch_costs
     from aspc.partition import partition
 
+    if config.target == "verl":
+        config = _verl_config(config)
     strategy = parse_strategy(config.strategy)
     if config.minibatch_cost not in MINIBATCH_COSTS:
         raise ConfigError(
@@ -254,7 +311,10 @@ def compile_plan(
     def _q(name: str) -> np.ndarray:
         return np.asarray(getattr(prediction, name), dtype=np.float64)[rows]
 
-    costs = minibatch_costs(config.minibatch_cost, bounds, nseq[rows], mean[rows], _q("q10"), _q("q50"), _q("q90"))
+    cap = config.max_response_length
+    costs = minibatch_costs(
+        config.minibatch_cost, bounds, nseq[rows], mean[rows], _q("q10"), _q("q50"), _q("q90"), cap=cap
+    )
     m = costs.size
     n_groups = resolve_groups(config, m)
     seq_sizes = np.diff(bounds) * config.samples_per_prompt
@@ -319,7 +379,7 @@ def compile_plan(
         S.DISPATCH_RANK: pa.array(np.arange(n, dtype=np.int64), pa.int64()),
     }
     plan_table = pa.Table.from_pydict(arrays, schema=S.PLAN_SCHEMA)
-    metrics = plan_metrics(plan_table, config.minibatch_cost, costs=costs[mb_order])
+    metrics = plan_metrics(plan_table, config.minibatch_cost, costs=costs[mb_order], cap=cap)
     metrics.update(extra)
     metrics["n_skipped"] = len(table.skipped)
     cfg = _config_record(config, inputs, b, d, n_groups)
@@ -383,5 +443,9 @@ def compile_file(
     progress: Progress = NULL_PROGRESS,
 ) -> Plan:
     """Read ``input_path``, predict, and compile: the library form of ``aspc compile``."""
-    table, prediction, identity = prepare(input_path, inputs, config, progress)
-    return compile_plan(table, prediction, config, predictor_identity=identity, inputs=inputs, progress=progress)
+    table, prediction, identity, selection = _prepare(input_path, inputs, config, progress)
+    plan = compile_plan(table, prediction, config, predictor_identity=identity, inputs=inputs, progress=progress)
+    plan.metrics.update(selection.metrics())
+    # Where the rows came from, so `aspc export` can find the dataset again (a name, never a path).
+    plan.config["source"] = {"name": os.path.basename(os.fspath(input_path)), "bytes": os.path.getsize(input_path)}
+    return plan

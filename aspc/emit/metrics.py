@@ -36,6 +36,7 @@ METRIC_NAMES = (
     "min_minibatch_size",
     "max_minibatch_size",
     "cost_model",
+    "response_cap",
 )
 
 
@@ -45,8 +46,8 @@ def minibatch_starts(minibatch: np.ndarray) -> np.ndarray:
     return np.r_[np.flatnonzero(np.r_[True, minibatch[1:] != minibatch[:-1]]), n].astype(np.int64)
 
 
-def table_costs(table: pa.Table, cost_model: str) -> np.ndarray:
-    """Per-minibatch predicted cost of a plan table (dispatch order)."""
+def table_costs(table: pa.Table, cost_model: str, cap: float | None = None) -> np.ndarray:
+    """Per-minibatch predicted cost of a plan table (dispatch order); ``cap``: the plan's response cap."""
     mb = table.column(S.MINIBATCH).to_numpy()
     col = lambda c: table.column(c).to_numpy()  # noqa: E731
     return minibatch_costs(
@@ -57,6 +58,7 @@ def table_costs(table: pa.Table, cost_model: str) -> np.ndarray:
         col(S.PREDICTED_Q10),
         col(S.PREDICTED_Q50),
         col(S.PREDICTED_Q90),
+        cap=cap,
     )
 
 
@@ -76,7 +78,9 @@ def load_lower_bound(costs: np.ndarray, group_cardinalities: np.ndarray) -> floa
     return max(float(c.sum()) / max(n_groups, 1), float(c[-1]), card)
 
 
-def plan_metrics(table: pa.Table, cost_model: str = "padded", costs: np.ndarray | None = None) -> dict[str, Any]:
+def plan_metrics(
+    table: pa.Table, cost_model: str = "padded", costs: np.ndarray | None = None, cap: float | None = None
+) -> dict[str, Any]:
     """Compute every plan metric from the rows of ``table``."""
     mb = table.column(S.MINIBATCH).to_numpy()
     grp = table.column(S.GROUP).to_numpy()
@@ -89,7 +93,7 @@ def plan_metrics(table: pa.Table, cost_model: str = "padded", costs: np.ndarray 
     total_len = float(np.dot(nseq, pred))
     padded = float(np.dot(seq_per_mb, max_per_mb))
     # The compiler passes the costs it already computed (same rows, same model).
-    costs = table_costs(table, cost_model) if costs is None else np.asarray(costs, dtype=np.float64)
+    costs = table_costs(table, cost_model, cap) if costs is None else np.asarray(costs, dtype=np.float64)
     mb_group = grp[starts[:-1]]
     n_groups = int(grp.max()) + 1
     loads = np.bincount(mb_group, weights=costs, minlength=n_groups)
@@ -109,12 +113,13 @@ def plan_metrics(table: pa.Table, cost_model: str = "padded", costs: np.ndarray 
         "min_minibatch_size": int(sizes.min()),
         "max_minibatch_size": int(sizes.max()),
         "cost_model": cost_model,
+        "response_cap": cap,  # tokens; None: responses uncapped (--max-response-length)
     }
 
 
-def group_loads(table: pa.Table, cost_model: str = "padded") -> np.ndarray:
+def group_loads(table: pa.Table, cost_model: str = "padded", cap: float | None = None) -> np.ndarray:
     """Predicted load of each group (sum of its minibatch costs)."""
     grp = table.column(S.GROUP).to_numpy()
     starts = minibatch_starts(table.column(S.MINIBATCH).to_numpy())
-    costs = table_costs(table, cost_model)
+    costs = table_costs(table, cost_model, cap)
     return np.bincount(grp[starts[:-1]], weights=costs, minlength=int(grp.max()) + 1)

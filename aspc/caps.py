@@ -101,8 +101,39 @@ def _messages(stored: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": stored}]
 
 
+def chat_tokenizer(spec: str | None) -> Any | None:
+    """A transformers tokenizer with a chat template for ``spec`` (a directory), else ``None``.
+
+    verl measures a prompt as ``apply_chat_template(messages,
+    add_generation_prompt=True)`` tokens, so the template (with any default
+    system prompt it adds) counts; only transformers renders templates
+    exactly as verl does. Loaded from the local directory only.
+    """
+    if spec is None or spec == "qwen":
+        return None
+    from pathlib import Path
+
+    folder = Path(spec)
+    has_template = (folder / "chat_template.jinja").is_file()
+    if not has_template and (folder / "tokenizer_config.json").is_file():
+        try:
+            has_template = bool(json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template"))
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            has_template = False
+    if not has_template:
+        return None
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a bad directory
+        raise ConfigError(f"--tokenizer {folder.name}: cannot load it with transformers ({str(exc)[:120]})") from None
+
+
 def prompt_token_counts(
-    prompts: list[str], texts: list[str], estimate: np.ndarray, tokenizer: Any | None = None
+    prompts: list[str], texts: list[str], estimate: np.ndarray, tokenizer: str | Any | None = None
 ) -> PromptCounts:
     """Tokens of each prompt as verl's ``RLHFDataset`` counts them.
 
@@ -115,29 +146,29 @@ def prompt_token_counts(
     estimate
         The byte estimate, used when ``tokenizer`` is ``None``.
     tokenizer
-        A Hugging Face tokenizer (``apply_chat_template`` with
-        ``add_generation_prompt=True``, then tokens without special ones added,
-        exactly verl's ``doc2len``), or any tokenizer ``aspc.io.tokens``
-        counts (message text only, no template).
+        A tokenizer spec (``aspc.io.tokens``: a directory or ``"qwen"``) or a
+        loaded transformers tokenizer. With a chat template: rendered with
+        ``add_generation_prompt=True``, then tokens without special ones
+        added, exactly verl's ``doc2len``; without one: message text only.
     """
     if tokenizer is None:
         return PromptCounts(np.asarray(estimate, dtype=np.int64), False, "estimated from UTF-8 bytes (no --tokenizer)")
-    if getattr(tokenizer, "chat_template", None) and hasattr(tokenizer, "apply_chat_template"):
+    hf = tokenizer if hasattr(tokenizer, "apply_chat_template") else chat_tokenizer(tokenizer)
+    if hf is not None and getattr(hf, "chat_template", None):
         try:
-            rendered = [
-                tokenizer.apply_chat_template(_messages(p), add_generation_prompt=True, tokenize=False) for p in prompts
-            ]
-            ids = tokenizer(rendered, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+            rendered = [hf.apply_chat_template(_messages(p), add_generation_prompt=True, tokenize=False) for p in prompts]
+            ids = hf(rendered, add_special_tokens=False, return_attention_mask=False)["input_ids"]
         except Exception as exc:  # a user's template can raise anything (jinja errors, role checks)
             raise InputError(
                 f"--tokenizer: its chat template failed on a prompt ({' '.join(str(exc).split())[:120]}); "
                 "check the tokenizer matches the model's chat format"
             ) from None
         return PromptCounts(np.array([len(x) for x in ids], dtype=np.int64), True, "chat template + tokenizer")
-    from aspc.io.tokens import count_tokens
+    from aspc.io.tokens import count_tokens, load_tokenizer
 
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     return PromptCounts(
-        np.asarray(count_tokens(tokenizer, texts), dtype=np.int64), True, "tokenizer, message text (no chat template)"
+        np.asarray(count_tokens(tok, texts), dtype=np.int64), True, "tokenizer, message text (no chat template)"
     )
 
 

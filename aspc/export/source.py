@@ -1,9 +1,9 @@
 """Find the dataset a plan was compiled from, and read its rows unchanged.
 
-A plan stores the input's sha256 (``aspc.input_hash``) and, in its config,
-the file's name and size (never a path: plans are machine-independent).
-``export`` looks for that file next to the plan and in the working
-directory, checks the hash, and otherwise asks for ``--source``.
+A plan stores the input's sha256 (``aspc.input_hash``), never its path (plans
+are machine-independent). ``export`` looks for a dataset file with that hash
+next to the plan and in the working directory, and otherwise asks for
+``--source``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,11 @@ from aspc.io.readers import SUPPORTED_SUFFIXES, BadRecord, detect_format, iter_r
 
 
 def locate_source(plan: Plan, plan_path: Path, source: Path | None) -> Path:
-    """The dataset file the plan was compiled from (hash-checked)."""
+    """The dataset file the plan was compiled from, checked by the sha256 the plan records.
+
+    Without ``source``: the first dataset file (by name) next to the plan, then
+    in the working directory, whose hash matches.
+    """
     want = plan.input_hash
     if source is not None:
         if not source.is_file():
@@ -34,31 +38,22 @@ def locate_source(plan: Plan, plan_path: Path, source: Path | None) -> Path:
                 "pass the very file given to 'aspc compile'"
             )
         return source
-    rec = plan.config.get("source") if isinstance(plan.config.get("source"), dict) else {}
-    name, size = rec.get("name"), rec.get("bytes")
-    dirs = list(dict.fromkeys([plan_path.resolve().parent, Path.cwd().resolve()]))
-    candidates: list[Path] = []
-    if isinstance(name, str) and name:
-        candidates += [d / name for d in dirs]
-    if isinstance(size, int):
-        for d in dirs:
-            try:
-                entries = sorted(d.iterdir())
-            except OSError:
-                continue
-            candidates += [f for f in entries if f.suffix.lower() in SUPPORTED_SUFFIXES and f.is_file() and f.stat().st_size == size]
+    me = plan_path.resolve()
     seen: set[Path] = set()
-    for c in candidates:
-        if c in seen or not c.is_file() or c.resolve() == plan_path.resolve():
+    for d in dict.fromkeys([me.parent, Path.cwd().resolve()]):
+        try:
+            entries = sorted(d.iterdir())
+        except OSError:
             continue
-        seen.add(c)
-        if isinstance(size, int) and c.stat().st_size != size:
-            continue
-        if want and file_hash(c) == want:
-            return c
-    label = f"{name}, " if isinstance(name, str) and name else ""
+        for f in entries:
+            r = f.resolve()
+            if r in seen or r == me or f.suffix.lower() not in SUPPORTED_SUFFIXES or not f.is_file():
+                continue
+            seen.add(r)
+            if want and file_hash(f) == want:
+                return f
     raise InputError(
-        f"cannot find the dataset {plan_path.name} was compiled from ({label}sha256 {want[:12]}) next to the plan "
+        f"cannot find the dataset {plan_path.name} was compiled from (sha256 {want[:12]}) next to the plan "
         "or in the working directory; pass --source PATH, or --no-source to export aspc's columns only"
     )
 

@@ -38,10 +38,15 @@ def check_cap(name: str, value: int | None) -> int | None:
     return int(value)
 
 
-def cap_lengths(lengths: list[np.ndarray], cap: int | None) -> list[np.ndarray]:
-    """Known response lengths as the trainer will see them: each ``min(len, cap)``."""
+def cap_lengths(lengths: Any, cap: int | None) -> Any:
+    """Known response lengths as the trainer will see them: each ``min(len, cap)``.
+
+    ``lengths`` is a list of per-prompt arrays or a ragged (values, offsets) container.
+    """
     if cap is None:
         return lengths
+    if hasattr(lengths, "values") and hasattr(lengths, "offsets"):
+        return type(lengths)(np.minimum(lengths.values, float(cap)), lengths.offsets)
     return [np.minimum(x, float(cap)) for x in lengths]
 
 

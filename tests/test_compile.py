@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -223,3 +225,37 @@ def test_history_moves_observed_prompts_only(tmp_path):
     assert blended.predictor["history_prompts_matched"] == 1
     with pytest.raises(ConfigError, match="history"):
         compile_file(EXAMPLE, INPUTS, CompileConfig(history=(str(hist),)))
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "plans"
+# (plan name, aspc compile arguments); the committed plans were written by the
+# code before the columnar reader (tests/fixtures/plans/make_fixtures.py).
+BYTE_IDENTITY_CASES = [
+    ("lists_asp", ["lists.jsonl", "--length-field", "lengths", "--on-bad-line", "skip"]),
+    (
+        "lists_n4_workers",
+        ["lists.jsonl", "--length-field", "lengths", "--on-bad-line", "skip", "-n", "4", "-b", "8", "--slack", "2",
+         "--group-size", "4", "--workers", "3"],
+    ),
+    (
+        "lists_sorted_padded",
+        ["lists.jsonl", "--length-field", "lengths", "--on-bad-line", "skip", "--strategy", "sorted",
+         "--minibatch-cost", "padded"],
+    ),
+    ("verl_random", ["verl.parquet", "--length-field", "length", "--strategy", "random", "--seed", "3"]),
+    ("verl_asp_equal", ["verl.parquet", "--length-field", "length", "--equal-samples"]),
+    ("csv_groups", ["single.csv", "--length-field", "len", "-g", "3"]),
+]
+
+
+@pytest.mark.parametrize("name,args", BYTE_IDENTITY_CASES, ids=[c[0] for c in BYTE_IDENTITY_CASES])
+def test_known_length_plans_stay_byte_identical(tmp_path, name, args):
+    from click.testing import CliRunner
+
+    from aspc.cli import main as cli
+
+    out = tmp_path / "plan.parquet"
+    argv = [str(FIXTURES / args[0]), *args[1:], "-o", str(out), "--quiet"]
+    res = CliRunner().invoke(cli, ["compile", *argv])
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes() == (FIXTURES / f"{name}.plan.parquet").read_bytes()

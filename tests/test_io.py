@@ -167,3 +167,13 @@ def test_read_lengths_from_run_log_dir(tmp_path):
     assert np.sort(got["b"]).tolist() == [4.0, 6.0]
     with pytest.raises(InputError, match="not an aspc run log"):
         read_lengths(tmp_path)
+
+
+def test_messages_stay_word_for_word(tmp_path):
+    """Every case's message (or result) equals what the code before the bulk readers gave."""
+    from tests.fixtures.messages.cases import HERE, collect
+
+    golden = json.loads((HERE / "golden.json").read_text())
+    got = collect(tmp_path)
+    assert sorted(got) == sorted(golden)
+    assert {k: v for k, v in got.items() if v != golden[k]} == {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -19,7 +20,8 @@ from aspc.emit import schema as S
 from aspc.emit.metrics import plan_metrics
 from aspc.emit.plan import Plan
 from aspc.errors import ConfigError, InputError
-from aspc.io import PromptTable, read_lengths, read_prompts
+from aspc.io import PromptTable, RaggedLengths, read_lengths
+from aspc.io.options import InputOptions
 from aspc.io.prompts import file_hash
 from aspc.predict.base import LengthPrediction
 from aspc.progress import NULL_PROGRESS, Progress
@@ -41,14 +43,6 @@ def parse_strategy(name: str) -> Strategy:
         return Strategy(name)
     except ValueError:
         raise ConfigError(f"unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}") from None
-
-
-@dataclass(frozen=True)
-class InputOptions:
-    prompt_field: str = "prompt"  # field holding the prompt text or chat messages
-    id_field: str = "id"  # field holding the prompt id; absent -> content hash
-    length_field: str | None = None  # known response lengths; None -> use a predictor
-    on_bad_line: str = "error"  # "error" or "skip"
 
 
 # Generation minibatches of 16 prompts keep a worker busy without making the
@@ -122,10 +116,15 @@ def resolve_groups(config: CompileConfig, m: int) -> int:
     return max(1, m // k)
 
 
-def prediction_from_lengths(lengths: list[np.ndarray]) -> LengthPrediction:
-    """Known lengths as a prediction: mean and empirical quantiles per prompt."""
-    mean = np.array([float(x.mean()) for x in lengths])
-    qs = np.array([np.quantile(x, [0.1, 0.5, 0.9]) for x in lengths]).reshape(-1, 3)
+def prediction_from_lengths(lengths: RaggedLengths | Sequence[np.ndarray]) -> LengthPrediction:
+    """Known lengths as a prediction: mean and empirical quantiles per prompt.
+
+    One kernel over the ragged segments; each value is bit-identical to
+    ``x.mean()`` and ``np.quantile(x, [0.1, 0.5, 0.9])`` of that prompt.
+    """
+    if not isinstance(lengths, RaggedLengths):
+        lengths = RaggedLengths.from_arrays(lengths)
+    mean, qs = lengths.stats([0.1, 0.5, 0.9])
     return LengthPrediction(mean=mean, q10=qs[:, 0], q50=qs[:, 1], q90=qs[:, 2])
 
 
@@ -141,13 +140,7 @@ def prepare(
     the plan metadata: hashes, never paths).
     """
     progress.stage("read")
-    table = read_prompts(
-        input_path,
-        prompt_field=inputs.prompt_field,
-        id_field=inputs.id_field,
-        length_field=inputs.length_field,
-        on_bad_line=inputs.on_bad_line,
-    )
+    table = inputs.read(input_path)
     progress.done()
     progress.stage("predict")
     if inputs.length_field is not None:
@@ -305,9 +298,9 @@ def compile_plan(
     # Python-level gather at a million rows.
     take = pa.array(row_order)
     arrays = {
-        S.PROMPT_ID: pa.array(table.ids, pa.string()).take(take),
+        S.PROMPT_ID: table.id_array.take(take),
         S.SOURCE_ROW: pa.array(table.source_rows[row_order], pa.int64()),
-        S.PROMPT: pa.array(table.prompts, pa.string()).take(take),
+        S.PROMPT: table.prompt_array.take(take),
         S.PROMPT_TOKENS: pa.array(table.prompt_tokens[row_order], pa.int64()),
         S.N_SAMPLES: pa.array(nseq[row_order].astype(np.int32), pa.int32()),
         S.PREDICTED_LEN: pa.array(mean[row_order], pa.float64()),
@@ -329,6 +322,7 @@ def compile_plan(
         predictor=predictor_identity or {},
         input_hash=table.input_hash,
         metrics=metrics,
+        token_counter=table.token_counter,
     )
 
 
@@ -366,13 +360,16 @@ def _front_load_heavy(order: np.ndarray, costs: np.ndarray, assignment: np.ndarr
 def _config_record(config: CompileConfig, inputs: InputOptions | None, b: int, d: int, g: int) -> dict[str, Any]:
     """The full compile configuration for the plan metadata (no paths)."""
     cfg = dataclasses.asdict(config)
+    # The plan file keeps its historical key for the minibatch cost, so plans
+    # stay byte-identical across the CompileConfig rename.
+    cfg["cost_model"] = cfg.pop("minibatch_cost")
     # Paths would make plans machine-specific; the predictor identity and
     # history hashes are recorded separately.
     cfg["predictor"] = None if config.predictor is None else ("default" if config.predictor == "default" else "dir")
     cfg["history"] = len(config.history)
     cfg.update({"batch_size": b, "slack": d, "groups": g})
     if inputs is not None:
-        cfg["inputs"] = dataclasses.asdict(inputs)
+        cfg["inputs"] = inputs.record()
     return cfg
 
 

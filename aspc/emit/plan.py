@@ -34,6 +34,8 @@ class Plan:
     metrics: dict[str, Any] = field(default_factory=dict)  # plan metrics (aspc.emit.metrics)
     schema_version: str = S.SCHEMA_VERSION  # version the plan was written with
     stored_rows_hash: str = ""  # rows hash found in the file; "" for a plan not read from disk
+    # Tokenizer that counted prompt_tokens (kind, name, hash); {} = estimated from bytes.
+    token_counter: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n_rows(self) -> int:
@@ -94,6 +96,8 @@ def write_plan(plan: Plan, path: str | os.PathLike) -> None:
         S.META_METRICS: _dumps(plan.metrics),
         S.META_ROWS_HASH: rows_hash(table).encode(),
     }
+    if plan.token_counter:
+        meta[S.META_PROMPT_TOKENS] = _dumps(plan.token_counter)
     table = table.replace_schema_metadata(meta)
     with atomic_path(path) as tmp:
         pq.write_table(
@@ -177,6 +181,7 @@ def read_plan(path: str | os.PathLike, *, verify: bool = True) -> Plan:
         metrics=_json(S.META_METRICS),
         schema_version=version,
         stored_rows_hash=meta.get(S.META_ROWS_HASH, b"").decode(errors="replace"),
+        token_counter=_json(S.META_PROMPT_TOKENS),
     )
     if verify:
         from aspc.emit.validate import validate_table

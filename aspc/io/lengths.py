@@ -14,8 +14,8 @@ import numpy as np
 
 from aspc.errors import InputError
 from aspc.io.prompts import check_field_names
-from aspc.io.rows import _RowError, parse_length
 from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
+from aspc.io.rows import _RowError, parse_length
 
 
 def _read_run_log(path: Path) -> dict[str, np.ndarray]:

@@ -245,6 +245,11 @@ BYTE_IDENTITY_CASES = [
     ("verl_random", ["verl.parquet", "--length-field", "length", "--strategy", "random", "--seed", "3"]),
     ("verl_asp_equal", ["verl.parquet", "--length-field", "length", "--equal-samples"]),
     ("csv_groups", ["single.csv", "--length-field", "len", "-g", "3"]),
+    ("clean_jsonl", ["clean.jsonl", "--length-field", "lengths", "-b", "6"]),
+    ("clean_jsonl_sorted_n2", ["clean.jsonl", "--length-field", "lengths", "--strategy", "sorted", "-n", "2"]),
+    ("noid_jsonl", ["noid.jsonl", "--length-field", "length", "--group-size", "3"]),
+    ("text_parquet_one", ["text.parquet", "--length-field", "length", "--workers", "2"]),
+    ("text_parquet_lists", ["text.parquet", "--length-field", "lengths", "--minibatch-cost", "padded", "-n", "3"]),
 ]
 
 

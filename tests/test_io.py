@@ -177,3 +177,11 @@ def test_messages_stay_word_for_word(tmp_path):
     got = collect(tmp_path)
     assert sorted(got) == sorted(golden)
     assert {k: v for k, v in got.items() if v != golden[k]} == {}
+
+
+def test_bulk_whitespace_set_is_pythons():
+    import sys
+
+    from aspc.io.bulk import PY_SPACE
+
+    assert set(PY_SPACE) == {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()}

@@ -46,6 +46,11 @@ class Plan:
         return self.table.column(name).to_numpy(zero_copy_only=False)
 
 
+# NumPy dtypes of the plan's numeric columns (DataType.to_pandas_dtype would
+# import pandas, half a second of every compile).
+_NUMPY_TYPES = {pa.int32(): np.int32, pa.int64(): np.int64, pa.float64(): np.float64}
+
+
 def rows_hash(table: pa.Table) -> str:
     """sha256 over every plan column's values, in schema order.
 
@@ -58,7 +63,11 @@ def rows_hash(table: pa.Table) -> str:
         if pa.types.is_string(f.type):
             # Offsets (rebased to 0) plus the character data identify the
             # strings exactly, without a Python loop over a million rows.
-            arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+            if isinstance(col, pa.ChunkedArray):
+                # combine_chunks copies even a single chunk: 200+ MB of prompts at 1M rows.
+                arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+            else:
+                arr = col
             bufs = arr.buffers()
             offsets = np.frombuffer(bufs[1], dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1]
             offsets = offsets.astype(np.int64)
@@ -67,7 +76,7 @@ def rows_hash(table: pa.Table) -> str:
             if data is not None:
                 h.update(memoryview(data)[offsets[0] : offsets[-1]])
         else:
-            arr = np.ascontiguousarray(col.to_numpy(zero_copy_only=False).astype(f.type.to_pandas_dtype()))
+            arr = np.ascontiguousarray(col.to_numpy(zero_copy_only=False).astype(_NUMPY_TYPES[f.type]))
             h.update(arr.tobytes())
     return h.hexdigest()
 
@@ -87,6 +96,7 @@ def _json_default(o: Any) -> Any:
 def write_plan(plan: Plan, path: str | os.PathLike) -> None:
     """Write ``plan`` to ``path`` atomically (whole file or nothing)."""
     table = plan.table.cast(S.PLAN_SCHEMA)
+    pa.default_memory_pool().release_unused()  # the compile's temporaries, before the writer's buffers
     meta = {
         S.META_SCHEMA_VERSION: S.SCHEMA_VERSION.encode(),
         S.META_ASPC_VERSION: __version__.encode(),

@@ -16,6 +16,8 @@ import os
 import threading
 from pathlib import Path
 
+import pyarrow as pa
+
 from aspc.errors import ConfigError
 from aspc.io.readers import _check_file, check_not_parquet, detect_format
 from aspc.io.rows import (  # noqa: F401 - re-exported: the historical home of these names
@@ -44,19 +46,20 @@ def file_hash(path: str | os.PathLike) -> str:
 
 
 class _Hasher:
-    """sha256 of ``data``, computed on a thread while the caller parses it."""
+    """sha256 of a file's bytes (or of ``data``), computed on a thread while the caller parses."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, path: Path, data: bytes | None = None) -> None:
         self._digest = ""
         self._thread = None
-        if len(data) < _HASH_THREAD_BYTES:
-            self._digest = hashlib.sha256(data).hexdigest()
+        size = len(data) if data is not None else path.stat().st_size
+        if size < _HASH_THREAD_BYTES:
+            self._run(path, data)
         else:
-            self._thread = threading.Thread(target=self._run, args=(data,), daemon=True)
+            self._thread = threading.Thread(target=self._run, args=(path, data), daemon=True)
             self._thread.start()
 
-    def _run(self, data: bytes) -> None:
-        self._digest = hashlib.sha256(data).hexdigest()
+    def _run(self, path: Path, data: bytes | None) -> None:
+        self._digest = hashlib.sha256(data).hexdigest() if data is not None else file_hash(path)
 
     def result(self) -> str:
         if self._thread is not None:
@@ -110,15 +113,20 @@ def read_prompts(
     table = None
     digest = ""
     if fmt == "parquet":
+        hasher = _Hasher(path)
         table = bulk.read_parquet_bulk(path, **fields)
+        digest = hasher.result()
     elif fmt == "jsonl":
         data = path.read_bytes()
         check_not_parquet(data, path)
-        hasher = _Hasher(data)
+        hasher = _Hasher(path, data)
         table = bulk.read_jsonl_bulk(data, **fields)
         del data
         digest = hasher.result()
     if table is None:
         table = read_rows(path, on_bad_line=on_bad_line, fmt=fmt, **fields)
     table.input_hash = digest or file_hash(path)
+    # Return what the batch buffers and the chunk merge left to the OS, so the
+    # compile's own peak (input + plan columns) is not stacked on top of it.
+    pa.default_memory_pool().release_unused()
     return table

@@ -22,6 +22,7 @@ from aspc.emit.plan import Plan
 from aspc.errors import ConfigError, InputError
 from aspc.io import PromptTable, RaggedLengths, read_lengths
 from aspc.io.options import InputOptions
+from aspc.io.table import numpy_column
 from aspc.io.prompts import file_hash
 from aspc.predict.base import LengthPrediction
 from aspc.progress import NULL_PROGRESS, Progress
@@ -294,24 +295,24 @@ def compile_plan(
     renum[grp_of_mb[np.sort(first)]] = np.arange(n_groups, dtype=np.int32)
     grp_col = np.repeat(renum[grp_of_mb], lens[mb_order])
 
-    # Arrow's take gathers strings in C++, several times faster than a
-    # Python-level gather at a million rows.
-    take = pa.array(row_order)
+    # Arrow's take gathers strings in C++; numeric columns share NumPy's memory.
+    take = numpy_column(row_order, pa.int64())
+    q = {k: np.asarray(getattr(prediction, k), dtype=np.float64)[row_order] for k in ("q10", "q50", "q90")}
     arrays = {
         S.PROMPT_ID: table.id_array.take(take),
-        S.SOURCE_ROW: pa.array(table.source_rows[row_order], pa.int64()),
+        S.SOURCE_ROW: numpy_column(table.source_rows[row_order], pa.int64()),
         S.PROMPT: table.prompt_array.take(take),
-        S.PROMPT_TOKENS: pa.array(table.prompt_tokens[row_order], pa.int64()),
-        S.N_SAMPLES: pa.array(nseq[row_order].astype(np.int32), pa.int32()),
-        S.PREDICTED_LEN: pa.array(mean[row_order], pa.float64()),
-        S.PREDICTED_Q10: pa.array(np.asarray(prediction.q10, dtype=np.float64)[row_order], pa.float64()),
-        S.PREDICTED_Q50: pa.array(np.asarray(prediction.q50, dtype=np.float64)[row_order], pa.float64()),
-        S.PREDICTED_Q90: pa.array(np.asarray(prediction.q90, dtype=np.float64)[row_order], pa.float64()),
-        S.MINIBATCH: pa.array(mb_col, pa.int32()),
-        S.GROUP: pa.array(grp_col, pa.int32()),
-        S.DISPATCH_RANK: pa.array(np.arange(n, dtype=np.int64), pa.int64()),
+        S.PROMPT_TOKENS: numpy_column(table.prompt_tokens[row_order], pa.int64()),
+        S.N_SAMPLES: numpy_column(nseq[row_order], pa.int32()),
+        S.PREDICTED_LEN: numpy_column(mean[row_order], pa.float64()),
+        S.PREDICTED_Q10: numpy_column(q["q10"], pa.float64()),
+        S.PREDICTED_Q50: numpy_column(q["q50"], pa.float64()),
+        S.PREDICTED_Q90: numpy_column(q["q90"], pa.float64()),
+        S.MINIBATCH: numpy_column(mb_col, pa.int32()),
+        S.GROUP: numpy_column(grp_col, pa.int32()),
+        S.DISPATCH_RANK: numpy_column(np.arange(n, dtype=np.int64), pa.int64()),
     }
-    plan_table = pa.Table.from_pydict(arrays, schema=S.PLAN_SCHEMA)
+    plan_table = pa.Table.from_arrays([arrays[f.name] for f in S.PLAN_SCHEMA], schema=S.PLAN_SCHEMA)
     metrics = plan_metrics(plan_table, config.minibatch_cost, costs=costs[mb_order])
     metrics.update(extra)
     metrics["n_skipped"] = len(table.skipped)

@@ -21,6 +21,7 @@ from aspc import __version__
 from aspc.atomic import atomic_path
 from aspc.emit import schema as S
 from aspc.errors import PlanError, SchemaVersionError
+from aspc.io.table import column_numpy
 
 
 @dataclass
@@ -76,7 +77,7 @@ def rows_hash(table: pa.Table) -> str:
             if data is not None:
                 h.update(memoryview(data)[offsets[0] : offsets[-1]])
         else:
-            arr = np.ascontiguousarray(col.to_numpy(zero_copy_only=False).astype(_NUMPY_TYPES[f.type]))
+            arr = np.ascontiguousarray(column_numpy(col).astype(_NUMPY_TYPES[f.type]))
             h.update(arr.tobytes())
     return h.hexdigest()
 

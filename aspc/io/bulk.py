@@ -26,7 +26,7 @@ from aspc.io.rows import (
     estimate_tokens,
     parse_prompt_value,
 )
-from aspc.io.table import PromptTable
+from aspc.io.table import PromptTable, column_numpy, string_column
 
 # Every character Python's str.strip() removes: a prompt or id made only of
 # these is "empty" to the row reader, so the bulk check must use the same set.
@@ -35,7 +35,7 @@ PY_SPACE = (
     "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
     "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )
-_PY_SPACE = pa.array(list(PY_SPACE))
+_PY_SPACE = string_column(list(PY_SPACE))
 # pyarrow.json blocks; a line longer than this makes pyarrow fail, and the row
 # reader takes over (prompts are capped at 2 MiB).
 _JSON_BLOCK = 8 << 20
@@ -59,7 +59,7 @@ def _single_chunks(tab: pa.Table) -> pa.Table:
     """One chunk per column, as the row reader's arrays are: plans written from
     them are then byte-identical whatever the file's layout. Columns already
     in one chunk are not copied (Table.combine_chunks would copy them)."""
-    return pa.table({name: _one(tab[name]) for name in tab.column_names})
+    return pa.Table.from_arrays([_one(tab[name]) for name in tab.column_names], names=tab.column_names)
 
 
 def _check(ok: bool) -> None:
@@ -81,8 +81,9 @@ def _valid_strings(arr: pa.Array) -> pa.Array:
 def _has_blank(arr: pa.Array) -> bool:
     """Whether any string is empty after Python's str.strip()."""
     first = pc.utf8_slice_codeunits(arr, 0, 1)
-    maybe = pc.or_(pc.equal(pc.binary_length(arr), 0), pc.is_in(first, value_set=_PY_SPACE))
-    idx = np.flatnonzero(maybe.to_numpy(zero_copy_only=False))
+    empty = column_numpy(pc.binary_length(arr)) == 0
+    spaced = column_numpy(pc.is_in(first, value_set=_PY_SPACE))
+    idx = np.flatnonzero(empty | spaced)
     return any(not arr[int(i)].as_py().strip() for i in idx)
 
 
@@ -106,7 +107,7 @@ def _prompts(tab: pa.Table, prompt_field: str) -> tuple[pa.Array, pa.Array]:
                 texts.append(t)
         except _RowError:
             raise _Bail from None
-        return pa.array(stored, pa.string()), pa.array(texts, pa.string())
+        return string_column(stored), string_column(texts)
     arr = _valid_strings(arr)
     _check(not _has_blank(arr))
     _check(pc.max(pc.binary_length(arr)).as_py() <= MAX_PROMPT_BYTES)
@@ -134,13 +135,13 @@ def _ids(tab: pa.Table, id_field: str, stored: pa.Array) -> pa.Array:
         index = arr.field(VERL_INDEX[1])
         _check(index.null_count == 0 and (pa.types.is_integer(index.type) or pa.types.is_string(index.type)))
         return _id_strings(index)
-    return pa.array([content_id(s) for s in stored.to_pylist()], pa.string())
+    return string_column([content_id(s) for s in stored.to_pylist()])
 
 
 def _numbers(arr: pa.Array) -> np.ndarray:
     t = arr.type
     _check(arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)))
-    x = arr.cast(pa.float64()).to_numpy(zero_copy_only=False)
+    x = column_numpy(arr.cast(pa.float64()))
     # NaN fails every comparison, so it bails here too.
     _check(bool(np.all((x >= 0) & (x <= MAX_LENGTH))) if x.size else True)
     return x
@@ -151,7 +152,7 @@ def _lengths(tab: pa.Table, length_field: str) -> RaggedLengths:
     arr = _one(tab[length_field])
     t = arr.type
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        sizes = pc.list_value_length(arr).to_numpy(zero_copy_only=False).astype(np.int64)
+        sizes = column_numpy(pc.list_value_length(arr)).astype(np.int64)
         _check(sizes.size == 0 or int(sizes.min()) >= 1)
         values = _numbers(arr.flatten())
         return RaggedLengths(values, np.r_[0, np.cumsum(sizes)])
@@ -170,7 +171,7 @@ def table_from_columns(
         lengths = _lengths(tab, length_field) if length_field else None
     except _Bail:
         return None
-    nbytes = pc.binary_length(texts).to_numpy(zero_copy_only=False)
+    nbytes = column_numpy(pc.binary_length(texts))
     return PromptTable(
         ids=ids,
         prompts=stored,
@@ -204,7 +205,7 @@ def read_parquet_bulk(
         # A batch per row group: one chunk per column, nothing to merge after.
         rows = max([meta.row_group(i).num_rows for i in range(meta.num_row_groups)] + [1])
         batches = list(pf.iter_batches(batch_size=rows, columns=columns, use_threads=True))
-        tab = pa.Table.from_batches(batches, schema=pf.schema_arrow.empty_table().select(columns).schema)
+        tab = pa.Table.from_batches(batches, schema=pa.schema([pf.schema_arrow.field(c) for c in columns]))
         del batches
         tab = _single_chunks(tab)
     except (pa.ArrowException, OSError, ValueError):

@@ -18,10 +18,59 @@ class SkippedRow:
     reason: str  # why the row was skipped
 
 
+# Built with Array.from_buffers: no copy of NumPy data, and none of the pandas
+# probe (import pandas: ~0.5 s) that pa.array() runs on first use.
+_NUMPY_OF = {pa.int32(): np.int32, pa.int64(): np.int64, pa.float64(): np.float64}
+
+
+def numpy_column(values: np.ndarray, type: pa.DataType) -> pa.Array:
+    """A NumPy array as an Arrow int32/int64/float64 array, sharing its memory."""
+    x = np.ascontiguousarray(values, dtype=_NUMPY_OF[type])
+    if x.ndim != 1:
+        raise ValueError("numpy_column takes a 1-D array")
+    return pa.Array.from_buffers(type, x.size, [None, pa.py_buffer(x)])
+
+
+def column_numpy(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric or boolean Arrow column as NumPy (zero-copy when it has no nulls).
+
+    ``to_numpy`` would go through pyarrow's pandas layer for booleans and
+    chunked columns, importing pandas.
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.chunk(0) if arr.num_chunks == 1 else pa.concat_arrays(arr.chunks)
+    if arr.null_count or str(arr.type) not in _NUMPY_NAME and not pa.types.is_boolean(arr.type):
+        return arr.to_numpy(zero_copy_only=False)
+    if pa.types.is_boolean(arr.type):
+        arr = arr.cast(pa.uint8())
+        return column_numpy(arr).astype(bool)
+    width = np.dtype(_NUMPY_NAME[str(arr.type)])
+    data = np.frombuffer(arr.buffers()[1], dtype=width)
+    return data[arr.offset : arr.offset + len(arr)]
+
+
+_NUMPY_NAME = {
+    "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
+    "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
+    "halffloat": "float16", "float": "float32", "double": "float64",
+}
+
+
+def string_column(values: Sequence[str]) -> pa.Array:
+    """Python strings as an Arrow string array (UTF-8; lone surrogates raise)."""
+    data = [s.encode("utf-8") for s in values]
+    offsets = np.zeros(len(data) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, data), dtype=np.int64, count=len(data)), out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        return pa.array(values, pa.large_string()).cast(pa.string())  # over 2 GiB: let Arrow chunk it
+    bufs = [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(data))]
+    return pa.Array.from_buffers(pa.string(), len(data), bufs)
+
+
 def _strings(values: Sequence[str] | pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     if isinstance(values, (pa.Array, pa.ChunkedArray)):
         return values if values.type == pa.string() else values.cast(pa.string())
-    return pa.array(values, pa.string())
+    return string_column(values)
 
 
 class PromptTable:

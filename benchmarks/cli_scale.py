@@ -1,6 +1,7 @@
 """The ``aspc`` command at scale: wall time, CPU time and peak RSS of the process.
 
-Generates Parquet and JSONL inputs of N prompts (id, prompt text, lengths),
+Generates Parquet and JSONL inputs of N prompts (id, prompt text of 8-59
+words, ~220 bytes; lengths), and one of short prompts (2-8 words, ~40 bytes),
 then runs the CLI as a separate process under ``/usr/bin/time -v`` and prints
 one row per case: best and median wall time over ``--repeat`` runs, CPU time
 (user + sys) and peak RSS of the best run. A first, untimed run of every case
@@ -47,20 +48,9 @@ def _vocab(rng: np.random.Generator) -> np.ndarray:
     return np.array(out, dtype=object)
 
 
-def make_inputs(n: int, folder: Path, seed: int = 0) -> dict[str, Path]:
-    """Write the benchmark inputs for ``n`` prompts into ``folder`` (cached by name)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {
-        "one.parquet": folder / f"one-{n}.parquet",
-        "lists.parquet": folder / f"lists-{n}.parquet",
-        "one.jsonl": folder / f"one-{n}.jsonl",
-        "text.parquet": folder / f"text-{n}.parquet",
-    }
-    if all(p.exists() for p in paths.values()):
-        return paths
-    rng = np.random.default_rng(seed)
-    vocab = _vocab(rng)
-    words = rng.integers(8, 60, size=n)
+def _prompts(rng: np.random.Generator, vocab: np.ndarray, n: int, lo: int, hi: int):
+    """n prompts of lo..hi-1 words, their ids, and 8 lognormal sampled lengths each."""
+    words = rng.integers(lo, hi, size=n)
     idx = rng.integers(0, _VOCAB_SIZE, size=int(words.sum()))
     ends = np.cumsum(words)
     starts = ends - words
@@ -69,11 +59,38 @@ def make_inputs(n: int, folder: Path, seed: int = 0) -> dict[str, Path]:
     ids = [f"p{i:08d}" for i in range(n)]
     mu = rng.normal(5.5, 0.9, size=n)
     samples = np.maximum(1, np.rint(rng.lognormal(mu[:, None], 0.3, size=(n, 8)))).astype(np.int64)
+    return prompts, ids, samples
+
+
+def _write(table: pa.Table, path: Path) -> None:
+    if not path.exists():  # files already there stay (a run in progress may be reading them)
+        pq.write_table(table, path)
+
+
+def make_inputs(n: int, folder: Path, seed: int = 0) -> dict[str, Path]:
+    """Write the benchmark inputs for ``n`` prompts into ``folder`` (cached by name)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "one.parquet": folder / f"one-{n}.parquet",
+        "lists.parquet": folder / f"lists-{n}.parquet",
+        "one.jsonl": folder / f"one-{n}.jsonl",
+        "text.parquet": folder / f"text-{n}.parquet",
+        "short.parquet": folder / f"short-{n}.parquet",
+    }
+    if all(p.exists() for p in paths.values()):
+        return paths
+    rng = np.random.default_rng(seed)
+    vocab = _vocab(rng)
+    prompts, ids, samples = _prompts(rng, vocab, n, 8, 60)
     one = samples[:, 0]
-    pq.write_table(pa.table({"id": ids, "prompt": prompts, "length": one}), paths["one.parquet"])
+    short, _, _ = _prompts(rng, vocab, n, 2, 9)
+    _write(pa.table({"id": ids, "prompt": short, "length": one}), paths["short.parquet"])
+    _write(pa.table({"id": ids, "prompt": prompts, "length": one}), paths["one.parquet"])
     lists = pa.ListArray.from_arrays(pa.array(np.arange(0, 8 * n + 1, 8, dtype=np.int32)), pa.array(samples.ravel()))
-    pq.write_table(pa.table({"id": ids, "prompt": prompts, "lengths": lists}), paths["lists.parquet"])
-    pq.write_table(pa.table({"id": ids, "prompt": prompts, "length": one}), paths["text.parquet"])
+    _write(pa.table({"id": ids, "prompt": prompts, "lengths": lists}), paths["lists.parquet"])
+    _write(pa.table({"id": ids, "prompt": prompts, "length": one}), paths["text.parquet"])
+    if paths["one.jsonl"].exists():
+        return paths
     with open(paths["one.jsonl"], "w", encoding="utf-8") as fh:
         for i in range(0, n, 100_000):
             fh.write(
@@ -90,6 +107,7 @@ def cases(paths: dict[str, Path], out: Path) -> dict[str, list[str]]:
     text_plan = str(out / "text-plan.parquet")
     return {
         "parquet-one": ["compile", str(paths["one.parquet"]), "--length-field", "length", "-o", plan, "--quiet"],
+        "parquet-one-short": ["compile", str(paths["short.parquet"]), "--length-field", "length", "-o", plan, "--quiet"],
         "parquet-lists8": ["compile", str(paths["lists.parquet"]), "--length-field", "lengths", "-o", plan, "--quiet"],
         "jsonl-one": ["compile", str(paths["one.jsonl"]), "--length-field", "length", "-o", plan, "--quiet"],
         "text-default": ["compile", str(paths["text.parquet"]), "-o", text_plan, "--quiet"],

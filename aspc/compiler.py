@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,19 +20,12 @@ from aspc.emit import schema as S
 from aspc.emit.metrics import plan_metrics
 from aspc.emit.plan import Plan
 from aspc.errors import ConfigError, InputError
-from aspc.io import PromptTable, read_prompts
+from aspc.io import PromptTable, RaggedLengths
 from aspc.io.history import history_hashes, read_history
+from aspc.io.options import InputOptions
+from aspc.io.table import numpy_column
 from aspc.predict.base import LengthPrediction
 from aspc.progress import NULL_PROGRESS, Progress
-
-
-@dataclass(frozen=True)
-class InputOptions:
-    prompt_field: str = "prompt"  # field holding the prompt text or chat messages
-    id_field: str = "id"  # field holding the prompt id; absent -> content hash
-    length_field: str | None = None  # known response lengths; None -> use a predictor
-    on_bad_line: str = "error"  # "error" or "skip"
-
 
 # Generation minibatches of 16 prompts keep a worker busy without making the
 # longest sequence dominate; small datasets get 4 minibatches at least.
@@ -109,10 +103,15 @@ def resolve_groups(config: CompileConfig, m: int) -> int:
     return max(1, m // k)
 
 
-def prediction_from_lengths(lengths: list[np.ndarray]) -> LengthPrediction:
-    """Known lengths as a prediction: mean and empirical quantiles per prompt."""
-    mean = np.array([float(x.mean()) for x in lengths])
-    qs = np.array([np.quantile(x, [0.1, 0.5, 0.9]) for x in lengths]).reshape(-1, 3)
+def prediction_from_lengths(lengths: RaggedLengths | Sequence[np.ndarray]) -> LengthPrediction:
+    """Known lengths as a prediction: mean and empirical quantiles per prompt.
+
+    One kernel over the ragged segments; each value is bit-identical to
+    ``x.mean()`` and ``np.quantile(x, [0.1, 0.5, 0.9])`` of that prompt.
+    """
+    if not isinstance(lengths, RaggedLengths):
+        lengths = RaggedLengths.from_arrays(lengths)
+    mean, qs = lengths.stats([0.1, 0.5, 0.9])
     return LengthPrediction(mean=mean, q10=qs[:, 0], q50=qs[:, 1], q90=qs[:, 2])
 
 
@@ -143,13 +142,7 @@ def _prepare(
     if config.target == "verl":
         config = _verl_config(config)
     progress.stage("read")
-    table = read_prompts(
-        input_path,
-        prompt_field=inputs.prompt_field,
-        id_field=inputs.id_field,
-        length_field=inputs.length_field,
-        on_bad_line=inputs.on_bad_line,
-    )
+    table = inputs.read(input_path)
     tokenizer = getattr(inputs, "tokenizer", None)  # a tokenizer spec (aspc.io.tokens): directory or "qwen"
     selection = select_prompts(table, config, tokenizer)
     table = take_rows(table, selection.keep)
@@ -304,24 +297,24 @@ def compile_plan(
     renum[grp_of_mb[np.sort(first)]] = np.arange(n_groups, dtype=np.int32)
     grp_col = np.repeat(renum[grp_of_mb], lens[mb_order])
 
-    # Arrow's take gathers strings in C++, several times faster than a
-    # Python-level gather at a million rows.
-    take = pa.array(row_order)
+    # Arrow's take gathers strings in C++; numeric columns share NumPy's memory.
+    take = numpy_column(row_order, pa.int64())
+    q = {k: np.asarray(getattr(prediction, k), dtype=np.float64)[row_order] for k in ("q10", "q50", "q90")}
     arrays = {
-        S.PROMPT_ID: pa.array(table.ids, pa.string()).take(take),
-        S.SOURCE_ROW: pa.array(table.source_rows[row_order], pa.int64()),
-        S.PROMPT: pa.array(table.prompts, pa.string()).take(take),
-        S.PROMPT_TOKENS: pa.array(table.prompt_tokens[row_order], pa.int64()),
-        S.N_SAMPLES: pa.array(nseq[row_order].astype(np.int32), pa.int32()),
-        S.PREDICTED_LEN: pa.array(mean[row_order], pa.float64()),
-        S.PREDICTED_Q10: pa.array(np.asarray(prediction.q10, dtype=np.float64)[row_order], pa.float64()),
-        S.PREDICTED_Q50: pa.array(np.asarray(prediction.q50, dtype=np.float64)[row_order], pa.float64()),
-        S.PREDICTED_Q90: pa.array(np.asarray(prediction.q90, dtype=np.float64)[row_order], pa.float64()),
-        S.MINIBATCH: pa.array(mb_col, pa.int32()),
-        S.GROUP: pa.array(grp_col, pa.int32()),
-        S.DISPATCH_RANK: pa.array(np.arange(n, dtype=np.int64), pa.int64()),
+        S.PROMPT_ID: table.id_array.take(take),
+        S.SOURCE_ROW: numpy_column(table.source_rows[row_order], pa.int64()),
+        S.PROMPT: table.prompt_array.take(take),
+        S.PROMPT_TOKENS: numpy_column(table.prompt_tokens[row_order], pa.int64()),
+        S.N_SAMPLES: numpy_column(nseq[row_order], pa.int32()),
+        S.PREDICTED_LEN: numpy_column(mean[row_order], pa.float64()),
+        S.PREDICTED_Q10: numpy_column(q["q10"], pa.float64()),
+        S.PREDICTED_Q50: numpy_column(q["q50"], pa.float64()),
+        S.PREDICTED_Q90: numpy_column(q["q90"], pa.float64()),
+        S.MINIBATCH: numpy_column(mb_col, pa.int32()),
+        S.GROUP: numpy_column(grp_col, pa.int32()),
+        S.DISPATCH_RANK: numpy_column(np.arange(n, dtype=np.int64), pa.int64()),
     }
-    plan_table = pa.Table.from_pydict(arrays, schema=S.PLAN_SCHEMA)
+    plan_table = pa.Table.from_arrays([arrays[f.name] for f in S.PLAN_SCHEMA], schema=S.PLAN_SCHEMA)
     metrics = plan_metrics(plan_table, config.minibatch_cost, costs=costs[mb_order], cap=cap)
     metrics.update(extra)
     metrics["n_skipped"] = len(table.skipped)
@@ -332,6 +325,7 @@ def compile_plan(
         predictor=predictor_identity or {},
         input_hash=table.input_hash,
         metrics=metrics,
+        token_counter=table.token_counter,
     )
 
 
@@ -369,6 +363,9 @@ def _front_load_heavy(order: np.ndarray, costs: np.ndarray, assignment: np.ndarr
 def _config_record(config: CompileConfig, inputs: InputOptions | None, b: int, d: int, g: int) -> dict[str, Any]:
     """The full compile configuration for the plan metadata (no paths)."""
     cfg = dataclasses.asdict(config)
+    # The plan file keeps its historical key for the minibatch cost, so plans
+    # stay byte-identical across the CompileConfig rename.
+    cfg["cost_model"] = cfg.pop("minibatch_cost")
     # Paths would make plans machine-specific; the predictor identity and
     # history hashes are recorded separately.
     cfg["predictor"] = None if config.predictor is None else ("default" if config.predictor == "default" else "dir")
@@ -379,7 +376,7 @@ def _config_record(config: CompileConfig, inputs: InputOptions | None, b: int, d
             # Unset trainer options leave no key: plans compiled without them keep their bytes.
             cfg.pop(key, None)
     if inputs is not None:
-        cfg["inputs"] = dataclasses.asdict(inputs)
+        cfg["inputs"] = inputs.record()
     return cfg
 
 

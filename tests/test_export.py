@@ -87,6 +87,7 @@ def test_verl_contract_keeps_every_source_column(tmp_path, gsm8k):
 
     src = pq.read_table(gsm8k)
     table = pq.read_table(out)
+    assert table.column_names == src.column_names  # ids come from extra_info.index: no column added
     for col in ("data_source", "prompt", "ability", "reward_model"):
         assert table.schema.field(col).type == src.schema.field(col).type, col
     src_rows = src.to_pylist()

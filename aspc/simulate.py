@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from aspc.caps import cap_lengths
 from aspc.choices import STRATEGIES
 from aspc.compiler import compile_plan, prediction_from_lengths, prepare
 from aspc.errors import ConfigError, InputError
-from aspc.io import read_prompts
 from aspc.io.history import read_history
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.api import run
@@ -115,13 +115,7 @@ def simulate_strategies(
     if needs_predictor:
         table, prediction, identity = prepare(input_path, no_lengths, config, progress)
     else:
-        table = read_prompts(
-            input_path,
-            prompt_field=inputs.prompt_field,
-            id_field=inputs.id_field,
-            length_field=None,
-            on_bad_line=inputs.on_bad_line,
-        )
+        table = inputs.read(input_path, length_field=None)
         prediction, identity = None, {}
     if actual_lengths_path is not None:
         actual = read_history(
@@ -129,13 +123,7 @@ def simulate_strategies(
         )
         name = os.path.basename(os.fspath(actual_lengths_path))
     else:
-        with_lengths = read_prompts(
-            input_path,
-            prompt_field=inputs.prompt_field,
-            id_field=inputs.id_field,
-            length_field=inputs.length_field,
-            on_bad_line=inputs.on_bad_line,
-        )
+        with_lengths = inputs.read(input_path)
         assert with_lengths.lengths is not None
         actual = dict(zip(with_lengths.ids, with_lengths.lengths, strict=True))
         name = os.path.basename(os.fspath(input_path))
@@ -149,7 +137,9 @@ def simulate_strategies(
     results: dict[str, Any] = {}
     for r in range(repeats):
         seed = config.seed + r
-        cfg_r = dataclasses.replace(config, seed=seed, max_new_tokens=run_config.max_new_tokens)
+        # The run's response cap is the compile's too (one cap: CompileConfig.max_response_length).
+        cap = config.max_response_length or run_config.max_new_tokens
+        cfg_r = dataclasses.replace(config, seed=seed, max_response_length=cap)
         run_r = dataclasses.replace(run_config, seed=seed)
         actual_r = actual if repeats == 1 else draw_lengths(actual, seed)
         for strategy in strategies:
@@ -175,7 +165,8 @@ def _simulate_one(strategy, table, prediction, identity, actual, name, inputs, c
     if strategy in (ORACLE, ORACLE_EXACT):
         n = run_config.samples_per_prompt or config.samples_per_prompt
         take = (lambda v: v) if strategy == ORACLE else (lambda v: v[:n])
-        pred = prediction_from_lengths([np.asarray(take(actual[pid]), dtype=np.float64) for pid in table.ids])
+        known = [np.asarray(take(actual[pid]), dtype=np.float64) for pid in table.ids]
+        pred = prediction_from_lengths(cap_lengths(known, config.max_response_length))
         cfg = dataclasses.replace(config, strategy="asp", history=())
         ident: dict[str, Any] = {"kind": strategy, "field": inputs.length_field}
     else:

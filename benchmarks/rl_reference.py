@@ -98,7 +98,7 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness):
 
     inp, hist = inputs_for(model, rows, tmp, seed)
     inputs = InputOptions(length_field="lengths")
-    cfg = CompileConfig(samples_per_prompt=N, seed=seed, predictor=str(pred_dir), workers=W, max_new_tokens=CAP)
+    cfg = CompileConfig(samples_per_prompt=N, seed=seed, predictor=str(pred_dir), workers=W, max_response_length=CAP)
     rc = RunConfig(workers=W, global_batch=GB, seed=seed, max_new_tokens=CAP)
     res = simulate_strategies(inp, inputs, cfg, rc, strategies=STRATS)
     out = {k: v.summary.to_dict() for k, v in res.items()}

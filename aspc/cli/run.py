@@ -346,7 +346,9 @@ def run_cmd(
 
         if replan_every < 1:
             raise click.ClickException(f"--replan-every must be >= 1, got {replan_every}")
-        cfg = compile_config_of(plan.config or {}, workers=config.workers, max_new_tokens=config.max_new_tokens)
+        cfg = compile_config_of(
+            plan.config or {}, workers=config.workers, max_response_length=config.max_new_tokens
+        )
         replanner = OnlineReplanner(
             plan.table, cfg, every_steps=replan_every, log_dir=log_dir, input_hash=plan.input_hash
         )

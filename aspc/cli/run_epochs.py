@@ -47,6 +47,7 @@ def run_epochs_cmd(
             actual_lengths=lengths,
             length_drift=length_drift,
             overwrite=overwrite,
+            compile_overrides={"max_response_length": config.max_new_tokens} if config.max_new_tokens else None,
             sim_cost_model=cost,
             lengths_name=actual_lengths.name if actual_lengths else "",
             progress=progress,

@@ -257,9 +257,11 @@ def compile_plan(
         rows = shuffled
         bounds = _fixed_bounds(n, b)
     else:
-        # Equal predictions are broken by a seeded permutation, not by input
-        # order: a plan must not depend on how the input's lines are sorted.
-        rows = shuffled[np.argsort(mean[shuffled], kind="stable")]
+        # asp breaks equal predictions by a seeded permutation, not by input
+        # order: its plan must not depend on how the input's lines are sorted.
+        # The sorted baseline keeps input order among ties (an exported sorted
+        # plan recompiles to itself).
+        rows = shuffled[np.argsort(mean[shuffled], kind="stable")] if strategy is Strategy.ASP else np.argsort(mean, kind="stable")
         if strategy is Strategy.ASP:
             bounds = partition(mean[rows], b, d, overhead=config.minibatch_overhead)
         else:

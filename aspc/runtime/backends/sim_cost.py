@@ -36,7 +36,7 @@ without stalling the workers, and it costs less than generation); with these
 coefficients the CASTILLO reference scenario (``benchmarks/rl_reference.py``:
 8 samples per prompt, responses capped at 4,096 tokens, W = 8, global batch
 256) keeps the trainer busy 25-49% of the run under the random schedule,
-50-68% under the oracle's. With the earlier β = 25 µs (8 trainer devices) the
+44-68% under the oracle's. With the earlier β = 25 µs (8 trainer devices) the
 trainer was busy 70-95%: a trainer-bound pipeline, where no generation
 schedule can shorten iterations much.
 

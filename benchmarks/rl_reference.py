@@ -89,7 +89,7 @@ def inputs_for(model: str, rows, tmp: Path, seed: int) -> tuple[Path, Path]:
     return inp, hist
 
 
-def one_repeat(model, rows, pred_dir, tmp, seed, staleness):
+def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt"):
     from aspc.compiler import CompileConfig, InputOptions, compile_file
     from aspc.epochs import run_epochs
     from aspc.io.history import read_history
@@ -98,7 +98,9 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness):
 
     inp, hist = inputs_for(model, rows, tmp, seed)
     inputs = InputOptions(length_field="lengths")
-    cfg = CompileConfig(samples_per_prompt=N, seed=seed, predictor=str(pred_dir), workers=W, max_response_length=CAP)
+    cfg = CompileConfig(
+        samples_per_prompt=N, seed=seed, predictor=str(pred_dir), workers=W, max_response_length=CAP, order=order
+    )
     rc = RunConfig(workers=W, global_batch=GB, seed=seed, max_new_tokens=CAP)
     res = simulate_strategies(inp, inputs, cfg, rc, strategies=STRATS)
     out = {k: v.summary.to_dict() for k, v in res.items()}
@@ -132,6 +134,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--predictors", default=None, help="directory of per-model predictors (trained here if absent)")
     ap.add_argument("--staleness", default="1,2,4")
+    ap.add_argument("--order", choices=["lpt", "interleave"], default="lpt", help="asp's dispatch order")
     args = ap.parse_args()
     if not DATA.exists():
         print(f"skipped: {DATA.name} not found under ../shared/data (only on development machines)")
@@ -150,7 +153,7 @@ def main() -> None:
         for model in models:
             t0 = time.perf_counter()
             pdir = predictor_for(model, rows, cache)
-            reps = [one_repeat(model, rows, pdir, tmp, s, staleness) for s in range(args.repeats)]
+            reps = [one_repeat(model, rows, pdir, tmp, s, staleness, args.order) for s in range(args.repeats)]
             names = list(reps[0])
             print(f"\n{model} ({reps[0]['random']['samples_planned'] // N} prompts, {time.perf_counter() - t0:.0f} s)")
             head = (

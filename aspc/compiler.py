@@ -62,6 +62,11 @@ class CompileConfig:
     # With W known, minibatches longer than half a worker's share of the work
     # are dispatched first (see _front_load_heavy).
     workers: int | None = None
+    # Trainer the plan is for (aspc.profiles): "verl" -> equal prompt counts per
+    # group (slack 0, remainder left out, counted), None -> no trainer constraint.
+    target: str | None = None
+    max_response_length: int | None = None  # tokens; responses cut here (predictions and costs capped)
+    max_prompt_length: int | None = None  # tokens; longer prompts are excluded from the plan (aspc.caps)
 
 
 def resolve_sizes(config: CompileConfig, n: int) -> tuple[int, int]:
@@ -116,13 +121,31 @@ def prepare(
     config: CompileConfig,
     progress: Progress = NULL_PROGRESS,
 ) -> tuple[PromptTable, LengthPrediction, dict[str, Any]]:
-    """Read the input and predict lengths.
+    """Read the input, select the prompts the plan holds, and predict lengths.
 
     Returns the prompts, their predictions and the predictor's identity (for
     the plan metadata: hashes, never paths).
     """
+    table, prediction, identity, _ = _prepare(input_path, inputs, config, progress)
+    return table, prediction, identity
+
+
+def _prepare(
+    input_path: str | os.PathLike, inputs: InputOptions, config: CompileConfig, progress: Progress
+) -> tuple[PromptTable, LengthPrediction, dict[str, Any], Any]:
+    from aspc.caps import cap_lengths, cap_prediction, check_cap
+    from aspc.profiles import check_target, select_prompts, take_rows
+
+    check_target(config.target)
+    check_cap("--max-response-length", config.max_response_length)
+    check_cap("--max-prompt-length", config.max_prompt_length)
+    if config.target == "verl":
+        config = _verl_config(config)
     progress.stage("read")
     table = inputs.read(input_path)
+    tokenizer = getattr(inputs, "tokenizer", None)  # a tokenizer spec (aspc.io.tokens): directory or "qwen"
+    selection = select_prompts(table, config, tokenizer)
+    table = take_rows(table, selection.keep)
     progress.done()
     progress.stage("predict")
     if inputs.length_field is not None:
@@ -131,15 +154,21 @@ def prepare(
         if config.history:
             raise ConfigError("--history blends into a predictor's output; drop it when using --length-field")
         assert table.lengths is not None
-        prediction = prediction_from_lengths(table.lengths)
+        prediction = prediction_from_lengths(cap_lengths(table.lengths, config.max_response_length))
         identity: dict[str, Any] = {"kind": "known-lengths", "field": inputs.length_field}
     else:
         from aspc.predict import HistoryPredictor, load_predictor
 
         observed = None
+        rollouts: list[dict[str, Any]] = []
         if config.history:
             observed = read_history(
-                config.history, id_field=inputs.id_field, length_field=config.history_length_field
+                config.history,
+                id_field=inputs.id_field,
+                length_field=config.history_length_field,
+                prompts=(table.ids, table.prompts),
+                tokenizer=tokenizer,
+                verl_stats=rollouts,
             )
         predictor = load_predictor(config.predictor or "default")
         if observed is not None:
@@ -149,8 +178,17 @@ def prepare(
         if observed is not None:
             identity["history"] = history_hashes(config.history)
             identity["history_prompts_matched"] = predictor.coverage(table.ids)
+            if rollouts:
+                identity["history_verl_rollouts"] = rollouts
+        prediction = cap_prediction(prediction, config.max_response_length)
     progress.done()
-    return table, prediction, identity
+    return table, prediction, identity, selection
+
+
+def _verl_config(config: CompileConfig) -> CompileConfig:
+    from aspc.profiles import verl_config
+
+    return verl_config(config, DEFAULT_BATCH_SIZE, DEFAULT_GROUP_SIZE)
 
 
 def _fixed_bounds(n: int, b: int) -> np.ndarray:
@@ -180,6 +218,8 @@ def compile_plan(
     from aspc.costs import MINIBATCH_COSTS, minibatch_costs
     from aspc.partition import partition
 
+    if config.target == "verl":
+        config = _verl_config(config)
     strategy = parse_strategy(config.strategy)
     if config.minibatch_cost not in MINIBATCH_COSTS:
         raise ConfigError(
@@ -207,7 +247,10 @@ def compile_plan(
     def _q(name: str) -> np.ndarray:
         return np.asarray(getattr(prediction, name), dtype=np.float64)[rows]
 
-    costs = minibatch_costs(config.minibatch_cost, bounds, nseq[rows], mean[rows], _q("q10"), _q("q50"), _q("q90"))
+    cap = config.max_response_length
+    costs = minibatch_costs(
+        config.minibatch_cost, bounds, nseq[rows], mean[rows], _q("q10"), _q("q50"), _q("q90"), cap=cap
+    )
     m = costs.size
     n_groups = resolve_groups(config, m)
     seq_sizes = np.diff(bounds) * config.samples_per_prompt
@@ -272,7 +315,7 @@ def compile_plan(
         S.DISPATCH_RANK: numpy_column(np.arange(n, dtype=np.int64), pa.int64()),
     }
     plan_table = pa.Table.from_arrays([arrays[f.name] for f in S.PLAN_SCHEMA], schema=S.PLAN_SCHEMA)
-    metrics = plan_metrics(plan_table, config.minibatch_cost, costs=costs[mb_order])
+    metrics = plan_metrics(plan_table, config.minibatch_cost, costs=costs[mb_order], cap=cap)
     metrics.update(extra)
     metrics["n_skipped"] = len(table.skipped)
     cfg = _config_record(config, inputs, b, d, n_groups)
@@ -328,6 +371,10 @@ def _config_record(config: CompileConfig, inputs: InputOptions | None, b: int, d
     cfg["predictor"] = None if config.predictor is None else ("default" if config.predictor == "default" else "dir")
     cfg["history"] = len(config.history)
     cfg.update({"batch_size": b, "slack": d, "groups": g})
+    for key in ("target", "max_response_length", "max_prompt_length"):
+        if cfg.get(key) is None:
+            # Unset trainer options leave no key: plans compiled without them keep their bytes.
+            cfg.pop(key, None)
     if inputs is not None:
         cfg["inputs"] = inputs.record()
     return cfg
@@ -340,5 +387,7 @@ def compile_file(
     progress: Progress = NULL_PROGRESS,
 ) -> Plan:
     """Read ``input_path``, predict, and compile: the library form of ``aspc compile``."""
-    table, prediction, identity = prepare(input_path, inputs, config, progress)
-    return compile_plan(table, prediction, config, predictor_identity=identity, inputs=inputs, progress=progress)
+    table, prediction, identity, selection = _prepare(input_path, inputs, config, progress)
+    plan = compile_plan(table, prediction, config, predictor_identity=identity, inputs=inputs, progress=progress)
+    plan.metrics.update(selection.metrics())
+    return plan

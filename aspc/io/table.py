@@ -131,4 +131,6 @@ class PromptTable:
 
     @property
     def texts(self) -> list[str]:
+        if self.text_array is self.prompt_array:
+            return self.prompts  # text prompts: one list, not two
         return self._list("texts", self.text_array)

@@ -57,8 +57,8 @@ def test_default_is_never_flat_on_gsm8k_and_examples() -> None:
     assert np.all(p.q10 <= p.q50) and np.all(p.q50 <= p.q90) and np.all(p.q10 > 0)
 
 
-@settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10_000), n=st.integers(60, 600), noise=st.floats(0.0, 3.0))
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(60, 400), noise=st.floats(0.0, 3.0))
 def test_calibration_is_strictly_increasing(seed: int, n: int, noise: float) -> None:
     rng = np.random.default_rng(seed)
     y = rng.normal(5.5, 1.0, size=n)
@@ -70,7 +70,7 @@ def test_calibration_is_strictly_increasing(seed: int, n: int, noise: float) -> 
     p = cal.apply(grid)
     for a in (p.mean, p.q50, p.q90):
         assert np.all(np.diff(np.log(a)) > 0)
-    assert np.all(np.diff(np.log(p.mean)) >= MIN_SLOPE * cal.slope * np.diff(grid) * (1 - 1e-9))
+    assert np.all(np.diff(np.log(p.mean)) >= MIN_SLOPE * cal.slope * np.diff(grid) - 1e-12)
     assert np.all(p.q10 <= p.q50) and np.all(p.q50 <= p.q90)
     assert kendall_tau(p.mean, grid) == pytest.approx(1.0)
 

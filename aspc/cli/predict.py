@@ -64,7 +64,7 @@ def _device_option(fn: F) -> F:
 def _check_device(device: str) -> None:
     """Fail early on an explicit device that is not there (any kind), before reading data."""
     if device.lower() != "auto":
-        from aspc.predict.device import resolve_device
+        from aspc.devices import resolve_device
 
         try:
             resolve_device(device)
@@ -369,9 +369,10 @@ def apply_cmd(
 
 
 def _read_epochs(paths: tuple[Path, ...], id_field: str, length_field: str) -> list[dict[str, Any]]:
-    from aspc.io import read_lengths
+    """One observation map per --history source: each source is an earlier epoch, oldest first."""
+    from aspc.io.history import read_history
 
-    return [read_lengths(p, id_field=id_field, length_field=length_field) for p in paths]
+    return [read_history(p, id_field=id_field, length_field=length_field) for p in paths]
 
 
 def _write_predictions(output: Path, ids: list[str], pred: Any) -> None:

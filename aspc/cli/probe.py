@@ -127,9 +127,9 @@ def probe_cmd(
         )
     lengths = None
     if actual_lengths is not None:
-        from aspc.io import read_lengths
+        from aspc.io.history import read_history
 
-        lengths = read_lengths(actual_lengths, id_field=id_field, length_field=length_field)
+        lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field)
     backend, trainer, backend_notes = build_real_components(
         kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
     )
@@ -153,7 +153,7 @@ def probe_cmd(
         result = run(
             plan,
             config=config,
-            cost_model=cost,
+            sim_cost_model=cost,
             actual_lengths=lengths,
             lengths_name=actual_lengths.name if actual_lengths else "",
             backend=backend,

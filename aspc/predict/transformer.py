@@ -268,7 +268,7 @@ class TransformerPredictor(Predictor):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        from aspc.predict.device import resolve_device
+        from aspc.devices import resolve_device
 
         path = Path(path)
         try:

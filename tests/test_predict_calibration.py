@@ -85,9 +85,9 @@ def test_band_is_honest_out_of_fold() -> None:
 
 def test_balanced_band_scale_widens_for_an_odd_source() -> None:
     rng = np.random.default_rng(2)
-    groups = np.repeat(np.arange(4), 400)
-    y = rng.normal(5.5, 0.8, size=1600)
-    shift = np.where(groups == 3, 0.8, 0.0)  # one source the scores know nothing about
+    groups = np.repeat(np.arange(4), [600, 600, 600, 100])
+    y = rng.normal(5.5, 0.8, size=len(groups))
+    shift = np.where(groups == 3, 1.0, 0.0)  # one small source the scores know nothing about
     lengths = [np.exp(v + s + rng.normal(0, 0.3, size=3)) for v, s in zip(y, shift, strict=True)]
     scale = balanced_band_scale(y, lengths, groups)
     assert scale > 1.05

@@ -30,10 +30,10 @@ from aspc.predict.metrics import marginal_summary
 from aspc.predict.ridge import ridge_fit
 from aspc.progress import NULL_PROGRESS, Progress
 
-INIT_LAM = 3.0
-"""Ridge penalty on the correction of a refit (``init``): three times the from-scratch penalty,
-so the prior's weights move only where the new pairs agree. 1-10 gave tau within 0.01 on
-CASTILLO per-model refits of 4,000 pairs (benchmarks/predict_quality.py, lexical-refit)."""
+INIT_LAM_GRID = (0.3, 1.0, 3.0, 10.0)
+"""Penalties (times ``LexicalConfig.lam``) a refit tries on the correction of the prior's weights;
+the one with the least out-of-fold error wins. Small: the new pairs dominate (a policy unlike
+the prior); large: the prior's weights stay (few pairs, or a policy like the prior)."""
 
 
 def _design(
@@ -157,34 +157,47 @@ def train_lexical(
         fold_of_row = group_of_row.reshape(-1).astype(np.int64)
         folds = len(group_names)
         fold_mode = "leave one group out"
-    progress.stage("training lexical predictor", total=folds + 2)
+    progress.stage("training lexical predictor", total=(len(INIT_LAM_GRID) if init is not None else 1) + 2)
     f = featurize([str(t) for t in uniq], config.features)
     progress.advance()
 
-    lam = config.lam
     prior_text = np.zeros(n_text)
+    lams = [config.lam]
     if init is not None:
         # The prior's text score without its level: the refit learns a new level (dense
         # intercept or per-target intercepts) and a correction of the hashed weights.
         prior_text = f.dense[:, 1:] @ init.alpha + f.hashed_matvec(init.beta.astype(np.float64))
-        lam = config.lam * INIT_LAM
+        lams = [config.lam * g for g in INIT_LAM_GRID]
     y_fit = y - prior_text[text_of_row]
 
-    # Out-of-fold predictions: residuals the model has not seen, for honest calibration.
-    oof = np.empty(len(y))
+    def out_of_fold(lam: float, beta0: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Predictions of each training row by a fit that did not see its fold."""
+        oof = np.empty(len(y))
+        for k in range(folds):
+            fit_rows = train_rows[fold_of_row[train_rows] != k]
+            held = train_rows[fold_of_row[train_rows] == k]
+            if len(held) == 0 or len(fit_rows) == 0:
+                continue
+            alpha, icpt, beta, _ = _fit(
+                f, fit_rows, text_of_row, target_of_row, n_targets, y_fit, weight, config, lam, beta0
+            )
+            beta0 = beta
+            tor = None if target_of_row is None else target_of_row[held]
+            oof[held] = _score(f, text_of_row[held], tor, alpha, icpt, beta) + prior_text[text_of_row[held]]
+        return oof, beta0
+
+    # Out-of-fold predictions: residuals the model has not seen, for honest calibration. A refit
+    # also picks its penalty by them: how far the new pairs may pull the prior is the data's call.
+    best = None
     beta0 = None
-    for k in range(folds):
-        fit_rows = train_rows[fold_of_row[train_rows] != k]
-        held = train_rows[fold_of_row[train_rows] == k]
-        if len(held) == 0 or len(fit_rows) == 0:
-            continue
-        alpha, icpt, beta, _ = _fit(
-            f, fit_rows, text_of_row, target_of_row, n_targets, y_fit, weight, config, lam, beta0
-        )
-        beta0 = beta
-        tor = None if target_of_row is None else target_of_row[held]
-        oof[held] = _score(f, text_of_row[held], tor, alpha, icpt, beta) + prior_text[text_of_row[held]]
+    for lam in lams:
+        oof_l, beta0 = out_of_fold(lam, beta0)
+        err = float(weight[train_rows] @ (oof_l[train_rows] - y[train_rows]) ** 2)
+        if best is None or err < best[0]:
+            best = (err, lam, oof_l)
         progress.advance()
+    assert best is not None
+    _, lam, oof = best
     alpha, icpt, beta, sol = _fit(
         f, train_rows, text_of_row, target_of_row, n_targets, y_fit, weight, config, lam, beta0
     )
@@ -246,7 +259,7 @@ def train_lexical(
     }
     if init is not None:
         meta["training"]["init"] = init.identity()
-        meta["training"]["init_lam"] = lam
+        meta["training"]["init_lam"] = lam  # the penalty the out-of-fold error chose
     pred = LexicalPredictor(config, beta, alpha, intercepts, target_names, cals, meta)
     if len(val_rows):
         meta["validation"] = validation_metrics(

@@ -148,8 +148,9 @@ def bench_heads(d, models, lexical, args, static: bool) -> dict:
     def emb_of(ts):
         return emb[[row_of[t] for t in ts]]
 
-    out: dict[str, dict] = {f"{key}-{args.own_pairs}": {}, f"{key}-all": {}, f"{key}+lexical-{args.own_pairs}": {},
-                            f"{key}+lexical-all": {}}  # fmt: skip
+    out: dict[str, dict] = {f"{key}-{args.own_pairs}": {}, f"{key}-all": {}}
+    if lexical is not None:
+        out |= {f"{key}+lexical-{args.own_pairs}": {}, f"{key}+lexical-all": {}}
     for m in models:
         tr, va = rows_of(d, "train", m), rows_of(d, "validate", m)
         vt, vl = pick(d, "prompt_text", va), pick(d, "output_sizes", va)
@@ -157,10 +158,10 @@ def bench_heads(d, models, lexical, args, static: bool) -> dict:
         all_t, all_l = pick(d, "prompt_text", tr), pick(d, "output_sizes", tr)
         for name, (t, lens) in ((str(args.own_pairs), (few_t, few_l)), ("all", (all_t, all_l))):
             out[f"{key}-{name}"][m] = evaluate(fit_head(emb_of, t, lens, seed=args.seed)(vt), vl)
-            head = fit_head(emb_of, t, lens, prior=lexical.with_target(m), seed=args.seed)
-            out[f"{key}+lexical-{name}"][m] = evaluate(head(vt), vl)
-        print(f"  {key} {m}: {out[f'{key}-all'][m]['kendall_tau']:.3f} "
-              f"+lexical {out[f'{key}+lexical-all'][m]['kendall_tau']:.3f}", flush=True)  # fmt: skip
+            if lexical is not None:
+                head = fit_head(emb_of, t, lens, prior=lexical.with_target(m), seed=args.seed)
+                out[f"{key}+lexical-{name}"][m] = evaluate(head(vt), vl)
+        print(f"  {key} {m}: {out[f'{key}-all'][m]['kendall_tau']:.3f}", flush=True)
     res: dict[str, dict] = {k: {"per_model": v} for k, v in out.items()}
     res[f"{key}-info"] = {"seconds": time.perf_counter() - started, **speed}
     return res

@@ -228,7 +228,9 @@ def bench_refit(d, models, base, args):
     from aspc.predict.lexical import train_lexical
     from aspc.predict.metrics import evaluate
 
-    out = {f"refit-{args.own_pairs}": {}, "refit-all": {}}
+    out: dict[str, dict] = {f"refit-{args.own_pairs}": {}}
+    if args.refit_all:
+        out["refit-all"] = {}
     if args.scratch:
         out[f"scratch-{args.own_pairs}"] = {}
     secs = {}
@@ -241,14 +243,14 @@ def bench_refit(d, models, base, args):
         refit = train_lexical(texts, lens, init=base, seed=args.seed, validation_split=0.0)
         secs[m] = time.perf_counter() - started
         out[f"refit-{args.own_pairs}"][m] = evaluate(refit.predict(vt), vl)
-        full = train_lexical(pick(d, "prompt_text", tr), pick(d, "output_sizes", tr), init=base,
-                             seed=args.seed, validation_split=0.0)  # fmt: skip
-        out["refit-all"][m] = evaluate(full.predict(vt), vl)
+        if args.refit_all:
+            full = train_lexical(pick(d, "prompt_text", tr), pick(d, "output_sizes", tr), init=base,
+                                 seed=args.seed, validation_split=0.0)  # fmt: skip
+            out["refit-all"][m] = evaluate(full.predict(vt), vl)
         if args.scratch:
             scratch = train_lexical(texts, lens, seed=args.seed, validation_split=0.0)
             out[f"scratch-{args.own_pairs}"][m] = evaluate(scratch.predict(vt), vl)
-        print(f"  {m}: refit {out[f'refit-{args.own_pairs}'][m]['kendall_tau']:.3f} "
-              f"all {out['refit-all'][m]['kendall_tau']:.3f}", flush=True)  # fmt: skip
+        print(f"  {m}: refit {out[f'refit-{args.own_pairs}'][m]['kendall_tau']:.3f}", flush=True)
     return {k: {"per_model": v} for k, v in out.items()} | {"refit-seconds": {"mean_s": float(np.mean(list(secs.values())))}}
 
 
@@ -310,6 +312,21 @@ def table(results: dict, models: list[str]) -> str:
     return "\n".join(lines)
 
 
+def markdown(results: dict, models: list[str], key: str = "kendall_tau") -> str:
+    """A README table: one row per model, one column per predictor, ``key`` in each cell."""
+    names = [k for k in results if "per_model" in results[k]]
+    lines = ["| model | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for m in models + ["mean"]:
+        cells = []
+        for n in names:
+            pm = results[n]["per_model"]
+            v = float(np.mean([pm[x][key] for x in pm])) if m == "mean" else pm.get(m, {}).get(key)
+            cells.append("n/a" if v is None else f"{v:.3f}")
+        label = "**mean**" if m == "mean" else m.split("--")[-1]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
@@ -322,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed-n", type=int, default=200, help="prompts for the CPU transformer speed run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--own-pairs", type=int, default=4000, help="refit: (prompt, sample) pairs per model")
+    ap.add_argument("--markdown", action="store_true", help="also print README tables (tau, coverage)")
+    ap.add_argument("--from-json", type=Path, nargs="*", default=None, help="print tables of saved --json-out runs")
+    ap.add_argument("--refit-all", action="store_true", help="refit: also on all the model's train rows")
     ap.add_argument("--scratch", action="store_true", help="refit: also train from scratch on the own pairs")
     ap.add_argument("--embeddings", type=Path, default=None, help="minilm/static heads: embedding cache (.npz)")
     ap.add_argument("--json-out", type=Path, default=None)
@@ -331,6 +351,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
+    if args.from_json:
+        merged: dict = {}
+        for f in args.from_json:
+            merged.update(json.loads(f.read_text()))
+        models = sorted({m for r in merged.values() if "per_model" in r for m in r["per_model"]})
+        print(markdown(merged, models))
+        print(markdown(merged, models, "coverage_q10_q90"))
+        return 0
     d = load(args.data)
     models = sorted(set(d["model"]))
     kinds = args.kinds.split(",")
@@ -365,8 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         elif kind in ("minilm-heads", "static-heads"):
             from predict_embed import bench_heads
 
-            if lexical is None:
-                _, lexical = bench_lexical(d, models, args)
+            # Heads on top of the lexical prior only when this run trains it (kind lexical first).
             results.update(bench_heads(d, models, lexical, args, static=kind == "static-heads"))
         else:
             ap.error(f"unknown kind {kind}")
@@ -375,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     for kind, r in results.items():
         extra = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "per_model"}
         print(f"{kind}: {extra}")
+    if args.markdown:
+        print(markdown(results, models))
+        print(markdown(results, models, "coverage_q10_q90"))
     if args.json_out:
         args.json_out.write_text(json.dumps(results, indent=1, default=float))
     return 0

@@ -101,18 +101,24 @@ def per_model(pred_for, d: dict[str, list], models: list[str]) -> dict[str, dict
 
 
 def bench_lexical(d, models, args):
+    from aspc.predict import load_predictor
     from aspc.predict.lexical import train_lexical
 
     tr = rows_of(d, "train")
     started = time.perf_counter()
-    pred = train_lexical(
-        pick(d, "prompt_text", tr),
-        pick(d, "output_sizes", tr),
-        targets=pick(d, "model", tr),
-        groups=pick(d, "dataset", tr),
-        seed=args.seed,
-        validation_split=0.0,
-    )
+    if args.lexical_cache is not None and args.lexical_cache.is_dir():
+        pred = load_predictor(args.lexical_cache)
+    else:
+        pred = train_lexical(
+            pick(d, "prompt_text", tr),
+            pick(d, "output_sizes", tr),
+            targets=pick(d, "model", tr),
+            groups=pick(d, "dataset", tr),
+            seed=args.seed,
+            validation_split=0.0,
+        )
+        if args.lexical_cache is not None:
+            pred.save(args.lexical_cache)
     secs = time.perf_counter() - started
     res = per_model(lambda m: pred.with_target(m), d, models)
     pooled = per_model(lambda m: pred, d, models)
@@ -251,6 +257,9 @@ def bench_refit(d, models, base, args):
             scratch = train_lexical(texts, lens, seed=args.seed, validation_split=0.0)
             out[f"scratch-{args.own_pairs}"][m] = evaluate(scratch.predict(vt), vl)
         print(f"  {m}: refit {out[f'refit-{args.own_pairs}'][m]['kendall_tau']:.3f}", flush=True)
+        if args.json_out is not None:
+            partial = args.json_out.with_suffix(".refit-partial.json")
+            partial.write_text(json.dumps({k: {"per_model": v} for k, v in out.items()}, indent=1, default=float))
     return {k: {"per_model": v} for k, v in out.items()} | {"refit-seconds": {"mean_s": float(np.mean(list(secs.values())))}}
 
 
@@ -341,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--own-pairs", type=int, default=4000, help="refit: (prompt, sample) pairs per model")
     ap.add_argument("--markdown", action="store_true", help="also print README tables (tau, coverage)")
     ap.add_argument("--from-json", type=Path, nargs="*", default=None, help="print tables of saved --json-out runs")
+    ap.add_argument("--lexical-cache", type=Path, default=None, help="save/reuse the train-split lexical predictor")
     ap.add_argument("--refit-all", action="store_true", help="refit: also on all the model's train rows")
     ap.add_argument("--scratch", action="store_true", help="refit: also train from scratch on the own pairs")
     ap.add_argument("--embeddings", type=Path, default=None, help="minilm/static heads: embedding cache (.npz)")
@@ -398,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             ap.error(f"unknown kind {kind}")
         print(f"[{kind}: {time.perf_counter() - started:.0f} s]", flush=True)
+        if args.json_out:  # after every kind: a long run that is stopped keeps what it measured
+            args.json_out.write_text(json.dumps(results, indent=1, default=float))
     print(table(results, models))
     for kind, r in results.items():
         extra = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "per_model"}

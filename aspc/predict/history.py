@@ -35,6 +35,10 @@ from aspc.errors import ConfigError, PredictorError
 from aspc.predict.base import LengthPrediction, Predictor, hash_arrays
 
 DEFAULT_KAPPA = 0.5  # used when the base predictor did not estimate one
+BAND_KAPPA = 8.0
+"""Extra observations (beyond the first) that count as much as the base band's width: with two
+earlier epochs (k=2) the band moved 90% of the way to the two samples' spread before, and covered
+44% of the other eight CASTILLO samples instead of 80%."""
 EPOCH_DECAY = 0.7
 """Weight of an epoch's observations relative to the next newer epoch's. RL policies drift
 (responses usually lengthen as training goes on), so older epochs count less; on data without
@@ -123,9 +127,11 @@ def blend_history(
         narrow = np.where(k > 0, np.minimum(1.0, post_sd / base_sd), 1.0)
         base_lo = narrow * base_lo
         base_hi = narrow * base_hi
-    # With two or more observations the band also moves toward their own spread.
+    # With two or more observations the band also moves toward their own spread, slowly: the
+    # 10-90% range of n samples covers only about (n-1)/(n+1) of the distribution, so a spread
+    # needs many more observations than a level (BAND_KAPPA, not kappa).
     extra = np.maximum(k - 1, 0.0)
-    w2 = extra / (extra + kappa)
+    w2 = extra / (extra + BAND_KAPPA)
     lo = (1 - w2) * base_lo + w2 * obs_lo
     hi = (1 - w2) * base_hi + w2 * obs_hi
     return LengthPrediction(mean, q50 * np.exp(np.minimum(lo, 0.0)), q50, q50 * np.exp(np.maximum(hi, 0.0)))

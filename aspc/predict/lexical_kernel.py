@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
-from aspc.numba_config import NJIT_FLAGS
+from aspc.numba_config import NJIT_FLAGS, NJIT_PARALLEL_FLAGS
 from aspc.predict.features import _LOWER, _MIX, _P, _SEED_BIGRAM, _SEED_LENBIN, _SEED_WORD, _WORD, FeatureConfig
 
 _CHUNK = 65536  # prompts encoded at once: bounds the byte buffer (~ 64k x 4 KiB worst case)
@@ -29,10 +29,11 @@ def _bucket(h, seed, shift):  # pragma: no cover - compiled
     return np.int64(((h ^ seed) * _MIX) >> shift)
 
 
-@njit(**NJIT_FLAGS)
+@njit(**NJIT_PARALLEL_FLAGS)
 def _score_kernel(buf, starts, ends, lbins, lower, is_word, beta, head, tail, bits, bigrams, out, n_words, n_lines):  # noqa: E501  # pragma: no cover - compiled
     shift = np.uint64(64 - bits)
-    for d in range(len(starts)):
+    # Prompts are independent (each writes only its own outputs): results do not depend on threads.
+    for d in prange(len(starts)):
         s, e = starts[d], ends[d]
         lines = 0
         for i in range(s, e):

@@ -19,10 +19,25 @@ Predictors:
   with per-model heads. Needs torch; slow on CPU, use ``--device cuda``.
 - ``transformer-speed``: CPU prompts/s of the transformer architecture
   (base encoder, untrained head: speed does not depend on the weights).
+- ``refit``: the policy workflow. The ``lexical`` predictor (train split,
+  13 models) is the prior; for each model it is refitted (``--init``) on that
+  model's own train rows only: ``--own-pairs`` (4,000) (prompt, one sampled
+  length) pairs drawn at random, and all its rows with all ten samples.
+- ``history-epochs``: ``lexical`` plus samples 0 and 1 as two earlier epochs
+  (``HistoryPredictor.from_epochs``); target = mean of the other eight.
+- ``minilm-heads``: frozen all-MiniLM-L6-v2 embeddings (128 tokens, computed
+  once for all prompts, cached with ``--embeddings``), then per model a ridge
+  head on that model's own train rows, alone and on top of the lexical prior
+  (offset = prior score). ``static-heads``: the same heads on static token
+  embeddings distilled from the encoder (each vocabulary token encoded alone,
+  model2vec-style), with their CPU prompts/s.
+- ``speed``: prompts/s of the shipped default's ``predict`` on 200,000 prompts.
 
     .venv/bin/python benchmarks/predict_quality.py
     python benchmarks/predict_quality.py --kinds transformer --device cuda --transformer-pairs 4000
     python benchmarks/predict_quality.py --kinds transformer --device cuda --transformer-pairs 0
+    .venv/bin/python benchmarks/predict_quality.py --kinds lexical,refit,history-epochs,speed
+    .venv/bin/python benchmarks/predict_quality.py --kinds minilm-heads,static-heads --embeddings emb.npz
 
 (``--base-model DIR`` for a local copy of the encoder where the wheel is not
 installed; ``--data PATH`` for the parquet file elsewhere.)
@@ -86,22 +101,30 @@ def per_model(pred_for, d: dict[str, list], models: list[str]) -> dict[str, dict
 
 
 def bench_lexical(d, models, args):
+    from aspc.predict import load_predictor
     from aspc.predict.lexical import train_lexical
 
     tr = rows_of(d, "train")
     started = time.perf_counter()
-    pred = train_lexical(
-        pick(d, "prompt_text", tr),
-        pick(d, "output_sizes", tr),
-        targets=pick(d, "model", tr),
-        groups=pick(d, "dataset", tr),
-        seed=args.seed,
-        validation_split=0.0,
-    )
+    if args.lexical_cache is not None and args.lexical_cache.is_dir():
+        pred = load_predictor(args.lexical_cache)
+    else:
+        pred = train_lexical(
+            pick(d, "prompt_text", tr),
+            pick(d, "output_sizes", tr),
+            targets=pick(d, "model", tr),
+            groups=pick(d, "dataset", tr),
+            seed=args.seed,
+            validation_split=0.0,
+        )
+        if args.lexical_cache is not None:
+            pred.save(args.lexical_cache)
     secs = time.perf_counter() - started
     res = per_model(lambda m: pred.with_target(m), d, models)
+    pooled = per_model(lambda m: pred, d, models)
     texts = list(dict.fromkeys(pick(d, "prompt_text", rows_of(d, "validate"))))
-    return {"per_model": res, "train_s": secs, "prompts_per_s": speed(pred, texts, repeat=5)}, pred
+    out = {"per_model": res, "train_s": secs, "prompts_per_s": speed(pred, texts, repeat=5)}
+    return out | {"pooled_head": pooled}, pred
 
 
 def bench_lexical_per_model(d, models, args):
@@ -206,6 +229,77 @@ def bench_transformer_speed(d, args):
     return {"cpu_prompts_per_s": speed(pred, sample), "threads": torch.get_num_threads(), "n": len(sample)}
 
 
+def bench_refit(d, models, base, args):
+    """Per model: the prior refitted on the model's own pairs (a probe's 4,000, and all its train rows)."""
+    from aspc.predict.lexical import train_lexical
+    from aspc.predict.metrics import evaluate
+
+    out: dict[str, dict] = {f"refit-{args.own_pairs}": {}}
+    if args.refit_all:
+        out["refit-all"] = {}
+    if args.scratch:
+        out[f"scratch-{args.own_pairs}"] = {}
+    secs = {}
+    for m in models:
+        tr = rows_of(d, "train", m)
+        va = rows_of(d, "validate", m)
+        vt, vl = pick(d, "prompt_text", va), pick(d, "output_sizes", va)
+        texts, lens = own_pairs(d, tr, args.own_pairs, args.seed)
+        started = time.perf_counter()
+        refit = train_lexical(texts, lens, init=base, seed=args.seed, validation_split=0.0)
+        secs[m] = time.perf_counter() - started
+        out[f"refit-{args.own_pairs}"][m] = evaluate(refit.predict(vt), vl)
+        if args.refit_all:
+            full = train_lexical(pick(d, "prompt_text", tr), pick(d, "output_sizes", tr), init=base,
+                                 seed=args.seed, validation_split=0.0)  # fmt: skip
+            out["refit-all"][m] = evaluate(full.predict(vt), vl)
+        if args.scratch:
+            scratch = train_lexical(texts, lens, seed=args.seed, validation_split=0.0)
+            out[f"scratch-{args.own_pairs}"][m] = evaluate(scratch.predict(vt), vl)
+        print(f"  {m}: refit {out[f'refit-{args.own_pairs}'][m]['kendall_tau']:.3f}", flush=True)
+        if args.json_out is not None:
+            partial = args.json_out.with_suffix(".refit-partial.json")
+            partial.write_text(json.dumps({k: {"per_model": v} for k, v in out.items()}, indent=1, default=float))
+    return {k: {"per_model": v} for k, v in out.items()} | {"refit-seconds": {"mean_s": float(np.mean(list(secs.values())))}}
+
+
+def own_pairs(d, rows: list[int], k: int, seed: int) -> tuple[list[str], list[np.ndarray]]:
+    """``k`` (prompt, one sampled length) pairs drawn without replacement from ``rows``' samples."""
+    sizes = [len(d["output_sizes"][i]) for i in rows]
+    flat = np.repeat(np.arange(len(rows)), sizes)
+    within = np.concatenate([np.arange(n) for n in sizes])
+    chosen = np.sort(np.random.default_rng(seed).choice(len(flat), size=min(k, len(flat)), replace=False))
+    by_row: dict[int, list[float]] = {}
+    for c in chosen:
+        by_row.setdefault(int(flat[c]), []).append(float(d["output_sizes"][rows[flat[c]]][within[c]]))
+    keys = sorted(by_row)
+    return [d["prompt_text"][rows[r]] for r in keys], [np.asarray(by_row[r]) for r in keys]
+
+
+def bench_history_epochs(d, models, base):
+    from aspc.predict.history import HistoryPredictor
+    from aspc.predict.metrics import evaluate
+
+    res = {}
+    for m in models:
+        idx = rows_of(d, "validate", m)
+        ids = [str(i) for i in idx]
+        samples = pick(d, "output_sizes", idx)
+        epochs = [{k: s[e : e + 1] for k, s in zip(ids, samples, strict=True)} for e in (0, 1)]
+        hp = HistoryPredictor.from_epochs(base.with_target(m), epochs)
+        res[m] = evaluate(hp.predict(pick(d, "prompt_text", idx), ids=ids), [s[2:] for s in samples])
+    return {"per_model": res}
+
+
+def bench_speed(base, d) -> dict:
+    texts = list(dict.fromkeys(d["prompt_text"]))
+    big = (texts * (200_000 // len(texts) + 1))[:200_000]
+    base.predict(big[:1000])
+    started = time.perf_counter()
+    base.predict(big)
+    return {"default_prompts_per_s": len(big) / (time.perf_counter() - started), "n": len(big)}
+
+
 def table(results: dict, models: list[str]) -> str:
     names = [k for k in results if "per_model" in results[k]]
     lines = []
@@ -227,6 +321,21 @@ def table(results: dict, models: list[str]) -> str:
     return "\n".join(lines)
 
 
+def markdown(results: dict, models: list[str], key: str = "kendall_tau") -> str:
+    """A README table: one row per model, one column per predictor, ``key`` in each cell."""
+    names = [k for k in results if "per_model" in results[k]]
+    lines = ["| model | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for m in models + ["mean"]:
+        cells = []
+        for n in names:
+            pm = results[n]["per_model"]
+            v = float(np.mean([pm[x][key] for x in pm])) if m == "mean" else pm.get(m, {}).get(key)
+            cells.append("n/a" if v is None else f"{v:.3f}")
+        label = "**mean**" if m == "mean" else m.split("--")[-1]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA)
@@ -238,12 +347,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--freeze-encoder", action="store_true")
     ap.add_argument("--speed-n", type=int, default=200, help="prompts for the CPU transformer speed run")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--own-pairs", type=int, default=4000, help="refit: (prompt, sample) pairs per model")
+    ap.add_argument("--markdown", action="store_true", help="also print README tables (tau, coverage)")
+    ap.add_argument("--from-json", type=Path, nargs="*", default=None, help="print tables of saved --json-out runs")
+    ap.add_argument("--lexical-cache", type=Path, default=None, help="save/reuse the train-split lexical predictor")
+    ap.add_argument("--refit-all", action="store_true", help="refit: also on all the model's train rows")
+    ap.add_argument("--scratch", action="store_true", help="refit: also train from scratch on the own pairs")
+    ap.add_argument("--embeddings", type=Path, default=None, help="minilm/static heads: embedding cache (.npz)")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args(argv)
     if not args.data.is_file():
         print(f"skipped: {args.data} not found (see ../shared/data/README.md)")
         return 0
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    if args.from_json:
+        merged: dict = {}
+        for f in args.from_json:
+            merged.update(json.loads(f.read_text()))
+        models = sorted({m for r in merged.values() if "per_model" in r for m in r["per_model"]})
+        print(markdown(merged, models))
+        print(markdown(merged, models, "coverage_q10_q90"))
+        return 0
     d = load(args.data)
     models = sorted(set(d["model"]))
     kinds = args.kinds.split(",")
@@ -253,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         if kind == "lexical":
             results[kind], lexical = bench_lexical(d, models, args)
+            results["lexical-pooled-head"] = {"per_model": results[kind].pop("pooled_head")}
         elif kind == "lexical-per-model":
             results[kind] = bench_lexical_per_model(d, models, args)
         elif kind == "history":
@@ -263,13 +389,34 @@ def main(argv: list[str] | None = None) -> int:
             results[kind] = bench_transformer(d, models, args)
         elif kind == "transformer-speed":
             results[kind] = bench_transformer_speed(d, args)
+        elif kind in ("refit", "history-epochs", "speed"):
+            if lexical is None:
+                _, lexical = bench_lexical(d, models, args)
+            if kind == "refit":
+                results.update(bench_refit(d, models, lexical, args))
+            elif kind == "history-epochs":
+                results[kind] = bench_history_epochs(d, models, lexical)
+            else:
+                from aspc.predict import load_predictor
+
+                results[kind] = bench_speed(load_predictor("default"), d)
+        elif kind in ("minilm-heads", "static-heads"):
+            from predict_embed import bench_heads
+
+            # Heads on top of the lexical prior only when this run trains it (kind lexical first).
+            results.update(bench_heads(d, models, lexical, args, static=kind == "static-heads"))
         else:
             ap.error(f"unknown kind {kind}")
         print(f"[{kind}: {time.perf_counter() - started:.0f} s]", flush=True)
+        if args.json_out:  # after every kind: a long run that is stopped keeps what it measured
+            args.json_out.write_text(json.dumps(results, indent=1, default=float))
     print(table(results, models))
     for kind, r in results.items():
         extra = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k != "per_model"}
         print(f"{kind}: {extra}")
+    if args.markdown:
+        print(markdown(results, models))
+        print(markdown(results, models, "coverage_q10_q90"))
     if args.json_out:
         args.json_out.write_text(json.dumps(results, indent=1, default=float))
     return 0

@@ -4,18 +4,23 @@ Reproducible: the same data and seed give the same weights bit for bit.
 
     .venv/bin/python scripts/train_default_predictor.py
 
-Data: the ``train`` split of ``../shared/data/castillo-dev.parquet`` (CASTILLO,
-Perez et al., CC-BY-4.0; see that folder's README): 13 instruction-tuned LLMs,
-ten sampled response lengths per (prompt, model). Each (prompt, model) pair is
-one training row with the model's name as its *target*; the text weights are
-shared and each model gets its own intercept and quantile calibration (see
-``aspc/predict/lexical.py``). ``aspc compile`` uses the pooled head (no
-target); ``--target NAME`` picks a model's head. The prompt's source dataset
-is the *group* for leave-one-source-out residuals, so the q10-q90 band is
-measured on prompt sources the model has not seen.
+Data: all of ``../shared/data/castillo-dev.parquet`` (CASTILLO, Perez et al.,
+CC-BY-4.0; see that folder's README), both splits: 13 instruction-tuned LLMs,
+7 prompt sources, ten sampled response lengths per (prompt, model). Each
+(prompt, model) pair is one training row with the model's name as its
+*target* (the ``row`` target, chosen over a per-prompt geometric mean by
+leave-one-dataset-out cross-validation, ``scripts/cv_default_target.py``;
+figures in the README); the text weights are shared and each model gets its
+own intercept and level calibration (see ``aspc/predict/lexical.py``).
+``aspc compile`` uses the pooled head (no target); ``--target NAME`` picks a
+model's head. The prompt's source dataset is the *group* for
+leave-one-source-out residuals, so the q10-q90 band is measured on prompt
+sources the model has not seen (and widened until every source counts
+equally; see ``aspc/predict/calibration.py``).
 
-The ``validate`` split is not trained on; the per-model figures on it are
-recorded in the predictor's ``metadata.json`` under ``validation``.
+``--splits train`` trains on the train split only and records the per-model
+figures on ``validate`` in ``metadata.json`` under ``validation`` (what
+``benchmarks/predict_quality.py`` reports as the default's recipe).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA, help="castillo-dev.parquet")
     ap.add_argument("--output", type=Path, default=OUTPUT, help="predictor directory to write")
-    ap.add_argument("--splits", default="train", help="comma-separated splits to train on")
+    ap.add_argument("--splits", default="train,validate", help="comma-separated splits to train on")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     if not args.data.is_file():

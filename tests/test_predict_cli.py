@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from aspc.cli import main
+from aspc.predict.base import FORMAT_VERSION
 
 STYLES = {"in one word": 3, "briefly": 60, "in a paragraph": 150, "in detail": 400, "as a long essay": 900}
 
@@ -71,7 +72,7 @@ def run(*args: str):
 
 def test_train_writes_directory(files) -> None:
     meta = json.loads((files["pred"] / "metadata.json").read_text())
-    assert meta["aspc_predictor"] == "lexical" and meta["format_version"] == 1
+    assert meta["aspc_predictor"] == "lexical" and meta["format_version"] == FORMAT_VERSION
     assert {"kendall_tau", "coverage_q10_q90"} <= set(meta["validation"])
     assert len(meta["training"]["input_sha256"]) == 64
     res = run(

@@ -97,3 +97,31 @@ def test_history_predictor_uses_ids() -> None:
         hp.save("anywhere")
     with pytest.raises(ConfigError, match="kappa"):
         HistoryPredictor(Constant(1.0), {}, kappa=0.0)
+
+
+def test_recent_epochs_weigh_more() -> None:
+    from aspc.predict.base import LengthPrediction
+    from aspc.predict.history import HistoryPredictor
+
+    class Flat:
+        kind = "flat"
+        metadata = {"history_kappa": 1.0}
+
+        def predict(self, texts, *, ids=None):
+            n = len(texts)
+            return LengthPrediction(np.full(n, 100.0), np.full(n, 50.0), np.full(n, 100.0), np.full(n, 200.0))
+
+        def identity(self):
+            return {"kind": "flat"}
+
+        def content_hash(self):
+            return "0"
+
+    old, new = {"a": np.array([100.0])}, {"a": np.array([400.0])}
+    equal = HistoryPredictor.from_epochs(Flat(), [old, new], decay=1.0).predict(["x"], ids=["a"]).mean[0]
+    recent = HistoryPredictor.from_epochs(Flat(), [old, new]).predict(["x"], ids=["a"]).mean[0]
+    swapped = HistoryPredictor.from_epochs(Flat(), [new, old]).predict(["x"], ids=["a"]).mean[0]
+    assert swapped < equal < recent
+    # One epoch only: the same as the plain history predictor.
+    plain = HistoryPredictor(Flat(), new).predict(["x"], ids=["a"]).mean[0]
+    assert HistoryPredictor.from_epochs(Flat(), [new]).predict(["x"], ids=["a"]).mean[0] == pytest.approx(plain)

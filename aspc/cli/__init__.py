@@ -19,6 +19,7 @@ _COMMANDS = {
     "check": ("check", "check_cmd"),
     "inspect": ("inspect", "inspect_cmd"),
     "predict": ("predict", "predict_group"),
+    "probe": ("probe", "probe_cmd"),
     "run": ("run", "run_cmd"),
     "simulate": ("simulate", "simulate_cmd"),
     "calibrate": ("calibrate", "calibrate_cmd"),

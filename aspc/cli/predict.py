@@ -72,17 +72,6 @@ def _check_device(device: str) -> None:
             raise ConfigError(f"--device {device}: torch is not installed; use --device auto") from None
 
 
-def _read_with_lengths(data: Path, length_field: str, prompt_field: str, id_field: str, on_bad_line: str):
-    from aspc.io import read_prompts
-
-    table = read_prompts(
-        data, prompt_field=prompt_field, id_field=id_field, length_field=length_field, on_bad_line=on_bad_line
-    )
-    if table.lengths is None:
-        raise InputError(f"{data.name}: no lengths read from field {length_field!r}; check --length-field")
-    return table
-
-
 @click.group("predict", cls=_DefaultGroup, invoke_without_command=False)
 def predict_group() -> None:
     """Train, evaluate and apply response-length predictors.
@@ -94,8 +83,18 @@ def predict_group() -> None:
     """
 
 
+def _init_option(fn: F) -> F:
+    return click.option(
+        "--init",
+        default=None,
+        metavar="DIR|default",
+        help="Refit from an existing predictor (a directory, or 'default'): a few hundred pairs re-level and "
+        "re-calibrate it, a few thousand make it policy-specific.",
+    )(fn)
+
+
 @predict_group.command("train")
-@click.argument("data", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("data", type=click.Path(path_type=Path))
 @click.option(
     "-o",
     "--output",
@@ -126,6 +125,13 @@ def predict_group() -> None:
     "--epochs", type=int, default=None, help="Transformer epochs. [default: 3, or 40 with --freeze-encoder]"
 )
 @click.option("--freeze-encoder", is_flag=True, help="Transformer: train only the head on fixed embeddings.")
+@_init_option
+@click.option(
+    "--plan",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="With a run log DATA: the plan that was run, for prompt texts. [default: RUN/plan.parquet]",
+)
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed for the split, folds and initialisation."
 )
@@ -149,6 +155,8 @@ def train_cmd(
     device: str,
     epochs: int | None,
     freeze_encoder: bool,
+    init: str | None,
+    plan: Path | None,
     seed: int,
     validation_split: float,
     prompt_field: str,
@@ -157,18 +165,33 @@ def train_cmd(
     as_json: bool,
     quiet: bool,
 ) -> None:
-    """Train a predictor on DATA's prompts and observed lengths; write it to -o DIR."""
-    from aspc.predict import train_predictor
+    """Train a predictor on DATA's prompts and observed lengths; write it to -o DIR.
 
+    DATA is a dataset (a length field holding a number, a list of sampled
+    lengths, or one row per sample) or an aspc run log directory (every
+    committed sample, prompt texts from the plan that was run).
+    """
     if epochs is not None and epochs < 1:
         raise ConfigError(f"--epochs {epochs}: give at least 1")
     _check_device(device)
-    table = _read_with_lengths(data, length_field, prompt_field, id_field, on_bad_line)
+    from aspc.predict.pairs import read_training_pairs
+
+    if not data.exists():
+        raise InputError(f"{data}: no such file or run log directory")
+    pairs = read_training_pairs(
+        data,
+        length_field=length_field,
+        prompt_field=prompt_field,
+        id_field=id_field,
+        on_bad_line=on_bad_line,
+        plan=plan,
+    )
     with RichProgress(quiet) as progress:
-        pred = train_predictor(
+        pred = train_from_pairs(
+            pairs,
             kind,
-            table.texts,
-            table.lengths,
+            where=str(data),
+            init=init,
             seed=seed,
             validation_split=validation_split,
             base_model=base_model,
@@ -177,7 +200,6 @@ def train_cmd(
             freeze_encoder=freeze_encoder,
             progress=progress,
         )
-        pred.metadata.setdefault("training", {})["input_sha256"] = table.input_hash
         progress.stage("write")
         pred.save(output)
         progress.done()
@@ -192,14 +214,26 @@ def train_cmd(
             }
         )
         return
-    note(f"wrote {kind} predictor to {output} ({len(table)} prompts)", quiet)
+    src = f"{len(pairs)} prompts, {pairs.n_samples} lengths from the {pairs.source}"
+    note(f"wrote {kind} predictor to {output} ({src}{', refit from ' + init if init else ''})", quiet)
     if val and not quiet:
         out_console.print(_metrics_table({"validation": val}, f"held-out {validation_split:.0%} of prompts"))
 
 
+def train_from_pairs(pairs: Any, kind: str, *, where: str, init: str | None = None, **kwargs: Any) -> Any:
+    """Check the pairs, train (from scratch or refit from ``init``); the shared body of train and probe."""
+    from aspc.predict import MIN_PAIRS, train_predictor
+    from aspc.predict.pairs import check_pair_count
+
+    check_pair_count(pairs, MIN_PAIRS, where)
+    pred = train_predictor(kind, pairs.texts, pairs.lengths, init=init, **kwargs)
+    pred.metadata.setdefault("training", {}).update(input_sha256=pairs.input_hash, source=pairs.source)
+    return pred
+
+
 @predict_group.command("eval")
 @click.argument("predictor", type=str)
-@click.argument("data", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("data", type=click.Path(path_type=Path))
 @click.option(
     "--length-field",
     default="length",
@@ -232,20 +266,30 @@ def eval_cmd(
     """
     from aspc.predict import load_predictor
     from aspc.predict.metrics import baseline_prediction, evaluate, marginal_summary
+    from aspc.predict.pairs import read_training_pairs
 
     _check_device(device)
     pred = load_predictor(predictor, target=target, device=device)
-    table = _read_with_lengths(data, length_field, prompt_field, id_field, on_bad_line)
+    if not data.exists():
+        raise InputError(f"{data}: no such file or run log directory")
+    pairs = read_training_pairs(
+        data, length_field=length_field, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line
+    )
     with RichProgress(quiet) as progress:
         progress.stage("predict", total=1)
-        result = evaluate(pred.predict(table.texts, ids=table.ids), table.lengths)
+        predicted = pred.predict(pairs.texts, ids=pairs.ids)
+        result = evaluate(predicted, pairs.lengths)
         progress.done()
+    if any(len(a) > 1 for a in pairs.lengths):
+        # Several sampled lengths per prompt: the band is judged on single samples, the
+        # quantity a worker generates (coverage_q10_q90 counts the same samples).
+        result["coverage_q10_q90_samples"] = result["coverage_q10_q90"]
     marginal = pred.metadata.get("marginal")
     source = "training marginal"
     if not marginal:
-        marginal, source = marginal_summary(table.lengths), "evaluation-data marginal"
+        marginal, source = marginal_summary(pairs.lengths), "evaluation-data marginal"
     result["baseline"] = {
-        **evaluate(baseline_prediction(len(table), marginal), table.lengths),
+        **evaluate(baseline_prediction(len(pairs), marginal), pairs.lengths),
         "source": source,
     }
     result["predictor"] = pred.identity()
@@ -275,7 +319,8 @@ def eval_cmd(
     "history",
     multiple=True,
     type=click.Path(path_type=Path),
-    help="Observed lengths by prompt id: an aspc run log or a dataset (repeatable).",
+    help="Observed lengths by prompt id: an aspc run log or a dataset (repeatable: one per earlier "
+    "epoch, oldest first; newer epochs weigh more).",
 )
 @click.option(
     "--history-length-field", default="length", show_default=True, help="Length field of --history datasets."
@@ -307,9 +352,7 @@ def apply_cmd(
     pred = load_predictor(predictor, target=target, device=device)
     table = read_prompts(data, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)
     if history:
-        from aspc.io.history import read_history
-
-        pred = HistoryPredictor(pred, read_history(history, id_field=id_field, length_field=history_length_field))
+        pred = HistoryPredictor.from_epochs(pred, _read_epochs(history, id_field, history_length_field))
     with RichProgress(quiet) as progress:
         progress.stage("predict", total=1)
         result = pred.predict(table.texts, ids=table.ids)
@@ -323,6 +366,13 @@ def apply_cmd(
         return
     extra = f", {summary['with_history']} with history" if history else ""
     note(f"wrote {len(table)} predictions to {output} ({pred.kind} predictor{extra})", quiet)
+
+
+def _read_epochs(paths: tuple[Path, ...], id_field: str, length_field: str) -> list[dict[str, Any]]:
+    """One observation map per --history source: each source is an earlier epoch, oldest first."""
+    from aspc.io.history import read_history
+
+    return [read_history(p, id_field=id_field, length_field=length_field) for p in paths]
 
 
 def _write_predictions(output: Path, ids: list[str], pred: Any) -> None:

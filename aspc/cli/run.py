@@ -367,6 +367,10 @@ def run_cmd(
             replanner=replanner,
             progress=progress,
         )
+    if log_dir is not None:  # the plan's prompt texts let 'aspc predict train RUN' learn from the run
+        from aspc.predict.pairs import keep_plan_in_log
+
+        keep_plan_in_log(plan_path, log_dir)
     for msg in result.notes:
         note(msg, quiet)
     if actual_lengths is not None:

@@ -117,6 +117,7 @@ def train_predictor(
     device: str = "auto",
     epochs: int | None = None,
     freeze_encoder: bool = False,
+    init: str | Path | Predictor | None = None,
     progress: Progress = NULL_PROGRESS,
 ) -> Predictor:
     """Train a predictor of ``kind`` on (prompt text, observed lengths) pairs.
@@ -141,6 +142,11 @@ def train_predictor(
         Fraction of distinct prompts held out; their metrics go to the metadata.
     base_model, device, epochs, freeze_encoder
         Transformer settings (ignored, and rejected when set, for lexical).
+    init
+        Refit from this predictor (a directory, ``"default"``, or a loaded
+        predictor of the same kind) instead of starting from scratch: lexical
+        fits a penalised correction of its weights
+        (:mod:`aspc.predict.lexical_train`), transformer fine-tunes its weights.
     progress
         Progress sink (the CLI passes a rich bar).
 
@@ -159,6 +165,7 @@ def train_predictor(
             lengths,
             targets=targets,
             groups=groups,
+            init=_init_predictor(init, "lexical", device),
             seed=seed,
             validation_split=validation_split,
             progress=progress,
@@ -172,9 +179,30 @@ def train_predictor(
             lengths,
             targets=targets,
             config=config,
+            init=_init_predictor(init, "transformer", device),
             device=device,
             seed=seed,
             validation_split=validation_split,
             progress=progress,
         )
     raise ConfigError(f"unknown predictor kind {kind!r}; use one of {', '.join(KINDS)}")
+
+
+def _init_predictor(init: str | Path | Predictor | None, kind: str, device: str) -> Any:
+    """The predictor a refit starts from, checked to be of ``kind``."""
+    if init is None:
+        return None
+    if isinstance(init, Predictor):
+        pred = init
+    else:
+        from aspc.errors import PredictorError
+
+        try:
+            pred = load_predictor(init, device=device) if kind == "transformer" else load_predictor(init)
+        except PredictorError as exc:
+            raise ConfigError(f"--init: {exc}") from None
+    if pred.kind != kind:
+        raise ConfigError(
+            f"--init {init}: holds a {pred.kind} predictor, but --kind is {kind}; a refit keeps the kind"
+        )
+    return pred

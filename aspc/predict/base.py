@@ -20,7 +20,7 @@ import numpy as np
 
 from aspc.errors import InputError, PredictorError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Version of the predictor directory layout; bump on any incompatible change."""
 
 METADATA_FILE = "metadata.json"

@@ -1,20 +1,33 @@
 """Turn a predicted log length into a mean and q10/q50/q90 from out-of-fold residuals.
 
-A point model predicts ``y_hat``, the log of a prompt's mean response length.
-The spread of one sampled response around it is taken from residuals that
-the model did not see in training (out-of-fold), so the interval is honest
-rather than as narrow as the training fit. Residuals are binned by ``y_hat``
-(long prompts spread differently from short ones) and the per-bin offsets are
-interpolated between bin centres, so the quantiles vary smoothly with the
-prediction; they are kept non-decreasing in the prediction, so the mean and
-every quantile rank prompts the same way the point model does.
+A point model predicts ``y_hat``, a score on the log scale of a prompt's
+length. Calibration maps it to tokens in two steps, both fitted on
+out-of-fold predictions (residuals the model did not see in training), so the
+result is honest rather than as sharp as the training fit:
+
+1. **Level**: ``z = a + b * y_hat``, least squares of each prompt's log mean
+   length on ``y_hat``, with the slope kept in ``[MIN_SLOPE, 1.5]``. Out of
+   fold, ridge scores on unfamiliar prompts are too spread out, and this
+   shrinks them as much as the data says, but never to a constant.
+2. **Spread of one sampled response**: residuals ``log(sample) - z`` are
+   binned by ``y_hat``; each bin gives the 10/50/90% quantiles and a smearing
+   term for the mean. The per-bin curves ``z + offset`` are then made
+   *strictly* increasing in ``y_hat`` (each step rises by at least
+   ``MIN_SLOPE * b`` per unit of ``y_hat``), interpolated between bin centres
+   and continued with slope ``b`` outside them.
+
+Every output is therefore a strictly increasing function of ``y_hat``: the
+calibrated predictions rank prompts exactly as the raw scores do (same
+Kendall tau), and distinct scores stay distinct. An earlier version made the
+curves only non-decreasing, and a bin whose residuals said "no information"
+flattened whole regions: every GSM8K prompt got the same 373.6 tokens.
 
 Notes
 -----
-This is split-conformal style calibration of a quantile band with
-conditioning on the predicted value (Lei et al. 2018, "Distribution-free
-predictive inference for regression", section 2.2), with the mean recovered by
-Duan's (1983) smearing estimate.
+Split-conformal style calibration of a quantile band with conditioning on the
+predicted value (Lei et al. 2018, "Distribution-free predictive inference for
+regression", section 2.2); linear recalibration of the level is Platt-style
+scaling on the log scale; the mean comes from Duan's (1983) smearing estimate.
 """
 
 from __future__ import annotations
@@ -27,66 +40,157 @@ import numpy as np
 from aspc.predict.base import LengthPrediction
 
 QUANTILES = (0.1, 0.5, 0.9)
+MIN_SLOPE = 0.2
+"""Least slope of the level map, and least rise (as a share of it) of every calibrated curve:
+keeps calibration strictly monotone, so it never collapses distinct prompts onto one value."""
+MAX_SLOPE = 1.5
 
 
 @dataclass
 class Calibration:
-    """Per-bin residual offsets in log space."""
+    """Level map and per-bin curves, all in log tokens."""
 
-    centers: np.ndarray  # (B,) float64, ascending: median y_hat of each bin
-    offsets: np.ndarray  # (B, 3) float64, log-quantile offsets of one response for q10, q50, q90
-    smear: np.ndarray  # (B,) float64, log of E[mean length / exp(y_hat)] in each bin
+    centers: np.ndarray  # (B,) float64, strictly ascending: median y_hat of each bin
+    curves: np.ndarray  # (B, 4) float64, at each centre: log mean, log q10, log q50, log q90
+    slope: float  # d(curve)/d(y_hat) outside the centres (the level map's slope b)
 
     @classmethod
-    def fit(cls, y_hat: np.ndarray, lengths: Sequence[np.ndarray], n_bins: int = 8) -> Calibration:
-        """Fit from out-of-fold predictions ``y_hat`` and each prompt's observed lengths."""
+    def fit(
+        cls,
+        y_hat: np.ndarray,
+        lengths: Sequence[np.ndarray],
+        n_bins: int = 8,
+        band_scale: float = 1.0,
+    ) -> Calibration:
+        """Fit from out-of-fold scores ``y_hat`` and each prompt's observed lengths.
+
+        ``band_scale`` widens (> 1) the q10/q90 offsets about the median, for
+        callers that know their held-out residuals understate the error on
+        new data.
+        """
         y_hat = np.asarray(y_hat, dtype=np.float64)
+        level = np.log(np.maximum([float(np.mean(a)) for a in lengths], 1.0))
+        a, b = _level_map(y_hat, level)
+        z = a + b * y_hat
         n_bins = int(max(1, min(n_bins, len(y_hat) // 50)))
         edges = np.quantile(y_hat, np.linspace(0, 1, n_bins + 1)[1:-1])
         bin_of = np.searchsorted(edges, y_hat, side="right")
-        counts = np.fromiter((len(a) for a in lengths), dtype=np.int64, count=len(lengths))
+        counts = np.fromiter((len(x) for x in lengths), dtype=np.int64, count=len(lengths))
         flat = np.log(np.maximum(np.concatenate(lengths), 1.0))
-        sample_resid = flat - np.repeat(y_hat, counts)
+        sample_resid = flat - np.repeat(z, counts)
         sample_bin = np.repeat(bin_of, counts)
-        mean_ratio = np.array([np.mean(a) for a in lengths]) / np.exp(y_hat)
-        centers = np.empty(n_bins)
-        offsets = np.empty((n_bins, 3))
-        smear = np.empty(n_bins)
-        for b in range(n_bins):
-            in_bin = bin_of == b
-            centers[b] = np.median(y_hat[in_bin])
-            offsets[b] = np.quantile(sample_resid[sample_bin == b], QUANTILES)
-            smear[b] = np.log(max(float(np.mean(mean_ratio[in_bin])), 1e-6))
-        # Make y_hat + offset non-decreasing across bins, so that the mean and every quantile
-        # rank prompts exactly as y_hat does; a bin with odd residuals must not reorder prompts.
-        offsets = np.maximum.accumulate(offsets + centers[:, None], axis=0) - centers[:, None]
-        smear = np.maximum.accumulate(smear + centers) - centers
-        return cls(centers, offsets, smear)
+        mean_ratio = np.exp(level - z)
+        centers, curves = [], []
+        for k in range(n_bins):
+            in_bin = bin_of == k
+            if not in_bin.any():
+                continue
+            c = float(np.median(y_hat[in_bin]))
+            q = np.quantile(sample_resid[sample_bin == k], QUANTILES)
+            q = q[1] + band_scale * (q - q[1])
+            smear = np.log(max(float(np.mean(mean_ratio[in_bin])), 1e-6))
+            zc = a + b * c
+            centers.append(c)
+            curves.append([zc + smear, zc + q[0], zc + q[1], zc + q[2]])
+        centers_a, curves_a = _strictly_increasing(np.array(centers), np.array(curves), b)
+        return cls(centers_a, curves_a, float(b))
 
     def apply(self, y_hat: np.ndarray) -> LengthPrediction:
-        """Mean and quantiles (tokens) for predicted log lengths ``y_hat``."""
+        """Mean and quantiles (tokens) for scores ``y_hat``."""
         y_hat = np.asarray(y_hat, dtype=np.float64)
-        q = np.stack([y_hat + np.interp(y_hat, self.centers, self.offsets[:, k]) for k in range(3)], axis=1)
-        # Interpolation keeps each column's order only bin-wise; enforce q10 <= q50 <= q90.
-        q = np.maximum.accumulate(q, axis=1)
-        mean = np.exp(y_hat + np.interp(y_hat, self.centers, self.smear))
+        c = self.centers
+        lo, hi = c[0], c[-1]
+        out = np.empty((len(y_hat), 4))
+        for k in range(4):
+            out[:, k] = np.interp(y_hat, c, self.curves[:, k])
+        # Linear continuation outside the centres: np.interp would clamp, which is flat.
+        out += (self.slope * (np.minimum(y_hat - lo, 0.0) + np.maximum(y_hat - hi, 0.0)))[:, None]
+        # Columns rise with y_hat; q10 <= q50 <= q90 keeps that (a max of increasing curves).
+        q = np.maximum.accumulate(out[:, 1:], axis=1)
         qt = np.exp(q)
-        return LengthPrediction(mean, qt[:, 0], qt[:, 1], qt[:, 2])
+        return LengthPrediction(np.exp(out[:, 0]), qt[:, 0], qt[:, 1], qt[:, 2])
 
     def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
         return {
             f"{prefix}centers": self.centers,
-            f"{prefix}offsets": self.offsets,
-            f"{prefix}smear": self.smear,
+            f"{prefix}curves": self.curves,
+            f"{prefix}slope": np.array([self.slope]),
         }
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], prefix: str) -> Calibration:
-        return cls(
-            np.asarray(arrays[f"{prefix}centers"], dtype=np.float64),
-            np.asarray(arrays[f"{prefix}offsets"], dtype=np.float64),
-            np.asarray(arrays[f"{prefix}smear"], dtype=np.float64),
-        )
+        centers = np.asarray(arrays[f"{prefix}centers"], dtype=np.float64)
+        curves = np.asarray(arrays[f"{prefix}curves"], dtype=np.float64)
+        slope = float(np.asarray(arrays[f"{prefix}slope"], dtype=np.float64).reshape(-1)[0])
+        if (
+            centers.ndim != 1
+            or len(centers) == 0
+            or curves.shape != (len(centers), 4)
+            or not np.all(np.isfinite(curves))
+            or not np.all(np.diff(centers) > 0)
+            or not slope > 0
+        ):
+            raise ValueError(f"calibration {prefix!r} is malformed")
+        return cls(centers, curves, slope)
+
+
+def balanced_band_scale(
+    y_hat: np.ndarray,
+    lengths: Sequence[np.ndarray],
+    groups: np.ndarray,
+    n_bins: int = 8,
+    level: float = 0.8,
+) -> float:
+    """Band widening that makes the *group-balanced* out-of-fold coverage reach ``level``.
+
+    With leave-one-source-out residuals, plain conformal calibration reaches
+    ``level`` over all held-out rows, dominated by the largest sources. Here
+    each source weighs the same: the coverage averaged over sources must reach
+    ``level``, because a user's prompts are a new source, and sources unlike
+    the others (chat among code) are where the band is too narrow. Found by
+    bisection on ``band_scale`` in [1, 4] (coverage rises with it).
+    """
+    y_hat = np.asarray(y_hat, dtype=np.float64)
+    groups = np.asarray(groups)
+    counts = np.fromiter((len(a) for a in lengths), dtype=np.int64, count=len(lengths))
+    flat = np.concatenate([np.asarray(a, dtype=np.float64) for a in lengths])
+    sample_group = np.repeat(groups, counts)
+    names = np.unique(groups)
+    if len(names) < 2:
+        return 1.0
+
+    def balanced(scale: float) -> float:
+        p = Calibration.fit(y_hat, lengths, n_bins, band_scale=scale).apply(y_hat)
+        inside = (flat >= np.repeat(p.q10, counts)) & (flat <= np.repeat(p.q90, counts))
+        return float(np.mean([inside[sample_group == g].mean() for g in names]))
+
+    lo, hi = 1.0, 4.0
+    if balanced(lo) >= level:
+        return lo
+    for _ in range(14):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if balanced(mid) >= level else (mid, hi)
+    return hi
+
+
+def _level_map(y_hat: np.ndarray, level: np.ndarray) -> tuple[float, float]:
+    """``(a, b)`` of the least-squares line ``level ~ a + b * y_hat``, slope clipped."""
+    if len(y_hat) < 2 or float(np.var(y_hat)) < 1e-12:
+        return float(np.mean(level) - np.mean(y_hat)), 1.0
+    b = float(np.cov(y_hat, level, bias=True)[0, 1] / np.var(y_hat))
+    b = float(np.clip(b, MIN_SLOPE, MAX_SLOPE))
+    return float(np.mean(level) - b * np.mean(y_hat)), b
+
+
+def _strictly_increasing(centers: np.ndarray, curves: np.ndarray, slope: float) -> tuple[np.ndarray, np.ndarray]:
+    """Merge coincident centres and raise each curve so it climbs by >= MIN_SLOPE*slope per unit."""
+    keep = np.concatenate([[True], np.diff(centers) > 1e-9])
+    centers, curves = centers[keep], curves[keep].copy()
+    rise = MIN_SLOPE * slope
+    for j in range(1, len(centers)):
+        floor = curves[j - 1] + rise * (centers[j] - centers[j - 1])
+        curves[j] = np.maximum(curves[j], floor)
+    return centers, curves
 
 
 def estimate_history_prior(

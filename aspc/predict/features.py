@@ -111,11 +111,15 @@ class Features:
 
     def hashed_matvec(self, beta: np.ndarray) -> np.ndarray:
         """``H @ beta`` where ``H`` is the hashed part (``n_hashed`` columns)."""
-        return np.bincount(self.rows, weights=self.vals * beta[self.cols], minlength=self.n_rows)
+        from aspc.predict.sparse_kernel import coo_matvec
+
+        return coo_matvec(self.rows, self.cols, self.vals, beta, self.n_rows)
 
     def hashed_rmatvec(self, r: np.ndarray) -> np.ndarray:
         """``H.T @ r``."""
-        return np.bincount(self.cols, weights=self.vals * r[self.rows], minlength=self.n_hashed)
+        from aspc.predict.sparse_kernel import coo_rmatvec
+
+        return coo_rmatvec(self.rows, self.cols, self.vals, r, self.n_hashed)
 
     def hashed_sq_norms(self, row_weight: np.ndarray | None = None) -> np.ndarray:
         """``sum_i row_weight_i * H_ij**2`` per column (exact unless a row repeats a column)."""

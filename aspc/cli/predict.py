@@ -158,8 +158,11 @@ def train_cmd(
     quiet: bool,
 ) -> None:
     """Train a predictor on DATA's prompts and observed lengths; write it to -o DIR."""
+    from aspc.guards import check_output, check_seed
     from aspc.predict import train_predictor
 
+    check_seed(seed)
+    output = check_output(output, inputs=[data], kind="dir")
     if epochs is not None and epochs < 1:
         raise ConfigError(f"--epochs {epochs}: give at least 1")
     _check_device(device)
@@ -301,8 +304,10 @@ def apply_cmd(
 ) -> None:
     """Predict response lengths of DATA's prompts with PREDICTOR (a directory or 'default')."""
     from aspc.io import read_prompts
+    from aspc.guards import check_output
     from aspc.predict import HistoryPredictor, load_predictor
 
+    output = check_output(output, inputs=[data, *history, None if predictor == "default" else predictor])
     _check_device(device)
     pred = load_predictor(predictor, target=target, device=device)
     table = read_prompts(data, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)

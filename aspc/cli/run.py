@@ -106,6 +106,7 @@ _RUNTIME_KEYS = (
 
 def run_config_from_kwargs(kwargs: dict[str, Any], **extra: Any) -> tuple[Any, Any]:
     """Pop the runtime options out of a command's kwargs: (RunConfig, CostModel)."""
+    from aspc.guards import check_run_config
     from aspc.runtime import RunConfig, load_cost_model
     from aspc.runtime.sim.cost import CostModel
 
@@ -114,6 +115,7 @@ def run_config_from_kwargs(kwargs: dict[str, Any], **extra: Any) -> tuple[Any, A
     cost = load_cost_model(path) if path is not None else CostModel()
     config = RunConfig(**vals, **extra)
     config.validate()
+    check_run_config(config)
     return config, cost
 
 
@@ -285,6 +287,10 @@ def run_cmd(
         raise click.UsageError("--resume needs --log RUN: the run log to continue")
     if resume and overwrite:
         raise click.UsageError("--resume and --overwrite contradict each other; pass one of them")
+    if log_dir is not None:
+        from aspc.guards import check_output
+
+        check_output(log_dir, inputs=[plan_path, actual_lengths], kind="dir", option="--log")
     config, cost = run_config_from_kwargs(
         kwargs,
         seed=seed,

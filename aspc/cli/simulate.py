@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,9 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
     help="Comma list of strategies: random, sorted, asp, oracle (asp with the true lengths).",
 )
 @input_options
-@compile_options
+# No --strategy here: --strategies names them all, and a --strategy beside it
+# used to be accepted and silently ignored.
+@functools.partial(compile_options, with_strategy=False)
 @runtime_options
 @click.option(
     "--actual-lengths",

@@ -79,7 +79,7 @@ class CompileConfig:
     # Minibatch cost: "expected-max" = sequences x the expected maximum of
     # their sampled lengths (lognormal per prompt from q10/q50/q90), the cost
     # a static minibatch really pays; "padded" = sequences x max predicted mean.
-    cost_model: str = "expected-max"
+    minibatch_cost: str = "expected-max"
     predictor: str | None = None  # predictor directory or "default"; None with no length field -> default
     history: tuple[str, ...] = ()  # run logs / datasets of observed lengths
     history_length_field: str = "length"  # length field in history datasets
@@ -226,13 +226,15 @@ def compile_plan(
     so the trainer sees a steady stream of samples.
     """
     from aspc.anneal import balance, dispatch_order
-    from aspc.costs import COST_MODELS, minibatch_costs
+    from aspc.costs import MINIBATCH_COSTS, minibatch_costs
     from aspc.partition import partition
 
     check_compile_config(config)
     strategy = parse_strategy(config.strategy)
-    if config.cost_model not in COST_MODELS:
-        raise ConfigError(f"unknown cost model {config.cost_model!r}; use one of {', '.join(COST_MODELS)}")
+    if config.minibatch_cost not in MINIBATCH_COSTS:
+        raise ConfigError(
+            f"unknown cost model {config.minibatch_cost!r} (--minibatch-cost); use one of {', '.join(MINIBATCH_COSTS)}"
+        )
     n = len(table)
     b, d = resolve_sizes(config, n)
     mean = np.asarray(prediction.mean, dtype=np.float64)
@@ -256,14 +258,14 @@ def compile_plan(
     def _q(name: str) -> np.ndarray:
         return np.asarray(getattr(prediction, name), dtype=np.float64)[rows]
 
-    costs = minibatch_costs(config.cost_model, bounds, nseq[rows], mean[rows], _q("q10"), _q("q50"), _q("q90"))
+    costs = minibatch_costs(config.minibatch_cost, bounds, nseq[rows], mean[rows], _q("q10"), _q("q50"), _q("q90"))
     m = costs.size
     n_groups = resolve_groups(config, m)
     seq_sizes = np.diff(bounds) * config.samples_per_prompt
     extra: dict[str, Any] = {}
 
-    progress.stage("anneal")
     if strategy is Strategy.ASP:
+        # balance reports its own "anneal" stage: one step per temperature level.
         res = balance(
             costs,
             n_groups,
@@ -271,14 +273,16 @@ def compile_plan(
             iterations=config.anneal_iterations,
             sample_sizes=np.diff(bounds),
             equal_samples=config.equal_samples,
+            progress=progress,
         )
         assignment = np.asarray(res.assignment, dtype=np.int64)
         extra = {"init_imbalance": float(res.init_imbalance), "anneal_iterations_run": int(res.iterations_run)}
     else:
         # Baselines: consecutive minibatches form groups, as a trainer that
         # consumes the dispatch stream in order would see them.
+        progress.stage("anneal")
         assignment = np.minimum(np.arange(m) * n_groups // m, n_groups - 1)
-    progress.done()
+        progress.done()
 
     progress.stage("order")
     if strategy is Strategy.ASP:
@@ -319,7 +323,7 @@ def compile_plan(
         S.DISPATCH_RANK: pa.array(np.arange(n, dtype=np.int64), pa.int64()),
     }
     plan_table = pa.Table.from_pydict(arrays, schema=S.PLAN_SCHEMA)
-    metrics = plan_metrics(plan_table, config.cost_model, costs=costs[mb_order])
+    metrics = plan_metrics(plan_table, config.minibatch_cost, costs=costs[mb_order])
     metrics.update(extra)
     metrics["n_skipped"] = len(table.skipped)
     cfg = _config_record(config, inputs, b, d, n_groups)

@@ -102,7 +102,7 @@ def main() -> None:
             batch_size=args.batch_size,
             predictor=args.predictor,
             workers=args.workers,  # as `aspc simulate` does: makespan-aware dispatch order
-            cost_model=args.minibatch_cost,
+            minibatch_cost=args.minibatch_cost,
         )
         run_config = RunConfig(
             workers=args.workers, global_batch=args.global_batch, seed=args.seed, return_mode=args.return_mode

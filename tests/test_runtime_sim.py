@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import naive
 import numpy as np
 import pytest
 
@@ -19,19 +20,6 @@ UNIT = CostModel(
     train_base=1.0,
     train_per_token=0.0,
 )
-
-
-def brute_force_times(lens: np.ndarray, ptok: np.ndarray, prefill_tokens: float, c: CostModel):
-    """Step-by-step decode of one minibatch: the definition the kernel must match."""
-    pre = c.prefill_base + c.prefill_per_token * prefill_tokens
-    t = pre
-    finish = np.full(lens.size, pre)
-    for step in range(1, int(lens.max(initial=0)) + 1):
-        active = lens >= step
-        ctx = float(np.sum(ptok[active] + step - 1))
-        t += c.decode_base + c.decode_per_seq * active.sum() + c.decode_per_context_token * ctx
-        finish[lens == step] = t
-    return t, finish
 
 
 def test_kernel_matches_brute_force_and_closed_form():
@@ -54,7 +42,7 @@ def test_kernel_matches_brute_force_and_closed_form():
     for m in range(work.n_minibatches):
         s0, s1 = work.sample_offsets[m], work.sample_offsets[m + 1]
         r0, r1 = work.row_offsets[m], work.row_offsets[m + 1]
-        t, f = brute_force_times(lens[s0:s1], sp[s0:s1], float(ptok[r0:r1].sum()), cost)
+        t, f = naive.sim_minibatch_times(lens[s0:s1], sp[s0:s1], float(ptok[r0:r1].sum()), cost)
         assert dur[m] == pytest.approx(t, rel=1e-12)
         np.testing.assert_allclose(fin[s0:s1], f, rtol=1e-12)
         ln, p = lens[s0:s1], sp[s0:s1]

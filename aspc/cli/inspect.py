@@ -23,8 +23,8 @@ def inspect_cmd(plan_path: Path, as_json: bool) -> None:
     from aspc.emit.metrics import minibatch_starts
 
     plan = read_plan(plan_path)
-    cost_model = plan.metrics.get("cost_model", "padded")
-    loads = group_loads(plan.table, cost_model)
+    minibatch_cost = plan.metrics.get("cost_model", "padded")
+    loads = group_loads(plan.table, minibatch_cost)
     sizes = np.diff(minibatch_starts(plan.column(S.MINIBATCH)))
     values, counts = np.unique(sizes, return_counts=True)
     hist = {int(v): int(c) for v, c in zip(values, counts, strict=True)}

@@ -59,7 +59,7 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
         click.option("--equal-samples", is_flag=True, help="Groups must hold equal sample counts."),
         click.option(
             "--minibatch-cost",
-            "cost_model",
+            "minibatch_cost",
             type=click.Choice(["padded", "expected-max"]),
             default="expected-max",
             show_default=True,
@@ -104,7 +104,7 @@ _COMPILE_KEYS = (
     "seed",
     "anneal_iterations",
     "equal_samples",
-    "cost_model",
+    "minibatch_cost",
     "predictor",
     "history",
     "history_length_field",

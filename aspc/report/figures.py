@@ -206,7 +206,7 @@ def fig_group_loads(plan: PlanView, path: Path) -> None:
     ax.set_ylim(bottom, ceil)
     ax.yaxis.set_major_formatter(require_matplotlib().ticker.StrMethodFormatter("{x:,.0f}"))
     ax.set_xlabel("dispatch group")
-    ax.set_ylabel(f"predicted load (token-slots, {plan.cost_model})")
+    ax.set_ylabel(f"predicted load (token-slots, {plan.minibatch_cost})")
     ax.set_title(f"Group loads vs lower bound: group_imbalance {imb:.2%} (red: heaviest group)")
     if bottom > 0:
         ax.text(0.01, 0.02, f"y axis starts at {bottom:,.0f}", transform=ax.transAxes, fontsize=8, color="0.35")

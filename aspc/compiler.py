@@ -9,39 +9,21 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from aspc.choices import Strategy, parse_strategy
 from aspc.emit import schema as S
 from aspc.emit.metrics import plan_metrics
 from aspc.emit.plan import Plan
 from aspc.errors import ConfigError, InputError
 from aspc.guards import check_compile_config, check_lengths
-from aspc.io import PromptTable, read_lengths, read_prompts
-from aspc.io.prompts import file_hash
+from aspc.io import PromptTable, read_prompts
+from aspc.io.history import history_hashes, read_history
 from aspc.predict.base import LengthPrediction
 from aspc.progress import NULL_PROGRESS, Progress
-
-
-class Strategy(str, Enum):
-    """How prompts become minibatches and in which order they are dispatched."""
-
-    ASP = "asp"  # sort + DP boundaries + annealed groups + interleaved order
-    SORTED = "sorted"  # sort + fixed-size minibatches dispatched shortest first
-    RANDOM = "random"  # shuffled fixed-size minibatches: the unscheduled baseline
-
-
-STRATEGIES = tuple(s.value for s in Strategy)
-
-
-def parse_strategy(name: str) -> Strategy:
-    try:
-        return Strategy(name)
-    except ValueError:
-        raise ConfigError(f"unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}") from None
 
 
 @dataclass(frozen=True)
@@ -163,43 +145,21 @@ def prepare(
     else:
         from aspc.predict import HistoryPredictor, load_predictor
 
-        observed, history_hashes = _read_history(inputs, config)
+        observed = None
+        if config.history:
+            observed = read_history(
+                config.history, id_field=inputs.id_field, length_field=config.history_length_field
+            )
         predictor = load_predictor(config.predictor or "default")
         if observed is not None:
             predictor = HistoryPredictor(predictor, observed)
         prediction = predictor.predict(table.texts, ids=table.ids)
         identity = dict(predictor.identity())
         if observed is not None:
-            identity["history"] = history_hashes
+            identity["history"] = history_hashes(config.history)
             identity["history_prompts_matched"] = predictor.coverage(table.ids)
     progress.done()
     return table, prediction, identity
-
-
-def _read_history(inputs: InputOptions, config: CompileConfig) -> tuple[dict[str, np.ndarray] | None, list[str]]:
-    """Observed lengths by prompt id from every --history source, and their content hashes."""
-    if not config.history:
-        return None, []
-    observed: dict[str, list[np.ndarray]] = {}
-    hashes = []
-    for path in config.history:
-        for pid, lens in read_lengths(path, id_field=inputs.id_field, length_field=config.history_length_field).items():
-            observed.setdefault(pid, []).append(lens)
-        hashes.append(_path_hash(path))
-    return {k: np.concatenate(v) for k, v in observed.items()}, hashes
-
-
-def _path_hash(path: str | os.PathLike) -> str:
-    import hashlib
-
-    if os.path.isdir(path):
-        h = hashlib.sha256()
-        for root, _dirs, files in sorted(os.walk(path)):
-            for name in sorted(files):
-                if name.endswith(".parquet"):
-                    h.update(file_hash(os.path.join(root, name)).encode())
-        return h.hexdigest()
-    return file_hash(path)
 
 
 def _fixed_bounds(n: int, b: int) -> np.ndarray:

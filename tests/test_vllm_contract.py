@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from aspc.cli import main
 from aspc.errors import BackendError
 from aspc.runtime import BackendContext, RunConfig, run
-from aspc.runtime.backend import make_backend
+from aspc.runtime.registry import make_backend
 from tests.realmodel import VersionTrainer, run_log_samples, small_plan, tiny_model
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-import numpy as np
 from rich.table import Table
 
 from aspc.cli.common import emit_json, handle_errors, json_option, out_console
@@ -18,6 +17,8 @@ from aspc.cli.render import metrics_table
 @handle_errors
 def inspect_cmd(plan_path: Path, as_json: bool) -> None:
     """Show a plan's metrics, config, per-group loads and minibatch size histogram."""
+    import numpy as np
+
     from aspc.emit import group_loads, read_plan
     from aspc.emit import schema as S
     from aspc.emit.metrics import minibatch_starts

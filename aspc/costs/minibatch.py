@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from aspc.choices import MINIBATCH_COSTS
 from aspc.costs.kernel import Z90, _expected_max_costs, _padded_costs
 from aspc.errors import ConfigError
-
-MINIBATCH_COSTS = ("padded", "expected-max")
 
 
 def minibatch_costs(

@@ -162,7 +162,7 @@ def _observed_per_prompt(plan: PlanView, samples: pa.Table) -> tuple[np.ndarray,
 
 
 def run_view(plan: PlanView, log: Any, name: str) -> RunView:
-    """Arrays of a run log (:class:`aspc.runtime.runlog.RunLog`) the figures draw.
+    """Arrays of a run log (:class:`aspc.runtime.record.runlog.RunLog`) the figures draw.
 
     Raises
     ------
@@ -170,7 +170,7 @@ def run_view(plan: PlanView, log: Any, name: str) -> RunView:
         The run log shares no prompt with the plan (it was produced from
         another plan).
     """
-    from aspc.runtime import runlog as R
+    from aspc.runtime.record import runlog as R
 
     samples = log.tables[R.SAMPLES]
     mbs = log.tables[R.MINIBATCHES]
@@ -202,7 +202,7 @@ def run_view(plan: PlanView, log: Any, name: str) -> RunView:
     summary = log.meta.get("summary")
     if log.meta.get("status") != "complete" or not isinstance(summary, dict):
         # A failed or interrupted run has no stored summary: recompute it from the parts.
-        from aspc.runtime.metrics import summarize_log
+        from aspc.runtime.record.metrics import summarize_log
 
         summary = summarize_log(log).to_dict()
     view.extra = run_metrics(view, summary)
@@ -212,7 +212,7 @@ def run_view(plan: PlanView, log: Any, name: str) -> RunView:
 def run_metrics(run: RunView, summary: dict[str, Any]) -> dict[str, Any]:
     """The run's metrics table: predictor agreement (computed here) then the run summary.
 
-    ``summary`` is :meth:`aspc.runtime.metrics.RunSummary.to_dict` (names as
+    ``summary`` is :meth:`aspc.runtime.record.metrics.RunSummary.to_dict` (names as
     ``aspc run`` prints them); nested dicts are flattened to ``outer.inner``
     and lists (per-worker values) left out.
     """

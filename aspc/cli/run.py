@@ -11,6 +11,7 @@ from rich.table import Table
 
 from aspc.cli.backend_options import build_real_components, real_backend_options
 from aspc.cli.common import (
+    CliError,
     RichProgress,
     emit_json,
     handle_errors,
@@ -19,6 +20,7 @@ from aspc.cli.common import (
     out_console,
     quiet_option,
 )
+from aspc.errors import Interrupted
 
 # Light modules (no numba, pyarrow or torch), so --help stays fast.
 from aspc.runtime.config import RETURN_MODES, ReturnMode, RunConfig
@@ -156,6 +158,28 @@ _ROWS = (
     "queue_depth_max",
     "queue_capacity",
 )
+
+
+def _interrupted_message(exc: Interrupted, log_dir: Path | None) -> str:
+    """One line: what the signal did to the run, and the command that continues it."""
+    import shlex
+    import sys
+
+    from aspc.interrupt import signal_name
+
+    name = signal_name(exc.signum)
+    if log_dir is None:
+        return f"interrupted by {name}; the run had no --log, so there is nothing to resume"
+    argv = sys.argv[1:]
+    if "run" in argv:
+        args = [a for a in argv if a != "--overwrite"]
+        cmd = shlex.join(["aspc", *args] + ([] if "--resume" in args else ["--resume"]))
+    else:  # called as a library (tests); say it in words
+        cmd = f"aspc run PLAN <the same options> --log {shlex.quote(str(log_dir))} --resume"
+    return (
+        f"interrupted by {name}; run log {log_dir} is marked interrupted and keeps every committed sample: "
+        f"continue it with --resume: {cmd}"
+    )
 
 
 def fmt(key: str, value: Any) -> str:
@@ -305,20 +329,29 @@ def run_cmd(
     )
     for msg in backend_notes:
         note(msg, quiet)
-    with RichProgress(quiet) as progress:
-        result = run(
-            plan,
-            config=config,
-            sim_cost_model=cost,
-            actual_lengths=lengths,
-            lengths_name=actual_lengths.name if actual_lengths else "",
-            backend=backend,
-            trainer=trainer,
-            log_dir=log_dir,
-            overwrite=overwrite,
-            resume=resume,
-            progress=progress,
-        )
+    source = None
+    if actual_lengths is not None:
+        from aspc.io.history import source_hash
+
+        source = {"sha256": source_hash(actual_lengths), "length_field": length_field, "id_field": id_field}
+    try:
+        with RichProgress(quiet) as progress:
+            result = run(
+                plan,
+                config=config,
+                sim_cost_model=cost,
+                actual_lengths=lengths,
+                lengths_name=actual_lengths.name if actual_lengths else "",
+                lengths_source=source,
+                backend=backend,
+                trainer=trainer,
+                log_dir=log_dir,
+                overwrite=overwrite,
+                resume=resume,
+                progress=progress,
+            )
+    except Interrupted as exc:
+        raise CliError(_interrupted_message(exc, log_dir), exc.exit_code) from None
     for msg in result.notes:
         note(msg, quiet)
     if actual_lengths is not None:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from aspc.io.lengths import read_lengths
+from aspc.io.lengths import committed_sample_parts, read_lengths
 from aspc.io.prompts import file_hash
 
 __all__ = ["history_hashes", "read_history", "source_hash"]
@@ -48,13 +48,12 @@ def read_history(
 
 
 def source_hash(path: str | os.PathLike) -> str:
-    """Content hash of one source: the file's, or for a run log the hash of its Parquet parts' hashes."""
+    """Content hash of one source: the file's, or for a run log the hash of its committed sample parts' hashes."""
     if os.path.isdir(path):
+        # Only what read_history reads: the committed sample parts.
         h = hashlib.sha256()
-        for root, _dirs, files in sorted(os.walk(path)):
-            for name in sorted(files):
-                if name.endswith(".parquet"):
-                    h.update(file_hash(os.path.join(root, name)).encode())
+        for f in committed_sample_parts(path):
+            h.update(file_hash(f).encode())
         return h.hexdigest()
     return file_hash(path)
 

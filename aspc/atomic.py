@@ -122,7 +122,7 @@ def _translate(exc: OSError, target: Path, ours: bool, tmp: Path | None) -> Outp
     """
     if _is_full(exc):
         return OutputError(
-            f"no space left on the device holding {target}; free space or write elsewhere (nothing was written)"
+            f"no space left on the device holding {target}; free space or write elsewhere"
         )
     if exc.errno in _DENIED:
         names = {str(target), str(target.parent)} | ({str(tmp)} if tmp is not None else set())

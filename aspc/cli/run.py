@@ -162,6 +162,7 @@ _ROWS = (
 
 def _interrupted_message(exc: Interrupted, log_dir: Path | None) -> str:
     """One line: what the signal did to the run, and the command that continues it."""
+    import json
     import shlex
     import sys
 
@@ -170,14 +171,20 @@ def _interrupted_message(exc: Interrupted, log_dir: Path | None) -> str:
     name = signal_name(exc.signum)
     if log_dir is None:
         return f"interrupted by {name}; the run had no --log, so there is nothing to resume"
+    if not (log_dir / "meta.json").is_file():
+        return f"interrupted by {name} before the run log was started; nothing was written to {log_dir}"
     argv = sys.argv[1:]
     if "run" in argv:
         args = [a for a in argv if a != "--overwrite"]
         cmd = shlex.join(["aspc", *args] + ([] if "--resume" in args else ["--resume"]))
     else:  # called as a library (tests); say it in words
         cmd = f"aspc run PLAN <the same options> --log {shlex.quote(str(log_dir))} --resume"
+    try:
+        status = json.loads((log_dir / "meta.json").read_text(encoding="utf-8")).get("status", "?")
+    except (OSError, ValueError, AttributeError):
+        status = "?"
     return (
-        f"interrupted by {name}; run log {log_dir} is marked interrupted and keeps every committed sample: "
+        f"interrupted by {name}; run log {log_dir} is marked {status} and keeps every committed sample: "
         f"continue it with --resume: {cmd}"
     )
 
@@ -320,21 +327,21 @@ def run_cmd(
         worker_timeout=worker_timeout,
         log_flush_seconds=log_flush_seconds,
     )
-    plan = read_plan(plan_path)
-    lengths = None
-    if actual_lengths is not None:
-        lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field)
-    backend, trainer, backend_notes = build_real_components(
-        kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
-    )
-    for msg in backend_notes:
-        note(msg, quiet)
-    source = None
-    if actual_lengths is not None:
-        from aspc.io.history import source_hash
-
-        source = {"sha256": source_hash(actual_lengths), "length_field": length_field, "id_field": id_field}
     try:
+        plan = read_plan(plan_path)
+        lengths = None
+        if actual_lengths is not None:
+            lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field)
+        backend, trainer, backend_notes = build_real_components(
+            kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
+        )
+        for msg in backend_notes:
+            note(msg, quiet)
+        source = None
+        if actual_lengths is not None:
+            from aspc.io.history import source_hash
+
+            source = {"sha256": source_hash(actual_lengths), "length_field": length_field, "id_field": id_field}
         with RichProgress(quiet) as progress:
             result = run(
                 plan,

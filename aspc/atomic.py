@@ -98,11 +98,12 @@ def remove_stale_temps(target: str | os.PathLike) -> list[Path]:
 def _resolve(target: str | os.PathLike, kind: str) -> Path:
     """The path to replace: symlinks followed, non-regular targets refused."""
     target = Path(target)
+    check_replaceable(target, kind)  # follows links: a link to a pipe or device is refused here
     if target.is_symlink():
         if not target.exists():
             raise OutputError(f"{target} is a dangling symlink; remove it or point it at a regular file")
         target = Path(os.path.realpath(target))
-    check_replaceable(target, kind)
+        check_replaceable(target, kind)
     return target
 
 

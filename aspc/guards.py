@@ -203,7 +203,9 @@ def check_output(
         raise OutputError(f"{option} {raw} is a dangling symlink; remove it or point it at a regular file")
     real = Path(os.path.realpath(path))
     try:
-        st = os.stat(real)
+        # stat the named path, following links: /dev/stdout -> /proc/self/fd/1
+        # is a magic link whose realpath is no real file, but stat sees the pipe.
+        st = os.stat(path)
     except FileNotFoundError:
         st = None
     except OSError as exc:
@@ -240,9 +242,9 @@ def check_output(
 
 
 def check_replaceable(target: Path, kind: str = "file") -> None:
-    """At write time: refuse to replace anything but a regular file (or directory)."""
+    """At write time: refuse to replace anything but a regular file (or directory), links followed."""
     try:
-        st = os.lstat(target)
+        st = os.stat(target)
     except FileNotFoundError:
         return
     except OSError:

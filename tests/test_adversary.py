@@ -474,7 +474,7 @@ def test_simulate_strategy_is_not_silently_ignored(small):
         ["check", "p.parquet", "--max-padding", "abc"],
         ["nosuchcommand"],
         ["predict", "train"],
-        ["run", "p.parquet", "--resume"],
+        ["run", "p.parquet", "--workers", "many"],
     ],
 )
 def test_usage_errors_are_one_line(args):
@@ -556,3 +556,10 @@ def test_output_guard_messages_are_one_line():
         check_output("", inputs=())
     assert "\n" not in str(info.value)
     assert json.dumps(str(info.value))
+
+
+def test_dev_stdout_as_output_is_refused_when_it_is_a_pipe(small):
+    # /dev/stdout -> /proc/self/fd/1, a "magic" link to the pipe: realpath names no real file.
+    r = _cli("compile", str(small), "--length-field", "lengths", "-o", "/dev/stdout")
+    assert r.returncode == 2
+    assert "FIFO" in _one_line_error(r.stderr) and ".tmp" not in r.stderr

@@ -392,13 +392,3 @@ def test_history_of_a_run_killed_before_its_first_commit_is_empty(tmp_path, tabl
     meta["status"] = "running"
     (run_dir / "meta.json").write_text(json.dumps(meta))
     assert _history(run_dir) == {}
-
-
-def test_history_without_meta_is_refused(tmp_path, table):
-    from aspc.errors import InputError
-
-    run_dir = tmp_path / "R"
-    run(table, config=CFG, log_dir=run_dir)
-    (run_dir / "meta.json").unlink()
-    with pytest.raises(InputError, match="not an aspc run log"):
-        _history(run_dir)

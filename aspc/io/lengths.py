@@ -27,17 +27,19 @@ def committed_sample_parts(path: str | os.PathLike) -> list[Path]:
     during compaction leaves replaced ones); ``meta.json``'s ``parts`` ranges
     say which are live (the format is :mod:`aspc.runtime.record.runlog`'s;
     read here without importing the runtime). A log without ranges (format
-    1.0) had only whole, live parts.
+    1.0) had only whole, live parts; a bare ``samples/`` directory with no
+    ``meta.json`` (not written by ``aspc run``) has no commits to consult and
+    is read whole.
     """
     import json
 
     path = Path(path)
     samples = path / "samples"
     meta_path = path / "meta.json"
-    if not meta_path.is_file() or not samples.is_dir():
-        raise InputError(
-            f"{path}: a directory but not an aspc run log (no meta.json or samples/); pass a run log or a dataset"
-        )
+    if not samples.is_dir():
+        raise InputError(f"{path}: a directory but not an aspc run log (no samples/); pass a run log or a dataset")
+    if not meta_path.is_file():
+        return sorted(f for f in samples.iterdir() if f.suffix == ".parquet" and not f.name.startswith("."))
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -29,9 +29,9 @@ def calibrate_cmd(run_dir: Path, output: str | Path | None, as_json: bool, quiet
     aspc calibrate RUN -o cost.json
     aspc run plan.parquet --cost-model cost.json
     """
+    from aspc.guards import check_output
     from aspc.runtime.backends.sim_cost import save_sim_cost_model
     from aspc.runtime.calibrate import calibrate
-    from aspc.guards import check_output
 
     if output is not None:
         output = check_output(output, inputs=[run_dir])

@@ -303,8 +303,8 @@ def apply_cmd(
     quiet: bool,
 ) -> None:
     """Predict response lengths of DATA's prompts with PREDICTOR (a directory or 'default')."""
-    from aspc.io import read_prompts
     from aspc.guards import check_output
+    from aspc.io import read_prompts
     from aspc.predict import HistoryPredictor, load_predictor
 
     output = check_output(output, inputs=[data, *history, None if predictor == "default" else predictor])

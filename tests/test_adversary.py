@@ -563,3 +563,11 @@ def test_dev_stdout_as_output_is_refused_when_it_is_a_pipe(small):
     r = _cli("compile", str(small), "--length-field", "lengths", "-o", "/dev/stdout")
     assert r.returncode == 2
     assert "FIFO" in _one_line_error(r.stderr) and ".tmp" not in r.stderr
+
+
+def test_export_refuses_the_source_it_found_by_hash(tmp_path, small, plan):
+    # No --source: export finds x.jsonl next to the plan by its sha256; it is still an input.
+    before = _digest(small)
+    r = _run("export", str(plan), "--format", "jsonl", "-o", str(small))
+    assert r.exit_code == 2 and "is also an input" in r.output, r.output
+    assert _digest(small) == before

@@ -5,8 +5,18 @@ compiles (:mod:`aspc.compiler`) and runs (:func:`aspc.runtime.run`), so
 neither half imports the other. Every strategy is compiled from the
 same prompts and predictions and replayed on the same actual lengths with the
 same run configuration and seed, so differences come from the schedule alone.
-``oracle`` is ``asp`` compiled with the actual lengths as its predictions: the
-best a perfect predictor could do.
+``oracle`` is ``asp`` compiled with the actual lengths as its predictions
+(each prompt's recorded length distribution: the realistic ceiling of a
+per-prompt predictor); ``oracle-exact`` with exactly the lengths each sample
+will replay. ``asp+replan`` is ``asp`` re-planned during the run
+(:mod:`aspc.replan`).
+
+Repeats. One simulation is one draw: which recorded lengths the samples
+replay, and the random baseline's shuffle, move a single ratio by several
+percent. With ``repeats`` R, repeat r uses seed ``seed + r`` for the compile
+(random baseline, annealer) and the run, and when prompts have more recorded
+lengths than samples, draws (seeded) which of them the samples replay;
+ratios to ``random`` are then reported as mean and standard deviation.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc.caps import cap_lengths
 from aspc.choices import STRATEGIES
 from aspc.compiler import compile_plan, prediction_from_lengths, prepare
 from aspc.errors import ConfigError, InputError
@@ -27,12 +38,24 @@ from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.config import RunConfig
 
 ORACLE = "oracle"
+ORACLE_EXACT = "oracle-exact"
+REPLAN = "asp+replan"
+EXTRA_STRATEGIES = (REPLAN, ORACLE, ORACLE_EXACT)
+# Keys averaged over repeats (with their spread) in comparison_table.
+REPEAT_KEYS = (
+    "mean_iteration_time",
+    "steady_iteration_time",
+    "makespan",
+    "makespan_over_lower_bound",
+    "trainer_wait_fraction",
+    "policy_lag_max",
+)
 
 
 def parse_strategies(spec: str | list[str]) -> list[str]:
     """Strategy names from ``"random,sorted,asp,oracle"``; :class:`ConfigError` if unknown or empty."""
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    allowed = (*STRATEGIES, ORACLE)
+    allowed = (*STRATEGIES, *EXTRA_STRATEGIES)
     bad = [s for s in names if s not in allowed]
     if bad:
         raise ConfigError(f"unknown strategies {bad}; use a comma list of {', '.join(allowed)}")
@@ -50,6 +73,7 @@ def simulate_strategies(
     strategies: list[str],
     sim_cost_model: SimCostModel | None = None,
     actual_lengths_path: str | os.PathLike | None = None,
+    repeats: int = 1,
     progress: Progress = NULL_PROGRESS,
 ) -> dict[str, Any]:
     """Compile ``input_path`` with each strategy and simulate every plan.
@@ -71,17 +95,23 @@ def simulate_strategies(
         A separate dataset (or run log) of actual lengths, joined by prompt id
         on ``inputs.id_field`` / ``inputs.length_field``.
 
+    repeats
+        Simulations per strategy (see the module notes); ``>= 1``.
+
     Returns
     -------
     dict
-        strategy -> :class:`aspc.runtime.RunResult`, in the order given.
+        strategy -> :class:`aspc.runtime.RunResult` (a list of one per repeat
+        when ``repeats > 1``), in the order given.
     """
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"--repeats must be an integer >= 1, got {repeats!r}")
     if inputs.length_field is None and actual_lengths_path is None:
         raise InputError(
             "simulate needs actual response lengths: pass --length-field FIELD or --actual-lengths FILE"
         )
     no_lengths = dataclasses.replace(inputs, length_field=None)
-    needs_predictor = any(s != ORACLE for s in strategies)
+    needs_predictor = any(s not in (ORACLE, ORACLE_EXACT) for s in strategies)
     if needs_predictor:
         table, prediction, identity = prepare(input_path, no_lengths, config, progress)
     else:
@@ -98,38 +128,94 @@ def simulate_strategies(
         actual = dict(zip(with_lengths.ids, with_lengths.lengths, strict=True))
         name = os.path.basename(os.fspath(input_path))
 
-    results: dict[str, Any] = {}
-    for strategy in strategies:
-        if strategy == ORACLE:
-            missing = [pid for pid in table.ids if pid not in actual]
-            if missing:
-                raise InputError(
-                    f"{len(missing)} of {len(table.ids)} prompts have no actual length in {name}, "
-                    f"e.g. id {missing[0]!r}; check --length-field and --id-field"
-                )
-            pred = prediction_from_lengths([np.asarray(actual[pid], dtype=np.float64) for pid in table.ids])
-            cfg = dataclasses.replace(config, strategy="asp", history=())
-            ident: dict[str, Any] = {"kind": "oracle", "field": inputs.length_field}
-        else:
-            pred, cfg, ident = prediction, dataclasses.replace(config, strategy=strategy), identity
-        plan = compile_plan(table, pred, cfg, predictor_identity=ident, inputs=no_lengths, progress=progress)
-        results[strategy] = run(
-            plan,
-            config=run_config,
-            sim_cost_model=sim_cost_model,
-            actual_lengths=actual,
-            lengths_name=name,
-            progress=progress,
+    missing = [pid for pid in table.ids if pid not in actual]
+    if missing and any(s in (ORACLE, ORACLE_EXACT) for s in strategies):
+        raise InputError(
+            f"{len(missing)} of {len(table.ids)} prompts have no actual length in {name}, "
+            f"e.g. id {missing[0]!r}; check --length-field and --id-field"
         )
-    return results
+    results: dict[str, Any] = {}
+    for r in range(repeats):
+        seed = config.seed + r
+        # The run's response cap is the compile's too (one cap: CompileConfig.max_response_length).
+        cap = config.max_response_length or run_config.max_new_tokens
+        cfg_r = dataclasses.replace(config, seed=seed, max_response_length=cap)
+        run_r = dataclasses.replace(run_config, seed=seed)
+        actual_r = actual if repeats == 1 else draw_lengths(actual, seed)
+        for strategy in strategies:
+            res = _simulate_one(
+                strategy, table, prediction, identity, actual_r, name, inputs, cfg_r, run_r,
+                sim_cost_model, progress,
+            )
+            results.setdefault(strategy, []).append(res)
+    return {k: (v[0] if repeats == 1 else v) for k, v in results.items()}
+
+
+def draw_lengths(actual: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
+    """Each prompt's recorded lengths in a seeded random order: sample ``i`` replays the ``i``-th drawn."""
+    rng = np.random.default_rng(seed)
+    return {pid: np.asarray(v)[rng.permutation(len(v))] for pid, v in sorted(actual.items())}
+
+
+def _simulate_one(strategy, table, prediction, identity, actual, name, inputs, config, run_config, cost, progress):
+    from aspc.replan import OnlineReplanner
+
+    no_lengths = dataclasses.replace(inputs, length_field=None)
+    replanner = None
+    if strategy in (ORACLE, ORACLE_EXACT):
+        n = run_config.samples_per_prompt or config.samples_per_prompt
+        take = (lambda v: v) if strategy == ORACLE else (lambda v: v[:n])
+        known = [np.asarray(take(actual[pid]), dtype=np.float64) for pid in table.ids]
+        pred = prediction_from_lengths(cap_lengths(known, config.max_response_length))
+        cfg = dataclasses.replace(config, strategy="asp", history=())
+        ident: dict[str, Any] = {"kind": strategy, "field": inputs.length_field}
+    else:
+        base = "asp" if strategy == REPLAN else strategy
+        pred, cfg, ident = prediction, dataclasses.replace(config, strategy=base), identity
+    plan = compile_plan(table, pred, cfg, predictor_identity=ident, inputs=no_lengths, progress=progress)
+    if strategy == REPLAN:
+        replanner = OnlineReplanner(plan.table, cfg, input_hash=table.input_hash)
+    return run(
+        plan,
+        config=run_config,
+        sim_cost_model=cost,
+        actual_lengths=actual,
+        lengths_name=name,
+        replanner=replanner,
+        progress=progress,
+    )
 
 
 def comparison_table(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Summaries per strategy, with ``*_vs_random`` ratios when ``random`` ran."""
-    out = {name: res.summary.to_dict() for name, res in results.items()}
-    for key in ("mean_iteration_time", "steady_iteration_time"):
-        base = out.get("random", {}).get(key)
-        for d in out.values():
-            m = d.get(key)
-            d[f"{key}_vs_random"] = m / base if (base and m is not None) else None
+    """Summaries per strategy, with ``*_vs_random`` ratios when ``random`` ran.
+
+    With repeats (lists of results), each strategy's entry holds the mean of
+    :data:`REPEAT_KEYS` over the repeats, the ratios as the mean of the
+    per-repeat ratios, and ``repeats``: key -> {mean, std, values}.
+    """
+    runs = {k: (v if isinstance(v, list) else [v]) for k, v in results.items()}
+    n = len(next(iter(runs.values()))) if runs else 0
+    base = runs.get("random")
+    out: dict[str, dict[str, Any]] = {}
+    for name, rs in runs.items():
+        dicts = [r.summary.to_dict() for r in rs]
+        for i, d in enumerate(dicts):
+            for key in ("mean_iteration_time", "steady_iteration_time"):
+                b = base[i].summary.to_dict().get(key) if base else None
+                m = d.get(key)
+                d[f"{key}_vs_random"] = m / b if (b and m is not None) else None
+        entry = dict(dicts[0])
+        if n > 1:
+            spread: dict[str, Any] = {}
+            keys = (*REPEAT_KEYS, "mean_iteration_time_vs_random", "steady_iteration_time_vs_random")
+            for key in keys:
+                vals = [d.get(key) for d in dicts]
+                if any(v is None for v in vals):
+                    continue
+                arr = np.asarray(vals, dtype=np.float64)
+                spread[key] = {"mean": float(arr.mean()), "std": float(arr.std(ddof=1)), "values": arr.tolist()}
+                entry[key] = float(arr.mean())
+            entry["repeats"] = spread
+            entry["n_repeats"] = n
+        out[name] = entry
     return out

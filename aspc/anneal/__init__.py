@@ -7,6 +7,7 @@ sends them group by group so cumulative work tracks cumulative samples.
 """
 
 from aspc.anneal.balance import BalanceResult, balance, default_iterations
+from aspc.anneal.lpt import lpt_order, max_quantiles
 from aspc.anneal.order import delivery_drift, dispatch_order, group_order
 
 __all__ = [
@@ -16,4 +17,6 @@ __all__ = [
     "delivery_drift",
     "dispatch_order",
     "group_order",
+    "lpt_order",
+    "max_quantiles",
 ]

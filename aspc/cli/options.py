@@ -79,6 +79,14 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
             show_default=True,
             help="Minibatch cost: sequences x max predicted mean, or x expected max sampled length.",
         ),
+        click.option(
+            "--order",
+            type=click.Choice(["lpt", "interleave"]),
+            default="lpt",
+            show_default=True,
+            help="asp dispatch order: lpt = longest first on the q90 of each minibatch's longest response; "
+            "interleave = the preprint's work-tracks-samples order.",
+        ),
         click.option("--predictor", default=None, help="Predictor directory, or 'default' (the shipped one)."),
         click.option(
             "--history",
@@ -140,6 +148,7 @@ _COMPILE_KEYS = (
     "anneal_iterations",
     "equal_samples",
     "minibatch_cost",
+    "order",
     "predictor",
     "history",
     "history_length_field",

@@ -80,6 +80,13 @@ def runtime_options(fn: F, *, cost_model_flags: tuple[str, ...] = ("--cost-model
             "--max-new-tokens", type=int, default=None, help="Cap every response at this many tokens."
         ),
         click.option(
+            "--max-staleness",
+            type=int,
+            default=None,
+            help="K: never start a minibatch whose samples could be consumed more than K weight versions "
+            "after the version generating them (policy lag <= K). [default: unbounded]",
+        ),
+        click.option(
             *cost_model_flags,
             "sim_cost_model",
             type=click.Path(dir_okay=False, path_type=Path),
@@ -101,6 +108,7 @@ _RUNTIME_KEYS = (
     "reload_time",
     "return_mode",
     "max_new_tokens",
+    "max_staleness",
 )
 
 
@@ -280,6 +288,28 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
     show_default=True,
     help="Commit finished work to the run log at least this often (wall seconds): what a crash can lose.",
 )
+@click.option(
+    "--epochs",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Passes over the prompts; each after the first is compiled from the run log so far "
+    "(RUN/plans/epoch-K.parquet, logs in RUN/epoch-K/). Needs --log.",
+)
+@click.option(
+    "--length-drift",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Sim with --epochs: epoch k replays lengths scaled by (1+F)^(k-1) (a policy whose responses grow).",
+)
+@click.option(
+    "--replan",
+    is_flag=True,
+    help="Re-plan the undispatched remainder from the lengths returned so far, every --replan-every "
+    "trainer steps (sim backend); revisions go to RUN/plans/revision-R.parquet.",
+)
+@click.option("--replan-every", type=int, default=8, show_default=True, help="Trainer steps per re-planning window.")
 @json_option
 @quiet_option
 @handle_errors
@@ -296,6 +326,10 @@ def run_cmd(
     max_retries: int,
     worker_timeout: float | None,
     log_flush_seconds: float,
+    epochs: int,
+    length_drift: float,
+    replan: bool,
+    replan_every: int,
     as_json: bool,
     quiet: bool,
     **kwargs: Any,
@@ -337,6 +371,25 @@ def run_cmd(
         )
         for msg in backend_notes:
             note(msg, quiet)
+        if epochs != 1 or length_drift:
+            from aspc.cli.run_epochs import run_epochs_cmd
+
+            return run_epochs_cmd(
+                plan, epochs, log_dir, config, cost, lengths, actual_lengths, length_drift, replan, replan_every,
+                overwrite=overwrite, resume=resume, as_json=as_json, quiet=quiet,
+            )
+        replanner = None
+        if replan:
+            from aspc.replan import OnlineReplanner, compile_config_of
+
+            if replan_every < 1:
+                raise click.ClickException(f"--replan-every must be >= 1, got {replan_every}")
+            cfg = compile_config_of(
+                plan.config or {}, workers=config.workers, max_response_length=config.max_new_tokens
+            )
+            replanner = OnlineReplanner(
+                plan.table, cfg, every_steps=replan_every, log_dir=log_dir, input_hash=plan.input_hash
+            )
         source = None
         if actual_lengths is not None:
             from aspc.io.history import source_hash
@@ -355,6 +408,7 @@ def run_cmd(
                 log_dir=log_dir,
                 overwrite=overwrite,
                 resume=resume,
+                replanner=replanner,
                 progress=progress,
             )
     except Interrupted as exc:

@@ -20,6 +20,14 @@ def _f(v: Any, spec: str) -> str:
     return "-" if v is None else spec.format(v)
 
 
+def _pm(d: dict[str, Any], key: str, spec: str) -> str:
+    """``mean ± std`` over repeats when there are repeats, else the value."""
+    rep = (d.get("repeats") or {}).get(key)
+    if rep is None:
+        return _f(d.get(key), spec)
+    return f"{spec.format(rep['mean'])} ± {spec.format(rep['std'])}"
+
+
 def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
     t = Table(title=title, header_style="bold")
     t.add_column("strategy", no_wrap=True, min_width=8)
@@ -38,15 +46,15 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
     for name, d in table.items():
         t.add_row(
             name,
-            _f(d.get("mean_iteration_time"), "{:.3f}"),
-            _f(d.get("mean_iteration_time_vs_random"), "{:.3f}"),
-            _f(d.get("steady_iteration_time"), "{:.3f}"),
-            _f(d.get("steady_iteration_time_vs_random"), "{:.3f}"),
+            _pm(d, "mean_iteration_time", "{:.3f}"),
+            _pm(d, "mean_iteration_time_vs_random", "{:.3f}"),
+            _pm(d, "steady_iteration_time", "{:.3f}"),
+            _pm(d, "steady_iteration_time_vs_random", "{:.3f}"),
             _f(d.get("iteration_time_trend"), "{:.3f}"),
             _f(d.get("trainer_wait_fraction"), "{:.1%}"),
             _f(d.get("policy_lag_mean"), "{:.2f}"),
             _f(d.get("policy_lag_max"), "{}"),
-            _f(d.get("makespan_over_lower_bound"), "{:.4f}"),
+            _pm(d, "makespan_over_lower_bound", "{:.4f}"),
         )
     return t
 
@@ -57,7 +65,16 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
     "--strategies",
     default="random,sorted,asp,oracle",
     show_default=True,
-    help="Comma list of strategies: random, sorted, asp, oracle (asp with the true lengths).",
+    help="Comma list of strategies: random, sorted, asp, asp+replan (re-planned during the run), "
+    "oracle (asp knowing each prompt's recorded lengths), oracle-exact (the very lengths replayed).",
+)
+@click.option(
+    "--repeats",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Simulate seeds seed..seed+R-1 (random baseline, annealer, which recorded lengths are replayed); "
+    "ratios are shown as mean ± std.",
 )
 @input_options
 # No --strategy here: --strategies names them all, and a --strategy beside it
@@ -74,7 +91,13 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
 @quiet_option
 @handle_errors
 def simulate_cmd(
-    input_path: Path, strategies: str, actual_lengths: Path | None, as_json: bool, quiet: bool, **kwargs: Any
+    input_path: Path,
+    strategies: str,
+    repeats: int,
+    actual_lengths: Path | None,
+    as_json: bool,
+    quiet: bool,
+    **kwargs: Any,
 ) -> None:
     """Compile INPUT with each strategy and simulate every plan on the same real lengths.
 
@@ -99,6 +122,7 @@ def simulate_cmd(
             strategies=names,
             sim_cost_model=cost,
             actual_lengths_path=actual_lengths,
+            repeats=repeats,
             progress=progress,
         )
     table = comparison_table(results)
@@ -109,6 +133,7 @@ def simulate_cmd(
             comparison_rich(
                 table,
                 f"simulate {input_path.name} (W={run_config.workers}, "
-                f"global batch {run_config.global_batch})",
+                f"global batch {run_config.global_batch}"
+                + (f", {repeats} repeats: mean ± std)" if repeats > 1 else ")"),
             )
         )

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from aspc.errors import OutputError, RunError
+from aspc.errors import ConfigError, OutputError, RunError
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.backends.sim_cost import SimCostModel
-from aspc.runtime.config import RunConfig, parse_return_mode, resolve_queue_capacity
-from aspc.runtime.contracts import BackendContext, GenerationBackend, Trainer
+from aspc.runtime.config import RunConfig, check_staleness, parse_return_mode, resolve_queue_capacity
+from aspc.runtime.contracts import BackendContext, GenerationBackend, Replanner, Trainer
 from aspc.runtime.core.batches import BatchBuilder
 from aspc.runtime.core.loop import drive
 from aspc.runtime.core.scheduler import Scheduler
@@ -81,6 +81,7 @@ def run(
     log_dir: str | os.PathLike | None = None,
     overwrite: bool = False,
     resume: bool = False,
+    replanner: Replanner | None = None,
     progress: Progress = NULL_PROGRESS,
 ) -> RunResult:
     """Execute ``plan`` and return its metrics.
@@ -122,6 +123,10 @@ def run(
         ``log_flush_seconds``, ``max_retries`` and ``worker_timeout``) must be
         the log's. A complete log is returned as it is (with a note); no log
         at ``log_dir`` yet starts a fresh run.
+    replanner
+        Revises the undispatched remainder every ``replanner.every_steps``
+        trainer steps (``aspc run --replan``, :mod:`aspc.replan`); sim backend
+        only, and not with ``resume``.
     progress
         Progress sink (the CLI's bar).
 
@@ -150,6 +155,7 @@ def run(
     table, plan_info = _plan_parts(plan)
     work = work_from_table(table, samples_per_prompt=config.samples_per_prompt)
     capacity = resolve_queue_capacity(config, int(work.minibatch_sizes.max()))
+    check_staleness(config, int(work.minibatch_sizes.max()))
     kind = parse_backend(config.backend)
     parse_engine(config.engine)
 
@@ -170,6 +176,10 @@ def run(
     backend = backend or make_backend(kind, context)
     trainer = trainer or make_trainer("sim", context)
     resume_log.check_log_options(log_dir, overwrite=overwrite, resume=resume)
+    if replanner is not None and not hasattr(backend, "on_revision"):
+        raise ConfigError(f"--replan needs a backend that follows plan revisions; {config.backend} does not yet (use sim)")
+    if replanner is not None and resume:
+        raise ConfigError("--replan with --resume is not supported yet; resume without --replan or start a new run")
     writer = RunLogWriter(log_dir, overwrite=overwrite, resume=resume) if log_dir is not None else None
     if writer is not None:
         # Before the log's status is read: a second writer stops here.
@@ -179,6 +189,7 @@ def run(
             plan_info, work, capacity, config, mode, sim_cost_model, lengths, backend, trainer,
             writer, log_dir, resuming=writer is not None and writer.resuming, progress=progress,
             lengths_info=_lengths_info(actual_lengths, lengths, lengths_name, lengths_source),
+            replanner=replanner,
         )
     finally:
         if writer is not None:
@@ -223,6 +234,7 @@ def _run_locked(
     resuming: bool,
     progress: Progress,
     lengths_info: dict[str, Any],
+    replanner: Replanner | None = None,
 ) -> RunResult:
     """The body of :func:`run` once the log's writer lock is held."""
     run_info = {
@@ -264,7 +276,12 @@ def _run_locked(
         writer.start(new_meta)
     recorder = Recorder(work, writer, flush_seconds=config.log_flush_seconds)
     scheduler = Scheduler(
-        work.minibatch_sizes, config.workers, config.global_batch, capacity, max_retries=config.max_retries
+        work.minibatch_sizes,
+        config.workers,
+        config.global_batch,
+        capacity,
+        max_retries=config.max_retries,
+        max_staleness=config.max_staleness,
     )
     batches = BatchBuilder(work)
     weights = None
@@ -282,7 +299,21 @@ def _run_locked(
                 f"{state.next_step} trainer steps were durable; {state.queued.size} generated samples wait "
                 f"for the trainer"
             )
-        drive(work, scheduler, engine, recorder, progress, weights=weights, batches=batches)
+        def on_revision(work_now, first, new_to_old, revision):  # noqa: ANN001 - see drive()
+            backend.on_revision(work_now, first, new_to_old)  # type: ignore[union-attr]
+            recorder.on_revision(work_now, first, new_to_old, revision)
+
+        drive(
+            work,
+            scheduler,
+            engine,
+            recorder,
+            progress,
+            weights=weights,
+            batches=batches,
+            replanner=replanner,
+            on_revision=on_revision if replanner is not None else None,
+        )
     except BaseException as exc:
         if writer is not None:
             writer.abort(exc, recorder.flush)

@@ -59,6 +59,10 @@ class RunConfig:
     return_mode: ReturnMode = ReturnMode.STATIC  # when samples reach the queue
     seed: int = 0  # seeds lengths drawn from the plan's predictions (no --actual-lengths)
     max_new_tokens: int | None = None  # cap on every response length, tokens; None = no cap
+    # K: the dispatcher starts no minibatch whose samples could be consumed more
+    # than K weight versions after the one generating them (AReaL's
+    # max_head_offpolicyness); None = unbounded lag.
+    max_staleness: int | None = None
     samples_per_prompt: int | None = None  # override the plan's n_samples for every prompt
     backend: str = "sim"  # generation backend: sim | hf | vllm
     engine: str = "local"  # where workers run: local | ray
@@ -84,6 +88,10 @@ class RunConfig:
             )
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_staleness is not None and (
+            isinstance(self.max_staleness, bool) or not isinstance(self.max_staleness, numbers.Integral) or self.max_staleness < 1
+        ):
+            raise ConfigError(f"--max-staleness must be an integer >= 1, got {self.max_staleness!r}")
         if self.samples_per_prompt is not None and self.samples_per_prompt < 1:
             raise ConfigError(f"--samples-per-prompt must be >= 1, got {self.samples_per_prompt}")
         if _CAPACITY_RE.match(str(self.queue_capacity)) is None:
@@ -138,3 +146,19 @@ def resolve_queue_capacity(config: RunConfig, largest_minibatch: int) -> int:
             f"{config.global_batch} or '1b'"
         )
     return cap
+
+
+def check_staleness(config: RunConfig, largest_minibatch: int) -> None:
+    """Refuse a staleness bound that no dispatch could meet (the run would deadlock).
+
+    With nothing in flight and up to one global batch minus one sample queued,
+    a minibatch of ``s`` samples is consumed by step ``(B - 1 + s - 1) // B``
+    steps ahead, so ``s <= K * B`` is needed for it ever to start.
+    """
+    k = config.max_staleness
+    if k is not None and largest_minibatch > k * config.global_batch:
+        raise ConfigError(
+            f"--max-staleness {k}: the plan's largest minibatch ({largest_minibatch} samples) is more than "
+            f"{k} global batches ({k * config.global_batch} samples), so it could never start; raise "
+            "--max-staleness or --global-batch, or compile smaller minibatches"
+        )

@@ -129,3 +129,35 @@ class BackendContext:
     sim_cost_model: Any = None  # aspc.runtime.backends.sim_cost.SimCostModel: step times of the sim
     response_len: np.ndarray | None = None  # int64 per sample: lengths the sim replays
     options: dict[str, Any] = field(default_factory=dict)  # backend-specific (model path, device, ...)
+
+
+@dataclass(frozen=True)
+class ReplanView:
+    """What a :class:`Replanner` sees at a window: the work so far and what came back."""
+
+    work: WorkPlan  # the plan as the runtime holds it now (rows in dispatch order)
+    first_undispatched: int  # minibatches >= this were never handed out; < this are fixed
+    response_len: np.ndarray  # int64 per sample id: tokens generated, -1 where not returned yet
+    step: int  # trainer steps finished so far
+    revision: int  # revisions applied so far (the next one gets this id + 1)
+
+
+class Replanner(ABC):
+    """Revises the undispatched remainder of a run (``aspc run --replan``).
+
+    The runtime never imports the compiler: whoever starts a run with
+    re-planning (``aspc.replan``) passes an implementation in.
+    """
+
+    every_steps: int = 1  # a window: called after every this many trainer steps
+
+    @abstractmethod
+    def revise(self, view: ReplanView) -> Any:
+        """Return the revised remainder, or ``None`` to keep it.
+
+        Called between events, after a trainer step completes a window. The
+        result is a plan table (PLAN_SCHEMA rows, minibatches numbered from 0
+        in dispatch order) holding exactly the prompts of minibatches
+        ``>= view.first_undispatched``, each with its ``n_samples``; the
+        runtime renumbers its minibatches from ``first_undispatched`` on.
+        """

@@ -78,6 +78,11 @@ class SimBackend(GenerationBackend):
         # vectorised pass instead of once per dispatch.
         self._duration, self._finish = minibatch_times(work, self.response_len, self.cost)
 
+    def on_revision(self, work: WorkPlan, first: int, new_to_old: np.ndarray) -> None:
+        """The undispatched remainder was revised: lengths follow their (prompt, sample) pairs."""
+        self.response_len = self.response_len[new_to_old]
+        self.setup(work, 0)
+
     def load_weights(self, worker: int, version: int, weights: Any) -> float:
         return self.reload_time
 

@@ -23,15 +23,22 @@ dense model in bf16 on one H100-class device per worker.
   128 KiB per token, read once per step at ~2 TB/s.
 - ``prefill_base`` = 10 ms, ``prefill_per_token`` = 40 µs: compute-bound
   prefill at ~400 TFLOP/s.
-- ``train_per_token`` β = 25 µs: a policy-gradient step costs ~80 GFLOP per
+- ``train_per_token`` β = 10 µs: a policy-gradient step costs ~80 GFLOP per
   token for an 8B model (6N forward + backward, plus 4N for the old-policy
-  and reference log-probabilities), on a trainer of 8 such devices at
+  and reference log-probabilities), on a trainer of 20 such devices at
   ~400 TFLOP/s effective each. ``train_base`` α = 0.5 s: optimizer step and
   publishing the new weights.
 
-With these, generating a global batch on the default 8 workers takes a few
-times longer than training on it: the generation-bound regime the preprint
-studies, where the schedule decides how long the trainer waits.
+The trainer is the assumption that matters most for comparing schedules. An
+asynchronous RL pipeline is sized so that generation is the bottleneck and
+the trainer is busy 30-50% of the run (it must absorb bursts of samples
+without stalling the workers, and it costs less than generation); with these
+coefficients the CASTILLO reference scenario (``benchmarks/rl_reference.py``:
+8 samples per prompt, responses capped at 4,096 tokens, W = 8, global batch
+256) keeps the trainer busy 25-49% of the run under the random schedule,
+44-68% under the oracle's. With the earlier β = 25 µs (8 trainer devices) the
+trainer was busy 70-95%: a trainer-bound pipeline, where no generation
+schedule can shorten iterations much.
 
 ``aspc calibrate RUN`` fits every coefficient from a real run log.
 """
@@ -59,7 +66,7 @@ class SimCostModel:
     prefill_base: float = 0.010  # seconds per minibatch before its first decode step
     prefill_per_token: float = 4e-5  # seconds per prompt token (once per prompt, not per sample)
     train_base: float = 0.5  # α: seconds per trainer step
-    train_per_token: float = 2.5e-5  # β: seconds per prompt+response token in the global batch
+    train_per_token: float = 1e-5  # β: seconds per prompt+response token in the global batch (20 devices)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -34,6 +34,25 @@ class BatchBuilder:
         self._arrivals: list[SamplesReturned] = []  # returned, not yet written into the arrays
         self._payload: dict[int, Any] = {}  # sample id -> backend output, until consumed
 
+    def observed(self) -> np.ndarray:
+        """Tokens generated per sample id so far (-1 where not returned yet)."""
+        if self._arrivals:
+            evs, self._arrivals = self._arrivals, []
+            ids = np.concatenate([ev.samples for ev in evs])
+            self._response_len[ids] = np.concatenate([ev.response_len for ev in evs])
+        return self._response_len
+
+    def on_revision(self, work: WorkPlan, first: int, new_to_old: np.ndarray) -> None:
+        """The plan's minibatches ``>= first`` were revised (none of their samples exists yet)."""
+        self.observed()
+        m = work.n_minibatches
+        self._sample_mb = np.repeat(np.arange(m, dtype=np.int32), work.minibatch_sizes)
+        self._prompt_tokens = work.sample_prompt_tokens()
+        version = np.full(m, -1, dtype=np.int32)
+        version[:first] = self._version[:first]
+        self._version = version
+        self._response_len = self._response_len[new_to_old]
+
     def on_dispatch(self, action: Dispatch) -> None:
         self._version[action.minibatch] = action.weights_version
 

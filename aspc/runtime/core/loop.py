@@ -9,11 +9,13 @@ what runs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from aspc.progress import NULL_PROGRESS, Progress
+from aspc.runtime.contracts import ReplanView
 from aspc.runtime.core.batches import BatchBuilder
 from aspc.runtime.core.events import (
     Engine,
@@ -23,10 +25,11 @@ from aspc.runtime.core.events import (
     TrainFinished,
     WorkerRestored,
 )
+from aspc.runtime.core.revise import revise_work
 from aspc.runtime.core.scheduler import Dispatch, Scheduler
 
 if TYPE_CHECKING:
-    from aspc.runtime.contracts import TrainBatch
+    from aspc.runtime.contracts import Replanner, TrainBatch
     from aspc.runtime.work import WorkPlan
 
 
@@ -52,13 +55,18 @@ def drive(
     progress: Progress = NULL_PROGRESS,
     weights: Any = None,
     batches: BatchBuilder | None = None,
+    replanner: Replanner | None = None,
+    on_revision: Callable[[WorkPlan, int, np.ndarray, int], None] | None = None,
 ) -> None:
     """Run ``work`` to completion.
 
     ``weights`` is the handle of the newest published version when the run
     starts: ``None`` for a fresh run, the trainer's restored version when
     resumed. ``batches`` builds the trainer's batches; a resumed run passes
-    one restored from its log, a fresh run gets a new one.
+    one restored from its log, a fresh run gets a new one. ``replanner``
+    revises the undispatched remainder after every ``replanner.every_steps``
+    trainer steps (:mod:`aspc.runtime.core.revise`); ``on_revision(work,
+    first, new_to_old, revision)`` tells the backend and the recorder.
 
     Raises
     ------
@@ -74,6 +82,9 @@ def drive(
     # Advancing a rich bar per minibatch would cost more than simulating it.
     tick = max(1, m_total // 200)
     pending_ticks = 0
+    steps_done = 0
+    next_window = replanner.every_steps if replanner is not None else None
+    revision = 0
     while True:
         now = engine.now()
         for action in scheduler.decide():
@@ -91,6 +102,7 @@ def drive(
         # Engines raise RunError from wait() when nothing is running: a stalled run.
         for ev in engine.wait():
             if isinstance(ev, TrainFinished):
+                steps_done += 1
                 weights = ev.result.weights
                 scheduler.on_train_done(ev.result.version)
                 observer.on_train_done(ev)
@@ -114,6 +126,20 @@ def drive(
         # Depth right after arrivals (before the trainer takes a batch) is the
         # peak the queue-bound guarantee is about.
         observer.on_queue(engine.now(), scheduler.queued, scheduler.in_flight)
+        if next_window is not None and steps_done >= next_window:
+            assert replanner is not None
+            next_window = steps_done + replanner.every_steps
+            first = scheduler.first_undispatched
+            if first is not None:
+                view = ReplanView(work, first, batches.observed(), steps_done, revision)
+                tail = replanner.revise(view)
+                if tail is not None:
+                    revision += 1
+                    new_to_old = revise_work(work, first, tail)
+                    scheduler.revise(first, work.minibatch_sizes[first:])
+                    batches.on_revision(work, first, new_to_old)
+                    if on_revision is not None:
+                        on_revision(work, first, new_to_old, revision)
         observer.maybe_flush()
     progress.advance(pending_ticks)
     progress.done()

@@ -77,11 +77,17 @@ class Scheduler:
         queue_capacity: int,
         *,
         max_retries: int = 0,
+        max_staleness: int | None = None,
     ):
         if n_workers < 1 or global_batch < 1 or queue_capacity < global_batch or max_retries < 0:
             raise ValueError(
                 "need n_workers >= 1, global_batch >= 1, queue_capacity >= global_batch and max_retries >= 0"
             )
+        if max_staleness is not None and max_staleness < 1:
+            raise ValueError("max_staleness must be >= 1 (0 would be a synchronous pipeline)")
+        # K: no sample may be consumed more than K versions after the one that generated it.
+        self.max_staleness = max_staleness
+        self._running: dict[int, tuple[int, int]] = {}  # worker -> (minibatch, weights version) in flight
         self.sizes = [int(s) for s in minibatch_sizes]
         self.n_workers = n_workers
         self.global_batch = global_batch
@@ -115,6 +121,7 @@ class Scheduler:
     def on_minibatch_done(self, worker: int) -> None:
         """``worker`` finished its minibatch; all its samples were reported first."""
         self.busy_workers -= 1
+        self._running.pop(worker, None)
         heapq.heappush(self._idle, worker)
 
     def on_minibatch_failed(self, worker: int, minibatch: int, error: str = "", *, lost: bool = False) -> None:
@@ -133,6 +140,7 @@ class Scheduler:
         n = self.failures.get(minibatch, 0) + 1
         self.failures[minibatch] = n
         self.busy_workers -= 1
+        self._running.pop(worker, None)
         self.in_flight -= self.sizes[minibatch]
         self.worker_version[worker] = -1
         if lost:
@@ -195,6 +203,8 @@ class Scheduler:
             self.trainer_busy = True
             self.next_step += 1
         while self._idle and self.work_remaining and self.queued + self.in_flight < self.capacity:
+            if not self._fresh_enough(self.next_minibatch):
+                break
             worker = heapq.heappop(self._idle)
             reload = self.latest_version if self.worker_version[worker] < self.latest_version else None
             if reload is not None:
@@ -205,14 +215,57 @@ class Scheduler:
                 m = self._order[self._pos]
                 self._pos += 1
             actions.append(Dispatch(worker, m, reload, self.worker_version[worker]))
+            self._running[worker] = (m, self.worker_version[worker])
             self.in_flight += self.sizes[m]
             self.busy_workers += 1
         return actions
+
+    def _fresh_enough(self, m: int) -> bool:
+        """Whether starting ``m`` now keeps every in-flight sample's policy lag <= K.
+
+        The trainer takes samples oldest arrival first, so queued samples are
+        consumed in the next ``queued / B`` steps whatever is dispatched later;
+        a sample still being generated is consumed, at the latest, after every
+        sample queued or in flight, i.e. by step ``next_step + (queued +
+        in_flight - 1) // B``. Dispatching adds its samples to that count, so it
+        waits until the count stays within K versions of the oldest version in
+        flight and of the version it would generate with (the newest). Arrivals
+        and trainer steps never raise the bound, so it holds for the whole run.
+        """
+        k = self.max_staleness
+        if k is None:
+            return True
+        oldest = min((v for _, v in self._running.values()), default=self.latest_version)
+        newest = self.latest_version
+        last_step = self.next_step + (self.queued + self.in_flight + self.sizes[m] - 1) // self.global_batch
+        return last_step <= min(oldest, newest) + k
 
     @property
     def work_remaining(self) -> bool:
         """Minibatches not yet dispatched (or handed back after a failure)."""
         return bool(self._retry) or self._pos < len(self._order)
+
+    @property
+    def first_undispatched(self) -> int | None:
+        """``k`` such that minibatches ``>= k`` were never handed out and all others were; None if not so."""
+        rest = self._order[self._pos :]
+        if not rest:
+            return None
+        k = rest[0]
+        return k if rest == list(range(k, len(self.sizes))) else None
+
+    def revise(self, first: int, sizes: np.ndarray) -> None:
+        """Minibatches ``>= first`` (never dispatched) are replaced by ones of ``sizes`` samples."""
+        if self.first_undispatched != first:
+            raise ValueError("revise() only replaces minibatches never dispatched")
+        self.sizes = self.sizes[:first] + [int(x) for x in sizes]
+        self._order = list(range(len(self.sizes)))
+        self._pos = first
+
+    @property
+    def next_minibatch(self) -> int:
+        """The minibatch the next dispatch hands out (a retried one first); only while work remains."""
+        return self._retry[0] if self._retry else self._order[self._pos]
 
     @property
     def done(self) -> bool:

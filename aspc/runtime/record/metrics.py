@@ -147,6 +147,10 @@ def summarize(
         The queue high-water mark, reported as is.
     """
     smp, mbs, stp, que = (columns[k] for k in (R.SAMPLES, R.MINIBATCHES, R.STEPS, R.QUEUE))
+    # Minibatch rows in id order: a log read back holds them in completion order,
+    # and float sums must not depend on which.
+    by_id = np.argsort(np.asarray(mbs["minibatch"]), kind="stable")
+    mbs = {k: np.asarray(v)[by_id] for k, v in mbs.items()}
     generated_mask = smp["response_len"] >= 0
     consumed = smp["consumed_step"] >= 0
     n_generated = int(generated_mask.sum())

@@ -73,6 +73,7 @@ class Recorder:
         self.mb_tokens = np.zeros(m, dtype=np.int64)
         self.mb_max_len = np.zeros(m, dtype=np.int64)
         self.mb_context = np.zeros(m, dtype=np.float64)
+        self.mb_revision = np.zeros(m, dtype=np.int32)  # plan revision that defined the minibatch (0 = the plan)
         self.mb_prompt_tokens = np.add.reduceat(work.prompt_tokens, work.row_offsets[:-1]).astype(np.int64)
         self.sample_mb = np.repeat(np.arange(m, dtype=np.int32), work.minibatch_sizes)
         self.sample_ptok = work.sample_prompt_tokens()
@@ -102,6 +103,25 @@ class Recorder:
         self._last_flush = time.monotonic()
         self.n_faults = 0  # worker faults (failed minibatch attempts) over the run
         self.faults: list[dict[str, Any]] = []  # the first MAX_FAULTS_KEPT, for meta.json
+
+    def on_revision(self, work: WorkPlan, first: int, new_to_old: np.ndarray, revision: int) -> None:
+        """Minibatches ``>= first`` were replaced by revision ``revision`` (none dispatched yet)."""
+        self._apply_minibatch_features()
+        m = work.n_minibatches
+        for name, fill in (
+            ("mb_worker", -1), ("mb_version", -1), ("mb_reload", False), ("mb_dispatch", np.nan),
+            ("mb_start", np.nan), ("mb_end", np.nan), ("mb_tokens", 0), ("mb_max_len", 0),
+            ("mb_context", 0.0), ("mb_revision", revision),
+        ):
+            old = getattr(self, name)
+            new = np.full(m, fill, dtype=old.dtype)
+            new[:first] = old[:first]
+            setattr(self, name, new)
+        self.mb_prompt_tokens = np.add.reduceat(work.prompt_tokens, work.row_offsets[:-1]).astype(np.int64)
+        self.sample_mb = np.repeat(np.arange(m, dtype=np.int32), work.minibatch_sizes)
+        self.sample_ptok = work.sample_prompt_tokens()
+        for name in ("response_len", "finish_time", "consumed_step", "generated"):
+            setattr(self, name, getattr(self, name)[new_to_old])
 
     # ---- decisions -------------------------------------------------------------
 
@@ -378,6 +398,7 @@ class Recorder:
             "max_len": self.mb_max_len[mbs],
             "prompt_tokens": self.mb_prompt_tokens[mbs],
             "context_tokens": self.mb_context[mbs],
+            "plan_revision": self.mb_revision[mbs],
         }
 
     def step_columns(self, a: int = 0, b: int | None = None) -> dict[str, np.ndarray]:

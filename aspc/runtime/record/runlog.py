@@ -105,6 +105,7 @@ SCHEMAS: dict[str, pa.Schema] = {
                 "prompt_tokens", pa.int64(), nullable=False
             ),  # Σ prompt tokens over its prompts (prefill)
             pa.field("context_tokens", pa.float64(), nullable=False),  # Σ over steps of Σ context (attention)
+            pa.field("plan_revision", pa.int32()),  # plan revision that defined it (0 = the plan; aspc run --replan)
         ]
     ),
     STEPS: pa.schema(

@@ -1,0 +1,70 @@
+"""``aspc run PLAN --epochs N``: the multi-epoch branch of ``aspc run`` (thin over :mod:`aspc.epochs`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from aspc.cli.common import RichProgress, emit_json, note, out_console
+
+
+def run_epochs_cmd(
+    plan: Any,
+    epochs: int,
+    log_dir: Path | None,
+    config: Any,
+    cost: Any,
+    lengths: dict | None,
+    actual_lengths: Path | None,
+    length_drift: float,
+    replan: bool,
+    replan_every: int,
+    *,
+    overwrite: bool,
+    resume: bool,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Run the epochs, print per-epoch metrics (or ``{"epochs": [...], totals}`` with --json)."""
+    from aspc.epochs import run_epochs
+
+    if log_dir is None:
+        raise click.ClickException("--epochs writes one plan and one run log per epoch: pass --log RUN")
+    if resume:
+        raise click.ClickException("--resume with --epochs is not supported; resume one epoch's log (RUN/epoch-K)")
+    if replan:
+        raise click.ClickException("--replan with --epochs is not supported yet; use one of them")
+    if config.backend != "sim":
+        raise click.ClickException("--epochs runs on the sim backend for now (use --backend sim)")
+    with RichProgress(quiet) as progress:
+        res = run_epochs(
+            plan,
+            epochs,
+            log_dir,
+            config=config,
+            actual_lengths=lengths,
+            length_drift=length_drift,
+            overwrite=overwrite,
+            compile_overrides={"max_response_length": config.max_new_tokens} if config.max_new_tokens else None,
+            sim_cost_model=cost,
+            lengths_name=actual_lengths.name if actual_lengths else "",
+            progress=progress,
+        )
+    out = res.to_dict()
+    if as_json:
+        emit_json(out)
+        return
+    note(f"{epochs} epochs: plans in {log_dir}/plans, run logs in {log_dir}/epoch-K", quiet)
+    if not quiet:
+        for d in out["epochs"]:
+            out_console.print(
+                f"epoch {d['epoch']}: mean iteration {d['mean_iteration_time']:.3f} s, "
+                f"{d['n_trainer_steps']} steps, makespan/LB {d['makespan_over_lower_bound']:.4f}, "
+                f"policy lag max {d['policy_lag_max']}"
+            )
+        out_console.print(
+            f"total: {out['n_trainer_steps']} steps in {out['run_time']:.1f} s "
+            f"(mean iteration {out['mean_iteration_time']:.3f} s)"
+        )

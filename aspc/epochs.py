@@ -1,0 +1,208 @@
+"""Several passes over the prompts (``aspc run PLAN --epochs N``), each planned from the run so far.
+
+Epoch 1 runs the given plan. Before each later epoch its plan is compiled
+from the run log so far: every prompt's prediction moves toward the lengths
+its earlier samples had (history, :func:`aspc.predict.history.blend_history`),
+after a refit of the per-run correction of :mod:`aspc.replan` on all
+observed prompts, and scaled by the growth of the mean length between the
+last two epochs (a policy whose responses grow keeps growing). Plans go to
+``RUN/plans/epoch-K.parquet`` (valid plans: ``aspc check`` reads them), run
+logs to ``RUN/epoch-K/``.
+
+Replayed lengths (simulator). Epoch ``k`` replays each prompt's recorded
+lengths from position ``(k - 1) * n`` on (``n`` samples per prompt, wrapping
+around), scaled by ``(1 + length_drift) ** (k - 1)``. Give at least ``2n``
+recorded lengths per prompt for epochs whose samples differ from the
+history they are planned from; with fewer, later epochs replay some lengths
+an earlier epoch already saw.
+
+Sits above both halves (it compiles and runs); the runtime never imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aspc.compiler import CompileConfig, compile_plan
+from aspc.emit import schema as S
+from aspc.emit.plan import Plan, write_plan
+from aspc.errors import ConfigError
+from aspc.io.history import read_history
+from aspc.io.prompts import PromptTable
+from aspc.predict.base import LengthPrediction
+from aspc.predict.history import DEFAULT_KAPPA, blend_history
+from aspc.replan import compile_config_of, used_columns
+from aspc.runtime.api import RunResult, run
+
+MAX_EPOCHS = 1000
+
+
+def epoch_lengths(actual: dict[str, np.ndarray], epoch: int, n: int, drift: float = 0.0) -> dict[str, np.ndarray]:
+    """The lengths epoch ``epoch`` (1-based) replays: rotated by ``(epoch-1)*n``, scaled by ``(1+drift)**(epoch-1)``."""
+    scale = (1.0 + drift) ** (epoch - 1)
+    out = {}
+    for pid, v in actual.items():
+        v = np.asarray(v, dtype=np.float64)
+        shift = ((epoch - 1) * n) % v.size if v.size else 0
+        out[pid] = np.maximum(1.0, np.round(np.roll(v, -shift) * scale))
+    return out
+
+
+def _table_of(plan: Plan) -> PromptTable:
+    t = plan.table
+    prompts = t.column(S.PROMPT).to_pylist()
+    return PromptTable(
+        ids=t.column(S.PROMPT_ID).to_pylist(),
+        prompts=prompts,
+        texts=prompts,
+        source_rows=t.column(S.SOURCE_ROW).to_numpy().astype(np.int64),
+        prompt_tokens=t.column(S.PROMPT_TOKENS).to_numpy().astype(np.int64),
+        lengths=None,
+        input_hash=plan.input_hash,
+    )
+
+
+def epoch_prediction(plan: Plan, logs: list[Path]) -> LengthPrediction:
+    """Predictions for the next epoch of ``plan``'s prompts from the run logs of the epochs so far."""
+    from aspc.predict.features import FeatureConfig, featurize
+    from aspc.predict.ridge import ridge_fit
+
+    t = plan.table
+    ids = t.column(S.PROMPT_ID).to_pylist()
+    col = lambda name: t.column(name).to_numpy().astype(np.float64)  # noqa: E731
+    base = LengthPrediction(col(S.PREDICTED_LEN), col(S.PREDICTED_Q10), col(S.PREDICTED_Q50), col(S.PREDICTED_Q90))
+    per_epoch = [read_history(p) for p in logs]
+    last = per_epoch[-1]
+    observed = [last.get(pid) for pid in ids]
+    seen = np.array([o is not None and o.size > 0 for o in observed])
+    if seen.sum() >= 32:
+        # Refit of the per-run correction (see aspc.replan) on every observed prompt.
+        x = used_columns(featurize(t.column(S.PROMPT).to_pylist(), FeatureConfig()).compact())
+        obs = np.flatnonzero(seen)
+        y = np.log(np.maximum([float(np.mean(observed[i])) for i in obs], 1.0))
+        off = np.log(np.maximum(base.mean, 1.0))
+        sol = ridge_fit(x.take_rows(obs), y, 10.0, offset=off[obs], max_iter=100)
+        f = np.exp(sol.predict(x))
+        base = LengthPrediction(base.mean * f, base.q10 * f, base.q50 * f, base.q90 * f)
+    pred = blend_history(base, observed, DEFAULT_KAPPA)
+    if len(per_epoch) >= 2:
+        # Growth between the last two epochs, carried one epoch forward.
+        prev = per_epoch[-2]
+        common = [pid for pid in ids if pid in prev and pid in last]
+        if common:
+            g = float(
+                np.mean([np.mean(last[p]) for p in common]) / max(np.mean([np.mean(prev[p]) for p in common]), 1e-9)
+            )
+            pred = LengthPrediction(pred.mean * g, pred.q10 * g, pred.q50 * g, pred.q90 * g)
+    return pred
+
+
+@dataclass
+class EpochsResult:
+    """What :func:`run_epochs` returns."""
+
+    runs: list[RunResult]  # one per epoch
+    plans: list[Plan]  # the plan each epoch ran
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Per-epoch metrics under ``epochs`` and the run's totals."""
+        epochs = []
+        for k, r in enumerate(self.runs, start=1):
+            d = r.summary.to_dict()
+            d["epoch"] = k
+            epochs.append(d)
+        steps = sum(int(d["n_trainer_steps"]) for d in epochs)
+        time = sum(float(d["run_time"]) for d in epochs)
+        lags = [d["policy_lag_max"] for d in epochs if d.get("policy_lag_max") is not None]
+        totals = {
+            "n_epochs": len(epochs),
+            "n_trainer_steps": steps,
+            "run_time": time,
+            "mean_iteration_time": time / steps if steps else None,
+            "samples_generated": sum(int(d["samples_generated"]) for d in epochs),
+            "policy_lag_max": max(lags) if lags else None,
+        }
+        return {"epochs": epochs, **totals}
+
+
+def run_epochs(
+    plan: Plan,
+    n_epochs: int,
+    log_dir: str | os.PathLike,
+    *,
+    config: Any,
+    actual_lengths: dict[str, np.ndarray] | None = None,
+    length_drift: float = 0.0,
+    overwrite: bool = False,
+    compile_overrides: dict[str, Any] | None = None,
+    **run_kwargs: Any,
+) -> EpochsResult:
+    """Run ``plan`` for ``n_epochs`` passes; epoch ``k >= 2`` is compiled from epochs ``1..k-1``.
+
+    Parameters
+    ----------
+    plan
+        The first epoch's plan (:class:`aspc.emit.Plan`).
+    n_epochs
+        Passes, ``1..MAX_EPOCHS``.
+    log_dir
+        Directory for ``plans/epoch-K.parquet`` and the ``epoch-K/`` run logs.
+    config
+        :class:`aspc.runtime.RunConfig` of every epoch (the seed moves by one per epoch).
+    actual_lengths
+        Recorded lengths the simulator replays (see the module notes); None
+        draws them from each epoch's plan.
+    length_drift
+        ``F``: epoch ``k`` replays lengths scaled by ``(1 + F) ** (k - 1)``; ``> -1``.
+    compile_overrides
+        :class:`CompileConfig` fields to change from the plan's own record.
+    run_kwargs
+        Passed to :func:`aspc.runtime.run` (cost model, lengths name, progress).
+    """
+    if isinstance(n_epochs, bool) or not isinstance(n_epochs, int) or not 1 <= n_epochs <= MAX_EPOCHS:
+        raise ConfigError(f"--epochs must be an integer in 1..{MAX_EPOCHS}, got {n_epochs!r}")
+    if not np.isfinite(length_drift) or length_drift <= -1:
+        raise ConfigError(f"--length-drift must be a number > -1, got {length_drift}")
+    if length_drift and actual_lengths is None:
+        raise ConfigError("--length-drift scales replayed lengths: pass --actual-lengths too")
+    root = Path(log_dir)
+    plans_dir = root / "plans"
+    if plans_dir.exists() and any(plans_dir.iterdir()) and not overwrite:
+        raise ConfigError(f"{root} already holds epoch plans; pass --overwrite to replace them, or another --log")
+    plans_dir.mkdir(parents=True, exist_ok=True)
+    n = config.samples_per_prompt or int(plan.table.column(S.N_SAMPLES)[0].as_py())
+    cfg: CompileConfig = compile_config_of(plan.config or {}, **(compile_overrides or {}))
+    table = _table_of(plan)
+    runs: list[RunResult] = []
+    plans: list[Plan] = []
+    current = plan
+    for k in range(1, n_epochs + 1):
+        if k > 1:
+            pred = epoch_prediction(plan, [root / f"epoch-{j}" for j in range(1, k)])
+            current = compile_plan(
+                table,
+                pred,
+                dataclasses.replace(cfg, seed=cfg.seed + k - 1),
+                predictor_identity={"kind": "epochs", "epoch": k, "base": plan.predictor},
+            )
+        write_plan(current, plans_dir / f"epoch-{k}.parquet")
+        plans.append(current)
+        lengths = None if actual_lengths is None else epoch_lengths(actual_lengths, k, n, length_drift)
+        runs.append(
+            run(
+                current,
+                config=dataclasses.replace(config, seed=config.seed + k - 1),
+                actual_lengths=lengths,
+                log_dir=root / f"epoch-{k}",
+                overwrite=overwrite,
+                **run_kwargs,
+            )
+        )
+    return EpochsResult(runs, plans)

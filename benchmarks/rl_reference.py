@@ -1,0 +1,205 @@
+"""The RL reference scenario on prompts never seen: every validate-split model of CASTILLO.
+
+What a GRPO run looks like: 8 samples per prompt, responses capped at 4,096
+tokens (verl's ``max_response_length``), W = 8 generation workers, a global
+batch of 256 samples, static returns, and the simulator's default cost model
+(its trainer is busy 30-50% of the run: see
+``aspc/runtime/backends/sim_cost.py``). For each of the 13 models:
+
+- a lexical predictor trained on that model's ``train`` rows (the policy's
+  own (prompt, length) pairs; ``--predictors DIR`` reuses DIR/<model>/);
+- the model's ``validate`` prompts (never seen by the predictor), each with
+  its ten recorded lengths; repeat r draws (seed r) which 8 of the ten the
+  samples replay, the other 2 are the ``asp+history`` history;
+- strategies: random, sorted, asp, asp+replan, asp+history (2 held-out
+  earlier samples per prompt), oracle (asp knowing each prompt's ten recorded
+  lengths: the realistic ceiling), oracle-exact (the 8 replayed lengths);
+  ``asp e2`` is the second epoch of ``aspc run --epochs`` (planned from the
+  first epoch's run log; it replays recorded lengths 9, 10 and 1-6, so 6 of
+  its 8 were seen in epoch 1) against random's second epoch on the same
+  lengths; ``asp K=k`` is asp under ``--max-staleness k``.
+
+Prints one table per model (mean ± std over the repeats of each ratio to
+random) and a summary over the models.
+
+    nice .venv/bin/python benchmarks/rl_reference.py --repeats 3
+    nice .venv/bin/python benchmarks/rl_reference.py --models Qwen--Qwen2.5-7B-Instruct-1M --repeats 1
+
+Skips with a message when the data file is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# One BLAS thread: the per-window ridge refits are small, and a threaded BLAS
+# spinning on a loaded machine made them 4x slower.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / ".." / "shared" / "data" / "castillo-dev.parquet"
+N, W, GB, CAP = 8, 8, 256, 4096
+STRATS = ["random", "sorted", "asp", "asp+replan", "oracle", "oracle-exact"]
+
+
+def load_rows():
+    import pyarrow.parquet as pq
+
+    cols = ["model", "split", "prompt_id", "prompt_text", "output_sizes"]
+    return pq.read_table(DATA, columns=cols).to_pylist()
+
+
+def predictor_for(model: str, rows, cache: Path) -> Path:
+    from aspc.predict import train_predictor
+
+    d = cache / model
+    if (d / "metadata.json").exists():
+        return d
+    tr = [r for r in rows if r["model"] == model and r["split"] == "train"]
+    p = train_predictor(
+        "lexical", [r["prompt_text"] for r in tr], [np.asarray(r["output_sizes"], float) for r in tr], seed=0
+    )
+    p.save(d)
+    return d
+
+
+def inputs_for(model: str, rows, tmp: Path, seed: int) -> tuple[Path, Path]:
+    """Prompts with their ten lengths in a seeded order (the first 8 are replayed), and the other 2 as history."""
+    rng = np.random.default_rng(seed)
+    inp, hist = tmp / f"{model}-{seed}.jsonl", tmp / f"{model}-{seed}-hist.jsonl"
+    seen = set()
+    with open(inp, "w") as fi, open(hist, "w") as fh:
+        for r in rows:
+            if r["model"] != model or r["split"] != "validate" or r["prompt_id"] in seen:
+                continue
+            seen.add(r["prompt_id"])
+            L = np.asarray(r["output_sizes"])[rng.permutation(len(r["output_sizes"]))].tolist()
+            fi.write(json.dumps({"id": r["prompt_id"], "prompt": r["prompt_text"], "lengths": L}) + "\n")
+            fh.write(json.dumps({"id": r["prompt_id"], "lengths": L[N:]}) + "\n")
+    return inp, hist
+
+
+def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt"):
+    from aspc.compiler import CompileConfig, InputOptions, compile_file
+    from aspc.epochs import run_epochs
+    from aspc.io.history import read_history
+    from aspc.runtime import RunConfig, run
+    from aspc.simulate import simulate_strategies
+
+    inp, hist = inputs_for(model, rows, tmp, seed)
+    inputs = InputOptions(length_field="lengths")
+    cfg = CompileConfig(
+        samples_per_prompt=N, seed=seed, predictor=str(pred_dir), workers=W, max_response_length=CAP, order=order
+    )
+    rc = RunConfig(workers=W, global_batch=GB, seed=seed, max_new_tokens=CAP)
+    res = simulate_strategies(inp, inputs, cfg, rc, strategies=STRATS)
+    out = {k: v.summary.to_dict() for k, v in res.items()}
+    cfg_h = dataclasses.replace(cfg, history=(str(hist),), history_length_field="lengths")
+    out["asp+history"] = simulate_strategies(inp, inputs, cfg_h, rc, strategies=["asp"])["asp"].summary.to_dict()
+    actual = read_history(inp, length_field="lengths")
+    plan = compile_file(inp, InputOptions(), cfg)
+    for k in staleness:
+        out[f"asp K={k}"] = run(
+            plan, config=dataclasses.replace(rc, max_staleness=k), actual_lengths=actual
+        ).summary.to_dict()
+    # Second epoch: asp planned from epoch 1's log vs random on the same replayed lengths.
+    e = run_epochs(plan, 2, tmp / f"ep-{model}-{seed}", config=rc, actual_lengths=actual, overwrite=True)
+    rnd_plan = compile_file(inp, InputOptions(), dataclasses.replace(cfg, strategy="random", seed=seed + 1))
+    from aspc.epochs import epoch_lengths
+
+    rnd2 = run(rnd_plan, config=dataclasses.replace(rc, seed=seed + 1), actual_lengths=epoch_lengths(actual, 2, N))
+    out["asp e2"] = e.runs[1].summary.to_dict()
+    out["asp e2"]["_base"] = rnd2.summary.mean_iteration_time
+    return out
+
+
+def ratio(d, base, key="mean_iteration_time"):
+    b = d.get("_base", base[key]) if key == "mean_iteration_time" else base[key]
+    return d[key] / b if d.get(key) is not None and b else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default=None, help="comma list (default: every model of the validate split)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--predictors", default=None, help="directory of per-model predictors (trained here if absent)")
+    ap.add_argument("--staleness", default="1,2,4")
+    ap.add_argument("--order", choices=["lpt", "interleave"], default="lpt", help="asp's dispatch order")
+    args = ap.parse_args()
+    if not DATA.exists():
+        print(f"skipped: {DATA.name} not found under ../shared/data (only on development machines)")
+        return
+    rows = load_rows()
+    models = args.models.split(",") if args.models else sorted({r["model"] for r in rows if r["split"] == "validate"})
+    staleness = [int(k) for k in args.staleness.split(",") if k]
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        cache = Path(args.predictors) if args.predictors else tmp / "pred"
+        summary: dict[str, dict[str, list[float]]] = {}
+        print(
+            f"RL reference scenario: n={N} samples/prompt, cap {CAP}, W={W}, global batch {GB}, static returns, "
+            f"sim defaults; {args.repeats} repeats (seeds 0..{args.repeats - 1}); ratios = mean ± std vs random"
+        )
+        for model in models:
+            t0 = time.perf_counter()
+            pdir = predictor_for(model, rows, cache)
+            reps = [one_repeat(model, rows, pdir, tmp, s, staleness, args.order) for s in range(args.repeats)]
+            names = list(reps[0])
+            print(f"\n{model} ({reps[0]['random']['samples_planned'] // N} prompts, {time.perf_counter() - t0:.0f} s)")
+            head = (
+                "strategy",
+                "mean iter s",
+                "vs random",
+                "steady vs random",
+                "trend q4/q1",
+                "trainer busy",
+                "lag max",
+                "makespan/LB",
+            )
+            print("| " + " | ".join(head) + " |\n|" + "|".join("---" for _ in head) + "|")
+            for name in names:
+                ds = [r[name] for r in reps]
+                mr = np.array([ratio(d, r["random"]) for d, r in zip(ds, reps, strict=True)])
+                sr = np.array([ratio(d, r["random"], "steady_iteration_time") for d, r in zip(ds, reps, strict=True)])
+                f = lambda k, ds=ds: np.mean([d[k] for d in ds if d.get(k) is not None])  # noqa: E731
+                pm = lambda a: f"{np.nanmean(a):.3f} ± {np.nanstd(a, ddof=1) if a.size > 1 else 0:.3f}"  # noqa: E731
+                cells = [
+                    name,
+                    f"{f('mean_iteration_time'):.3f}",
+                    pm(mr),
+                    pm(sr),
+                    f"{f('iteration_time_trend'):.2f}",
+                    f"{1 - f('trainer_wait_fraction'):.0%}",
+                    f"{max(d['policy_lag_max'] for d in ds)}",
+                    f"{f('makespan_over_lower_bound'):.3f}",
+                ]
+                print("| " + " | ".join(cells) + " |")
+                s = summary.setdefault(name, {"ratio": [], "mslb": [], "lag": [], "gap": []})
+                s["ratio"].append(float(np.nanmean(mr)))
+                s["mslb"].append(float(f("makespan_over_lower_bound")))
+                s["lag"].append(max(d["policy_lag_max"] for d in ds))
+            sys.stdout.flush()
+        print("\nSummary over models (mean of per-model mean ratios; worst model; makespan/LB mean):")
+        orc = np.array(summary["oracle"]["ratio"])
+        print("| strategy | mean vs random | worst model | (random − x)/(random − oracle) | makespan/LB | lag max |")
+        print("|---|---|---|---|---|---|")
+        for name, s in summary.items():
+            r = np.array(s["ratio"])
+            gap = np.mean((1 - r) / (1 - orc))
+            print(
+                f"| {name} | {r.mean():.3f} | {r.max():.3f} | {gap:.2f} | {np.mean(s['mslb']):.3f} | {max(s['lag'])} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

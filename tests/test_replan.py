@@ -1,0 +1,121 @@
+"""Re-planning during a run (``--replan``) and epochs (``--epochs``): nothing dispatched moves, nothing is lost."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from aspc.compiler import CompileConfig, compile_plan
+from aspc.emit import read_plan
+from aspc.emit import schema as S
+from aspc.emit.check import check_plan
+from aspc.epochs import epoch_lengths, run_epochs
+from aspc.io.prompts import PromptTable
+from aspc.predict.base import LengthPrediction
+from aspc.replan import OnlineReplanner
+from aspc.runtime import RunConfig, run
+from aspc.runtime.core.revise import revise_work
+from aspc.runtime.work import work_from_table
+from aspc.testing.plans import plan_table
+
+WORDS = ["explain", "list", "write", "code", "story", "short", "essay", "detail", "one", "word"]
+
+
+def _data(n: int, seed: int):
+    """Prompts whose length depends on their words; a predictor that knows nothing of it."""
+    rng = np.random.default_rng(seed)
+    ids = [f"p{i}" for i in range(n)]
+    texts = [" ".join(rng.choice(WORDS, 4)) for _ in range(n)]
+    level = np.array([5.0 + (1.5 if "essay" in t else 0) + (0.8 if "code" in t else 0) for t in texts])
+    lens = {pid: np.maximum(1, rng.lognormal(level[i], 0.4, size=4)) for i, pid in enumerate(ids)}
+    table = PromptTable(ids, texts, texts, np.arange(n, dtype=np.int64), np.full(n, 20, dtype=np.int64), None, "0" * 64)
+    flat = LengthPrediction(*(np.full(n, 300.0) * f for f in (1.0, 0.5, 1.0, 2.0)))
+    return table, lens, flat
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sizes=st.lists(st.integers(1, 5), min_size=2, max_size=20), n_samples=st.integers(1, 3), data=st.data())
+def test_revise_work_keeps_the_prefix_and_every_sample(sizes, n_samples, data):
+    mb = np.repeat(np.arange(len(sizes)), sizes)
+    work = work_from_table(plan_table(mb, n_samples=n_samples))
+    first = data.draw(st.integers(0, len(sizes) - 1))
+    r0 = int(work.row_offsets[first])
+    before_ids = work.prompt_ids.copy()
+    before_samples = [(before_ids[work.sample_row[i]], int(work.sample_index[i])) for i in range(work.n_total_samples)]
+    tail = work.table.slice(r0)
+    perm = data.draw(st.permutations(list(range(tail.num_rows))))
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, tail.num_rows - 1)), max_size=4))) - {tail.num_rows})
+    new_mb = np.searchsorted(np.array(cuts), np.arange(tail.num_rows), side="right").astype(np.int32)
+    tail = tail.take(pa.array(perm)).set_column(tail.schema.get_field_index(S.MINIBATCH), S.MINIBATCH, pa.array(new_mb))
+    new_to_old = revise_work(work, first, tail)
+    # Prefix untouched, every (prompt, sample) once, the map says where each came from.
+    assert work.prompt_ids[:r0].tolist() == before_ids[:r0].tolist()
+    assert np.array_equal(new_to_old[: work.sample_offsets[first]], np.arange(work.sample_offsets[first]))
+    after = [(work.prompt_ids[work.sample_row[i]], int(work.sample_index[i])) for i in range(work.n_total_samples)]
+    assert [before_samples[j] for j in new_to_old] == after
+    assert work.n_minibatches == first + len(cuts) + 1
+
+
+def test_replanned_run_logs_revisions_and_generates_every_sample_once(tmp_path):
+    table, lens, flat = _data(480, 0)
+    cfg = CompileConfig(samples_per_prompt=4, batch_size=8, workers=4)
+    plan = compile_plan(table, flat, cfg)
+    rc = RunConfig(workers=4, global_batch=32)
+    rp = OnlineReplanner(plan.table, cfg, every_steps=4, log_dir=tmp_path / "run")
+    res = run(plan, config=rc, actual_lengths=lens, replanner=rp, log_dir=tmp_path / "run")
+    assert rp.revisions, "no revision happened"
+    s = res.summary
+    assert s.samples_generated == s.samples_planned == 1920
+    mbs = ds.dataset(tmp_path / "run" / "minibatches").to_table().to_pydict()
+    smp = ds.dataset(tmp_path / "run" / "samples").to_table().to_pydict()
+    assert len(set(zip(smp["prompt_id"], smp["sample_index"], strict=True))) == 1920
+    # A revision only defines minibatches at or after its first undispatched one.
+    firsts = {r["revision"]: r["first_minibatch"] for r in rp.revisions}
+    for m, r in zip(mbs["minibatch"], mbs["plan_revision"], strict=True):
+        if r > 0:
+            assert m >= firsts[r]
+        later = [firsts[q] for q in firsts if q > r]
+        if later:
+            assert m < min(later) or r == max(firsts)
+    for r in firsts:
+        revised = read_plan(tmp_path / "run" / "plans" / f"revision-{r}.parquet")
+        assert check_plan(revised).ok
+
+
+def test_replan_learns_what_the_predictor_did_not_know():
+    # The plan's predictor is flat (no information); the run's observations
+    # teach the correction which words make answers long.
+    table, lens, flat = _data(960, 1)
+    cfg = CompileConfig(samples_per_prompt=4, batch_size=8, workers=4)
+    plan = compile_plan(table, flat, cfg)
+    rc = RunConfig(workers=4, global_batch=32)
+    plain = run(plan, config=rc, actual_lengths=lens).summary
+    rp = OnlineReplanner(plan.table, cfg, every_steps=8)
+    replanned = run(plan, config=rc, actual_lengths=lens, replanner=rp).summary
+    assert replanned.lower_bound < 0.97 * plain.lower_bound
+    assert replanned.mean_iteration_time < plain.mean_iteration_time
+
+
+def test_epochs_write_checkable_plans_and_per_epoch_metrics(tmp_path):
+    table, lens, flat = _data(400, 2)
+    cfg = CompileConfig(samples_per_prompt=4, batch_size=8, workers=4)
+    plan = compile_plan(table, flat, cfg)
+    res = run_epochs(plan, 3, tmp_path / "run", config=RunConfig(workers=4, global_batch=32), actual_lengths=lens)
+    out = res.to_dict()
+    assert [e["epoch"] for e in out["epochs"]] == [1, 2, 3]
+    assert out["n_trainer_steps"] == sum(e["n_trainer_steps"] for e in out["epochs"])
+    for k in (1, 2, 3):
+        assert check_plan(read_plan(tmp_path / "run" / "plans" / f"epoch-{k}.parquet")).ok
+    # History pins down each prompt: the second epoch's plan packs less padding.
+    assert out["epochs"][1]["lower_bound"] < out["epochs"][0]["lower_bound"]
+
+
+def test_epoch_lengths_rotate_and_drift():
+    got = epoch_lengths({"a": np.array([1.0, 2, 3, 4, 5])}, 2, 2, drift=0.5)["a"]
+    assert got.tolist() == np.round([4.5, 6.0, 7.5, 2.0, 3.0]).tolist()
+    with pytest.raises(Exception, match="length-drift"):
+        run_epochs(None, 2, "x", config=RunConfig(), length_drift=-2)  # type: ignore[arg-type]

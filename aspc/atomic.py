@@ -3,16 +3,30 @@
 Every file or directory aspc writes goes through here: the content is written
 to a temporary sibling, fsynced, then renamed over the target, so a crash or a
 failed command never leaves a partial output behind.
+
+Only a regular file (or, for :func:`atomic_dir`, a directory) is ever
+replaced; a symlink is written through (the link stays, the file it points to
+is replaced), see :mod:`aspc.guards`. A full disk or a permission error
+becomes one :class:`~aspc.errors.OutputError` naming the output, never the
+temporary file, and the temporary file is removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from aspc.errors import OutputError
+from aspc.guards import check_replaceable
+
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def _umask() -> int:
@@ -34,29 +48,130 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _tmp_prefix(target: Path) -> str:
+    # The writer's pid is in the name so a later write can tell a temporary
+    # left by a killed process (SIGKILL runs no cleanup) from a live one.
+    return f".{target.name}.{os.getpid()}."
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def remove_stale_temps(target: str | os.PathLike) -> list[Path]:
+    """Remove temporaries of ``target`` whose writer process is gone; return them.
+
+    Called before every write, so a compile killed with SIGKILL leaves its
+    hidden ``.plan.parquet.<pid>.*.tmp`` only until the next write of the same
+    output.
+    """
+    target = Path(target)
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(\d+)\.[A-Za-z0-9_]+\.tmp$")
+    removed = []
+    try:
+        siblings = list(target.parent.iterdir())
+    except OSError:
+        return removed
+    for p in siblings:
+        m = pattern.match(p.name)
+        if m is None or _pid_alive(int(m.group(1))):
+            continue
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        except OSError:
+            continue
+        removed.append(p)
+    return removed
+
+
+def _resolve(target: str | os.PathLike, kind: str) -> Path:
+    """The path to replace: symlinks followed, non-regular targets refused."""
+    target = Path(target)
+    check_replaceable(target, kind)  # follows links: a link to a pipe or device is refused here
+    if target.is_symlink():
+        if not target.exists():
+            raise OutputError(f"{target} is a dangling symlink; remove it or point it at a regular file")
+        target = Path(os.path.realpath(target))
+        check_replaceable(target, kind)
+    return target
+
+
+def _is_full(exc: BaseException) -> bool:
+    if isinstance(exc, OSError) and exc.errno in _FULL:
+        return True
+    # pyarrow raises OSError("... No space left on device") with no errno.
+    return isinstance(exc, OSError) and "no space left on device" in str(exc).lower()
+
+
+def _translate(exc: OSError, target: Path, ours: bool, tmp: Path | None) -> OutputError | None:
+    """An OutputError for a full disk or a denied write of ``target``, else None.
+
+    ``ours``: the error came from aspc's own file operations (mkstemp,
+    fsync, rename), not from the caller's code inside the block, whose
+    permission errors may concern an input and are left alone.
+    """
+    if _is_full(exc):
+        return OutputError(
+            f"no space left on the device holding {target}; free space or write elsewhere"
+        )
+    if exc.errno in _DENIED:
+        names = {str(target), str(target.parent)} | ({str(tmp)} if tmp is not None else set())
+        if ours or str(getattr(exc, "filename", "")) in names:
+            return OutputError(
+                f"cannot write {target}: {os.strerror(exc.errno).lower()} in {target.parent}; "
+                "choose a writable output path"
+            )
+    return None
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary file path; on success fsync it and rename onto ``target``.
 
     On any exception the temporary file is removed and ``target`` is untouched.
     """
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    target = _resolve(target, "file")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(target)
+        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=target.parent)
+    except OSError as exc:
+        err = _translate(exc, target, True, None)
+        if err is None:
+            raise
+        raise err from None
     # mkstemp creates 0600; outputs are shared files (a trainer may run as
     # another user), so give them the mode a plain open() would.
     os.fchmod(fd, 0o666 & ~_umask())
     os.close(fd)
     tmp_path = Path(tmp)
+    ours = False
     try:
         yield tmp_path
+        ours = True
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
+        check_replaceable(target, "file")
         os.replace(tmp_path, target)
         _fsync_dir(target.parent)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
+        if isinstance(exc, OSError):
+            err = _translate(exc, target, ours, tmp_path)
+            if err is not None:
+                raise err from None
         raise
 
 
@@ -68,16 +183,26 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     complete (moved aside, then removed), so readers never see a half-written
     directory.
     """
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    target = _resolve(target, "dir")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(target)
+        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=target.parent))
+    except OSError as exc:
+        err = _translate(exc, target, True, None)
+        if err is None:
+            raise
+        raise err from None
     os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
+    ours = False
     try:
         yield tmp
+        ours = True
         for root, _dirs, files in os.walk(tmp):
             for name in files:
                 with open(os.path.join(root, name), "rb") as fh:
                     os.fsync(fh.fileno())
+        check_replaceable(target, "dir")
         old = None
         if target.exists():
             old = target.parent / f".{target.name}.old-{os.getpid()}"
@@ -86,8 +211,12 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
         _fsync_dir(target.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            err = _translate(exc, target, ours, None)
+            if err is not None:
+                raise err from None
         raise
 
 

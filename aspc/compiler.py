@@ -20,6 +20,7 @@ from aspc.emit import schema as S
 from aspc.emit.metrics import plan_metrics
 from aspc.emit.plan import Plan
 from aspc.errors import ConfigError, InputError
+from aspc.guards import check_compile_config, check_lengths
 from aspc.io import PromptTable, RaggedLengths
 from aspc.io.history import history_hashes, read_history
 from aspc.io.options import InputOptions
@@ -142,6 +143,7 @@ def _prepare(
     from aspc.caps import cap_lengths, cap_prediction, check_cap
     from aspc.profiles import check_target, select_prompts, take_rows
 
+    check_compile_config(config)  # before reading: a bad option fails fast
     check_target(config.target)
     check_cap("--max-response-length", config.max_response_length)
     check_cap("--max-prompt-length", config.max_prompt_length)
@@ -231,6 +233,7 @@ def compile_plan(
     from aspc.costs import MINIBATCH_COSTS, minibatch_costs
     from aspc.partition import partition
 
+    check_compile_config(config)
     if config.target == "verl":
         config = _verl_config(config)
     strategy = parse_strategy(config.strategy)
@@ -243,6 +246,7 @@ def compile_plan(
     mean = np.asarray(prediction.mean, dtype=np.float64)
     if mean.shape != (n,):
         raise ConfigError(f"prediction has {mean.size} rows for {n} prompts")
+    check_lengths("predicted lengths", mean, prediction.q10, prediction.q50, prediction.q90)
     nseq = np.full(n, config.samples_per_prompt, dtype=np.int64)
     if config.order not in ORDERS:
         raise ConfigError(f"unknown order {config.order!r}; use one of {', '.join(ORDERS)}")

@@ -41,3 +41,29 @@ class BackendError(AspcError):
 
 class RunError(AspcError):
     """A run failed (worker faults past the retry limit, inconsistent run log)."""
+
+
+class OutputError(AspcError):
+    """An output cannot be written where asked: it is an input, a device, or the disk is full."""
+
+
+class LockError(RunError):
+    """Another process holds the run log's writer lock."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT arrived; raised in the main thread by :mod:`aspc.interrupt`.
+
+    A ``KeyboardInterrupt`` subclass so that ``except Exception`` handlers do
+    not swallow it, while ``finally`` blocks and ``except BaseException``
+    cleanups (temporary files, the run log's last commit) still run.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        # The shell convention for a process ended by a signal.
+        return 128 + self.signum

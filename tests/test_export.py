@@ -172,7 +172,8 @@ def test_jsonl_export_keeps_records(tmp_path, chat_data, text_data):
         assert rec == src[r0]  # every source field as it was
         assert aspc["prompt_id"] == src[r0]["id"]
     chat = _compile(chat_data, tmp_path / "chat.parquet")
-    res = export_plan(tmp_path / "chat.parquet", tmp_path / "chat.jsonl", "jsonl")
+    # Not chat.jsonl: that is the source dataset, and an export may not replace its input.
+    res = export_plan(tmp_path / "chat.parquet", tmp_path / "chat-export.jsonl", "jsonl")
     back = read_prompts(res.path)
     assert back.prompts == chat.column(S.PROMPT).tolist() and back.ids == chat.column(S.PROMPT_ID).tolist()
 

@@ -252,6 +252,7 @@ def test_help_imports_nothing_heavy(args):
 
 def test_cli_choices_are_the_library_names():
     from aspc.choices import MINIBATCH_COSTS, STRATEGIES
+    from aspc.cli.compile import compile_cmd
     from aspc.cli.run import run_cmd
     from aspc.cli.simulate import simulate_cmd
     from aspc.runtime.backends.options import DTYPES
@@ -266,5 +267,6 @@ def test_cli_choices_are_the_library_names():
     assert choices(run_cmd, "--engine") == ENGINES
     assert choices(run_cmd, "--return-mode") == RETURN_MODES
     assert choices(run_cmd, "--dtype") == DTYPES
-    assert choices(simulate_cmd, "--strategy") == STRATEGIES
+    # simulate names its strategies with --strategies (a --strategy beside it was ignored).
+    assert choices(compile_cmd, "--strategy") == STRATEGIES
     assert choices(simulate_cmd, "--minibatch-cost") == MINIBATCH_COSTS

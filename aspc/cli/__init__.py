@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 
 import click
 
 from aspc import __version__
+from aspc.errors import Interrupted
 
 # command name -> (module under aspc.cli, attribute)
 _COMMANDS = {
@@ -28,7 +30,64 @@ _COMMANDS = {
 }
 
 
+class _UsageLine(click.ClickException):
+    """A click usage error shown as one line (click's own form is four: usage, hint, blank, error)."""
+
+    exit_code = 2
+
+    def __init__(self, exc: click.UsageError) -> None:
+        super().__init__(" ".join(exc.format_message().split()))
+        self.command_path = exc.ctx.command_path if exc.ctx is not None else "aspc"
+
+    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
+        click.echo(f"Error: {self.message} (see '{self.command_path} --help')", file=file, err=True)
+
+
+class _InterruptLine(click.ClickException):
+    """SIGTERM/SIGINT outside a command's own handling: one line, exit 128 + signal."""
+
+    def __init__(self, exc: Interrupted) -> None:
+        from aspc import interrupt
+
+        super().__init__(f"interrupted by {interrupt.signal_name(exc.signum)}; nothing was written")
+        self.exit_code = exc.exit_code
+
+
 class _LazyGroup(click.Group):
+    def main(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - click's signature
+        # The signal policy holds from the first moment, not only inside a
+        # command: a SIGINT while the command module imports is one line too.
+        from aspc import interrupt
+
+        try:
+            with interrupt.handlers():
+                return super().main(*args, **kwargs)
+        except Interrupted as exc:
+            click.echo(f"Error: interrupted by {interrupt.signal_name(exc.signum)}; nothing was written", err=True)
+            sys.exit(exc.exit_code)
+
+    def make_context(self, info_name, args, parent=None, **extra):  # noqa: ANN001, ANN201 - click's signature
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise _UsageLine(exc) from None
+        except Interrupted as exc:
+            # click would print "Aborted!" and exit 1; keep the policy's line and code.
+            raise _InterruptLine(exc) from None
+
+    def invoke(self, ctx: click.Context):  # noqa: ANN201 - click's signature
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise _UsageLine(exc) from None
+        except Interrupted as exc:
+            # click would print "Aborted!" and exit 1; keep the policy's line and code.
+            raise _InterruptLine(exc) from None
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [
             name

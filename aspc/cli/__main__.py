@@ -2,4 +2,4 @@
 
 from aspc.cli import main
 
-main()
+main(prog_name="aspc")

@@ -15,22 +15,26 @@ from aspc.cli.common import emit_json, handle_errors, json_option, note, out_con
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=click.Path(path_type=str),
     default=None,
     help="Write the fitted cost model here (JSON for --cost-model).",
 )
 @json_option
 @quiet_option
 @handle_errors
-def calibrate_cmd(run_dir: Path, output: Path | None, as_json: bool, quiet: bool) -> None:
+def calibrate_cmd(run_dir: Path, output: str | Path | None, as_json: bool, quiet: bool) -> None:
     """Fit decode, prefill and trainer coefficients from a run log's minibatch and step rows.
 
     \b
     aspc calibrate RUN -o cost.json
     aspc run plan.parquet --cost-model cost.json
     """
+    from aspc.guards import check_output
     from aspc.runtime.backends.sim_cost import save_sim_cost_model
     from aspc.runtime.calibrate import calibrate
+
+    if output is not None:
+        output = check_output(output, inputs=[run_dir])
 
     cal = calibrate(run_dir)
     if output is not None:

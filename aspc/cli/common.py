@@ -16,7 +16,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from aspc.errors import AspcError
+from aspc.errors import AspcError, Interrupted
 
 # Diagnostics and bars go to stderr so ``--json`` output stays parseable.
 err_console = Console(stderr=True, highlight=False)
@@ -38,8 +38,16 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from aspc import interrupt
+
         try:
-            return fn(*args, **kwargs)
+            with interrupt.handlers():
+                return fn(*args, **kwargs)
+        except Interrupted as exc:
+            # Temporary files are gone (atomic writes clean up on the way out).
+            raise CliError(
+                f"interrupted by {interrupt.signal_name(exc.signum)}; nothing was written", exc.exit_code
+            ) from None
         except AspcError as exc:
             raise CliError(_one_line(str(exc)), exc.exit_code) from None
         except FileNotFoundError as exc:

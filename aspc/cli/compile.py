@@ -14,7 +14,7 @@ from aspc.cli.render import metrics_table
 
 @click.command("compile")
 @click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Plan file to write.")
+@click.option("-o", "--output", type=click.Path(path_type=str), required=True, help="Plan file to write.")
 @click.option(
     "--workers",
     "-w",
@@ -29,14 +29,18 @@ from aspc.cli.render import metrics_table
 @quiet_option
 @handle_errors
 def compile_cmd(
-    input_path: Path, output: Path, workers: int | None, as_json: bool, quiet: bool, **kwargs
+    input_path: Path, output: str, workers: int | None, as_json: bool, quiet: bool, **kwargs
 ) -> None:
     """Compile a prompt dataset (JSONL, JSON, CSV, Parquet) into a dispatch plan."""
     from aspc.compiler import compile_file
     from aspc.emit import write_plan
+    from aspc.guards import check_compile_config, check_output
 
     inputs, config = compile_config_from_kwargs(kwargs)
     config = dataclasses.replace(config, workers=workers)
+    check_compile_config(config)
+    predictor_dir = None if config.predictor in (None, "default") else config.predictor
+    output = check_output(output, inputs=[input_path, *config.history, predictor_dir])
     with RichProgress(quiet) as progress:
         plan = compile_file(input_path, inputs, config, progress)
         progress.stage("write")

@@ -19,7 +19,7 @@ from aspc.cli.common import RichProgress, emit_json, err_console, handle_errors,
     show_default=True,
     help="verl: Parquet with a chat 'prompt' column; jsonl: one JSON record per line.",
 )
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True, help="File to write.")
+@click.option("-o", "--output", type=click.Path(path_type=str), required=True, help="File to write.")
 @click.option(
     "--data-source",
     default=None,
@@ -40,7 +40,7 @@ from aspc.cli.common import RichProgress, emit_json, err_console, handle_errors,
 def export_cmd(
     plan_path: Path,
     fmt: str,
-    output: Path,
+    output: str | Path,
     data_source: str | None,
     source: Path | None,
     no_source: bool,
@@ -66,6 +66,9 @@ def export_cmd(
     aspc export plan.parquet --format jsonl -o train.jsonl
     """
     from aspc.export import export_plan
+    from aspc.guards import check_output
+
+    output = check_output(output, inputs=[plan_path, source])
 
     with RichProgress(quiet) as progress:
         progress.stage("export")

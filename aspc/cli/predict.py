@@ -171,6 +171,10 @@ def train_cmd(
     lengths, or one row per sample) or an aspc run log directory (every
     committed sample, prompt texts from the plan that was run).
     """
+    from aspc.guards import check_output, check_seed
+
+    check_seed(seed)
+    output = check_output(output, inputs=[data], kind="dir")
     if epochs is not None and epochs < 1:
         raise ConfigError(f"--epochs {epochs}: give at least 1")
     _check_device(device)
@@ -345,9 +349,11 @@ def apply_cmd(
     quiet: bool,
 ) -> None:
     """Predict response lengths of DATA's prompts with PREDICTOR (a directory or 'default')."""
+    from aspc.guards import check_output
     from aspc.io import read_prompts
     from aspc.predict import HistoryPredictor, load_predictor
 
+    output = check_output(output, inputs=[data, *history, None if predictor == "default" else predictor])
     _check_device(device)
     pred = load_predictor(predictor, target=target, device=device)
     table = read_prompts(data, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)

@@ -43,7 +43,10 @@ def report_cmd(
     aspc report plan.parquet -o report/
     aspc report plan.parquet runs/asp runs/random -o report/
     """
+    from aspc.guards import check_output
     from aspc.report import write_report
+
+    output = check_output(output, inputs=[plan_path, *run_dirs], kind="dir")
 
     with RichProgress(quiet) as progress:
         files = write_report(plan_path, list(run_dirs), output, progress, embed=embed)

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from aspc.cli.backend_options import build_real_components, real_backend_options
 from aspc.cli.common import (
+    CliError,
     RichProgress,
     emit_json,
     handle_errors,
@@ -19,6 +20,7 @@ from aspc.cli.common import (
     out_console,
     quiet_option,
 )
+from aspc.errors import Interrupted
 
 # Light modules (no numba, pyarrow or torch), so --help stays fast.
 from aspc.runtime.config import RETURN_MODES, ReturnMode, RunConfig
@@ -112,6 +114,7 @@ _RUNTIME_KEYS = (
 
 def run_config_from_kwargs(kwargs: dict[str, Any], **extra: Any) -> tuple[RunConfig, Any]:
     """Pop the runtime options out of a command's kwargs: (RunConfig, SimCostModel)."""
+    from aspc.guards import check_run_config
     from aspc.runtime.backends.sim_cost import SimCostModel, load_sim_cost_model
 
     vals = {k: kwargs.pop(k) for k in _RUNTIME_KEYS if k in kwargs}
@@ -119,6 +122,7 @@ def run_config_from_kwargs(kwargs: dict[str, Any], **extra: Any) -> tuple[RunCon
     cost = load_sim_cost_model(path) if path is not None else SimCostModel()
     config = RunConfig(**vals, **extra)
     config.validate()
+    check_run_config(config)
     return config, cost
 
 
@@ -162,6 +166,35 @@ _ROWS = (
     "queue_depth_max",
     "queue_capacity",
 )
+
+
+def _interrupted_message(exc: Interrupted, log_dir: Path | None) -> str:
+    """One line: what the signal did to the run, and the command that continues it."""
+    import json
+    import shlex
+    import sys
+
+    from aspc.interrupt import signal_name
+
+    name = signal_name(exc.signum)
+    if log_dir is None:
+        return f"interrupted by {name}; the run had no --log, so there is nothing to resume"
+    if not (log_dir / "meta.json").is_file():
+        return f"interrupted by {name} before the run log was started; nothing was written to {log_dir}"
+    argv = sys.argv[1:]
+    if "run" in argv:
+        args = [a for a in argv if a != "--overwrite"]
+        cmd = shlex.join(["aspc", *args] + ([] if "--resume" in args else ["--resume"]))
+    else:  # called as a library (tests); say it in words
+        cmd = f"aspc run PLAN <the same options> --log {shlex.quote(str(log_dir))} --resume"
+    try:
+        status = json.loads((log_dir / "meta.json").read_text(encoding="utf-8")).get("status", "?")
+    except (OSError, ValueError, AttributeError):
+        status = "?"
+    return (
+        f"interrupted by {name}; run log {log_dir} is marked {status} and keeps every committed sample: "
+        f"continue it with --resume: {cmd}"
+    )
 
 
 def fmt(key: str, value: Any) -> str:
@@ -316,6 +349,10 @@ def run_cmd(
 
     # Before a real backend resolves its model or a history file is read.
     check_log_options(log_dir, overwrite=overwrite, resume=resume)
+    if log_dir is not None:
+        from aspc.guards import check_output
+
+        check_output(log_dir, inputs=[plan_path, actual_lengths], kind="dir", option="--log")
     config, cost = run_config_from_kwargs(
         kwargs,
         seed=seed,
@@ -324,49 +361,58 @@ def run_cmd(
         worker_timeout=worker_timeout,
         log_flush_seconds=log_flush_seconds,
     )
-    plan = read_plan(plan_path)
-    lengths = None
-    if actual_lengths is not None:
-        lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field)
-    backend, trainer, backend_notes = build_real_components(
-        kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
-    )
-    for msg in backend_notes:
-        note(msg, quiet)
-    if epochs != 1 or length_drift:
-        from aspc.cli.run_epochs import run_epochs_cmd
+    try:
+        plan = read_plan(plan_path)
+        lengths = None
+        if actual_lengths is not None:
+            lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field)
+        backend, trainer, backend_notes = build_real_components(
+            kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
+        )
+        for msg in backend_notes:
+            note(msg, quiet)
+        if epochs != 1 or length_drift:
+            from aspc.cli.run_epochs import run_epochs_cmd
 
-        return run_epochs_cmd(
-            plan, epochs, log_dir, config, cost, lengths, actual_lengths, length_drift, replan, replan_every,
-            overwrite=overwrite, resume=resume, as_json=as_json, quiet=quiet,
-        )
-    replanner = None
-    if replan:
-        from aspc.replan import OnlineReplanner, compile_config_of
+            return run_epochs_cmd(
+                plan, epochs, log_dir, config, cost, lengths, actual_lengths, length_drift, replan, replan_every,
+                overwrite=overwrite, resume=resume, as_json=as_json, quiet=quiet,
+            )
+        replanner = None
+        if replan:
+            from aspc.replan import OnlineReplanner, compile_config_of
 
-        if replan_every < 1:
-            raise click.ClickException(f"--replan-every must be >= 1, got {replan_every}")
-        cfg = compile_config_of(
-            plan.config or {}, workers=config.workers, max_response_length=config.max_new_tokens
-        )
-        replanner = OnlineReplanner(
-            plan.table, cfg, every_steps=replan_every, log_dir=log_dir, input_hash=plan.input_hash
-        )
-    with RichProgress(quiet) as progress:
-        result = run(
-            plan,
-            config=config,
-            sim_cost_model=cost,
-            actual_lengths=lengths,
-            lengths_name=actual_lengths.name if actual_lengths else "",
-            backend=backend,
-            trainer=trainer,
-            log_dir=log_dir,
-            overwrite=overwrite,
-            resume=resume,
-            replanner=replanner,
-            progress=progress,
-        )
+            if replan_every < 1:
+                raise click.ClickException(f"--replan-every must be >= 1, got {replan_every}")
+            cfg = compile_config_of(
+                plan.config or {}, workers=config.workers, max_response_length=config.max_new_tokens
+            )
+            replanner = OnlineReplanner(
+                plan.table, cfg, every_steps=replan_every, log_dir=log_dir, input_hash=plan.input_hash
+            )
+        source = None
+        if actual_lengths is not None:
+            from aspc.io.history import source_hash
+
+            source = {"sha256": source_hash(actual_lengths), "length_field": length_field, "id_field": id_field}
+        with RichProgress(quiet) as progress:
+            result = run(
+                plan,
+                config=config,
+                sim_cost_model=cost,
+                actual_lengths=lengths,
+                lengths_name=actual_lengths.name if actual_lengths else "",
+                lengths_source=source,
+                backend=backend,
+                trainer=trainer,
+                log_dir=log_dir,
+                overwrite=overwrite,
+                resume=resume,
+                replanner=replanner,
+                progress=progress,
+            )
+    except Interrupted as exc:
+        raise CliError(_interrupted_message(exc, log_dir), exc.exit_code) from None
     if log_dir is not None:  # the plan's prompt texts let 'aspc predict train RUN' learn from the run
         from aspc.predict.pairs import keep_plan_in_log
 

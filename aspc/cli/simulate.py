@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,9 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
     "ratios are shown as mean ± std.",
 )
 @input_options
-@compile_options
+# No --strategy here: --strategies names them all, and a --strategy beside it
+# used to be accepted and silently ignored.
+@functools.partial(compile_options, with_strategy=False)
 @runtime_options
 @click.option(
     "--actual-lengths",

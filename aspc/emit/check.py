@@ -9,6 +9,7 @@ from typing import Any
 from aspc.emit.metrics import plan_metrics
 from aspc.emit.plan import Plan, rows_hash
 from aspc.errors import PlanError
+from aspc.guards import check_number
 
 # Stored and recomputed metrics must agree to this relative tolerance; they
 # come from the same code, so any larger gap means the rows were edited.
@@ -25,8 +26,31 @@ class CheckResult:
         return not self.violations
 
 
+# Metrics a plan file must carry: without them a gate has nothing to compare
+# the recomputed values with, and an edit that keeps the structure would pass.
+REQUIRED_METRICS = ("padding_ratio", "group_imbalance", "delivery_drift", "n_prompts", "n_sequences", "total_cost")
+
+
 def verify_integrity(plan: Plan, name: str = "plan") -> dict[str, Any]:
-    """Recompute metrics from rows; raise PlanError when rows and metadata disagree."""
+    """Recompute metrics from rows; raise PlanError when rows and metadata disagree.
+
+    A plan read from a file must carry its rows hash and its metrics: a file
+    with either removed is treated as edited (deleting the hash would
+    otherwise make every row edit pass). An in-memory plan (``from_file``
+    false, e.g. straight from :func:`aspc.compiler.compile_plan`) is checked
+    against whatever it carries.
+    """
+    if plan.from_file:
+        if not plan.stored_rows_hash:
+            raise PlanError(
+                f"{name}: plan has no aspc.rows_hash, so its rows cannot be verified (edited by hand?); "
+                "recompile the plan"
+            )
+        missing = [k for k in REQUIRED_METRICS if k not in plan.metrics]
+        if missing:
+            raise PlanError(
+                f"{name}: plan metadata aspc.metrics lacks {', '.join(missing)} (edited by hand?); recompile the plan"
+            )
     if plan.stored_rows_hash and plan.stored_rows_hash != rows_hash(plan.table):
         raise PlanError(f"{name}: rows do not match the plan's metadata (edited by hand?); recompile the plan")
     # Plans record it as metrics["cost_model"]; older ones only in their config.
@@ -55,7 +79,13 @@ def check_plan(
     max_drift: float | None = None,
     name: str = "plan",
 ) -> CheckResult:
-    """Check integrity, then compare metrics with the given bounds."""
+    """Check integrity, then compare metrics with the given bounds.
+
+    Bounds must be finite and >= 0 (a NaN bound would pass every plan, since
+    no comparison with NaN is true).
+    """
+    for flag, bound in (("--max-imbalance", max_imbalance), ("--max-padding", max_padding), ("--max-drift", max_drift)):
+        check_number(flag, bound, lo=0)
     metrics = verify_integrity(plan, name)
     result = CheckResult(metrics=metrics)
     for key, bound in (

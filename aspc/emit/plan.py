@@ -35,6 +35,7 @@ class Plan:
     metrics: dict[str, Any] = field(default_factory=dict)  # plan metrics (aspc.emit.metrics)
     schema_version: str = S.SCHEMA_VERSION  # version the plan was written with
     stored_rows_hash: str = ""  # rows hash found in the file; "" for a plan not read from disk
+    from_file: bool = False  # read by read_plan: then its rows hash and metrics must be present
     # Tokenizer that counted prompt_tokens (kind, name, hash); {} = estimated from bytes.
     token_counter: dict[str, Any] = field(default_factory=dict)
 
@@ -192,6 +193,7 @@ def read_plan(path: str | os.PathLike, *, verify: bool = True) -> Plan:
         metrics=_json(S.META_METRICS),
         schema_version=version,
         stored_rows_hash=meta.get(S.META_ROWS_HASH, b"").decode(errors="replace"),
+        from_file=True,
         token_counter=_json(S.META_PROMPT_TOKENS),
     )
     if verify:

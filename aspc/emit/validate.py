@@ -41,6 +41,11 @@ def validate_table(table: pa.Table, *, name: str = "plan") -> None:
     ids = table.column(S.PROMPT_ID).to_pylist()
     if len(set(ids)) != n:
         raise PlanError(f"{name}: duplicate prompt ids in plan; recompile the plan")
+    if any(not i for i in ids):
+        raise PlanError(f"{name}: empty prompt_id in some rows; recompile the plan")
+    for col in (S.PROMPT_TOKENS, S.SOURCE_ROW):
+        if np.any(table.column(col).to_numpy() < 0):
+            raise PlanError(f"{name}: column {col} has negative values; recompile the plan")
     ns = table.column(S.N_SAMPLES).to_numpy()
     if np.any(ns < 1):
         raise PlanError(f"{name}: n_samples must be >= 1 in every row; recompile the plan")

@@ -42,6 +42,7 @@ from aspc.emit import schema as S
 from aspc.errors import ConfigError, InputError
 from aspc.export.overrides import override_args, verl_settings
 from aspc.export.source import check_rows, locate_source, source_records, source_table
+from aspc.guards import check_output
 
 FORMATS = ("verl", "jsonl")
 DEFAULT_DATA_SOURCE = "aspc"  # verl picks the reward function by data_source; set yours with --data-source
@@ -176,6 +177,8 @@ def export_plan(
     if use_source:
         src = locate_source(plan, plan_path, None if source is None else Path(source))
         check_rows(plan, src)
+        # The source found by hash is an input too: never write over it.
+        check_output(out_path, inputs=[plan_path, src])
     elif source is not None:
         raise ConfigError("give --source or --no-source, not both")
     inputs = plan.config.get("inputs") or {}

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import InputError
-from aspc.io.lengths import read_lengths
+from aspc.io.lengths import committed_sample_parts, read_lengths
 from aspc.io.prompts import file_hash
 from aspc.io.verl_rollouts import is_rollout_dir, read_rollout_lengths, rollout_dir_hash
 
@@ -83,15 +83,14 @@ def read_history(
 
 def source_hash(path: str | os.PathLike) -> str:
     """Content hash of one source: the file's, a verl rollout directory's step files, or for a run log
-    the hash of its Parquet parts' hashes."""
+    the hash of its committed sample parts' hashes."""
     if is_rollout_dir(path):
         return rollout_dir_hash(path)
     if os.path.isdir(path):
+        # Only what read_history reads: the committed sample parts.
         h = hashlib.sha256()
-        for root, _dirs, files in sorted(os.walk(path)):
-            for name in sorted(files):
-                if name.endswith(".parquet"):
-                    h.update(file_hash(os.path.join(root, name)).encode())
+        for f in committed_sample_parts(path):
+            h.update(file_hash(f).encode())
         return h.hexdigest()
     return file_hash(path)
 

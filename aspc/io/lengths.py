@@ -8,6 +8,7 @@ hold one row per generated sample with ``prompt_id`` and ``response_len``.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -17,16 +18,55 @@ from aspc.io.prompts import check_field_names
 from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
 from aspc.io.rows import _RowError, parse_length
 
+_PART_RE = re.compile(r"^part-(\d{6,})\.parquet$")
+
+
+def committed_sample_parts(path: str | os.PathLike) -> list[Path]:
+    """The ``samples/`` parts of the run log at ``path`` that its ``meta.json`` committed.
+
+    A run killed before a commit leaves parts no commit covers (and a crash
+    during compaction leaves replaced ones); ``meta.json``'s ``parts`` ranges
+    say which are live (the format is :mod:`aspc.runtime.record.runlog`'s;
+    read here without importing the runtime). A log without ranges (format
+    1.0) had only whole, live parts; a bare ``samples/`` directory with no
+    ``meta.json`` (not written by ``aspc run``) has no commits to consult and
+    is read whole.
+    """
+    import json
+
+    path = Path(path)
+    samples = path / "samples"
+    meta_path = path / "meta.json"
+    if not samples.is_dir():
+        raise InputError(f"{path}: a directory but not an aspc run log (no samples/); pass a run log or a dataset")
+    if not meta_path.is_file():
+        return sorted(f for f in samples.iterdir() if f.suffix == ".parquet" and not f.name.startswith("."))
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise InputError(f"{path}: corrupt run log meta.json; pass a readable run log") from None
+    ranges = meta.get("parts") if isinstance(meta, dict) else None
+    files = sorted(f for f in samples.iterdir() if _PART_RE.match(f.name))
+    if isinstance(ranges, dict):
+        try:
+            first, end = (int(x) for x in ranges.get("samples", [0, 0]))
+        except (TypeError, ValueError):
+            raise InputError(f"{path}: corrupt part ranges in meta.json; pass a readable run log") from None
+        files = [f for f in files if first <= int(_PART_RE.match(f.name).group(1)) < end]  # type: ignore[union-attr]
+        if len(files) != max(0, end - first):
+            raise InputError(f"{path}: committed sample parts are missing; the run log is damaged")
+    return files
+
 
 def _read_run_log(path: Path) -> dict[str, np.ndarray]:
     import pyarrow as pa
     import pyarrow.dataset as ds
 
-    samples = path / "samples"
-    if not samples.is_dir():
-        raise InputError(f"{path}: a directory but not an aspc run log (no samples/); pass a run log or a dataset")
+    files = committed_sample_parts(path)
+    if not files:
+        return {}
     try:
-        table = ds.dataset(samples, format="parquet").to_table(columns=["prompt_id", "response_len"])
+        table = ds.dataset([str(f) for f in files], format="parquet").to_table(columns=["prompt_id", "response_len"])
     except (pa.ArrowInvalid, OSError, KeyError) as exc:
         raise InputError(f"{path}: unreadable run log samples ({' '.join(str(exc).split())[:120]})") from None
     if table.num_rows == 0:

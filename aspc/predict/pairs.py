@@ -185,8 +185,8 @@ def read_dataset_pairs(
     """
     from aspc.errors import ConfigError
     from aspc.io.prompts import file_hash
-    from aspc.io.rows import _parse_id, _parse_prompt, _RowError, content_id, parse_length
     from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
+    from aspc.io.rows import _parse_id, _parse_prompt, _RowError, content_id, parse_length
 
     if on_bad_line not in ("error", "skip"):
         raise ConfigError(f"--on-bad-line must be 'error' or 'skip', not {on_bad_line!r}")

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from aspc.errors import ConfigError
+from aspc.errors import ConfigError, OutputError, RunError
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.config import RunConfig, check_staleness, parse_return_mode, resolve_queue_capacity
@@ -75,6 +75,7 @@ def run(
     sim_cost_model: SimCostModel | None = None,
     actual_lengths: dict[str, np.ndarray] | None = None,
     lengths_name: str = "",
+    lengths_source: dict[str, Any] | None = None,
     backend: GenerationBackend | None = None,
     trainer: Trainer | None = None,
     log_dir: str | os.PathLike | None = None,
@@ -102,6 +103,11 @@ def run(
         draws lengths from the plan's predictions (seeded; a note says so).
     lengths_name
         Name of the lengths source, for messages and the log metadata.
+    lengths_source
+        What else identifies the lengths source (the CLI passes the file's
+        ``sha256``, ``length_field`` and ``id_field``). Recorded in the run
+        log with a hash of the lengths themselves, so ``--resume`` refuses a
+        same-named file with other contents or another length field.
     backend, trainer
         Instances to use instead of the ones ``config.backend`` names (tests,
         library users with their own trainer).
@@ -134,7 +140,13 @@ def run(
     BackendError
         A backend or engine that cannot run here.
     RunError
-        The run failed part-way; its log is marked ``failed``.
+        The run failed part-way; its log is marked ``failed``. A full disk
+        is a RunError too: the log keeps every committed part, resumable.
+    LockError
+        Another process is writing the run log at ``log_dir``.
+    Interrupted
+        SIGTERM/SIGINT under :func:`aspc.interrupt.handlers`: the commit in
+        progress finished and the log is marked ``interrupted``, resumable.
     """
     config = config or RunConfig()
     config.validate()
@@ -170,14 +182,68 @@ def run(
         raise ConfigError("--replan with --resume is not supported yet; resume without --replan or start a new run")
     writer = RunLogWriter(log_dir, overwrite=overwrite, resume=resume) if log_dir is not None else None
     if writer is not None:
-        writer.check()
+        # Before the log's status is read: a second writer stops here.
+        writer.acquire()
+    try:
+        return _run_locked(
+            plan_info, work, capacity, config, mode, sim_cost_model, lengths, backend, trainer,
+            writer, log_dir, resuming=writer is not None and writer.resuming, progress=progress,
+            lengths_info=_lengths_info(actual_lengths, lengths, lengths_name, lengths_source),
+            replanner=replanner,
+        )
+    finally:
+        if writer is not None:
+            writer.release()
+
+
+def _lengths_info(
+    actual: dict[str, np.ndarray] | None, lengths: SampleLengths | None, name: str, source: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Identity of the lengths a run replays, for the log and ``--resume``."""
+    import hashlib
+
+    info: dict[str, Any] = {"lengths_name": name or None}
+    if actual is None:
+        return info
+    h = hashlib.sha256()
+    if lengths is not None:
+        h.update(np.ascontiguousarray(lengths.response_len, dtype=np.int64).tobytes())
+    else:
+        for pid in sorted(actual):
+            h.update(str(pid).encode() + b"\x00")
+            h.update(np.ascontiguousarray(actual[pid], dtype=np.float64).tobytes())
+    info["lengths_hash"] = h.hexdigest()
+    if source:
+        info["lengths_file"] = dict(source)
+    return info
+
+
+def _run_locked(
+    plan_info: dict[str, Any],
+    work: Any,
+    capacity: int,
+    config: RunConfig,
+    mode: Any,
+    sim_cost_model: SimCostModel,
+    lengths: SampleLengths | None,
+    backend: GenerationBackend,
+    trainer: Trainer,
+    writer: RunLogWriter | None,
+    log_dir: str | os.PathLike | None,
+    *,
+    resuming: bool,
+    progress: Progress,
+    lengths_info: dict[str, Any],
+    replanner: Replanner | None = None,
+) -> RunResult:
+    """The body of :func:`run` once the log's writer lock is held."""
     run_info = {
         "samples_planned": work.n_total_samples,
         "n_minibatches": work.n_minibatches,
         "queue_capacity": capacity,
         "length_source": None if lengths is None else lengths.source,
-        "lengths_name": lengths_name or None,
         "work_hash": resume_log.work_hash(work),
+        **lengths_info,
     }
     new_meta = {
         "config": resume_log.config_record(config),
@@ -185,9 +251,8 @@ def run(
         "plan": plan_info,
         "run": run_info,
     }
-    resuming = writer is not None and writer.resuming
     if resuming:
-        assert log_dir is not None
+        assert log_dir is not None and writer is not None
         old = read_meta(log_dir)
         resume_log.check_resumable(Path(log_dir), old, new_meta)
         if old.get("status") == STATUS_COMPLETE:
@@ -251,10 +316,9 @@ def run(
         )
     except BaseException as exc:
         if writer is not None:
-            try:
-                recorder.flush()
-            finally:
-                writer.fail(" ".join(str(exc).split()) or type(exc).__name__)
+            writer.abort(exc, recorder.flush)
+            if isinstance(exc, OutputError):
+                raise _disk_full(exc, log_dir) from None
         raise
     finally:
         engine.close()
@@ -270,11 +334,24 @@ def run(
         summary.extra["worker_faults"] = recorder.n_faults
         notes.append(f"{recorder.n_faults} worker faults: their minibatches were generated again")
     if writer is not None:
-        writer.finish(summary.to_dict())
+        try:
+            writer.finish(summary.to_dict())
+        except BaseException as exc:
+            writer.abort(exc, lambda: None)
+            if isinstance(exc, OutputError):
+                raise _disk_full(exc, log_dir) from None
+            raise
     return RunResult(
         summary=summary,
         columns=columns,
         lengths=lengths,
         notes=(list(lengths.notes) if lengths is not None else []) + notes,
         log_dir=None if log_dir is None else Path(log_dir),
+    )
+
+
+def _disk_full(exc: OutputError, log_dir: str | os.PathLike | None) -> RunError:
+    return RunError(
+        f"run log {log_dir}: {exc}; every committed part is kept and the log is resumable: "
+        "free space, then rerun with --resume"
     )

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc import interrupt
 from aspc.errors import RunError
 from aspc.runtime.contracts import TrainBatch
 from aspc.runtime.core.events import MinibatchFailed, MinibatchFinished, SamplesReturned, TrainFinished
@@ -242,6 +243,11 @@ class Recorder:
         self._apply_minibatch_features()
         if self.writer is None:
             return
+        # SIGTERM/SIGINT wait until this flush has committed (aspc.interrupt).
+        with interrupt.deferred():
+            self._flush()
+
+    def _flush(self) -> None:
         if self._new_mbs:
             mbs = np.asarray(self._new_mbs, dtype=np.int64)
             self._new_mbs = []

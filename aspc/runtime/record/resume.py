@@ -69,11 +69,33 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
     old_len = (old.get("run") or {}).get("lengths_name")
     if old_len != new["run"]["lengths_name"]:
         diffs.append(f"--actual-lengths ({old_len!r} in the log, {new['run']['lengths_name']!r} now)")
+    else:
+        diffs += _lengths_diffs(old.get("run") or {}, new["run"])
     if diffs:
         raise ConfigError(
             f"--resume {path}: this run differs from the logged one in {'; '.join(diffs)}; "
             "resume with the original options, or start a new run"
         )
+
+
+def _lengths_diffs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Same-named actual lengths that are not the same: other contents, field or values.
+
+    Logs written before these keys existed carry none of them and are not compared.
+    """
+    diffs = []
+    of, nf = old.get("lengths_file") or {}, new.get("lengths_file") or {}
+    for key, flag in (("length_field", "--length-field"), ("id_field", "--id-field")):
+        if key in of and key in nf and of[key] != nf[key]:
+            diffs.append(f"{flag} ({of[key]!r} in the log, {nf[key]!r} now)")
+    if "sha256" in of and "sha256" in nf and of["sha256"] != nf["sha256"]:
+        diffs.append(
+            f"the contents of --actual-lengths {new.get('lengths_name')} (sha256 {of['sha256'][:12]}… in the log, "
+            f"{nf['sha256'][:12]}… now)"
+        )
+    elif "lengths_hash" in old and old.get("lengths_hash") != new.get("lengths_hash") and not diffs:
+        diffs.append("the actual lengths' values")
+    return diffs
 
 
 def completed_run(path: Path) -> tuple[RunSummary, dict[str, dict[str, np.ndarray]]]:

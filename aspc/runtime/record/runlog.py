@@ -66,6 +66,8 @@ META_FILE = "meta.json"
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
 STATUS_FAILED = "failed"
+# SIGTERM/SIGINT: the commit in progress finished, then the run stopped; resumable.
+STATUS_INTERRUPTED = "interrupted"
 
 SAMPLES, MINIBATCHES, STEPS, QUEUE, CONSUMED = "samples", "minibatches", "steps", "queue", "consumed"
 

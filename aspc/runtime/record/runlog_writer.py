@@ -12,9 +12,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from aspc import __version__
+from aspc import __version__, interrupt
 from aspc.atomic import atomic_path, atomic_write_bytes
-from aspc.errors import ConfigError
+from aspc.errors import AspcError, ConfigError, Interrupted, OutputError
+from aspc.runtime.record.lock import LOCK_FILE, RunLogLock
 from aspc.runtime.record.runlog import (
     CONSUMED,
     KINDS,
@@ -24,6 +25,7 @@ from aspc.runtime.record.runlog import (
     SAMPLES,
     STATUS_COMPLETE,
     STATUS_FAILED,
+    STATUS_INTERRUPTED,
     STATUS_RUNNING,
     is_run_log,
     join_consumed,
@@ -54,6 +56,19 @@ class RunLogWriter:
         self._first = dict.fromkeys(KINDS, 0)  # first live part number per kind
         self._parts = dict.fromkeys(KINDS, 0)  # next part number per kind
         self._meta: dict[str, Any] = {}
+        self.lock = RunLogLock(self.path)
+
+    def acquire(self) -> None:
+        """Take the log's writer lock (see :mod:`~aspc.runtime.record.lock`); call before reading its status."""
+        self.check()
+        self.lock.acquire()
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def _entries(self) -> list[Path]:
+        """What the directory holds, the lock file aside."""
+        return [e for e in self.path.iterdir() if e.name != LOCK_FILE] if self.path.is_dir() else []
 
     def check(self) -> None:
         """Raise :class:`ConfigError` if the log cannot be written there; writes nothing."""
@@ -61,10 +76,10 @@ class RunLogWriter:
         if p.exists() and not p.is_dir():
             raise ConfigError(f"--log {p}: exists and is not a directory; pick a new run directory")
         if self.resume:
-            if p.is_dir() and any(p.iterdir()) and not is_run_log(p):
+            if p.is_dir() and self._entries() and not is_run_log(p):
                 raise ConfigError(f"--log {p}: not an aspc run log, nothing to resume; pick the run's directory")
             return
-        if p.is_dir() and any(p.iterdir()):
+        if p.is_dir() and self._entries():
             if not self.overwrite:
                 raise ConfigError(
                     f"--log {p}: directory exists and is not empty; pick a new path, pass --overwrite, "
@@ -106,7 +121,13 @@ class RunLogWriter:
             self._write_meta()
             return
         if self.path.is_dir() and self.overwrite and is_run_log(self.path):
-            shutil.rmtree(self.path)
+            # Everything but the lock file we hold (removing it would let a
+            # second writer lock a fresh one).
+            for entry in self._entries():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
         self.path.mkdir(parents=True, exist_ok=True)
         for kind in KINDS:
             (self.path / kind).mkdir(exist_ok=True)
@@ -131,9 +152,10 @@ class RunLogWriter:
 
     def commit(self, **meta: Any) -> None:
         """Make every part written so far live (one atomic ``meta.json`` write), with ``meta`` updates."""
-        self._meta.update(meta)
-        self._meta["parts"] = {k: [self._first[k], self._parts[k]] for k in KINDS}
-        self._write_meta()
+        with interrupt.deferred():
+            self._meta.update(meta)
+            self._meta["parts"] = {k: [self._first[k], self._parts[k]] for k in KINDS}
+            self._write_meta()
 
     def collect_garbage(self) -> None:
         """Delete parts outside the committed ranges and temporary files left by a crash."""
@@ -186,17 +208,62 @@ class RunLogWriter:
         if consumed.is_dir() and not any(consumed.iterdir()):
             consumed.rmdir()
 
-    def fail(self, message: str) -> None:
-        """Compact what is committed and mark the run failed; the log stays resumable."""
+    def fail(self, message: str, *, status: str = STATUS_FAILED) -> None:
+        """Compact what is committed and mark the run ``status`` (failed or interrupted); the log stays resumable."""
         try:
             self._compact()
         finally:
-            self.commit(status=STATUS_FAILED, error=message)
+            self.commit(status=status, error=message)
         self.collect_garbage()
+
+    def abort(self, exc: BaseException, flush: Any) -> None:
+        """End a run that raised ``exc``: commit what ``flush`` can, mark the log, keep it resumable.
+
+        ``Interrupted`` (SIGTERM/SIGINT) marks it ``interrupted``, anything
+        else ``failed``. On a full disk the flush and the compaction cannot
+        be written; their uncommitted parts are deleted (freeing the space
+        they took) and only ``meta.json`` is rewritten. If even that fails
+        the log is left as a crash leaves it: ``running`` on disk, every
+        committed part intact, resumable.
+        """
+        status = STATUS_INTERRUPTED if isinstance(exc, Interrupted) else STATUS_FAILED
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, Interrupted):
+            message = f"interrupted by {interrupt.signal_name(exc.signum)}"
+        with interrupt.deferred():
+            if not isinstance(exc, OutputError):
+                try:
+                    flush()
+                except (AspcError, OSError):
+                    pass  # the parts it wrote are uncommitted; dropped below
+            try:
+                self.fail(message, status=status)
+                return
+            except (AspcError, OSError):
+                pass
+            self._first, self._parts = _committed_ranges(self.path, self._first, self._parts)
+            try:
+                self.collect_garbage()
+                self.commit(status=status, error=message)
+            except (AspcError, OSError):
+                pass
 
     def _write_meta(self) -> None:
         data = json.dumps(self._meta, indent=2, sort_keys=True, default=_json_default) + "\n"
         atomic_write_bytes(self.path / META_FILE, data.encode())
+
+
+def _committed_ranges(
+    path: Path, first: dict[str, int], parts: dict[str, int]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The part ranges ``meta.json`` last committed (the in-memory ones if it cannot be read)."""
+    try:
+        ranges = read_meta(path).get("parts") or {}
+    except AspcError:
+        return first, parts
+    f = {k: int(ranges.get(k, [0, 0])[0]) for k in KINDS}
+    e = {k: int(ranges.get(k, [0, 0])[1]) for k in KINDS}
+    return f, e
 
 
 def _json_default(o: Any) -> Any:

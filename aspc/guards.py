@@ -1,0 +1,255 @@
+"""Guards every command runs on its options and its output path.
+
+Two families, each in one place so no command forgets a case:
+
+* **Range guards** for numeric options. A value outside its range never
+  reaches a kernel: Numba kernels do not check bounds, so an overflowing cost
+  (``--minibatch-overhead 1e305`` makes every DP cost ``inf``) used to index
+  out of range and crash the process with no message.
+* **The output-path guard**: an output must not be one of the command's
+  inputs (by real path or by inode, so symlinks and hard links are caught),
+  must not be a device, FIFO or socket, and a trailing slash names a
+  directory, never a file.
+
+Symlink policy: an output path that is a symlink is written *through*, as a
+shell redirection would: the link is kept and the file it points to is
+replaced atomically. A dangling link, or a link to a non-regular file, is
+refused. The input checks compare real paths, so ``-o link-to-input`` is
+refused like ``-o input``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+
+from aspc.errors import ConfigError, OutputError
+
+# Seeds feed numpy's SeedSequence and the annealer's 64-bit state; a
+# non-negative value that fits a signed 64-bit integer works everywhere.
+SEED_MAX = 2**63 - 1
+# κ is in sequence-equivalents (a minibatch costs (|b| + κ)·max). A million is
+# far past any useful value (κ ≫ B already means "fewest minibatches") and
+# keeps every DP cost finite for lengths up to MAX_LENGTH and 10^8 prompts.
+MINIBATCH_OVERHEAD_MAX = 1e6
+# Response lengths in tokens: no model generates 10^9 tokens, and the largest
+# cost (prompts × samples × length) then stays far below float64 overflow.
+MAX_LENGTH = 1e9
+
+
+def check_number(
+    name: str,
+    value: float | int | None,
+    *,
+    lo: float | None = None,
+    hi: float | None = None,
+    lo_open: bool = False,
+    integer: bool = False,
+) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is a finite number in range.
+
+    ``None`` (an option left at its default) passes. ``lo`` is inclusive
+    unless ``lo_open``; ``hi`` is inclusive.
+    """
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__index__"):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    if integer and not isinstance(value, int) and not hasattr(value, "__index__"):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if not integer and not math.isfinite(float(value)):
+        raise ConfigError(f"{name} must be a finite number, got {value}")
+    below = lo is not None and (value <= lo if lo_open else value < lo)
+    above = hi is not None and value > hi
+    if below or above:
+        lo_txt = "" if lo is None else (f"> {lo:g}" if lo_open else f">= {lo:g}")
+        hi_txt = "" if hi is None else f"<= {hi:g}"
+        rng = " and ".join(t for t in (lo_txt, hi_txt) if t)
+        shown = value if integer or abs(float(value)) < 1e15 else f"{float(value):.3g}"
+        raise ConfigError(f"{name} must be {rng}, got {shown}")
+
+
+def check_seed(value: int | None, name: str = "--seed") -> None:
+    """Seeds are integers in [0, 2**63 - 1] (numpy refuses negative seeds)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise ConfigError(f"{name} must be an integer in [0, 2**63-1], got {value!r}")
+    if not 0 <= int(value) <= SEED_MAX:
+        raise ConfigError(f"{name} must be an integer in [0, 2**63-1], got {value}")
+
+
+def check_compile_config(config: object) -> None:
+    """Range-check a :class:`aspc.compiler.CompileConfig` (duck-typed: no import cycle)."""
+    g = getattr
+    check_number("--batch-size", g(config, "batch_size"), lo=1, hi=2**31 - 1, integer=True)
+    check_number("--slack", g(config, "slack"), lo=0, hi=2**31 - 1, integer=True)
+    check_number("--minibatch-overhead", g(config, "minibatch_overhead"), lo=0, hi=MINIBATCH_OVERHEAD_MAX)
+    check_number("--groups", g(config, "groups"), lo=1, hi=2**31 - 1, integer=True)
+    check_number("--group-size", g(config, "group_size"), lo=1, hi=2**31 - 1, integer=True)
+    check_number("--samples-per-prompt", g(config, "samples_per_prompt"), lo=1, hi=2**31 - 1, integer=True)
+    check_number("--anneal-iterations", g(config, "anneal_iterations"), lo=0, hi=2**62, integer=True)
+    check_number("--workers", g(config, "workers", None), lo=1, hi=2**31 - 1, integer=True)
+    check_seed(g(config, "seed"))
+
+
+def check_run_config(config: object) -> None:
+    """Range-check the numeric fields of a :class:`aspc.runtime.RunConfig`."""
+    g = getattr
+    check_number("--workers", g(config, "workers"), lo=1, hi=2**31 - 1, integer=True)
+    check_number("--global-batch", g(config, "global_batch"), lo=1, hi=2**62, integer=True)
+    check_number("--reload-time", g(config, "reload_time"), lo=0, hi=1e12)
+    check_number("--max-new-tokens", g(config, "max_new_tokens"), lo=1, hi=MAX_LENGTH, integer=True)
+    check_number("--samples-per-prompt", g(config, "samples_per_prompt"), lo=1, hi=2**31 - 1, integer=True)
+    check_number("--max-retries", g(config, "max_retries"), lo=0, hi=2**31 - 1, integer=True)
+    check_number("--worker-timeout", g(config, "worker_timeout"), lo=0, lo_open=True, hi=1e12)
+    check_number("--log-flush-seconds", g(config, "log_flush_seconds"), lo=0, hi=1e12)
+    check_seed(g(config, "seed"))
+
+
+def check_lengths(name: str, *arrays: object) -> None:
+    """Lengths (predicted or known) must be finite and in [0, MAX_LENGTH] tokens."""
+    import numpy as np
+
+    for arr in arrays:
+        a = np.asarray(arr, dtype=np.float64)
+        if a.size == 0:
+            continue
+        bad = ~np.isfinite(a) | (a < 0) | (a > MAX_LENGTH)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ConfigError(
+                f"{name}: length {a.flat[i]:.6g} (row {i}) is outside [0, {MAX_LENGTH:.0e}] tokens; "
+                "fix the length field or the predictor"
+            )
+
+
+# --------------------------------------------------------------------------- output paths
+
+
+def _identity(path: str | os.PathLike) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _input_files(inputs: Iterable[str | os.PathLike | None]) -> list[tuple[Path, tuple[int, int] | None, bool]]:
+    """(real path, (dev, ino), is_dir) of every input that exists."""
+    out = []
+    for p in inputs:
+        if p is None or str(p) == "":
+            continue
+        real = Path(os.path.realpath(p))
+        out.append((real, _identity(real), real.is_dir()))
+    return out
+
+
+def _is_within(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
+def check_output(
+    target: str | os.PathLike,
+    *,
+    inputs: Iterable[str | os.PathLike | None] = (),
+    kind: str = "file",
+    option: str = "-o",
+) -> Path:
+    """Validate an output path before any work is done; return the path to write.
+
+    Parameters
+    ----------
+    target
+        The path the user named (a ``str`` keeps a trailing slash visible).
+    inputs
+        Every file or directory the command reads: the output may be none of
+        them, nor (for a directory output) contain one or lie inside one.
+    kind
+        ``"file"`` or ``"dir"``: what the command writes at ``target``.
+    option
+        The option's name for the message.
+
+    Returns
+    -------
+    Path
+        The path to write: ``target`` with symlinks resolved (so the link is
+        kept and its target replaced atomically).
+
+    Raises
+    ------
+    OutputError
+        Output equal to an input, a device/FIFO/socket, a dangling symlink, a
+        directory where a file is written (or the reverse), or a trailing slash
+        on a file output.
+    """
+    raw = os.fspath(target)
+    if raw == "":
+        raise OutputError(f"{option} is empty; give a path to write")
+    if kind == "file" and raw.endswith(("/", os.sep)):
+        raise OutputError(
+            f"{option} {raw} ends with '/', which names a directory; give a file path, e.g. {raw}plan.parquet"
+        )
+    path = Path(raw)
+    if path.is_symlink() and not path.exists():
+        raise OutputError(f"{option} {raw} is a dangling symlink; remove it or point it at a regular file")
+    real = Path(os.path.realpath(path))
+    try:
+        # stat the named path, following links: /dev/stdout -> /proc/self/fd/1
+        # is a magic link whose realpath is no real file, but stat sees the pipe.
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise OutputError(f"{option} {raw}: cannot inspect the path ({exc.strerror}); choose another path") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            if kind == "file":
+                raise OutputError(f"{option} {raw} is a directory; give a file path inside it")
+        elif not stat.S_ISREG(st.st_mode):
+            what = (
+                "a character device" if stat.S_ISCHR(st.st_mode)
+                else "a block device" if stat.S_ISBLK(st.st_mode)
+                else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "not a regular file"
+            )
+            raise OutputError(f"{option} {raw} is {what}; aspc writes only regular files, choose another path")
+        elif kind == "dir":
+            raise OutputError(f"{option} {raw} is a file; give a directory path")
+    ident = None if st is None else (st.st_dev, st.st_ino)
+    for in_real, in_ident, _in_dir in _input_files(inputs):
+        same = real == in_real or (ident is not None and ident == in_ident)
+        if same:
+            raise OutputError(
+                f"{option} {raw} is also an input ({in_real.name}); writing it would replace your data: "
+                "choose another output path"
+            )
+        if kind == "dir" and _is_within(in_real, real):
+            raise OutputError(
+                f"{option} {raw} contains the input {in_real.name}; replacing the directory would delete it: "
+                "choose another output directory"
+            )
+    return real if path.is_symlink() else path
+
+
+def check_replaceable(target: Path, kind: str = "file") -> None:
+    """At write time: refuse to replace anything but a regular file (or directory), links followed."""
+    try:
+        st = os.stat(target)
+    except FileNotFoundError:
+        return
+    except OSError:
+        return
+    ok = stat.S_ISREG(st.st_mode) if kind == "file" else stat.S_ISDIR(st.st_mode)
+    if not ok:
+        want = "regular file" if kind == "file" else "directory"
+        raise OutputError(f"{target} exists and is not a {want}; aspc will not replace it: choose another path")

@@ -1,0 +1,103 @@
+"""One writer per run log: an exclusive ``flock`` on ``RUN/.lock``.
+
+Two ``aspc run --log RUN`` at once (typically two ``--resume``) used to
+interleave their parts and commits: both ended ``complete`` with samples
+missing or duplicated. The lock is taken before the log's status is read
+(so the second process never even decides what to resume) and held until
+the run's last commit; the kernel releases it when the process dies, so a
+crash or SIGKILL never leaves a stale lock behind.
+
+The lock file holds the holder's pid, for the message the second writer
+gets. It is removed on release *before* the descriptor is closed, and a
+writer that locked a file checks it is still the one at the path (else it
+retries), so a process that opened the old file just before its removal
+can never hold a lock on a file no longer in the directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+
+from aspc.errors import LockError
+
+LOCK_FILE = ".lock"
+
+
+class RunLogLock:
+    """An exclusive, non-blocking writer lock on the run directory ``path``."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.file = self.path / LOCK_FILE
+        self._fd: int | None = None
+        self._created_dir = False  # we made the directory: remove it if nothing else was written
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> None:
+        """Take the lock (creating the directory if needed) or raise :class:`LockError` at once."""
+        if self._fd is not None:
+            return
+        if not self.path.exists():
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._created_dir = True
+        while True:
+            fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_pid(fd)
+                os.close(fd)
+                who = f"pid {holder}" if holder else "another process"
+                stop = f"kill -TERM {holder}" if holder else "stop it"
+                raise LockError(
+                    f"--log {self.path} is locked by another aspc run ({who}, lock file {self.file}); "
+                    f"wait for it to finish, or stop it ({stop}) and rerun with --resume"
+                ) from None
+            except BaseException:
+                os.close(fd)
+                raise
+            # The file may have been replaced between open and flock (a
+            # writer removing the directory it created); lock the current one.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.file).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        """Drop the lock (file removed first); a directory this lock created and nothing else used goes too."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        with contextlib.suppress(OSError):
+            self.file.unlink()
+        if self._created_dir:
+            with contextlib.suppress(OSError):
+                self.path.rmdir()  # only if empty: no log was started
+        os.close(fd)  # closing the descriptor releases the flock
+
+    def __enter__(self) -> RunLogLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None

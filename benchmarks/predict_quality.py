@@ -102,7 +102,7 @@ def per_model(pred_for, d: dict[str, list], models: list[str]) -> dict[str, dict
 
 def bench_lexical(d, models, args):
     from aspc.predict import load_predictor
-    from aspc.predict.lexical import train_lexical
+    from aspc.predict.lexical_train import train_lexical
 
     tr = rows_of(d, "train")
     started = time.perf_counter()
@@ -128,7 +128,7 @@ def bench_lexical(d, models, args):
 
 
 def bench_lexical_per_model(d, models, args):
-    from aspc.predict.lexical import train_lexical
+    from aspc.predict.lexical_train import train_lexical
 
     res, started = {}, time.perf_counter()
     from aspc.predict.metrics import evaluate
@@ -171,7 +171,8 @@ def bench_history(d, models, base):
 
 
 def bench_transformer(d, models, args):
-    from aspc.predict.transformer import TransformerConfig, train_transformer
+    from aspc.predict.transformer import TransformerConfig
+    from aspc.predict.transformer_train import train_transformer
 
     tr = rows_of(d, "train")
     if args.transformer_pairs:
@@ -231,7 +232,7 @@ def bench_transformer_speed(d, args):
 
 def bench_refit(d, models, base, args):
     """Per model: the prior refitted on the model's own pairs (a probe's 4,000, and all its train rows)."""
-    from aspc.predict.lexical import train_lexical
+    from aspc.predict.lexical_train import train_lexical
     from aspc.predict.metrics import evaluate
 
     out: dict[str, dict] = {f"refit-{args.own_pairs}": {}}

@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     sys.path.insert(0, str(ROOT))
-    from aspc.predict.lexical import train_lexical, validation_metrics
+    from aspc.predict.lexical import validation_metrics
+    from aspc.predict.lexical_train import train_lexical
 
     splits = set(args.splits.split(","))
     tr = load_split(args.data, splits)

@@ -50,8 +50,6 @@ CONCRETE = (
     "aspc.runtime.trainers.grpo",
 )
 MAX_LINES = 450
-# Being split by the predictor work in parallel; remove once it lands.
-TOO_LONG_FOR_NOW = {"aspc/predict/transformer.py"}
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:
@@ -216,7 +214,7 @@ def test_modules_stay_small():
         for path, _ in MODULES.values()
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
-    assert {k: v for k, v in long.items() if k not in TOO_LONG_FOR_NOW} == {}
+    assert long == {}
 
 
 def _loaded_after(code: str) -> set[str]:

@@ -13,7 +13,8 @@ from aspc.errors import ConfigError, InputError, PredictorError
 from aspc.predict import load_predictor, train_predictor
 from aspc.predict.base import FORMAT_VERSION
 from aspc.predict.features import FeatureConfig, featurize
-from aspc.predict.lexical import LexicalPredictor, train_lexical
+from aspc.predict.lexical import LexicalPredictor
+from aspc.predict.lexical_train import train_lexical
 from aspc.predict.metrics import baseline_prediction, evaluate
 from aspc.predict.ridge import ridge_fit
 

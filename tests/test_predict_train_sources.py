@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from aspc.cli import main
 from aspc.errors import InputError
 from aspc.predict import load_predictor
-from aspc.predict.lexical import train_lexical
+from aspc.predict.lexical_train import train_lexical
 from aspc.predict.metrics import evaluate
 from aspc.predict.pairs import read_dataset_pairs
 

@@ -32,9 +32,9 @@ def _cli(args):
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 
-def _gsm8k_with_datasets(path):
+def _gsm8k_with_datasets(path, n=N):
     """As verl's examples/data_preprocess/gsm8k.py makes it: datasets.map(process_fn, with_indices=True).to_parquet."""
-    raw = datasets.Dataset.from_list(problems(N, seed=3, long_every=9))
+    raw = datasets.Dataset.from_list(problems(n, seed=3, long_every=9))
 
     def process_fn(example, idx):
         return gsm8k_row({"question": example.pop("question"), "answer": example.pop("answer")}, idx, "train")
@@ -164,7 +164,8 @@ def _round_trip(tmp_path, tokenizer_dir, prompt_limit):
 
 def test_unequal_plans_are_refused_a_batch_size(tmp_path):
     """A plain compile (no --for verl) gets no train_batch_size, and the warning says what to do."""
-    src = _gsm8k_with_datasets(tmp_path / "gsm8k.parquet")
+    # A prime prompt count: no split into several groups can make them equal, whatever the predictions.
+    src = _gsm8k_with_datasets(tmp_path / "gsm8k.parquet", n=293)
     assert _cli(["compile", src, "-o", tmp_path / "p.parquet", "-q"]).exit_code == 0
     r = _cli(["export", tmp_path / "p.parquet", "-o", tmp_path / "t.parquet", "--json"])
     got = json.loads(r.stdout)

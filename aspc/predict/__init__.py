@@ -158,7 +158,7 @@ def train_predictor(
     if kind == "lexical":
         if base_model is not None or freeze_encoder or epochs is not None:
             raise ConfigError("--base-model, --epochs and --freeze-encoder apply to --kind transformer only")
-        from aspc.predict.lexical import train_lexical
+        from aspc.predict.lexical_train import train_lexical
 
         return train_lexical(
             texts,
@@ -171,7 +171,8 @@ def train_predictor(
             progress=progress,
         )
     if kind == "transformer":
-        from aspc.predict.transformer import TransformerConfig, train_transformer
+        from aspc.predict.transformer import TransformerConfig
+        from aspc.predict.transformer_train import train_transformer
 
         config = TransformerConfig(base_model=base_model, freeze_encoder=freeze_encoder, epochs=epochs)
         return train_transformer(

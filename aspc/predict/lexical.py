@@ -210,13 +210,6 @@ def resolve_target(name: str, targets: Sequence[str]) -> str:
     raise ConfigError(f"target {name!r} {what} of the predictor's targets: {', '.join(targets)}")
 
 
-def train_lexical(*args: Any, **kwargs: Any) -> LexicalPredictor:
-    """Train a lexical predictor; see :func:`aspc.predict.lexical_train.train_lexical`."""
-    from aspc.predict.lexical_train import train_lexical as _train
-
-    return _train(*args, **kwargs)
-
-
 def validation_metrics(
     pred: Predictor, texts: Sequence[str], lengths: Sequence[np.ndarray], targets: Sequence[str] | None
 ) -> dict[str, Any]:

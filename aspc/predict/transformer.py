@@ -320,8 +320,3 @@ def _load_base(torch: Any, transformers: Any, base_model: str | None) -> tuple[A
     return encoder, tokenizer, str(path.name if base_model is None else path)
 
 
-def train_transformer(*args: Any, **kwargs: Any) -> TransformerPredictor:
-    """Fine-tune an encoder; see :func:`aspc.predict.transformer_train.train_transformer`."""
-    from aspc.predict.transformer_train import train_transformer as _train
-
-    return _train(*args, **kwargs)

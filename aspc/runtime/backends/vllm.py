@@ -145,6 +145,9 @@ class VLLMBackend(ModelBackend):
         return state
 
     def start_worker(self, worker: int) -> None:
+        if worker in self._llm:  # a second run on this backend reuses the engine (startup is the slow part)
+            self._version[worker] = 0  # whatever it holds is the new run's version 0
+            return
         require_vllm()
         configure_vllm_env()
         from vllm import LLM

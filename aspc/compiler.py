@@ -9,38 +9,20 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from aspc.choices import Strategy, parse_strategy
 from aspc.emit import schema as S
 from aspc.emit.metrics import plan_metrics
 from aspc.emit.plan import Plan
 from aspc.errors import ConfigError, InputError
-from aspc.io import PromptTable, read_lengths, read_prompts
-from aspc.io.prompts import file_hash
+from aspc.io import PromptTable, read_prompts
+from aspc.io.history import history_hashes, read_history
 from aspc.predict.base import LengthPrediction
 from aspc.progress import NULL_PROGRESS, Progress
-
-
-class Strategy(str, Enum):
-    """How prompts become minibatches and in which order they are dispatched."""
-
-    ASP = "asp"  # sort + DP boundaries + annealed groups + interleaved order
-    SORTED = "sorted"  # sort + fixed-size minibatches dispatched shortest first
-    RANDOM = "random"  # shuffled fixed-size minibatches: the unscheduled baseline
-
-
-STRATEGIES = tuple(s.value for s in Strategy)
-
-
-def parse_strategy(name: str) -> Strategy:
-    try:
-        return Strategy(name)
-    except ValueError:
-        raise ConfigError(f"unknown strategy {name!r}; use one of {', '.join(STRATEGIES)}") from None
 
 
 @dataclass(frozen=True)
@@ -78,7 +60,7 @@ class CompileConfig:
     # Minibatch cost: "expected-max" = sequences x the expected maximum of
     # their sampled lengths (lognormal per prompt from q10/q50/q90), the cost
     # a static minibatch really pays; "padded" = sequences x max predicted mean.
-    cost_model: str = "expected-max"
+    minibatch_cost: str = "expected-max"
     predictor: str | None = None  # predictor directory or "default"; None with no length field -> default
     history: tuple[str, ...] = ()  # run logs / datasets of observed lengths
     history_length_field: str = "length"  # length field in history datasets
@@ -161,43 +143,21 @@ def prepare(
     else:
         from aspc.predict import HistoryPredictor, load_predictor
 
-        observed, history_hashes = _read_history(inputs, config)
+        observed = None
+        if config.history:
+            observed = read_history(
+                config.history, id_field=inputs.id_field, length_field=config.history_length_field
+            )
         predictor = load_predictor(config.predictor or "default")
         if observed is not None:
             predictor = HistoryPredictor(predictor, observed)
         prediction = predictor.predict(table.texts, ids=table.ids)
         identity = dict(predictor.identity())
         if observed is not None:
-            identity["history"] = history_hashes
+            identity["history"] = history_hashes(config.history)
             identity["history_prompts_matched"] = predictor.coverage(table.ids)
     progress.done()
     return table, prediction, identity
-
-
-def _read_history(inputs: InputOptions, config: CompileConfig) -> tuple[dict[str, np.ndarray] | None, list[str]]:
-    """Observed lengths by prompt id from every --history source, and their content hashes."""
-    if not config.history:
-        return None, []
-    observed: dict[str, list[np.ndarray]] = {}
-    hashes = []
-    for path in config.history:
-        for pid, lens in read_lengths(path, id_field=inputs.id_field, length_field=config.history_length_field).items():
-            observed.setdefault(pid, []).append(lens)
-        hashes.append(_path_hash(path))
-    return {k: np.concatenate(v) for k, v in observed.items()}, hashes
-
-
-def _path_hash(path: str | os.PathLike) -> str:
-    import hashlib
-
-    if os.path.isdir(path):
-        h = hashlib.sha256()
-        for root, _dirs, files in sorted(os.walk(path)):
-            for name in sorted(files):
-                if name.endswith(".parquet"):
-                    h.update(file_hash(os.path.join(root, name)).encode())
-        return h.hexdigest()
-    return file_hash(path)
 
 
 def _fixed_bounds(n: int, b: int) -> np.ndarray:
@@ -224,12 +184,14 @@ def compile_plan(
     so the trainer sees a steady stream of samples.
     """
     from aspc.anneal import balance, dispatch_order
-    from aspc.costs import COST_MODELS, minibatch_costs
+    from aspc.costs import MINIBATCH_COSTS, minibatch_costs
     from aspc.partition import partition
 
     strategy = parse_strategy(config.strategy)
-    if config.cost_model not in COST_MODELS:
-        raise ConfigError(f"unknown cost model {config.cost_model!r}; use one of {', '.join(COST_MODELS)}")
+    if config.minibatch_cost not in MINIBATCH_COSTS:
+        raise ConfigError(
+            f"unknown cost model {config.minibatch_cost!r} (--minibatch-cost); use one of {', '.join(MINIBATCH_COSTS)}"
+        )
     n = len(table)
     b, d = resolve_sizes(config, n)
     mean = np.asarray(prediction.mean, dtype=np.float64)
@@ -252,14 +214,14 @@ def compile_plan(
     def _q(name: str) -> np.ndarray:
         return np.asarray(getattr(prediction, name), dtype=np.float64)[rows]
 
-    costs = minibatch_costs(config.cost_model, bounds, nseq[rows], mean[rows], _q("q10"), _q("q50"), _q("q90"))
+    costs = minibatch_costs(config.minibatch_cost, bounds, nseq[rows], mean[rows], _q("q10"), _q("q50"), _q("q90"))
     m = costs.size
     n_groups = resolve_groups(config, m)
     seq_sizes = np.diff(bounds) * config.samples_per_prompt
     extra: dict[str, Any] = {}
 
-    progress.stage("anneal")
     if strategy is Strategy.ASP:
+        # balance reports its own "anneal" stage: one step per temperature level.
         res = balance(
             costs,
             n_groups,
@@ -267,14 +229,16 @@ def compile_plan(
             iterations=config.anneal_iterations,
             sample_sizes=np.diff(bounds),
             equal_samples=config.equal_samples,
+            progress=progress,
         )
         assignment = np.asarray(res.assignment, dtype=np.int64)
         extra = {"init_imbalance": float(res.init_imbalance), "anneal_iterations_run": int(res.iterations_run)}
     else:
         # Baselines: consecutive minibatches form groups, as a trainer that
         # consumes the dispatch stream in order would see them.
+        progress.stage("anneal")
         assignment = np.minimum(np.arange(m) * n_groups // m, n_groups - 1)
-    progress.done()
+        progress.done()
 
     progress.stage("order")
     if strategy is Strategy.ASP:
@@ -315,7 +279,7 @@ def compile_plan(
         S.DISPATCH_RANK: pa.array(np.arange(n, dtype=np.int64), pa.int64()),
     }
     plan_table = pa.Table.from_pydict(arrays, schema=S.PLAN_SCHEMA)
-    metrics = plan_metrics(plan_table, config.cost_model, costs=costs[mb_order])
+    metrics = plan_metrics(plan_table, config.minibatch_cost, costs=costs[mb_order])
     metrics.update(extra)
     metrics["n_skipped"] = len(table.skipped)
     cfg = _config_record(config, inputs, b, d, n_groups)

@@ -103,7 +103,7 @@ def main() -> int:
     ap.add_argument("--minibatch-cost", choices=["padded", "expected-max"], default="expected-max")
     args = ap.parse_args()
     cfg = CompileConfig(
-        batch_size=args.batch_size, slack=args.slack, group_size=args.group_size, cost_model=args.minibatch_cost
+        batch_size=args.batch_size, slack=args.slack, group_size=args.group_size, minibatch_cost=args.minibatch_cost
     )
     print(f"minibatch cost model: {args.minibatch_cost}")
     rng = np.random.default_rng(0)

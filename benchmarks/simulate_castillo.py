@@ -13,7 +13,7 @@ prompt), and compiles and simulates it with each strategy:
 - ``oracle``: ``asp`` with the actual lengths as predictions.
 
 "steady" columns use the trainer steps that end while minibatches remain to
-dispatch (see :mod:`aspc.runtime.metrics`); the mean over all steps also
+dispatch (see :mod:`aspc.runtime.record.metrics`); the mean over all steps also
 counts the end-of-pass drain, which a few degenerate 10k-token responses
 dominate.
 
@@ -90,7 +90,7 @@ def main() -> None:
 
     from aspc.compiler import CompileConfig, InputOptions
     from aspc.runtime import RunConfig
-    from aspc.runtime.compare import comparison_table, simulate_strategies
+    from aspc.simulate import comparison_table, simulate_strategies
 
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,7 +102,7 @@ def main() -> None:
             batch_size=args.batch_size,
             predictor=args.predictor,
             workers=args.workers,  # as `aspc simulate` does: makespan-aware dispatch order
-            cost_model=args.minibatch_cost,
+            minibatch_cost=args.minibatch_cost,
         )
         run_config = RunConfig(
             workers=args.workers, global_batch=args.global_batch, seed=args.seed, return_mode=args.return_mode

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aspc.runtime import RunConfig, run
 from aspc.runtime.config import ReturnMode
-from aspc.runtime.synthetic import synthetic_plan
+from aspc.testing.plans import synthetic_plan
 
 
 def main() -> None:

@@ -72,3 +72,27 @@ def balance(costs, n_groups: int) -> float:
         if sorted(np.bincount(assign, minlength=n_groups)) == caps:
             best = min(best, np.bincount(assign, weights=c, minlength=n_groups).max())
     return float(best)
+
+
+def padded_costs(lengths, starts, n_samples: int) -> list[float]:
+    """Padded cost of each minibatch: sequences times the longest predicted length, one by one."""
+    x = np.asarray(lengths, dtype=np.float64)
+    return [n_samples * (e - s) * x[s:e].max() for s, e in zip(starts[:-1], starts[1:], strict=True)]
+
+
+def sim_minibatch_times(lens: np.ndarray, ptok: np.ndarray, prefill_tokens: float, c):
+    """Step-by-step decode of one minibatch: the definition the simulator's kernel must match.
+
+    ``c`` holds the simulator's step-time coefficients
+    (:class:`aspc.runtime.backends.sim.SimCostModel`); returns the minibatch's
+    duration and each sample's finish offset, seconds.
+    """
+    pre = c.prefill_base + c.prefill_per_token * prefill_tokens
+    t = pre
+    finish = np.full(lens.size, pre)
+    for step in range(1, int(lens.max(initial=0)) + 1):
+        active = lens >= step
+        ctx = float(np.sum(ptok[active] + step - 1))
+        t += c.decode_base + c.decode_per_seq * active.sum() + c.decode_per_context_token * ctx
+        finish[lens == step] = t
+    return t, finish

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.dataset as ds
 
 from aspc.runtime import TrainBatch, Trainer, TrainResult
-from aspc.runtime.synthetic import plan_table
+from aspc.testing.plans import plan_table
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may download at test time
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -22,7 +22,7 @@ def tiny_model(base: Path) -> Path:
     """A tiny random LlamaForCausalLM with a character tokenizer, built once per process under ``base``."""
     key = str(base)
     if key not in _MODEL:
-        from aspc.runtime.tiny_model import save_tiny_causal_lm
+        from aspc.testing.tiny_model import save_tiny_causal_lm
 
         _MODEL[key] = save_tiny_causal_lm(base / "tiny-llama", seed=0)
     return _MODEL[key]

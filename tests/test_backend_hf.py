@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from aspc.cli import main
 from aspc.errors import BackendError, ConfigError, RunError
 from aspc.runtime import BackendContext, RunConfig, read_run_log, run
-from aspc.runtime.backend import make_backend
+from aspc.runtime.registry import make_backend
 from tests.conftest import write_jsonl
 from tests.realmodel import VersionTrainer, expected_lengths, run_log_samples, small_plan, tiny_model
 
@@ -62,8 +62,8 @@ def test_replay_ends_every_sequence_at_its_recorded_length(model_dir):
 
 
 def test_chat_and_plain_prompts_generate_real_tokens(model_dir):
+    from aspc.runtime.backends.models import load_tokenizer
     from aspc.runtime.backends.prompts import parse_chat, render_prompt
-    from aspc.runtime.models import load_tokenizer
 
     chat = json.dumps([{"role": "user", "content": "hi"}], separators=(",", ":"))
     tok = load_tokenizer(model_dir)

@@ -186,7 +186,7 @@ def test_schema_versions_and_foreign_files(tmp_path, dataset):
         (dict(batch_size=8, groups=2, group_size=2), "not both"),
         (dict(samples_per_prompt=0), "samples-per-prompt"),
         (dict(strategy="fastest"), "unknown strategy"),
-        (dict(cost_model="magic"), "unknown cost model"),
+        (dict(minibatch_cost="magic"), "unknown cost model"),
     ],
 )
 def test_bad_config(dataset, cfg, fragment):
@@ -195,9 +195,9 @@ def test_bad_config(dataset, cfg, fragment):
 
 
 def test_expected_max_cost_model_compiles(dataset):
-    plan = compile_file(dataset, INPUTS, CompileConfig(batch_size=8, group_size=4, cost_model="expected-max"))
+    plan = compile_file(dataset, INPUTS, CompileConfig(batch_size=8, group_size=4, minibatch_cost="expected-max"))
     assert plan.metrics["cost_model"] == "expected-max"
-    padded = compile_file(dataset, INPUTS, CompileConfig(batch_size=8, group_size=4, cost_model="padded"))
+    padded = compile_file(dataset, INPUTS, CompileConfig(batch_size=8, group_size=4, minibatch_cost="padded"))
     # The expected max of sampled lengths is at least the max of medians, so
     # expected-max costs exceed padded costs on data with spread.
     assert padded.metrics["cost_model"] == "padded"

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from aspc.runtime import BackendContext, RunConfig, TrainBatch, run
-from aspc.runtime.backend import make_backend, make_trainer
-from aspc.runtime.synthetic import plan_table
+from aspc.runtime.registry import make_backend, make_trainer
+from aspc.testing.plans import plan_table
 from tests.realmodel import run_log_samples, tiny_model
 
 pytest.importorskip("transformers")

@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
+from aspc.devices import resolve_device  # noqa: E402
 from aspc.errors import ConfigError, PredictorError  # noqa: E402
 from aspc.predict import load_predictor, train_predictor  # noqa: E402
-from aspc.predict.device import resolve_device  # noqa: E402
 from aspc.predict.metrics import evaluate, kendall_tau  # noqa: E402
 
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from aspc.cli import main
 from aspc.runtime import BackendContext, RunConfig, run
-from aspc.runtime.backend import make_backend
+from aspc.runtime.registry import make_backend
 from tests.realmodel import VersionTrainer, expected_lengths, run_log_samples, small_plan, tiny_model
 
 ray = pytest.importorskip("ray")
@@ -66,7 +66,7 @@ def test_cli_contract_on_ray(tmp_path, model_dir, ray_session):
 
 
 def test_killed_actor_minibatch_is_redispatched(tmp_path, model_dir, ray_session, monkeypatch):
-    from aspc.runtime.ray_engine import RayEngine
+    from aspc.runtime.engines.ray import RayEngine
 
     table, lengths = small_plan(n_rows=12, rows_per_minibatch=2, n_samples=2, max_len=50)
     ids = table.column("prompt_id").to_pylist()

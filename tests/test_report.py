@@ -242,7 +242,7 @@ def test_incomplete_run_is_read_with_status_and_recomputed_summary(inputs, tmp_p
 
     from aspc.emit import read_plan
     from aspc.report.data import plan_view, run_view
-    from aspc.runtime.runlog import read_run_log
+    from aspc.runtime.record.runlog import read_run_log
 
     log = tmp_path / "partial"
     shutil.copytree(inputs["run_asp"], log)

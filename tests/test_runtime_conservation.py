@@ -7,9 +7,9 @@ import pyarrow.dataset as ds
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aspc.runtime import CostModel, RunConfig, run
+from aspc.runtime import RunConfig, SimCostModel, run
 from aspc.runtime.config import ReturnMode
-from aspc.runtime.synthetic import plan_table
+from aspc.testing.plans import plan_table
 
 
 @st.composite
@@ -31,7 +31,7 @@ def scenarios(draw):
         reload_time=draw(st.sampled_from([0.0, 0.5, 3.0])),
         return_mode=draw(st.sampled_from(list(ReturnMode))),
     )
-    cost = CostModel(
+    cost = SimCostModel(
         decode_base=draw(st.sampled_from([0.0, 1.0, 0.01])),
         decode_per_seq=draw(st.sampled_from([0.0, 0.1])),
         train_base=draw(st.sampled_from([0.0, 0.5, 20.0])),
@@ -44,7 +44,7 @@ def scenarios(draw):
 @given(scenarios())
 def test_every_sample_generated_once_and_consumed_once_or_left_over(sc):
     table, lengths, cfg, cost, largest = sc
-    res = run(table, config=cfg, cost_model=cost, actual_lengths=lengths)
+    res = run(table, config=cfg, sim_cost_model=cost, actual_lengths=lengths)
     s, smp, mb, stp = res.summary, res.columns["samples"], res.columns["minibatches"], res.columns["steps"]
     n = int(np.sum(table.column("n_samples").to_numpy()))
     gb = cfg.global_batch

@@ -8,7 +8,7 @@ import pytest
 from aspc.errors import InputError
 from aspc.runtime import RunConfig, run, work_from_table
 from aspc.runtime.lengths import join_actual_lengths, sample_predicted_lengths
-from aspc.runtime.synthetic import plan_table
+from aspc.testing.plans import plan_table
 
 
 def test_sample_i_uses_the_ith_length_and_short_lists_cycle():

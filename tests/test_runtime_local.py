@@ -6,17 +6,18 @@ import numpy as np
 import pytest
 
 from aspc.errors import AspcError, ConfigError
-from aspc.runtime import CostModel, RunConfig, run, work_from_table
-from aspc.runtime.backend import BackendContext, make_backend
+from aspc.runtime import RunConfig, SimCostModel, run, work_from_table
+from aspc.runtime.backends.sim import SimBackend
 from aspc.runtime.config import ReturnMode
-from aspc.runtime.engine import make_engine
-from aspc.runtime.local import ThreadEngine
-from aspc.runtime.loop import drive
-from aspc.runtime.metrics import summarize
-from aspc.runtime.recorder import Recorder
-from aspc.runtime.scheduler import Scheduler
-from aspc.runtime.sim import SimBackend, SimTrainer
-from aspc.runtime.synthetic import plan_table
+from aspc.runtime.contracts import BackendContext
+from aspc.runtime.core.loop import drive
+from aspc.runtime.core.scheduler import Scheduler
+from aspc.runtime.engines.threads import ThreadEngine
+from aspc.runtime.record.metrics import summarize
+from aspc.runtime.record.recorder import Recorder
+from aspc.runtime.registry import make_backend, make_engine
+from aspc.runtime.trainers.sim import SimTrainer
+from aspc.testing.plans import plan_table
 
 
 def test_thread_engine_runs_the_same_logic_on_the_wall_clock():
@@ -25,7 +26,7 @@ def test_thread_engine_runs_the_same_logic_on_the_wall_clock():
     table = plan_table(np.arange(n) // 3, n_samples=2, prompt_tokens=rng.integers(1, 50, n))
     lens = rng.integers(5, 60, 2 * n)
     work = work_from_table(table)
-    cost = CostModel(
+    cost = SimCostModel(
         decode_base=1.0,
         decode_per_seq=0.0,
         decode_per_context_token=0.0,
@@ -52,9 +53,9 @@ def test_thread_engine_runs_the_same_logic_on_the_wall_clock():
 
 
 def test_thread_engine_refuses_continuous_mode():
-    backend = SimBackend(CostModel(), np.zeros(1, dtype=np.int64))
+    backend = SimBackend(SimCostModel(), np.zeros(1, dtype=np.int64))
     with pytest.raises(ConfigError, match="streaming"):
-        ThreadEngine(backend, SimTrainer(CostModel()), ReturnMode.CONTINUOUS)
+        ThreadEngine(backend, SimTrainer(SimCostModel()), ReturnMode.CONTINUOUS)
 
 
 def test_backend_and_engine_names_are_checked_before_anything_runs():
@@ -66,4 +67,4 @@ def test_backend_and_engine_names_are_checked_before_anything_runs():
     with pytest.raises(ConfigError, match="unknown backend"):
         make_backend("tpu", BackendContext(n_workers=1))
     with pytest.raises(ConfigError, match="unknown engine"):
-        make_engine("slurm", SimBackend(CostModel(), np.zeros(1)), SimTrainer(CostModel()), ReturnMode.STATIC)
+        make_engine("slurm", SimBackend(SimCostModel(), np.zeros(1)), SimTrainer(SimCostModel()), ReturnMode.STATIC)

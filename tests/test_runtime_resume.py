@@ -19,10 +19,10 @@ from click.testing import CliRunner
 from aspc.cli import main
 from aspc.errors import RunError
 from aspc.runtime import Clock, GenerationBackend, RunConfig, Trainer, TrainResult, read_run_log, run
-from aspc.runtime.sim import SimBackend
-from aspc.runtime.sim.cost import CostModel
-from aspc.runtime.sim.engine import TEST_DELAY_ENV
-from aspc.runtime.synthetic import plan_table
+from aspc.runtime.backends.sim import SimBackend
+from aspc.runtime.backends.sim_cost import SimCostModel
+from aspc.runtime.engines.virtual import TEST_DELAY_ENV
+from aspc.testing.plans import plan_table
 from tests.conftest import write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,7 +251,7 @@ def _fault_plan(n=48, n_samples=2):
 @pytest.mark.parametrize("wall", [False, True], ids=["virtual-clock", "threads"])
 def test_a_raising_worker_gets_its_minibatch_redispatched(tmp_path, wall):
     table, lengths, want = _fault_plan()
-    backend = Flaky(SimBackend(CostModel(), lengths), fail={3: 1, 7: 2}, wall=wall)
+    backend = Flaky(SimBackend(SimCostModel(), lengths), fail={3: 1, 7: 2}, wall=wall)
     res = run(table, config=RunConfig(workers=3, global_batch=8, backend="hf" if wall else "sim"),
               backend=backend, trainer=QuickTrainer() if wall else None, log_dir=tmp_path / "RUN")
     assert backend.attempts[3] == 2 and backend.attempts[7] == 3 and backend.attempts[0] == 1
@@ -263,7 +263,7 @@ def test_a_raising_worker_gets_its_minibatch_redispatched(tmp_path, wall):
 
 def test_a_minibatch_failing_past_max_retries_stops_the_run_with_a_consistent_log(tmp_path):
     table, lengths, want = _fault_plan()
-    backend = Flaky(SimBackend(CostModel(), lengths), fail={5: 10**9})
+    backend = Flaky(SimBackend(SimCostModel(), lengths), fail={5: 10**9})
     with pytest.raises(RunError, match=r"minibatch 5 failed 3 times \(--max-retries 2\).*device lost"):
         run(table, config=RunConfig(workers=2, global_batch=8, max_retries=2), backend=backend,
             log_dir=tmp_path / "RUN")
@@ -276,7 +276,7 @@ def test_a_minibatch_failing_past_max_retries_stops_the_run_with_a_consistent_lo
     steps = sorted({r["consumed_step"] for r in rows if r["consumed_step"] is not None})
     assert steps == list(range(len(steps)))
     # The failed log resumes once the worker is healthy: every sample once.
-    healthy = SimBackend(CostModel(), lengths)
+    healthy = SimBackend(SimCostModel(), lengths)
     run(table, config=RunConfig(workers=2, global_batch=8, max_retries=2), backend=healthy,
         log_dir=tmp_path / "RUN", resume=True)
     check_contract(tmp_path / "RUN", want, 8)
@@ -284,7 +284,7 @@ def test_a_minibatch_failing_past_max_retries_stops_the_run_with_a_consistent_lo
 
 def test_cli_max_retries_error_is_one_line(tmp_path, monkeypatch):
     data, plan, _ = _plan_files(tmp_path, 16)
-    from aspc.runtime.sim import backend as simb
+    from aspc.runtime.backends import sim as simb
 
     original = simb.SimBackend.generate
 
@@ -305,7 +305,7 @@ def test_cli_max_retries_error_is_one_line(tmp_path, monkeypatch):
 
 def test_a_hung_worker_is_abandoned_after_the_timeout(tmp_path):
     table, lengths, want = _fault_plan(n=24)
-    backend = Flaky(SimBackend(CostModel(), lengths), fail={2: 1}, hang=3.0, wall=True)
+    backend = Flaky(SimBackend(SimCostModel(), lengths), fail={2: 1}, hang=3.0, wall=True)
     t0 = time.monotonic()
     res = run(table, config=RunConfig(workers=2, global_batch=8, backend="hf", worker_timeout=0.5),
               backend=backend, trainer=QuickTrainer(), log_dir=tmp_path / "RUN")
@@ -318,7 +318,7 @@ def test_a_hung_worker_is_abandoned_after_the_timeout(tmp_path):
 
 def test_every_worker_hung_stops_the_run(tmp_path):
     table, lengths, _ = _fault_plan(n=8)
-    backend = Flaky(SimBackend(CostModel(), lengths), fail={0: 1, 1: 1}, hang=5.0, wall=True)
+    backend = Flaky(SimBackend(SimCostModel(), lengths), fail={0: 1, 1: 1}, hang=5.0, wall=True)
     with pytest.raises(RunError, match="hung"):
         run(table, config=RunConfig(workers=2, global_batch=4, backend="hf", worker_timeout=0.3),
             backend=backend, trainer=QuickTrainer(), log_dir=tmp_path / "RUN")

@@ -10,10 +10,10 @@ import pytest
 
 from aspc.errors import ConfigError, InputError, RunError, SchemaVersionError
 from aspc.runtime import RunConfig, read_run_log, run, summarize_log
-from aspc.runtime import runlog as R
-from aspc.runtime.backend import GenerationBackend
-from aspc.runtime.sim import SimBackend
-from aspc.runtime.synthetic import plan_table, synthetic_plan
+from aspc.runtime.backends.sim import SimBackend
+from aspc.runtime.contracts import GenerationBackend
+from aspc.runtime.record import runlog as R
+from aspc.testing.plans import plan_table, synthetic_plan
 
 
 def test_layout_columns_and_summary_round_trip(tmp_path):
@@ -78,9 +78,9 @@ class Exploding(GenerationBackend):
 def test_failed_run_is_marked_failed_and_keeps_finished_parts(tmp_path):
     table = plan_table(np.arange(40) // 4, n_samples=1)
     lengths = {f"p{i:07d}": [10 + i] for i in range(40)}
-    from aspc.runtime.sim import CostModel
+    from aspc.runtime.backends.sim_cost import SimCostModel
 
-    backend = Exploding(SimBackend(CostModel(), np.array([10 + i for i in range(40)]), reload_time=0.0))
+    backend = Exploding(SimBackend(SimCostModel(), np.array([10 + i for i in range(40)]), reload_time=0.0))
     with pytest.raises(RunError, match="lost its device"):
         run(
             table,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aspc.runtime.scheduler import Dispatch, Scheduler, TrainStep
+from aspc.runtime.core.scheduler import Dispatch, Scheduler, TrainStep
 
 
 def test_dispatches_in_plan_order_to_lowest_idle_worker():

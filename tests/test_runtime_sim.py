@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import naive
 import numpy as np
 import pytest
 
-from aspc.runtime import CostModel, RunConfig, run, work_from_table
+from aspc.runtime import RunConfig, SimCostModel, run, work_from_table
+from aspc.runtime.backends.sim import minibatch_times
 from aspc.runtime.config import ReturnMode
-from aspc.runtime.sim import minibatch_times
-from aspc.runtime.synthetic import plan_table, synthetic_plan
+from aspc.testing.plans import plan_table, synthetic_plan
 
-UNIT = CostModel(
+UNIT = SimCostModel(
     decode_base=1.0,
     decode_per_seq=0.0,
     decode_per_context_token=0.0,
@@ -21,22 +22,9 @@ UNIT = CostModel(
 )
 
 
-def brute_force_times(lens: np.ndarray, ptok: np.ndarray, prefill_tokens: float, c: CostModel):
-    """Step-by-step decode of one minibatch: the definition the kernel must match."""
-    pre = c.prefill_base + c.prefill_per_token * prefill_tokens
-    t = pre
-    finish = np.full(lens.size, pre)
-    for step in range(1, int(lens.max(initial=0)) + 1):
-        active = lens >= step
-        ctx = float(np.sum(ptok[active] + step - 1))
-        t += c.decode_base + c.decode_per_seq * active.sum() + c.decode_per_context_token * ctx
-        finish[lens == step] = t
-    return t, finish
-
-
 def test_kernel_matches_brute_force_and_closed_form():
     rng = np.random.default_rng(3)
-    cost = CostModel(
+    cost = SimCostModel(
         decode_base=0.01,
         decode_per_seq=1e-3,
         decode_per_context_token=1e-5,
@@ -54,7 +42,7 @@ def test_kernel_matches_brute_force_and_closed_form():
     for m in range(work.n_minibatches):
         s0, s1 = work.sample_offsets[m], work.sample_offsets[m + 1]
         r0, r1 = work.row_offsets[m], work.row_offsets[m + 1]
-        t, f = brute_force_times(lens[s0:s1], sp[s0:s1], float(ptok[r0:r1].sum()), cost)
+        t, f = naive.sim_minibatch_times(lens[s0:s1], sp[s0:s1], float(ptok[r0:r1].sum()), cost)
         assert dur[m] == pytest.approx(t, rel=1e-12)
         np.testing.assert_allclose(fin[s0:s1], f, rtol=1e-12)
         ln, p = lens[s0:s1], sp[s0:s1]
@@ -79,7 +67,7 @@ def tiny_plan():
 def test_tiny_scenario_matches_hand_computed_timeline():
     table, lengths = tiny_plan()
     cfg = RunConfig(workers=2, global_batch=2, queue_capacity="100", reload_time=0.5)
-    res = run(table, config=cfg, cost_model=UNIT, actual_lengths=lengths)
+    res = run(table, config=cfg, sim_cost_model=UNIT, actual_lengths=lengths)
     mb = res.columns["minibatches"]
     order = np.argsort(mb["minibatch"])
     # t=0: mb0 -> w0, mb1 -> w1. t=3: mb0 done, trainer step 0 (3..4), mb2 -> w0
@@ -115,7 +103,7 @@ def test_tiny_scenario_backpressure():
     # nothing else is dispatched, so only one worker ever runs at once.
     table, lengths = tiny_plan()
     cfg = RunConfig(workers=2, global_batch=2, queue_capacity="2", reload_time=0.0)
-    res = run(table, config=cfg, cost_model=UNIT, actual_lengths=lengths)
+    res = run(table, config=cfg, sim_cost_model=UNIT, actual_lengths=lengths)
     mb = res.columns["minibatches"]
     order = np.argsort(mb["minibatch"])
     # mb0 0..3; step 0 takes it at 3 -> mb1 dispatched at 3 (w0) ..8; step 1 at 8 -> mb2 8..10; mb3 10..14.
@@ -131,7 +119,7 @@ def test_continuous_returns_each_sample_at_its_finish_time():
     cfg = RunConfig(
         workers=1, global_batch=1, queue_capacity="10", reload_time=0.0, return_mode=ReturnMode.CONTINUOUS
     )
-    res = run(table, config=cfg, cost_model=UNIT, actual_lengths=lengths)
+    res = run(table, config=cfg, sim_cost_model=UNIT, actual_lengths=lengths)
     smp = res.columns["samples"]
     assert smp["finish_time"].tolist() == [2.0, 6.0, 10.0]
     # The first sample reached the trainer before its minibatch finished.
@@ -140,7 +128,7 @@ def test_continuous_returns_each_sample_at_its_finish_time():
     static = run(
         table,
         config=RunConfig(workers=1, global_batch=1, queue_capacity="10", reload_time=0.0),
-        cost_model=UNIT,
+        sim_cost_model=UNIT,
         actual_lengths=lengths,
     )
     assert static.columns["samples"]["finish_time"].tolist() == [6.0, 6.0, 10.0]

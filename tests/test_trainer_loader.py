@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from aspc.cli import main
 from aspc.errors import ConfigError
 from aspc.runtime import BackendContext
-from aspc.runtime.backend import make_trainer
-from aspc.runtime.trainers import load_factory, parse_trainer_args
+from aspc.runtime.registry import make_trainer
+from aspc.runtime.trainers.user import load_factory, parse_trainer_args
 from tests.conftest import lognormal_records, write_jsonl
 
 GOOD = """

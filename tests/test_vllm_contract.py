@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from aspc.cli import main
 from aspc.errors import BackendError
 from aspc.runtime import BackendContext
-from aspc.runtime.backend import make_backend
+from aspc.runtime.registry import make_backend
 from tests.realmodel import run_log_samples, tiny_model
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def vllm_tiny_model(base: Path) -> Path:
     """The tests' tiny random Llama with head_dim 32 (vLLM's CPU attention rejects 16)."""
-    from aspc.runtime.tiny_model import save_tiny_causal_lm
+    from aspc.testing.tiny_model import save_tiny_causal_lm
 
     return save_tiny_causal_lm(base / "tiny-llama-hd32", seed=0, hidden_size=64, n_heads=2)
 

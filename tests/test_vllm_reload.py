@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from aspc.runtime import BackendContext, RunConfig, run
-from aspc.runtime.backend import make_backend
+from aspc.runtime.registry import make_backend
 from tests.realmodel import VersionTrainer, expected_lengths, small_plan
 from tests.test_vllm_contract import CAP, vllm_tiny_model
 

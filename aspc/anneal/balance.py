@@ -315,19 +315,23 @@ def balance(
     init_loads = np.bincount(group_of, weights=arr, minlength=g)
     init_max = float(init_loads.max())
 
+    progress = progress or NULL_PROGRESS
     ran = 0
     loads = init_loads
     if g > 1 and budget > 0 and init_max > target:
         classes = samples if equal_samples else np.zeros(m, np.int64)
         state = _state(arr, group_of, g, classes, seed)
         t0 = T0_FRACTION * math.fsum(arr) / m
-        ran = _anneal(state, budget, t0, target, progress or NULL_PROGRESS)
+        ran = _anneal(state, budget, t0, target, progress)
         found = _best_assignment(state)
         found_loads = np.bincount(found, weights=arr, minlength=g)
         # Recomputed loads decide, not the kernel's running sums, so the
         # result is never worse than the start even by rounding.
         if found_loads.max() <= init_max:
             group_of, loads = found, found_loads
+    else:  # nothing to anneal: the stage still shows, done at once
+        progress.stage("anneal")
+        progress.done()
 
     assignment = np.ascontiguousarray(group_of, dtype=np.int32)
     if not np.array_equal(np.bincount(assignment, minlength=g), caps):

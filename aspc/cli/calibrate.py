@@ -29,12 +29,12 @@ def calibrate_cmd(run_dir: Path, output: Path | None, as_json: bool, quiet: bool
     aspc calibrate RUN -o cost.json
     aspc run plan.parquet --cost-model cost.json
     """
+    from aspc.runtime.backends.sim_cost import save_sim_cost_model
     from aspc.runtime.calibrate import calibrate
-    from aspc.runtime.sim.cost import save_cost_model
 
     cal = calibrate(run_dir)
     if output is not None:
-        save_cost_model(cal.cost_model, output)
+        save_sim_cost_model(cal.sim_cost_model, output)
         note(f"cost model written to {output}", quiet)
     for msg in cal.notes:
         note(msg, quiet)
@@ -46,12 +46,12 @@ def calibrate_cmd(run_dir: Path, output: Path | None, as_json: bool, quiet: bool
         "generation_rel_error": cal.generation_rel_error,
     }
     if as_json:
-        emit_json({"cost_model": cal.cost_model.to_dict(), **fit})
+        emit_json({"cost_model": cal.sim_cost_model.to_dict(), **fit})
     elif not quiet:
         t = Table(title=f"cost model fitted from {run_dir.name}", header_style="bold")
         t.add_column("coefficient")
         t.add_column("value", justify="right")
-        for k, v in cal.cost_model.to_dict().items():
+        for k, v in cal.sim_cost_model.to_dict().items():
             t.add_row(k, f"{v:.6g}")
         for k, v in fit.items():
             t.add_row(k, "-" if v is None else f"{v:.6g}")

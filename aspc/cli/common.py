@@ -136,6 +136,3 @@ def note(msg: str, quiet: bool = False) -> None:
     if not quiet:
         err_console.print(msg)
 
-
-def is_stdout_tty() -> bool:
-    return sys.stdout.isatty()

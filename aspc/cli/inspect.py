@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-import numpy as np
 from rich.table import Table
 
 from aspc.cli.common import emit_json, handle_errors, json_option, out_console
@@ -18,13 +17,15 @@ from aspc.cli.render import metrics_table
 @handle_errors
 def inspect_cmd(plan_path: Path, as_json: bool) -> None:
     """Show a plan's metrics, config, per-group loads and minibatch size histogram."""
+    import numpy as np
+
     from aspc.emit import group_loads, read_plan
     from aspc.emit import schema as S
     from aspc.emit.metrics import minibatch_starts
 
     plan = read_plan(plan_path)
-    cost_model = plan.metrics.get("cost_model", "padded")
-    loads = group_loads(plan.table, cost_model)
+    minibatch_cost = plan.metrics.get("cost_model", "padded")
+    loads = group_loads(plan.table, minibatch_cost)
     sizes = np.diff(minibatch_starts(plan.column(S.MINIBATCH)))
     values, counts = np.unique(sizes, return_counts=True)
     hist = {int(v): int(c) for v, c in zip(values, counts, strict=True)}

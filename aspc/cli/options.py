@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from aspc.compiler import STRATEGIES, CompileConfig, InputOptions
+from aspc.choices import MINIBATCH_COSTS, STRATEGIES
+
+if TYPE_CHECKING:  # the compiler loads numba and pyarrow: imported when a command runs, not for --help
+    from aspc.compiler import CompileConfig, InputOptions
 
 F = Callable[..., Any]
 
@@ -59,8 +62,8 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
         click.option("--equal-samples", is_flag=True, help="Groups must hold equal sample counts."),
         click.option(
             "--minibatch-cost",
-            "cost_model",
-            type=click.Choice(["padded", "expected-max"]),
+            "minibatch_cost",
+            type=click.Choice(list(MINIBATCH_COSTS)),
             default="expected-max",
             show_default=True,
             help="Minibatch cost: sequences x max predicted mean, or x expected max sampled length.",
@@ -104,7 +107,7 @@ _COMPILE_KEYS = (
     "seed",
     "anneal_iterations",
     "equal_samples",
-    "cost_model",
+    "minibatch_cost",
     "predictor",
     "history",
     "history_length_field",
@@ -113,6 +116,8 @@ _COMPILE_KEYS = (
 
 def compile_config_from_kwargs(kwargs: dict[str, Any]) -> tuple[InputOptions, CompileConfig]:
     """Pop the input and compile options out of a command's kwargs."""
+    from aspc.compiler import CompileConfig, InputOptions
+
     inputs = InputOptions(**{k: kwargs.pop(k) for k in _INPUT_KEYS if k in kwargs})
     vals = {k: kwargs.pop(k) for k in _COMPILE_KEYS if k in kwargs}
     if "history" in vals:

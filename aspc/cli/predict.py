@@ -64,7 +64,7 @@ def _device_option(fn: F) -> F:
 def _check_device(device: str) -> None:
     """Fail early on an explicit device that is not there (any kind), before reading data."""
     if device.lower() != "auto":
-        from aspc.predict.device import resolve_device
+        from aspc.devices import resolve_device
 
         try:
             resolve_device(device)
@@ -307,7 +307,9 @@ def apply_cmd(
     pred = load_predictor(predictor, target=target, device=device)
     table = read_prompts(data, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)
     if history:
-        pred = HistoryPredictor(pred, _read_history(history, id_field, history_length_field))
+        from aspc.io.history import read_history
+
+        pred = HistoryPredictor(pred, read_history(history, id_field=id_field, length_field=history_length_field))
     with RichProgress(quiet) as progress:
         progress.stage("predict", total=1)
         result = pred.predict(table.texts, ids=table.ids)
@@ -321,18 +323,6 @@ def apply_cmd(
         return
     extra = f", {summary['with_history']} with history" if history else ""
     note(f"wrote {len(table)} predictions to {output} ({pred.kind} predictor{extra})", quiet)
-
-
-def _read_history(paths: tuple[Path, ...], id_field: str, length_field: str) -> dict[str, Any]:
-    import numpy as np
-
-    from aspc.io import read_lengths
-
-    merged: dict[str, list] = {}
-    for p in paths:
-        for k, v in read_lengths(p, id_field=id_field, length_field=length_field).items():
-            merged.setdefault(k, []).append(v)
-    return {k: np.concatenate(v) for k, v in merged.items()}
 
 
 def _write_predictions(output: Path, ids: list[str], pred: Any) -> None:

@@ -20,13 +20,11 @@ from aspc.cli.common import (
     quiet_option,
 )
 
-F = Callable[..., Any]
+# Light modules (no numba, pyarrow or torch), so --help stays fast.
+from aspc.runtime.config import RETURN_MODES, ReturnMode, RunConfig
+from aspc.runtime.registry import BACKENDS, ENGINES, BackendKind, EngineKind
 
-# Imported lazily by the command bodies; the names are kept here so --help
-# never imports numba or pyarrow.
-_BACKENDS = ("sim", "hf", "vllm")
-_ENGINES = ("local", "ray")
-_RETURN_MODES = ("static", "continuous")
+F = Callable[..., Any]
 
 
 def runtime_options(fn: F, *, cost_model_flags: tuple[str, ...] = ("--cost-model", "--sim-cost-model")) -> F:
@@ -38,15 +36,15 @@ def runtime_options(fn: F, *, cost_model_flags: tuple[str, ...] = ("--cost-model
     opts = [
         click.option(
             "--backend",
-            type=click.Choice(_BACKENDS),
-            default="sim",
+            type=click.Choice(BACKENDS),
+            default=BackendKind.SIM.value,
             show_default=True,
             help="Generation backend (sim: discrete-event simulator, no hardware).",
         ),
         click.option(
             "--engine",
-            type=click.Choice(_ENGINES),
-            default="local",
+            type=click.Choice(ENGINES),
+            default=EngineKind.LOCAL.value,
             show_default=True,
             help="Where workers run.",
         ),
@@ -70,8 +68,8 @@ def runtime_options(fn: F, *, cost_model_flags: tuple[str, ...] = ("--cost-model
         ),
         click.option(
             "--return-mode",
-            type=click.Choice(_RETURN_MODES),
-            default="static",
+            type=click.Choice(RETURN_MODES),
+            default=ReturnMode.STATIC.value,
             show_default=True,
             help="static: a minibatch returns when its longest sequence ends; continuous: each sequence "
             "as it ends.",
@@ -104,14 +102,13 @@ _RUNTIME_KEYS = (
 )
 
 
-def run_config_from_kwargs(kwargs: dict[str, Any], **extra: Any) -> tuple[Any, Any]:
-    """Pop the runtime options out of a command's kwargs: (RunConfig, CostModel)."""
-    from aspc.runtime import RunConfig, load_cost_model
-    from aspc.runtime.sim.cost import CostModel
+def run_config_from_kwargs(kwargs: dict[str, Any], **extra: Any) -> tuple[RunConfig, Any]:
+    """Pop the runtime options out of a command's kwargs: (RunConfig, SimCostModel)."""
+    from aspc.runtime.backends.sim_cost import SimCostModel, load_sim_cost_model
 
     vals = {k: kwargs.pop(k) for k in _RUNTIME_KEYS if k in kwargs}
     path = kwargs.pop("sim_cost_model", None)
-    cost = load_cost_model(path) if path is not None else CostModel()
+    cost = load_sim_cost_model(path) if path is not None else SimCostModel()
     config = RunConfig(**vals, **extra)
     config.validate()
     return config, cost
@@ -279,12 +276,12 @@ def run_cmd(
     aspc run plan.parquet ...same options... --log RUN --resume   # after a crash
     """
     from aspc.emit import read_plan
-    from aspc.runtime import run
+    from aspc.io.history import read_history
+    from aspc.runtime.api import run
+    from aspc.runtime.record.resume import check_log_options
 
-    if resume and log_dir is None:
-        raise click.UsageError("--resume needs --log RUN: the run log to continue")
-    if resume and overwrite:
-        raise click.UsageError("--resume and --overwrite contradict each other; pass one of them")
+    # Before a real backend resolves its model or a history file is read.
+    check_log_options(log_dir, overwrite=overwrite, resume=resume)
     config, cost = run_config_from_kwargs(
         kwargs,
         seed=seed,
@@ -296,9 +293,7 @@ def run_cmd(
     plan = read_plan(plan_path)
     lengths = None
     if actual_lengths is not None:
-        from aspc.io import read_lengths
-
-        lengths = read_lengths(actual_lengths, id_field=id_field, length_field=length_field)
+        lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field)
     backend, trainer, backend_notes = build_real_components(
         kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
     )
@@ -308,7 +303,7 @@ def run_cmd(
         result = run(
             plan,
             config=config,
-            cost_model=cost,
+            sim_cost_model=cost,
             actual_lengths=lengths,
             lengths_name=actual_lengths.name if actual_lengths else "",
             backend=backend,

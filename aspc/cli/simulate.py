@@ -79,7 +79,7 @@ def simulate_cmd(
     aspc simulate in.jsonl --length-field lengths --samples-per-prompt 4 \\
         --workers 8 --global-batch 64 --seed 0 --strategies random,sorted,asp,oracle --json
     """
-    from aspc.runtime.compare import comparison_table, parse_strategies, simulate_strategies
+    from aspc.simulate import comparison_table, parse_strategies, simulate_strategies
 
     names = parse_strategies(strategies)
     inputs, config = compile_config_from_kwargs(kwargs)
@@ -94,7 +94,7 @@ def simulate_cmd(
             config,
             run_config,
             strategies=names,
-            cost_model=cost,
+            sim_cost_model=cost,
             actual_lengths_path=actual_lengths,
             progress=progress,
         )

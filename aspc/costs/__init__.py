@@ -8,62 +8,6 @@ their means: ``expected-max`` models each prompt's length as a lognormal fitted
 to its (q10, q50, q90) and integrates ``E[max] = ∫ 1 - Π F_i(x)^{n_i} dx``.
 """
 
-from __future__ import annotations
+from aspc.costs.minibatch import MINIBATCH_COSTS, minibatch_costs
 
-import numpy as np
-
-from aspc.costs.kernel import Z90, _expected_max_costs, _padded_costs
-from aspc.errors import ConfigError
-
-COST_MODELS = ("padded", "expected-max")
-
-
-def minibatch_costs(
-    model: str,
-    starts: np.ndarray,
-    n_samples: np.ndarray,
-    mean: np.ndarray,
-    q10: np.ndarray | None = None,
-    q50: np.ndarray | None = None,
-    q90: np.ndarray | None = None,
-) -> np.ndarray:
-    """Predicted cost (token-slots) of each minibatch.
-
-    Parameters
-    ----------
-    model
-        ``"padded"``: sequences x max predicted mean; ``"expected-max"``:
-        sequences x expected maximum sampled length.
-    starts
-        Minibatch boundaries over the rows (length M+1, first 0, last n).
-    n_samples
-        Sequences generated per prompt (rows).
-    mean, q10, q50, q90
-        Per-row predicted mean and quantiles in tokens.
-
-    Returns
-    -------
-    numpy.ndarray
-        float64 costs, one per minibatch.
-    """
-    starts = np.ascontiguousarray(starts, dtype=np.int64)
-    nseq = np.ascontiguousarray(n_samples, dtype=np.float64)
-    mean = np.ascontiguousarray(mean, dtype=np.float64)
-    if starts.ndim != 1 or starts.size < 2 or starts[0] != 0 or starts[-1] != mean.size:
-        raise ConfigError("minibatch boundaries must start at 0 and end at the number of rows")
-    if np.any(np.diff(starts) <= 0):
-        raise ConfigError("minibatch boundaries must be strictly increasing (no empty minibatch)")
-    if model == "padded":
-        return _padded_costs(mean, nseq, starts)
-    if model == "expected-max":
-        if q10 is None or q50 is None or q90 is None:
-            raise ConfigError("cost model expected-max needs q10, q50 and q90 predictions")
-        q10 = np.maximum(np.asarray(q10, dtype=np.float64), 0.0)
-        q50 = np.maximum(np.asarray(q50, dtype=np.float64), 1e-9)
-        q90 = np.maximum(np.asarray(q90, dtype=np.float64), q50)
-        spread = np.log(np.maximum(q90, 1e-9)) - np.log(np.maximum(q10, 1e-9))
-        # A prompt whose quantiles coincide is a point mass at its mean.
-        sigma = np.where((q90 - q10) > 1e-9, np.clip(spread, 0.0, 20.0) / (2 * Z90), 0.0)
-        mu = np.log(q50)
-        return _expected_max_costs(mu, np.ascontiguousarray(sigma), mean, nseq, starts)
-    raise ConfigError(f"unknown cost model {model!r}; use one of {', '.join(COST_MODELS)}")
+__all__ = ["MINIBATCH_COSTS", "minibatch_costs"]

@@ -29,8 +29,10 @@ def verify_integrity(plan: Plan, name: str = "plan") -> dict[str, Any]:
     """Recompute metrics from rows; raise PlanError when rows and metadata disagree."""
     if plan.stored_rows_hash and plan.stored_rows_hash != rows_hash(plan.table):
         raise PlanError(f"{name}: rows do not match the plan's metadata (edited by hand?); recompile the plan")
-    cost_model = plan.metrics.get("cost_model") or plan.config.get("cost_model") or "padded"
-    metrics = plan_metrics(plan.table, cost_model)
+    # Plans record it as metrics["cost_model"]; older ones only in their config.
+    cfg = plan.config
+    minibatch_cost = plan.metrics.get("cost_model") or cfg.get("minibatch_cost") or cfg.get("cost_model") or "padded"
+    metrics = plan_metrics(plan.table, minibatch_cost)
     for key, value in plan.metrics.items():
         if key not in metrics:
             continue

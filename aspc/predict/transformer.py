@@ -291,7 +291,7 @@ class TransformerPredictor(Predictor):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        from aspc.predict.device import resolve_device
+        from aspc.devices import resolve_device
 
         path = Path(path)
         try:
@@ -381,7 +381,7 @@ def train_transformer(
     if config.n_epochs() < 1:
         raise ConfigError("epochs must be at least 1")
     torch, transformers = _require_torch()
-    from aspc.predict.device import resolve_device
+    from aspc.devices import resolve_device
 
     dev = resolve_device(device)
     started = time.perf_counter()

@@ -81,7 +81,7 @@ def write_report(
     from aspc.emit import read_plan
     from aspc.report import figures as F
     from aspc.report.data import plan_view, run_labels, run_view
-    from aspc.runtime.runlog import read_run_log
+    from aspc.runtime.record.runlog import read_run_log
 
     F.require_matplotlib()  # fail before any work when the extra is missing
     plan_path, out_dir = Path(plan_path), Path(out_dir)

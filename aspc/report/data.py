@@ -30,7 +30,7 @@ class PlanView:
     metrics: dict[str, Any]  # plan metrics as stored in the file (aspc.emit.metrics names)
     config: dict[str, Any]  # compile configuration stored in the file
     predictor: dict[str, Any]  # predictor identity stored in the file
-    cost_model: str  # cost model the metrics and loads use ("padded" | "expected-max")
+    minibatch_cost: str  # minibatch cost the metrics and loads use ("padded" | "expected-max")
     prompt_ids: np.ndarray  # object array of str, one per row
     predicted: np.ndarray  # float64 per row: predicted mean response length, tokens
     q10: np.ndarray  # float64 per row: 10th percentile, tokens
@@ -40,7 +40,7 @@ class PlanView:
     mb_sequences: np.ndarray  # int64 per minibatch: sequences = Σ n_samples
     mb_max: np.ndarray  # float64 per minibatch: longest predicted mean, tokens
     mb_padded_fraction: np.ndarray  # float64 per minibatch: 1 - useful / padded token-slots, in [0, 1)
-    mb_cost: np.ndarray  # float64 per minibatch: predicted cost, token-slots (cost_model)
+    mb_cost: np.ndarray  # float64 per minibatch: predicted cost, token-slots (minibatch_cost)
     mb_group: np.ndarray  # int64 per minibatch: dispatch group
     group_loads: np.ndarray  # float64 per group: Σ cost of its minibatches, token-slots
     lower_bound: float  # max(mean group load, largest minibatch cost), token-slots
@@ -57,7 +57,7 @@ class PlanView:
 def plan_view(plan: Plan, name: str) -> PlanView:
     """Arrays of ``plan`` the figures draw (minibatch costs recomputed from rows)."""
     t = plan.table
-    cost_model = str(plan.metrics.get("cost_model", "padded"))
+    minibatch_cost = str(plan.metrics.get("cost_model", "padded"))
     pred = plan.column(S.PREDICTED_LEN).astype(np.float64)
     nseq = plan.column(S.N_SAMPLES).astype(np.int64)
     starts = minibatch_starts(plan.column(S.MINIBATCH))
@@ -68,7 +68,7 @@ def plan_view(plan: Plan, name: str) -> PlanView:
     padded = mb_seq * mb_max
     with np.errstate(divide="ignore", invalid="ignore"):
         frac = np.where(padded > 0, 1.0 - useful / padded, 0.0)
-    costs = table_costs(t, cost_model)
+    costs = table_costs(t, minibatch_cost)
     mb_group = plan.column(S.GROUP).astype(np.int64)[heads]
     loads = np.bincount(mb_group, weights=costs, minlength=int(mb_group.max()) + 1)
     lb = max(float(loads.sum()) / loads.size, float(costs.max()))
@@ -77,7 +77,7 @@ def plan_view(plan: Plan, name: str) -> PlanView:
         metrics=dict(plan.metrics),
         config=dict(plan.config),
         predictor=dict(plan.predictor),
-        cost_model=cost_model,
+        minibatch_cost=minibatch_cost,
         prompt_ids=plan.column(S.PROMPT_ID),
         predicted=pred,
         q10=plan.column(S.PREDICTED_Q10).astype(np.float64),
@@ -162,7 +162,7 @@ def _observed_per_prompt(plan: PlanView, samples: pa.Table) -> tuple[np.ndarray,
 
 
 def run_view(plan: PlanView, log: Any, name: str) -> RunView:
-    """Arrays of a run log (:class:`aspc.runtime.runlog.RunLog`) the figures draw.
+    """Arrays of a run log (:class:`aspc.runtime.record.runlog.RunLog`) the figures draw.
 
     Raises
     ------
@@ -170,7 +170,7 @@ def run_view(plan: PlanView, log: Any, name: str) -> RunView:
         The run log shares no prompt with the plan (it was produced from
         another plan).
     """
-    from aspc.runtime import runlog as R
+    from aspc.runtime.record import runlog as R
 
     samples = log.tables[R.SAMPLES]
     mbs = log.tables[R.MINIBATCHES]
@@ -202,7 +202,7 @@ def run_view(plan: PlanView, log: Any, name: str) -> RunView:
     summary = log.meta.get("summary")
     if log.meta.get("status") != "complete" or not isinstance(summary, dict):
         # A failed or interrupted run has no stored summary: recompute it from the parts.
-        from aspc.runtime.metrics import summarize_log
+        from aspc.runtime.record.metrics import summarize_log
 
         summary = summarize_log(log).to_dict()
     view.extra = run_metrics(view, summary)
@@ -212,7 +212,7 @@ def run_view(plan: PlanView, log: Any, name: str) -> RunView:
 def run_metrics(run: RunView, summary: dict[str, Any]) -> dict[str, Any]:
     """The run's metrics table: predictor agreement (computed here) then the run summary.
 
-    ``summary`` is :meth:`aspc.runtime.metrics.RunSummary.to_dict` (names as
+    ``summary`` is :meth:`aspc.runtime.record.metrics.RunSummary.to_dict` (names as
     ``aspc run`` prints them); nested dicts are flattened to ``outer.inner``
     and lists (per-worker values) left out.
     """

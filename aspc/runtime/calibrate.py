@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from aspc.errors import RunError
-from aspc.runtime import runlog as R
-from aspc.runtime.sim.cost import CostModel
+from aspc.runtime.backends.sim_cost import SimCostModel
+from aspc.runtime.record import runlog as R
 
 # Rows needed per fit: a few more than unknowns, or the fit is not a fit.
 MIN_MINIBATCHES = 8
@@ -31,7 +31,7 @@ MIN_STEPS = 3
 class Calibration:
     """A fitted cost model and how well it explains the log."""
 
-    cost_model: CostModel  # the fitted coefficients (defaults where a fit was impossible)
+    sim_cost_model: SimCostModel  # the fitted coefficients (defaults where a fit was impossible)
     n_minibatches: int  # minibatch rows used
     n_steps: int  # trainer-step rows used
     r2_generation: float | None  # R² of minibatch durations
@@ -71,16 +71,16 @@ def _r2(y: np.ndarray, pred: np.ndarray) -> float | None:
 
 
 def calibrate_columns(
-    minibatches: dict[str, np.ndarray], steps: dict[str, np.ndarray], *, base: CostModel | None = None
+    minibatches: dict[str, np.ndarray], steps: dict[str, np.ndarray], *, base: SimCostModel | None = None
 ) -> Calibration:
-    """Fit a :class:`CostModel` from minibatch and step columns of a run log.
+    """Fit a :class:`SimCostModel` from minibatch and step columns of a run log.
 
     Raises
     ------
     RunError
         Fewer than :data:`MIN_MINIBATCHES` minibatch rows.
     """
-    base = base or CostModel()
+    base = base or SimCostModel()
     notes: list[str] = []
     n_mb = int(minibatches["end"].size)
     if n_mb < MIN_MINIBATCHES:
@@ -116,10 +116,10 @@ def calibrate_columns(
         r2_t = _r2(ys, xs @ t)
     else:
         notes.append(f"{n_st} trainer steps (< {MIN_STEPS}): trainer coefficients kept at their defaults")
-    model = CostModel(**{**base.to_dict(), **{k: float(v) for k, v in values.items()}})
+    model = SimCostModel(**{**base.to_dict(), **{k: float(v) for k, v in values.items()}})
     total = float(y.sum())
     return Calibration(
-        cost_model=model,
+        sim_cost_model=model,
         n_minibatches=n_mb,
         n_steps=n_st,
         r2_generation=_r2(y, pred),

@@ -7,11 +7,10 @@ understands (model paths, devices) belong to that backend, not here.
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from enum import Enum
-
-import numpy as np
 
 from aspc.errors import ConfigError
 
@@ -75,7 +74,7 @@ class RunConfig:
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` for a value no run could use."""
-        if not isinstance(self.workers, (int, np.integer)) or self.workers < 1:
+        if not isinstance(self.workers, numbers.Integral) or self.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
         if self.global_batch < 1:
             raise ConfigError(f"--global-batch must be >= 1 sample, got {self.global_batch}")
@@ -93,7 +92,7 @@ class RunConfig:
                 "a number of trainer batches (4b) or 'auto'"
             )
         parse_return_mode(self.return_mode)
-        if not isinstance(self.max_retries, (int, np.integer)) or self.max_retries < 0:
+        if not isinstance(self.max_retries, numbers.Integral) or self.max_retries < 0:
             raise ConfigError(f"--max-retries must be >= 0, got {self.max_retries}")
         if self.worker_timeout is not None and not (math.isfinite(self.worker_timeout) and self.worker_timeout > 0):
             raise ConfigError(f"--worker-timeout must be a finite number of seconds > 0, got {self.worker_timeout}")

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="local", choices=["local", "ray"])
     args = ap.parse_args(argv)
 
-    from aspc.runtime.tiny_model import save_tiny_causal_lm
+    from aspc.testing.tiny_model import save_tiny_causal_lm
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)

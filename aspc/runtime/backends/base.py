@@ -1,6 +1,6 @@
 """What the real backends share: per-minibatch requests, per-worker engines, replay lengths.
 
-A real backend splits :meth:`~aspc.runtime.backend.GenerationBackend.generate`
+A real backend splits :meth:`~aspc.runtime.contracts.GenerationBackend.generate`
 in two, so the same backend runs in threads (local engine) and in Ray actors:
 
 - :meth:`ModelBackend.request` runs where the plan is (the driver): it cuts
@@ -25,8 +25,8 @@ import numpy as np
 
 from aspc.emit import schema as S
 from aspc.errors import RunError
-from aspc.runtime.backend import Clock, GenerationBackend, GenerationResult
 from aspc.runtime.backends.options import DEFAULT_MAX_NEW_TOKENS, GenerationOptions
+from aspc.runtime.contracts import Clock, GenerationBackend, GenerationResult
 from aspc.runtime.lengths import join_actual_lengths
 from aspc.runtime.work import MinibatchWork, WorkPlan
 
@@ -64,11 +64,12 @@ class ModelBackend(GenerationBackend):
     def __init__(self, options: GenerationOptions):
         self.options = options
         # Workers whose models this process holds: None = all (local engine);
-        # the Ray engine sets () on the driver's copy and (w,) in actor w.
+        # () on the driver's copy under the Ray engine (serve_remotely), (w,) in
+        # actor w (worker_copy).
         self.serve_workers: tuple[int, ...] | None = None
         self.n_workers = 0  # W, known after setup
-        # Share of one device a worker may fill; None = the backend decides (the
-        # Ray engine sets it when several actors share a GPU).
+        # Share of one device a worker may fill; None = the backend decides
+        # (worker_copy sets it when several Ray actors share a GPU).
         self.device_share: float | None = None
         self._work: WorkPlan | None = None
         self._replay: np.ndarray | None = None  # int64 per global sample id (replay mode)
@@ -76,8 +77,7 @@ class ModelBackend(GenerationBackend):
         self._busy: dict[int, bool] = {}  # worker -> generating now (reloads must not happen then)
         self._lock = threading.Lock()
         self._closing = threading.Event()  # set by close(): in-flight generations stop at their next step
-        # Called with W at the end of setup(): the Ray engine starts its actors
-        # there, so model loading happens before the run's clock matters.
+        # Called with W at the end of setup() (see serve_remotely).
         self.on_setup: Callable[[int], None] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -137,11 +137,26 @@ class ModelBackend(GenerationBackend):
     def generate(self, worker: int, work: MinibatchWork) -> GenerationResult:
         return self.execute(worker, self.request(work))
 
-    def worker_copy(self, worker: int) -> ModelBackend:
-        """A fresh, picklable copy that will serve only ``worker`` (for a Ray actor)."""
+    def serve_remotely(self, start_workers: Callable[[int], None]) -> None:
+        """Hold no model in this process; call ``start_workers(W)`` at the end of :meth:`setup` instead.
+
+        The Ray engine's driver copy: its actors hold the models
+        (:meth:`worker_copy`), started during setup so that model loading
+        happens before the run's clock matters.
+        """
+        self.serve_workers = ()
+        self.on_setup = start_workers
+
+    def worker_copy(self, worker: int, *, device_share: float | None = None) -> ModelBackend:
+        """A fresh, picklable copy that will serve only ``worker`` (for a Ray actor).
+
+        ``device_share``: the fraction of one device the worker may fill, when
+        several actors share it.
+        """
         copy = type(self)(self.options.for_worker_process())
         copy.serve_workers = (worker,)
         copy.n_workers = self.n_workers
+        copy.device_share = device_share
         return copy
 
     # ---- worker side -------------------------------------------------------------

@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from aspc.devices import pick_device
 from aspc.errors import BackendError
-from aspc.runtime.backend import GenerationResult
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
+from aspc.runtime.backends.models import load_causal_lm, load_tokenizer, require_transformers
 from aspc.runtime.backends.options import GenerationOptions
 from aspc.runtime.backends.prompts import render_prompt
-from aspc.runtime.devices import pick_device
-from aspc.runtime.models import load_causal_lm, load_tokenizer, require_transformers
+from aspc.runtime.contracts import GenerationResult
 
 
 class _WorkerState:

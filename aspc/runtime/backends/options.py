@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from aspc.errors import ConfigError
+
+if TYPE_CHECKING:  # annotations only: the CLI reads DTYPES for --help without numpy
+    import numpy as np
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")  # --dtype; auto = float32 on CPU, bfloat16 elsewhere
 
 # Keys of BackendContext.options that the real backends read (the CLI fills them).
 OPTION_KEYS = (

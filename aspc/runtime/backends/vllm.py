@@ -50,9 +50,9 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import BackendError
-from aspc.runtime.backend import GenerationResult
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
 from aspc.runtime.backends.prompts import render_prompt
+from aspc.runtime.contracts import GenerationResult
 
 VLLM_EXTRA = "pip install 'aspc[vllm]' (on Ascend also vllm-ascend; on a CPU: make vllm)"
 # Share of device memory all local engines together may take (vLLM's default is 0.9).

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import ConfigError, RunError
-from aspc.runtime.backend import Clock, TrainBatch, Trainer, TrainResult
+from aspc.runtime.contracts import Clock, TrainBatch, Trainer, TrainResult
 from aspc.runtime.work import WorkPlan
 
 RewardFn = Callable[[str, str], float]  # (plan prompt, response text) -> reward
@@ -96,7 +96,7 @@ class GRPOTrainer(Trainer):
     def setup(self, work: WorkPlan) -> None:
         import torch
 
-        from aspc.runtime.models import load_causal_lm
+        from aspc.runtime.backends.models import load_causal_lm
 
         torch.manual_seed(self.config.seed)
         self._model = load_causal_lm(self.model_path, device=self.device, dtype="float32").train()

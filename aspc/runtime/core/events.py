@@ -1,26 +1,28 @@
-"""Engines: who owns the clock and the concurrency.
+"""What engines report, and the engine contract: who owns the clock and the concurrency.
 
 An engine executes the scheduler's decisions by calling a backend and a
 trainer, and reports back what finished, with timestamps on its own clock.
-``local`` runs ``sim`` on a virtual clock (:mod:`aspc.runtime.sim.engine`) and
-real backends in threads (:mod:`aspc.runtime.local`); ``ray`` (later) runs
-workers as Ray actors. Every engine feeds the same :func:`aspc.runtime.loop.drive`.
+The ``local`` engine runs ``sim`` on a virtual clock
+(:mod:`aspc.runtime.engines.virtual`) and real backends in threads
+(:mod:`aspc.runtime.engines.threads`); ``ray`` runs workers as Ray actors
+(:mod:`aspc.runtime.engines.ray`). Every engine feeds the same
+:func:`aspc.runtime.core.loop.drive`.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from aspc.errors import ConfigError, InputError, PlanError
-from aspc.runtime.backend import Clock, GenerationBackend, GenerationResult, TrainBatch, Trainer, TrainResult
-from aspc.runtime.config import ReturnMode
-from aspc.runtime.scheduler import Dispatch
-from aspc.runtime.work import MinibatchWork
+from aspc.runtime.contracts import GenerationResult, TrainBatch, TrainResult
+from aspc.runtime.core.scheduler import Dispatch
+
+if TYPE_CHECKING:
+    from aspc.runtime.work import MinibatchWork
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ class MinibatchFailed:
     """A worker's call for a minibatch raised, hung past the timeout, or its worker died.
 
     None of the minibatch's samples were reported; the scheduler hands it out
-    again (:meth:`~aspc.runtime.scheduler.Scheduler.on_minibatch_failed`).
+    again (:meth:`~aspc.runtime.core.scheduler.Scheduler.on_minibatch_failed`).
     """
 
     time: float  # seconds since run start, engine clock
@@ -138,53 +140,3 @@ def fault_message(exc: BaseException) -> str:
     """``exc`` as one short line."""
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
-
-
-class EngineKind(str, Enum):
-    """Engines ``--engine`` accepts."""
-
-    LOCAL = "local"  # one process: the sim's virtual clock, or threads for real backends
-    RAY = "ray"  # workers as Ray actors (aspc.runtime.ray_engine); hf and vllm backends
-
-
-ENGINES = tuple(k.value for k in EngineKind)
-
-
-def parse_engine(name: str | EngineKind) -> EngineKind:
-    try:
-        return EngineKind(name)
-    except ValueError:
-        raise ConfigError(f"unknown engine {name!r}; use one of {', '.join(ENGINES)}") from None
-
-
-def make_engine(
-    name: str | EngineKind,
-    backend: GenerationBackend,
-    trainer: Trainer,
-    return_mode: ReturnMode,
-    *,
-    worker_timeout: float | None = None,
-) -> Engine:
-    """The engine called ``name`` for this backend and trainer.
-
-    ``local`` picks the virtual clock when the backend's timings are
-    simulated, and threads on the wall clock otherwise. ``worker_timeout``
-    (wall seconds per generation call) applies to the thread engine; the
-    virtual clock has nothing that can hang.
-    """
-    kind = parse_engine(name)
-    if kind is EngineKind.RAY:
-        if backend.clock is Clock.VIRTUAL:
-            raise ConfigError(
-                "the sim backend runs on the local engine; drop --engine ray or pick a real backend"
-            )
-        from aspc.runtime.ray_engine import RayEngine  # the only place ray is imported
-
-        return RayEngine(backend, trainer, return_mode, worker_timeout=worker_timeout)
-    if backend.clock is Clock.VIRTUAL:
-        from aspc.runtime.sim.engine import VirtualClockEngine
-
-        return VirtualClockEngine(backend, trainer, return_mode)
-    from aspc.runtime.local import ThreadEngine
-
-    return ThreadEngine(backend, trainer, return_mode, worker_timeout=worker_timeout)

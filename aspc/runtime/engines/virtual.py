@@ -1,4 +1,4 @@
-"""The discrete-event driver: the local engine on a virtual clock.
+"""The local engine on a virtual clock: a discrete-event driver.
 
 Nothing sleeps. Starting a minibatch asks the backend for its (simulated)
 duration and schedules the completion on an event heap; :meth:`wait` jumps the
@@ -6,8 +6,8 @@ clock to the next completion. The loop runs once per minibatch and per trainer
 step (and per distinct finish time in continuous mode), never per token.
 
 A backend call that raises a worker fault (see
-:func:`~aspc.runtime.engine.is_worker_fault`) is reported as a
-:class:`~aspc.runtime.engine.MinibatchFailed` at the dispatch instant.
+:func:`~aspc.runtime.core.events.is_worker_fault`) is reported as a
+:class:`~aspc.runtime.core.events.MinibatchFailed` at the dispatch instant.
 
 ``ASPC_TEST_SIM_EVENT_DELAY`` (seconds, tests only) makes every :meth:`wait`
 sleep that long in real time, so a test can kill a simulated run part-way;
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import RunError
-from aspc.runtime.backend import GenerationBackend, TrainBatch, Trainer
 from aspc.runtime.config import ReturnMode
-from aspc.runtime.engine import (
+from aspc.runtime.contracts import GenerationBackend, TrainBatch, Trainer
+from aspc.runtime.core.events import (
     EVENT_PRIORITY,
     Engine,
     Event,
@@ -37,7 +37,7 @@ from aspc.runtime.engine import (
     fault_message,
     is_worker_fault,
 )
-from aspc.runtime.scheduler import Dispatch
+from aspc.runtime.core.scheduler import Dispatch
 from aspc.runtime.work import MinibatchWork
 
 # Test-only: real seconds slept per wait(), to make a simulated run killable mid-way.

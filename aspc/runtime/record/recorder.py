@@ -1,12 +1,13 @@
 """What happened in a run, as NumPy arrays; flushed to the run log in parts.
 
-The recorder is fed by :func:`aspc.runtime.loop.drive` with the scheduler's
-decisions and the engine's events. It keeps per-sample and per-minibatch
+The recorder observes :func:`aspc.runtime.core.loop.drive`: it is told the
+scheduler's decisions, the batches the loop hands the trainer, and the
+engine's events, and changes none of them. It keeps per-sample and per-minibatch
 arrays indexed by id (so a million-sample run costs a few vectorised writes,
 not a million Python rows) and remembers which rows are new since the last
 flush, so the run log grows append-only.
 
-Each flush is one commit (see :mod:`aspc.runtime.runlog` for what is durable
+Each flush is one commit (see :mod:`aspc.runtime.record.runlog` for what is durable
 when): finished minibatches with their sample rows, then the trainer steps
 whose consumption can be committed, then queue rows. :meth:`Recorder.restore`
 loads a committed log back into the arrays to resume a run.
@@ -21,10 +22,11 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import RunError
-from aspc.runtime import runlog as R
-from aspc.runtime.backend import TrainBatch
-from aspc.runtime.engine import MinibatchFailed, MinibatchFinished, SamplesReturned, TrainFinished
-from aspc.runtime.scheduler import Dispatch, TrainStep
+from aspc.runtime.contracts import TrainBatch
+from aspc.runtime.core.events import MinibatchFailed, MinibatchFinished, SamplesReturned, TrainFinished
+from aspc.runtime.core.scheduler import Dispatch
+from aspc.runtime.record import runlog as R
+from aspc.runtime.record.runlog_writer import RunLogWriter
 from aspc.runtime.work import WorkPlan
 
 MAX_FAULTS_KEPT = 100  # worker faults listed in meta.json (all are counted)
@@ -38,10 +40,12 @@ class ResumeState:
     queued: np.ndarray  # int64 sample ids generated but not consumed, oldest first
     next_step: int  # trainer steps durable; the newest weights version
     clock: float  # seconds: the latest time in the log, where the resumed timeline starts
+    response_len: np.ndarray  # int64 per sample: tokens generated, -1 where not durable
+    minibatch_version: np.ndarray  # int32 per minibatch: weights version that generated it, -1 if none
 
 
 class Recorder:
-    """Collects a run's timeline and writes it to an optional :class:`~aspc.runtime.runlog.RunLogWriter`.
+    """Collects a run's timeline and writes it to an optional :class:`~aspc.runtime.record.runlog_writer.RunLogWriter`.
 
     Parameters
     ----------
@@ -53,7 +57,7 @@ class Recorder:
         Wall seconds between flushes of new rows (a last flush happens at the end).
     """
 
-    def __init__(self, work: WorkPlan, writer: R.RunLogWriter | None = None, flush_seconds: float = 10.0):
+    def __init__(self, work: WorkPlan, writer: RunLogWriter | None = None, flush_seconds: float = 10.0):
         self.work = work
         self.writer = writer
         self.flush_seconds = flush_seconds
@@ -76,7 +80,6 @@ class Recorder:
         self.finish_time = np.full(n, np.nan)
         self.consumed_step = np.full(n, -1, dtype=np.int32)
         self.generated = np.zeros(n, dtype=np.int32)  # times each sample was returned (must end at 1)
-        self._payload: dict[int, Any] = {}  # sample id -> backend output, until consumed
         self._arrivals: list[SamplesReturned] = []  # returned samples not yet written into the arrays
         self._unfeatured: list[int] = []  # finished minibatches whose token features are not computed yet
         # Per trainer step, appended in step order.
@@ -108,25 +111,17 @@ class Recorder:
         self.mb_reload[m] = action.reload_version is not None
         self.mb_dispatch[m] = now
 
-    def on_train_start(self, action: TrainStep, now: float) -> TrainBatch:
-        """Record the step's start and build the batch the trainer receives."""
-        self._apply_arrivals()
-        ids = action.samples
-        versions = self.mb_version[self.sample_mb[ids]].astype(np.int64)
-        lags = action.step - versions
-        self.consumed_step[ids] = action.step
-        lens = self.response_len[ids]
-        ptok = self.sample_ptok[ids]
+    def on_train_start(self, batch: TrainBatch, now: float) -> None:
+        """Record the start of a trainer step and what it consumes."""
+        ids = batch.samples
+        lags = batch.step - batch.weights_version
+        self.consumed_step[ids] = batch.step
         self.step_start.append(now)
         self.step_n.append(int(ids.size))
-        self.step_tokens.append(int(lens.sum() + ptok.sum()))
+        self.step_tokens.append(int(batch.response_len.sum() + batch.prompt_tokens.sum()))
         self.step_lag_mean.append(float(lags.mean()))
         self.step_lag_max.append(int(lags.max()))
         self._step_ids.append(ids)
-        payload = None
-        if self._payload:
-            payload = [self._payload.pop(int(i), None) for i in ids]
-        return TrainBatch(action.step, ids, lens, ptok, versions, payload)
 
     # ---- events ----------------------------------------------------------------
 
@@ -134,8 +129,6 @@ class Recorder:
         # Buffered and applied in bulk (continuous mode returns up to one event
         # per sample; a numpy scatter per event would dominate the run).
         self._arrivals.append(ev)
-        if ev.payload is not None:
-            self._payload.update(zip(ev.samples.tolist(), ev.payload, strict=True))
 
     def _apply_arrivals(self) -> None:
         if not self._arrivals:
@@ -326,7 +319,14 @@ class Recorder:
         waiting = gid[consumed < 0]
         waiting = waiting[np.lexsort((waiting, self.finish_time[waiting]))]
         times = [0.0, *st["end"].tolist(), *mbc["end"].tolist(), *q["time"].tolist()]
-        return ResumeState(done=done, queued=waiting.astype(np.int64), next_step=n, clock=float(max(times)))
+        return ResumeState(
+            done=done,
+            queued=waiting.astype(np.int64),
+            next_step=n,
+            clock=float(max(times)),
+            response_len=self.response_len.copy(),
+            minibatch_version=self.mb_version.copy(),
+        )
 
     def sample_columns(
         self, ids: np.ndarray, *, with_ids: bool = True, consumed: bool = True

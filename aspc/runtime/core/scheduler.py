@@ -215,18 +215,6 @@ class Scheduler:
         return bool(self._retry) or self._pos < len(self._order)
 
     @property
-    def next_minibatch(self) -> int:
-        """The minibatch the next dispatch hands out (``len(sizes)`` when none is left)."""
-        if self._retry:
-            return self._retry[0]
-        return self._order[self._pos] if self._pos < len(self._order) else len(self.sizes)
-
-    @property
-    def lost_workers(self) -> int:
-        """Workers hung or dead, awaiting :meth:`on_worker_restored`."""
-        return len(self._lost)
-
-    @property
     def done(self) -> bool:
         """Nothing is running and nothing more can start."""
         return (

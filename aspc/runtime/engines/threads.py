@@ -8,13 +8,13 @@ paired with a simulated trainer, and how tests check that both clocks give
 the same decisions.
 
 Worker faults: a generation call that raises (a worker fault, see
-:func:`~aspc.runtime.engine.is_worker_fault`) is reported as a
-:class:`~aspc.runtime.engine.MinibatchFailed`, and the scheduler hands the
+:func:`~aspc.runtime.core.events.is_worker_fault`) is reported as a
+:class:`~aspc.runtime.core.events.MinibatchFailed`, and the scheduler hands the
 minibatch out again. With ``worker_timeout`` a generation call running longer
 than that many wall seconds is *abandoned*: reported failed with its worker
 lost. Python cannot stop a thread, so the call keeps running in its daemon
 thread; whatever it returns is discarded, and its worker gets work again
-(:class:`~aspc.runtime.engine.WorkerRestored`) only once the call has
+(:class:`~aspc.runtime.core.events.WorkerRestored`) only once the call has
 returned. Trainer failures are not retried: they stop the run.
 """
 
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import AspcError, ConfigError, RunError
-from aspc.runtime.backend import Clock, GenerationBackend, TrainBatch, Trainer
 from aspc.runtime.config import ReturnMode
-from aspc.runtime.engine import (
+from aspc.runtime.contracts import Clock, GenerationBackend, TrainBatch, Trainer
+from aspc.runtime.core.events import (
     EVENT_PRIORITY,
     Engine,
     Event,
@@ -42,7 +42,7 @@ from aspc.runtime.engine import (
     fault_message,
     is_worker_fault,
 )
-from aspc.runtime.scheduler import Dispatch
+from aspc.runtime.core.scheduler import Dispatch
 from aspc.runtime.work import MinibatchWork
 
 
@@ -96,10 +96,6 @@ class ThreadEngine(Engine):
         self._live: dict[int, _Job] = {}  # start order -> job started and not yet reported
         self._abandoned: dict[int, _Job] = {}  # start order -> job reported failed that may still return
         self._seq = 0  # start order, breaks ties between events of one wait
-
-    @property
-    def _running(self) -> int:
-        return len(self._live)
 
     def now(self) -> float:
         return time.monotonic() - self._t0

@@ -1,15 +1,21 @@
 """The one runtime loop every backend and engine shares.
 
 decide (scheduler) → execute (engine) → wait for completions → report them
-back, until the scheduler has nothing left to start or finish.
+back, until the scheduler has nothing left to start or finish. The loop
+builds each trainer batch itself (:class:`~aspc.runtime.core.batches.BatchBuilder`);
+the observer (the run's recorder) only watches, so recording can never change
+what runs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from aspc.progress import NULL_PROGRESS, Progress
-from aspc.runtime.engine import (
+from aspc.runtime.core.batches import BatchBuilder
+from aspc.runtime.core.events import (
     Engine,
     MinibatchFailed,
     MinibatchFinished,
@@ -17,23 +23,42 @@ from aspc.runtime.engine import (
     TrainFinished,
     WorkerRestored,
 )
-from aspc.runtime.recorder import Recorder
-from aspc.runtime.scheduler import Dispatch, Scheduler
-from aspc.runtime.work import WorkPlan
+from aspc.runtime.core.scheduler import Dispatch, Scheduler
+
+if TYPE_CHECKING:
+    from aspc.runtime.contracts import TrainBatch
+    from aspc.runtime.work import WorkPlan
+
+
+class RunObserver(Protocol):
+    """What the loop reports as it goes (:class:`aspc.runtime.record.recorder.Recorder` implements it)."""
+
+    def on_dispatch(self, action: Dispatch, now: float) -> None: ...
+    def on_train_start(self, batch: TrainBatch, now: float) -> None: ...
+    def on_queue(self, now: float, depth: int, in_flight: int) -> None: ...
+    def on_train_done(self, ev: TrainFinished) -> None: ...
+    def on_samples(self, ev: SamplesReturned) -> None: ...
+    def on_minibatch_done(self, ev: MinibatchFinished) -> None: ...
+    def on_minibatch_failed(self, ev: MinibatchFailed) -> None: ...
+    def maybe_flush(self) -> None: ...
+    def finish(self, leftover: np.ndarray) -> None: ...
 
 
 def drive(
     work: WorkPlan,
     scheduler: Scheduler,
     engine: Engine,
-    recorder: Recorder,
+    observer: RunObserver,
     progress: Progress = NULL_PROGRESS,
     weights: Any = None,
+    batches: BatchBuilder | None = None,
 ) -> None:
     """Run ``work`` to completion.
 
     ``weights`` is the handle of the newest published version when the run
-    starts: ``None`` for a fresh run, the trainer's restored version when resumed.
+    starts: ``None`` for a fresh run, the trainer's restored version when
+    resumed. ``batches`` builds the trainer's batches; a resumed run passes
+    one restored from its log, a fresh run gets a new one.
 
     Raises
     ------
@@ -41,7 +66,7 @@ def drive(
         The run stalled (nothing running, work left: a bug, reported as such),
         or a backend or trainer failed.
     """
-    # ``weights``: handle of the newest published version, passed to reloads.
+    batches = batches or BatchBuilder(work)
     m_total = work.n_minibatches
     progress.stage("run", total=m_total)
     if scheduler.restored_minibatches:
@@ -53,11 +78,14 @@ def drive(
         now = engine.now()
         for action in scheduler.decide():
             if isinstance(action, Dispatch):
-                recorder.on_dispatch(action, now)
+                batches.on_dispatch(action)
+                observer.on_dispatch(action, now)
                 engine.start_generation(action, work.minibatch(action.minibatch), weights)
             else:
-                engine.start_train(recorder.on_train_start(action, now))
-        recorder.on_queue(now, scheduler.queued, scheduler.in_flight)
+                batch = batches.take(action)
+                observer.on_train_start(batch, now)
+                engine.start_train(batch)
+        observer.on_queue(now, scheduler.queued, scheduler.in_flight)
         if scheduler.done:
             break
         # Engines raise RunError from wait() when nothing is running: a stalled run.
@@ -65,27 +93,28 @@ def drive(
             if isinstance(ev, TrainFinished):
                 weights = ev.result.weights
                 scheduler.on_train_done(ev.result.version)
-                recorder.on_train_done(ev)
+                observer.on_train_done(ev)
             elif isinstance(ev, SamplesReturned):
                 scheduler.on_samples(ev.samples)
-                recorder.on_samples(ev)
+                batches.on_samples(ev)
+                observer.on_samples(ev)
             elif isinstance(ev, MinibatchFinished):
                 scheduler.on_minibatch_done(ev.worker)
-                recorder.on_minibatch_done(ev)
+                observer.on_minibatch_done(ev)
                 pending_ticks += 1
                 if pending_ticks >= tick:
                     progress.advance(pending_ticks)
                     pending_ticks = 0
             elif isinstance(ev, MinibatchFailed):
-                recorder.on_minibatch_failed(ev)
+                observer.on_minibatch_failed(ev)
                 # Raises RunError once the minibatch has failed more than max_retries times.
                 scheduler.on_minibatch_failed(ev.worker, ev.minibatch, ev.error, lost=ev.lost)
             elif isinstance(ev, WorkerRestored):
                 scheduler.on_worker_restored(ev.worker)
         # Depth right after arrivals (before the trainer takes a batch) is the
         # peak the queue-bound guarantee is about.
-        recorder.on_queue(engine.now(), scheduler.queued, scheduler.in_flight)
-        recorder.maybe_flush()
+        observer.on_queue(engine.now(), scheduler.queued, scheduler.in_flight)
+        observer.maybe_flush()
     progress.advance(pending_ticks)
     progress.done()
-    recorder.finish(scheduler.leftover())
+    observer.finish(scheduler.leftover())

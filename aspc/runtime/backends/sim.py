@@ -1,7 +1,9 @@
-"""The ``sim`` backend and trainer: timings from the cost model, no hardware.
+"""The ``sim`` backend: replayed lengths timed by the simulator's cost model, no hardware.
 
-Both declare a virtual clock: their ``elapsed`` values are simulated seconds
-that :class:`~aspc.runtime.sim.engine.VirtualClockEngine` adds to its clock.
+It declares a virtual clock: its ``elapsed`` values are simulated seconds
+that :class:`~aspc.runtime.engines.virtual.VirtualClockEngine` adds to its
+clock. The Numba kernel is :mod:`aspc.runtime.backends.sim_kernel`; the
+matching trainer is :class:`aspc.runtime.trainers.sim.SimTrainer`.
 """
 
 from __future__ import annotations
@@ -11,14 +13,14 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import ConfigError
-from aspc.runtime.backend import Clock, GenerationBackend, GenerationResult, TrainBatch, Trainer, TrainResult
-from aspc.runtime.sim.cost import CostModel
-from aspc.runtime.sim.kernel import _minibatch_times
+from aspc.runtime.backends.sim_cost import SimCostModel
+from aspc.runtime.backends.sim_kernel import _minibatch_times
+from aspc.runtime.contracts import Clock, GenerationBackend, GenerationResult
 from aspc.runtime.work import MinibatchWork, WorkPlan
 
 
 def minibatch_times(
-    work: WorkPlan, response_len: np.ndarray, cost: CostModel
+    work: WorkPlan, response_len: np.ndarray, cost: SimCostModel
 ) -> tuple[np.ndarray, np.ndarray]:
     """Simulated duration of every minibatch and finish offset of every sample.
 
@@ -60,11 +62,11 @@ def minibatch_times(
 
 
 class SimBackend(GenerationBackend):
-    """Generation by cost model: replays given lengths, times them with :class:`CostModel`."""
+    """Generation by cost model: replays given lengths, times them with :class:`SimCostModel`."""
 
     clock = Clock.VIRTUAL
 
-    def __init__(self, cost: CostModel, response_len: np.ndarray, *, reload_time: float = 0.0):
+    def __init__(self, cost: SimCostModel, response_len: np.ndarray, *, reload_time: float = 0.0):
         self.cost = cost  # step-time coefficients
         self.response_len = np.asarray(response_len, dtype=np.int64)  # per global sample id, tokens
         self.reload_time = float(reload_time)  # seconds per weight reload
@@ -86,19 +88,4 @@ class SimBackend(GenerationBackend):
             response_len=self.response_len[s0:s1],
             finish_offset=self._finish[s0:s1],
             elapsed=float(self._duration[work.index]),
-        )
-
-
-class SimTrainer(Trainer):
-    """A trainer whose step takes ``train_base + train_per_token·tokens`` simulated seconds."""
-
-    clock = Clock.VIRTUAL
-
-    def __init__(self, cost: CostModel):
-        self.cost = cost  # α and β of the trainer step
-
-    def step(self, batch: TrainBatch) -> TrainResult:
-        tokens = float(batch.response_len.sum() + batch.prompt_tokens.sum())
-        return TrainResult(
-            version=batch.step + 1, elapsed=self.cost.train_base + self.cost.train_per_token * tokens
         )

@@ -1,4 +1,6 @@
-"""Numba kernel: minibatch durations and per-sample finish times (no validation here).
+"""Numba kernel of the sim backend: minibatch durations and per-sample finish times.
+
+No validation here; :func:`aspc.runtime.backends.sim.minibatch_times` is the checked wrapper.
 
 For a minibatch sorted by length ``l_1 <= ... <= l_s``, between two distinct
 lengths the active set is fixed, so the decode steps of that stretch sum in

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from aspc.runtime import runlog as R
+from aspc.runtime.record import runlog as R
 
 # Fraction of a minibatch's sequences that form its "tail" for the skew bubble.
 SKEW_TAIL_FRACTION = 0.1
@@ -132,12 +132,12 @@ def summarize(
     samples_planned: int | None = None,
     queue_capacity: int | None = None,
 ) -> RunSummary:
-    """Compute a :class:`RunSummary` from run-log columns (see :mod:`aspc.runtime.runlog`).
+    """Compute a :class:`RunSummary` from run-log columns (see :mod:`aspc.runtime.record.runlog`).
 
     Parameters
     ----------
     columns
-        kind -> column name -> NumPy array, as :func:`aspc.runtime.runlog.to_columns`
+        kind -> column name -> NumPy array, as :func:`aspc.runtime.record.runlog.to_columns`
         gives for a log read back (nullable integers as -1).
     n_workers
         W (workers that never ran a minibatch still count as capacity).

@@ -1,6 +1,8 @@
 """Schedules side by side: compile one input with several strategies, simulate each.
 
-The library form of ``aspc simulate``. Every strategy is compiled from the
+The library form of ``aspc simulate``. It sits above both halves of aspc: it
+compiles (:mod:`aspc.compiler`) and runs (:func:`aspc.runtime.run`), so
+neither half imports the other. Every strategy is compiled from the
 same prompts and predictions and replayed on the same actual lengths with the
 same run configuration and seed, so differences come from the schedule alone.
 ``oracle`` is ``asp`` compiled with the actual lengths as its predictions: the
@@ -15,18 +17,21 @@ from typing import Any
 
 import numpy as np
 
+from aspc.choices import STRATEGIES
+from aspc.compiler import compile_plan, prediction_from_lengths, prepare
 from aspc.errors import ConfigError, InputError
+from aspc.io import read_prompts
+from aspc.io.history import read_history
 from aspc.progress import NULL_PROGRESS, Progress
+from aspc.runtime.api import run
+from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.config import RunConfig
-from aspc.runtime.sim.cost import CostModel
 
 ORACLE = "oracle"
 
 
 def parse_strategies(spec: str | list[str]) -> list[str]:
     """Strategy names from ``"random,sorted,asp,oracle"``; :class:`ConfigError` if unknown or empty."""
-    from aspc.compiler import STRATEGIES
-
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     allowed = (*STRATEGIES, ORACLE)
     bad = [s for s in names if s not in allowed]
@@ -44,7 +49,7 @@ def simulate_strategies(
     run_config: RunConfig,
     *,
     strategies: list[str],
-    cost_model: CostModel | None = None,
+    sim_cost_model: SimCostModel | None = None,
     actual_lengths_path: str | os.PathLike | None = None,
     progress: Progress = NULL_PROGRESS,
 ) -> dict[str, Any]:
@@ -72,10 +77,6 @@ def simulate_strategies(
     dict
         strategy -> :class:`aspc.runtime.RunResult`, in the order given.
     """
-    from aspc.compiler import compile_plan, prediction_from_lengths, prepare
-    from aspc.io import read_lengths, read_prompts
-    from aspc.runtime import run
-
     if inputs.length_field is None and actual_lengths_path is None:
         raise InputError(
             "simulate needs actual response lengths: pass --length-field FIELD or --actual-lengths FILE"
@@ -94,7 +95,7 @@ def simulate_strategies(
         )
         prediction, identity = None, {}
     if actual_lengths_path is not None:
-        actual = read_lengths(
+        actual = read_history(
             actual_lengths_path, id_field=inputs.id_field, length_field=inputs.length_field or "length"
         )
         name = os.path.basename(os.fspath(actual_lengths_path))
@@ -128,7 +129,7 @@ def simulate_strategies(
         results[strategy] = run(
             plan,
             config=run_config,
-            cost_model=cost_model,
+            sim_cost_model=sim_cost_model,
             actual_lengths=actual,
             lengths_name=name,
             progress=progress,

@@ -1,4 +1,7 @@
-"""The simulator's cost model: seconds per decode step, prefill and trainer step.
+"""The simulator's cost model (:class:`SimCostModel`): seconds per decode step, prefill and trainer step.
+
+Not the compiler's minibatch cost (``--minibatch-cost``, :mod:`aspc.costs`),
+which ranks minibatches in token-slots; this one times them in seconds.
 
 A decode step of a worker with ``active`` sequences holding ``Σcontext``
 tokens of context (prompt plus tokens generated so far, summed over the active
@@ -47,7 +50,7 @@ from aspc.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class CostModel:
+class SimCostModel:
     """Coefficients of the simulator's step-time model, seconds; all >= 0."""
 
     decode_base: float = 0.010  # a: seconds per decode step, whatever the batch
@@ -68,11 +71,11 @@ class CostModel:
         return {f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
-COST_MODEL_KEYS = tuple(f.name for f in dataclasses.fields(CostModel))
+SIM_COST_MODEL_KEYS = tuple(f.name for f in dataclasses.fields(SimCostModel))
 
 
-def cost_model_from_dict(values: dict, *, source: str = "cost model") -> CostModel:
-    """A :class:`CostModel` with the given coefficients; the rest keep their defaults.
+def sim_cost_model_from_dict(values: dict, *, source: str = "cost model") -> SimCostModel:
+    """A :class:`SimCostModel` with the given coefficients; the rest keep their defaults.
 
     Raises
     ------
@@ -82,16 +85,16 @@ def cost_model_from_dict(values: dict, *, source: str = "cost model") -> CostMod
     """
     if not isinstance(values, dict):
         raise ConfigError(f"{source}: expected a JSON object of coefficients, got {type(values).__name__}")
-    unknown = sorted(set(values) - set(COST_MODEL_KEYS))
+    unknown = sorted(set(values) - set(SIM_COST_MODEL_KEYS))
     if unknown:
-        raise ConfigError(f"{source}: unknown keys {unknown}; allowed keys are {', '.join(COST_MODEL_KEYS)}")
+        raise ConfigError(f"{source}: unknown keys {unknown}; allowed keys are {', '.join(SIM_COST_MODEL_KEYS)}")
     try:
-        return CostModel(**{k: v for k, v in values.items()})
+        return SimCostModel(**{k: v for k, v in values.items()})
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
 
 
-def load_cost_model(path: str | os.PathLike) -> CostModel:
+def load_sim_cost_model(path: str | os.PathLike) -> SimCostModel:
     """Read a cost-model JSON file (as ``aspc calibrate`` writes)."""
     path = Path(path)
     try:
@@ -100,9 +103,9 @@ def load_cost_model(path: str | os.PathLike) -> CostModel:
         raise ConfigError(f"{path}: cost-model file not found; check --cost-model") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path.name}: not valid JSON ({exc}); fix the cost-model file") from None
-    return cost_model_from_dict(values, source=path.name)
+    return sim_cost_model_from_dict(values, source=path.name)
 
 
-def save_cost_model(model: CostModel, path: str | os.PathLike) -> None:
+def save_sim_cost_model(model: SimCostModel, path: str | os.PathLike) -> None:
     """Write ``model`` as JSON atomically."""
     atomic_write_bytes(path, (json.dumps(model.to_dict(), indent=2, sort_keys=True) + "\n").encode())

@@ -1,11 +1,13 @@
-"""The execute half's contracts: generation backends and trainers.
+"""The execute half's contracts: generation backends, trainers, and what they exchange.
 
 A backend knows how to generate one minibatch on one worker and how to load
 new weights; a trainer knows how to run one step. Neither decides anything:
-the :class:`~aspc.runtime.scheduler.Scheduler` decides, an
-:class:`~aspc.runtime.engine.Engine` calls these methods (on a virtual clock
-for ``sim``, from threads or Ray actors for real backends). Real backends
-(``hf``, ``vllm``) import their heavy dependencies inside their own modules.
+the :class:`~aspc.runtime.core.scheduler.Scheduler` decides, an
+:class:`~aspc.runtime.core.events.Engine` calls these methods (on a virtual
+clock for ``sim``, from threads or Ray actors for real backends). This is the
+bottom layer of the runtime: it imports no other runtime module at run time,
+and :mod:`aspc.runtime.registry` is the only module that knows the concrete
+classes.
 """
 
 from __future__ import annotations
@@ -13,12 +15,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
+if TYPE_CHECKING:  # annotations only: the contracts load neither numpy nor pyarrow (fast --help)
+    import numpy as np
 
-from aspc.errors import ConfigError
-from aspc.runtime.work import MinibatchWork, WorkPlan
+    from aspc.runtime.work import MinibatchWork, WorkPlan
 
 
 class Clock(str, Enum):
@@ -118,72 +120,12 @@ class Trainer(ABC):
         """Called once when the run ends."""
 
 
-class BackendKind(str, Enum):
-    """Generation backends ``--backend`` accepts."""
-
-    SIM = "sim"  # discrete-event simulation with a cost model; no hardware
-    HF = "hf"  # transformers generate (CPU / CUDA / NPU): aspc.runtime.backends.hf
-    VLLM = "vllm"  # vLLM / vLLM-Ascend engines: aspc.runtime.backends.vllm
-
-
-BACKENDS = tuple(k.value for k in BackendKind)
-
-
 @dataclass
 class BackendContext:
     """Everything a backend factory may need; backends ignore what they do not use."""
 
     n_workers: int  # W
     reload_time: float = 0.0  # seconds per weight reload (sim)
-    cost_model: Any = None  # aspc.runtime.sim.CostModel for sim
+    sim_cost_model: Any = None  # aspc.runtime.backends.sim_cost.SimCostModel: step times of the sim
     response_len: np.ndarray | None = None  # int64 per sample: lengths the sim replays
     options: dict[str, Any] = field(default_factory=dict)  # backend-specific (model path, device, ...)
-
-
-def parse_backend(name: str | BackendKind) -> BackendKind:
-    try:
-        return BackendKind(name)
-    except ValueError:
-        raise ConfigError(f"unknown backend {name!r}; use one of {', '.join(BACKENDS)}") from None
-
-
-def make_backend(name: str | BackendKind, context: BackendContext) -> GenerationBackend:
-    """The generation backend called ``name``.
-
-    Raises
-    ------
-    ConfigError
-        Unknown name.
-    BackendError
-        A known backend that cannot run here.
-    """
-    kind = parse_backend(name)
-    if kind is BackendKind.SIM:
-        from aspc.runtime.sim.backend import SimBackend
-
-        if context.response_len is None:
-            raise ConfigError("the sim backend needs response lengths (actual or sampled)")
-        return SimBackend(context.cost_model, context.response_len, reload_time=context.reload_time)
-    # hf / vllm: options (model, device, sampling, replay lengths) come from context.options.
-    from aspc.runtime.backends import make_model_backend
-
-    return make_model_backend(kind.value, context.options)
-
-
-def make_trainer(name: str, context: BackendContext) -> Trainer:
-    """The trainer called ``name``.
-
-    ``sim`` times each step with the cost model; ``package.module:factory``
-    imports a user's trainer (the only import of user code, see
-    :mod:`aspc.runtime.trainers`), called with ``context`` and
-    ``context.options["trainer_args"]``.
-    """
-    if name == "sim":
-        from aspc.runtime.sim.backend import SimTrainer
-
-        return SimTrainer(context.cost_model)
-    from aspc.runtime.trainers import is_factory_spec, make_user_trainer
-
-    if is_factory_spec(name):
-        return make_user_trainer(name, context, context.options.get("trainer_args"))
-    raise ConfigError(f"unknown trainer {name!r}; use 'sim' or 'package.module:factory'")

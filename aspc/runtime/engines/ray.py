@@ -1,12 +1,12 @@
 """The ``ray`` engine: each generation worker is a Ray actor holding its own model.
 
 The dispatcher, bounded queue and trainer stay in the driver (the same
-:class:`~aspc.runtime.scheduler.Scheduler` and run loop as every other
+:class:`~aspc.runtime.core.scheduler.Scheduler` and run loop as every other
 engine); only generation moves into actors. This is the only module that
 imports ``ray``.
 
 - **Actors.** Worker ``w`` is an actor built from
-  :meth:`~aspc.runtime.backends.ModelBackend.worker_copy`. All W actors are
+  :meth:`~aspc.runtime.backends.base.ModelBackend.worker_copy`. All W actors are
   started, and their models loaded, during the backend's setup; the engine's
   clock restarts once they are ready. Each asks Ray for one GPU (or an
   ``NPU`` custom resource) when the cluster has them, else for a CPU
@@ -37,18 +37,17 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import Any
 
 import numpy as np
 
 from aspc.errors import AspcError, BackendError, ConfigError, RunError
-from aspc.runtime.backend import Clock, GenerationBackend, GenerationResult, Trainer
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend
 from aspc.runtime.config import ReturnMode
-from aspc.runtime.engine import Event, MinibatchFinished, SamplesReturned
-from aspc.runtime.local import ThreadEngine
-from aspc.runtime.scheduler import Dispatch
+from aspc.runtime.contracts import Clock, GenerationBackend, GenerationResult, Trainer
+from aspc.runtime.core.events import Event, MinibatchFinished, SamplesReturned
+from aspc.runtime.core.scheduler import Dispatch
+from aspc.runtime.engines.threads import ThreadEngine
 from aspc.runtime.work import MinibatchWork
 
 RAY_EXTRA = "pip install 'aspc[ray]'"
@@ -94,7 +93,7 @@ class RayEngine(ThreadEngine):
     Parameters
     ----------
     backend
-        A :class:`~aspc.runtime.backends.ModelBackend` (``hf`` or ``vllm``);
+        A :class:`~aspc.runtime.backends.base.ModelBackend` (``hf`` or ``vllm``);
         the driver's copy loads no model.
     trainer
         Runs in the driver, as with the local engine.
@@ -127,7 +126,6 @@ class RayEngine(ThreadEngine):
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
             self._owns_ray = True
-        backend.serve_workers = ()  # the driver keeps no model: actors do
         self.model_backend = backend
         self._actors: dict[int, Any] = {}  # worker -> actor handle
         self._last: dict[int, tuple[int, Any]] = {}  # worker slot -> (version, weights handle) last loaded
@@ -136,10 +134,10 @@ class RayEngine(ThreadEngine):
         self._lock = threading.Lock()
         self.restarts = 0  # actors replaced after dying, over the whole run
         self.redispatched: list[int] = []  # minibatches handed back to the dispatcher after their actor died
+        # The driver keeps no model: actors do, started when the backend is set up.
+        backend.serve_remotely(self.start_actors)
         if backend.n_workers:  # already set up: start the actors now
             self.start_actors(backend.n_workers)
-        else:
-            backend.on_setup = self.start_actors
 
     # ---- actors ----------------------------------------------------------------
 
@@ -158,9 +156,8 @@ class RayEngine(ThreadEngine):
             actor = self._actors.get(worker)
             if actor is None:
                 opts = self._actor_options()
-                copy = self.model_backend.worker_copy(worker)
-                if opts.get("num_gpus", 0) > 0:
-                    copy.device_share = float(opts["num_gpus"])
+                share = float(opts["num_gpus"]) if opts.get("num_gpus", 0) > 0 else None
+                copy = self.model_backend.worker_copy(worker, device_share=share)
                 cls = self._ray.remote(WorkerActor).options(max_restarts=0, **opts)
                 actor = cls.remote(copy, worker)
                 self._actors[worker] = actor
@@ -178,7 +175,7 @@ class RayEngine(ThreadEngine):
             ray.get([a.pid.remote() for a in actors])
         except ray.exceptions.RayActorError as exc:
             raise BackendError(f"a Ray worker could not start: {_cause_line(exc)}") from None
-        self._t0 = time.monotonic()
+        self.advance_clock(0.0)  # the run's clock starts once every model is loaded
 
     def actor(self, worker: int) -> Any:
         """The handle of ``worker``'s actor, if it was started."""

@@ -1,0 +1,68 @@
+"""What every figure of the report shares: sizes, limits, a matplotlib Agg figure, PNG output.
+
+matplotlib is the optional ``report`` extra, so it is imported inside
+:func:`require_matplotlib`, never at module import. Figures are built on
+:class:`matplotlib.figure.Figure` directly (no pyplot): no global state, no GUI
+backend, safe to call from any thread.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from aspc.errors import AspcError
+
+DPI = 110  # crisp on a laptop screen, ~100 KB per figure
+WIDTH = 9.0  # inches
+# Scatter plots draw at most this many points (statistics use all of them):
+# beyond it the PNG only gets slower to render, not more informative.
+MAX_SCATTER = 20_000
+# Group boundaries are drawn when there are at most this many groups.
+MAX_GROUP_LINES = 64
+# Per-minibatch panels draw at most this many bins (a 9-inch axis has ~900 pixels).
+MAX_BINS = 400
+# Gantt charts outline bars and mark reloads only up to this many minibatches per run.
+MAX_MARKED_MINIBATCHES = 600
+
+
+def require_matplotlib() -> Any:
+    """The matplotlib module with the Agg backend, or a clear error if the extra is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise AspcError(
+            "aspc report needs matplotlib, which is not installed; install it with: pip install 'aspc[report]'"
+        ) from None
+    matplotlib.use("Agg", force=True)
+    return matplotlib
+
+
+def new_figure(nrows: int = 1, height: float = 4.2, sharex: bool = True, width: float = WIDTH) -> tuple[Any, Any]:
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    axes = fig.subplots(nrows, 1, sharex=sharex, squeeze=False)[:, 0]
+    for ax in axes:
+        ax.grid(True, alpha=0.3, linewidth=0.6)
+    return fig, axes
+
+
+def save_png(fig: Any, path: Path) -> None:
+    # No Software/date metadata: the same inputs give the same bytes.
+    fig.savefig(path, format="png", metadata={"Software": None})
+
+
+def palette(n: int) -> list[Any]:
+    cmap = require_matplotlib().colormaps["tab10"]
+    return [cmap(i % 10) for i in range(n)]
+
+
+def fmt(x: float, digits: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def empty_axes(ax: Any, msg: str) -> None:
+    ax.text(0.5, 0.5, msg, ha="center", va="center", transform=ax.transAxes, color="0.4")

@@ -1,0 +1,250 @@
+"""``run()``: execute a plan (dispatcher, bounded queue, workers, trainer, staggered reloads).
+
+The runtime only executes; the plan already holds every scheduling decision
+that can be made offline. :func:`run` builds the backend, trainer and engine
+through :mod:`aspc.runtime.registry`, drives the pure
+:class:`~aspc.runtime.core.scheduler.Scheduler` with
+:func:`aspc.runtime.core.loop.drive`, and records the run with a
+:class:`~aspc.runtime.record.recorder.Recorder` (the top layer of the runtime).
+
+Example
+-------
+>>> from aspc.emit import read_plan                           # doctest: +SKIP
+>>> result = run(read_plan("plan.parquet"), config=RunConfig(workers=8))  # doctest: +SKIP
+>>> result.summary.mean_iteration_time                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from aspc.progress import NULL_PROGRESS, Progress
+from aspc.runtime.backends.sim_cost import SimCostModel
+from aspc.runtime.config import RunConfig, parse_return_mode, resolve_queue_capacity
+from aspc.runtime.contracts import BackendContext, GenerationBackend, Trainer
+from aspc.runtime.core.batches import BatchBuilder
+from aspc.runtime.core.loop import drive
+from aspc.runtime.core.scheduler import Scheduler
+from aspc.runtime.lengths import SampleLengths, join_actual_lengths, sample_predicted_lengths
+from aspc.runtime.record import resume as resume_log
+from aspc.runtime.record.metrics import RunSummary, summarize
+from aspc.runtime.record.recorder import Recorder
+from aspc.runtime.record.runlog import STATUS_COMPLETE, read_meta, read_run_log
+from aspc.runtime.record.runlog_writer import RunLogWriter
+from aspc.runtime.registry import BackendKind, make_backend, make_engine, make_trainer, parse_backend, parse_engine
+from aspc.runtime.work import work_from_table
+
+__all__ = ["RunResult", "run"]
+
+
+@dataclass
+class RunResult:
+    """What :func:`run` returns."""
+
+    summary: RunSummary  # the metrics ``aspc run`` prints
+    columns: dict[str, dict[str, np.ndarray]]  # every run-log row in memory (no prompt ids)
+    lengths: SampleLengths | None  # lengths the sim replayed and their source; None for real backends
+    notes: list[str] = field(default_factory=list)  # diagnostics for stderr
+    log_dir: Path | None = None  # where the run log was written, if anywhere
+
+
+def _plan_parts(plan: Any) -> tuple[pa.Table, dict[str, Any]]:
+    """Accept a :class:`aspc.emit.Plan` or a bare plan table."""
+    if isinstance(plan, pa.Table):
+        return plan, {}
+    info = {
+        "input_hash": getattr(plan, "input_hash", ""),
+        "rows_hash": getattr(plan, "stored_rows_hash", ""),
+        "schema_version": getattr(plan, "schema_version", ""),
+        "strategy": (getattr(plan, "config", None) or {}).get("strategy"),
+    }
+    return plan.table, info
+
+
+def run(
+    plan: Any,
+    *,
+    config: RunConfig | None = None,
+    sim_cost_model: SimCostModel | None = None,
+    actual_lengths: dict[str, np.ndarray] | None = None,
+    lengths_name: str = "",
+    backend: GenerationBackend | None = None,
+    trainer: Trainer | None = None,
+    log_dir: str | os.PathLike | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: Progress = NULL_PROGRESS,
+) -> RunResult:
+    """Execute ``plan`` and return its metrics.
+
+    Parameters
+    ----------
+    plan
+        An :class:`aspc.emit.Plan` (as :func:`aspc.emit.read_plan` returns) or
+        a plan table with the PLAN_SCHEMA columns in dispatch order.
+    config
+        Workers, global batch, queue capacity, reload time, return mode, seed,
+        backend and engine names. Defaults to :class:`RunConfig()`.
+    sim_cost_model
+        Step-time coefficients of the ``sim`` backend and trainer
+        (:class:`~aspc.runtime.backends.sim_cost.SimCostModel`; defaults when ``None``).
+    actual_lengths
+        Prompt id -> observed response lengths (as :func:`aspc.io.read_lengths`
+        returns); sample ``i`` of a prompt replays its ``i``-th length. ``None``
+        draws lengths from the plan's predictions (seeded; a note says so).
+    lengths_name
+        Name of the lengths source, for messages and the log metadata.
+    backend, trainer
+        Instances to use instead of the ones ``config.backend`` names (tests,
+        library users with their own trainer).
+    log_dir
+        Write the run log there (see :mod:`aspc.runtime.record.runlog`); ``None`` keeps
+        it in memory only.
+    overwrite
+        Replace an existing aspc run log at ``log_dir``.
+    resume
+        Continue the run log at ``log_dir`` after a crash or a failure: what
+        it holds durably is kept (see :mod:`aspc.runtime.record.runlog`), the rest is
+        generated and trained; the plan and the configuration (all but
+        ``log_flush_seconds``, ``max_retries`` and ``worker_timeout``) must be
+        the log's. A complete log is returned as it is (with a note); no log
+        at ``log_dir`` yet starts a fresh run.
+    progress
+        Progress sink (the CLI's bar).
+
+    Raises
+    ------
+    ConfigError
+        Invalid options (W = 0, a queue smaller than one global batch, ...),
+        checked before anything is written.
+    InputError
+        Actual lengths missing for some prompts.
+    BackendError
+        A backend or engine that cannot run here.
+    RunError
+        The run failed part-way; its log is marked ``failed``.
+    """
+    config = config or RunConfig()
+    config.validate()
+    mode = parse_return_mode(config.return_mode)
+    sim_cost_model = sim_cost_model or SimCostModel()
+    table, plan_info = _plan_parts(plan)
+    work = work_from_table(table, samples_per_prompt=config.samples_per_prompt)
+    capacity = resolve_queue_capacity(config, int(work.minibatch_sizes.max()))
+    kind = parse_backend(config.backend)
+    parse_engine(config.engine)
+
+    lengths: SampleLengths | None = None
+    if backend is None and kind is BackendKind.SIM:
+        if actual_lengths is not None:
+            lengths = join_actual_lengths(
+                work, actual_lengths, max_new_tokens=config.max_new_tokens, source_name=lengths_name
+            )
+        else:
+            lengths = sample_predicted_lengths(work, seed=config.seed, max_new_tokens=config.max_new_tokens)
+    context = BackendContext(
+        n_workers=config.workers,
+        reload_time=config.reload_time,
+        sim_cost_model=sim_cost_model,
+        response_len=None if lengths is None else lengths.response_len,
+    )
+    backend = backend or make_backend(kind, context)
+    trainer = trainer or make_trainer("sim", context)
+    resume_log.check_log_options(log_dir, overwrite=overwrite, resume=resume)
+    writer = RunLogWriter(log_dir, overwrite=overwrite, resume=resume) if log_dir is not None else None
+    if writer is not None:
+        writer.check()
+    run_info = {
+        "samples_planned": work.n_total_samples,
+        "n_minibatches": work.n_minibatches,
+        "queue_capacity": capacity,
+        "length_source": None if lengths is None else lengths.source,
+        "lengths_name": lengths_name or None,
+        "work_hash": resume_log.work_hash(work),
+    }
+    new_meta = {
+        "config": resume_log.config_record(config),
+        "cost_model": sim_cost_model.to_dict(),  # the key run logs have always used
+        "plan": plan_info,
+        "run": run_info,
+    }
+    resuming = writer is not None and writer.resuming
+    if resuming:
+        assert log_dir is not None
+        old = read_meta(log_dir)
+        resume_log.check_resumable(Path(log_dir), old, new_meta)
+        if old.get("status") == STATUS_COMPLETE:
+            writer.tidy()
+            summary, columns = resume_log.completed_run(Path(log_dir))
+            return RunResult(
+                summary=summary,
+                columns=columns,
+                lengths=lengths,
+                notes=[f"{Path(log_dir)}: the run is already complete; nothing to resume"],
+                log_dir=Path(log_dir),
+            )
+    engine = make_engine(config.engine, backend, trainer, mode, worker_timeout=config.worker_timeout)
+
+    backend.setup(work, config.workers)
+    trainer.setup(work)
+    # The run's clock starts at the first dispatch: model loading in setup is
+    # not generation time (a no-op on the virtual clock).
+    engine.advance_clock(0.0)
+    if writer is not None:
+        writer.start(new_meta)
+    recorder = Recorder(work, writer, flush_seconds=config.log_flush_seconds)
+    scheduler = Scheduler(
+        work.minibatch_sizes, config.workers, config.global_batch, capacity, max_retries=config.max_retries
+    )
+    batches = BatchBuilder(work)
+    weights = None
+    notes: list[str] = []
+    try:
+        if resuming:
+            assert log_dir is not None
+            state = recorder.restore(read_run_log(log_dir, allow_incomplete=True))
+            scheduler.restore(state.done, state.queued, state.next_step)
+            batches.restore(state.response_len, state.minibatch_version)
+            engine.advance_clock(state.clock)
+            weights = trainer.restore(state.next_step)
+            notes.append(
+                f"resumed {log_dir}: {int(state.done.sum())} of {work.n_minibatches} minibatches and "
+                f"{state.next_step} trainer steps were durable; {state.queued.size} generated samples wait "
+                f"for the trainer"
+            )
+        drive(work, scheduler, engine, recorder, progress, weights=weights, batches=batches)
+    except BaseException as exc:
+        if writer is not None:
+            try:
+                recorder.flush()
+            finally:
+                writer.fail(" ".join(str(exc).split()) or type(exc).__name__)
+        raise
+    finally:
+        engine.close()
+        backend.close()
+        trainer.close()
+    columns = recorder.all_columns()
+    summary = summarize(
+        columns, n_workers=config.workers, samples_planned=work.n_total_samples, queue_capacity=capacity
+    )
+    if lengths is not None:
+        summary.extra["length_source"] = lengths.source
+    if recorder.n_faults:
+        summary.extra["worker_faults"] = recorder.n_faults
+        notes.append(f"{recorder.n_faults} worker faults: their minibatches were generated again")
+    if writer is not None:
+        writer.finish(summary.to_dict())
+    return RunResult(
+        summary=summary,
+        columns=columns,
+        lengths=lengths,
+        notes=(list(lengths.notes) if lengths is not None else []) + notes,
+        log_dir=None if log_dir is None else Path(log_dir),
+    )

@@ -1,0 +1,1 @@
+"""The runtime core: the scheduler (decide), the engine contract and its events, the drive loop."""

@@ -1,0 +1,209 @@
+"""Writing a run log as a run goes: parts, commits, compaction, resume (see :mod:`aspc.runtime.record.runlog`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from aspc import __version__
+from aspc.atomic import atomic_path, atomic_write_bytes
+from aspc.errors import ConfigError
+from aspc.runtime.record.runlog import (
+    CONSUMED,
+    KINDS,
+    META_FILE,
+    RUNLOG_FORMAT,
+    RUNLOG_VERSION,
+    SAMPLES,
+    STATUS_COMPLETE,
+    STATUS_FAILED,
+    STATUS_RUNNING,
+    is_run_log,
+    join_consumed,
+    live_tables,
+    part_number,
+    read_meta,
+    to_table,
+)
+
+
+class RunLogWriter:
+    """Writes a run log as it goes: ``start``, ``write_part``/``commit`` many times, then ``finish`` or ``fail``.
+
+    Parameters
+    ----------
+    path
+        The run directory. It must not exist or be empty; with ``overwrite``
+        an existing aspc run log there is replaced (nothing else is deleted).
+    resume
+        Continue the aspc run log at ``path`` (see :meth:`start`); a path with
+        no run log yet starts a fresh one.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, overwrite: bool = False, resume: bool = False):
+        self.path = Path(path)
+        self.overwrite = overwrite
+        self.resume = resume
+        self._first = dict.fromkeys(KINDS, 0)  # first live part number per kind
+        self._parts = dict.fromkeys(KINDS, 0)  # next part number per kind
+        self._meta: dict[str, Any] = {}
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` if the log cannot be written there; writes nothing."""
+        p = self.path
+        if p.exists() and not p.is_dir():
+            raise ConfigError(f"--log {p}: exists and is not a directory; pick a new run directory")
+        if self.resume:
+            if p.is_dir() and any(p.iterdir()) and not is_run_log(p):
+                raise ConfigError(f"--log {p}: not an aspc run log, nothing to resume; pick the run's directory")
+            return
+        if p.is_dir() and any(p.iterdir()):
+            if not self.overwrite:
+                raise ConfigError(
+                    f"--log {p}: directory exists and is not empty; pick a new path, pass --overwrite, "
+                    "or --resume to continue it"
+                )
+            if not is_run_log(p):
+                raise ConfigError(
+                    f"--log {p}: not an aspc run log, refusing to overwrite it; pick a new path"
+                )
+
+    @property
+    def resuming(self) -> bool:
+        """``start`` will continue an existing log (``resume`` and a run log at ``path``)."""
+        return self.resume and is_run_log(self.path)
+
+    def start(self, meta: dict[str, Any]) -> None:
+        """Create the directory and write ``meta.json`` with status ``running``.
+
+        When :attr:`resuming`, keep the existing log: drop parts no commit
+        covers, count the resume, and mark it ``running`` again (``meta`` is
+        ignored: the caller checked it matches the log's).
+        """
+        self.check()
+        if self.resuming:
+            old = read_meta(self.path)
+            if "parts" not in old:
+                raise ConfigError(
+                    f"--log {self.path}: run log format {old.get('format_version')} predates resume; "
+                    "start a new run with --overwrite"
+                )
+            self._meta = old
+            for kind in KINDS:
+                first, end = old["parts"].get(kind, [0, 0])
+                self._first[kind], self._parts[kind] = int(first), int(end)
+            self.collect_garbage()
+            self._meta.pop("error", None)
+            self._meta.update(status=STATUS_RUNNING, resumes=int(old.get("resumes", 0)) + 1,
+                              format_version=RUNLOG_VERSION, aspc_version=__version__)
+            self._write_meta()
+            return
+        if self.path.is_dir() and self.overwrite and is_run_log(self.path):
+            shutil.rmtree(self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        for kind in KINDS:
+            (self.path / kind).mkdir(exist_ok=True)
+        self._meta = {
+            "format": RUNLOG_FORMAT,
+            "format_version": RUNLOG_VERSION,
+            "aspc_version": __version__,
+            **meta,
+            "status": STATUS_RUNNING,
+        }
+        self.commit()
+
+    def write_part(self, kind: str, columns: dict[str, np.ndarray] | pa.Table) -> None:
+        """Write one part of ``kind`` atomically (nothing if it has no rows); live after :meth:`commit`."""
+        table = columns if isinstance(columns, pa.Table) else to_table(kind, columns)
+        if table.num_rows == 0:
+            return
+        target = self.path / kind / f"part-{self._parts[kind]:06d}.parquet"
+        self._parts[kind] += 1
+        with atomic_path(target) as tmp:
+            pq.write_table(table, tmp, compression="zstd")
+
+    def commit(self, **meta: Any) -> None:
+        """Make every part written so far live (one atomic ``meta.json`` write), with ``meta`` updates."""
+        self._meta.update(meta)
+        self._meta["parts"] = {k: [self._first[k], self._parts[k]] for k in KINDS}
+        self._write_meta()
+
+    def collect_garbage(self) -> None:
+        """Delete parts outside the committed ranges and temporary files left by a crash."""
+        # A crash mid-commit leaves the temporary meta.json sibling behind.
+        for f in self.path.glob(f".{META_FILE}.*.tmp"):
+            f.unlink(missing_ok=True)
+        for kind in KINDS:
+            d = self.path / kind
+            if not d.is_dir():
+                continue
+            for f in d.iterdir():
+                n = part_number(f)
+                stale = n is None and f.name.startswith(".") and f.name.endswith(".tmp")
+                if stale or (n is not None and not self._first[kind] <= n < self._parts[kind]):
+                    f.unlink(missing_ok=True)
+
+    def tidy(self) -> None:
+        """Delete files a crash left outside the committed parts of the log at :attr:`path`.
+
+        A crash between the final commit and its clean-up leaves the replaced
+        sample parts on disk; readers that list the directory directly (such
+        as ``pyarrow.dataset``) would see them, so ``--resume`` tidies even a
+        complete log.
+        """
+        meta = read_meta(self.path)
+        for kind in KINDS:
+            first, end = meta.get("parts", {}).get(kind, [0, 0])
+            self._first[kind], self._parts[kind] = int(first), int(end)
+        self.collect_garbage()
+
+    def _compact(self) -> None:
+        """Write the live samples, joined with their consumption, as one new (uncommitted) part."""
+        tables = live_tables(self.path, self._meta)
+        samples = tables[SAMPLES]
+        if samples.num_rows == 0:
+            return
+        joined = join_consumed(samples, tables[CONSUMED])
+        order = np.argsort(joined.column("minibatch").to_numpy(), kind="stable")
+        first = self._parts[SAMPLES]
+        self.write_part(SAMPLES, joined.take(pa.array(order)))
+        self._first[SAMPLES] = first
+        self._first[CONSUMED] = self._parts[CONSUMED]
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Compact the samples, mark the run complete and store its summary."""
+        self._compact()
+        self.commit(status=STATUS_COMPLETE, summary=summary)
+        self.collect_garbage()
+        consumed = self.path / CONSUMED
+        if consumed.is_dir() and not any(consumed.iterdir()):
+            consumed.rmdir()
+
+    def fail(self, message: str) -> None:
+        """Compact what is committed and mark the run failed; the log stays resumable."""
+        try:
+            self._compact()
+        finally:
+            self.commit(status=STATUS_FAILED, error=message)
+        self.collect_garbage()
+
+    def _write_meta(self) -> None:
+        data = json.dumps(self._meta, indent=2, sort_keys=True, default=_json_default) + "\n"
+        atomic_write_bytes(self.path / META_FILE, data.encode())
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (tuple, set)):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

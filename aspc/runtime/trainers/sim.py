@@ -1,0 +1,25 @@
+"""The ``sim`` trainer: each step takes ``train_base + train_per_token·tokens`` simulated seconds.
+
+It declares a virtual clock, like the ``sim`` backend
+(:mod:`aspc.runtime.backends.sim`), and publishes no weights.
+"""
+
+from __future__ import annotations
+
+from aspc.runtime.backends.sim_cost import SimCostModel
+from aspc.runtime.contracts import Clock, TrainBatch, Trainer, TrainResult
+
+
+class SimTrainer(Trainer):
+    """A trainer whose step takes ``train_base + train_per_token·tokens`` simulated seconds."""
+
+    clock = Clock.VIRTUAL
+
+    def __init__(self, cost: SimCostModel):
+        self.cost = cost  # α and β of the trainer step
+
+    def step(self, batch: TrainBatch) -> TrainResult:
+        tokens = float(batch.response_len.sum() + batch.prompt_tokens.sum())
+        return TrainResult(
+            version=batch.step + 1, elapsed=self.cost.train_base + self.cost.train_per_token * tokens
+        )

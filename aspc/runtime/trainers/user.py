@@ -1,0 +1,103 @@
+"""User trainers: ``--trainer module:factory``.
+
+``--trainer module:factory`` is the **only place aspc imports user code**.
+It imports ``module`` (the current directory is searched first, as
+``python -m`` and ASGI servers do), takes its attribute ``factory`` and calls
+``factory(context, **trainer_args)`` with the run's
+:class:`~aspc.runtime.contracts.BackendContext` (``context.options`` holds the
+resolved ``model`` path, ``device``, ...) and the ``--trainer-arg KEY=VALUE``
+pairs. The factory must return a :class:`~aspc.runtime.contracts.Trainer`.
+Nothing in a dataset, plan or run log can name code to import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from aspc.errors import ConfigError
+
+_SPEC_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+def is_factory_spec(name: str) -> bool:
+    """True if ``name`` looks like ``module.path:attribute``."""
+    return ":" in name
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """Import the callable ``spec`` (``package.module:factory``) names.
+
+    Raises
+    ------
+    ConfigError
+        A malformed spec, a module that fails to import (its error named), a
+        missing attribute, or one that is not callable.
+    """
+    if not _SPEC_RE.match(spec):
+        raise ConfigError(f"--trainer {spec!r}: expected 'package.module:factory' (dotted names, one colon)")
+    module_name, attr = spec.split(":", 1)
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any error while importing user code is the user's to fix
+        raise ConfigError(f"--trainer {spec}: cannot import {module_name!r} ({_short(exc)})") from None
+    finally:
+        if added:
+            sys.path.remove(cwd)
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigError(f"--trainer {spec}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ConfigError(f"--trainer {spec}: {attr!r} is not callable; point at a factory function or class")
+    return obj
+
+
+def make_user_trainer(spec: str, context: Any, trainer_args: dict[str, Any] | None = None) -> Any:
+    """Build the trainer ``--trainer spec`` names; see the module docstring for the protocol."""
+    from aspc.errors import AspcError
+    from aspc.runtime.contracts import Trainer
+
+    factory = load_factory(spec)
+    try:
+        trainer = factory(context, **(trainer_args or {}))
+    except AspcError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"--trainer {spec}: the factory failed ({_short(exc)})") from None
+    if not isinstance(trainer, Trainer):
+        raise ConfigError(
+            f"--trainer {spec}: the factory returned {type(trainer).__name__}, not an aspc.runtime.Trainer; "
+            "subclass aspc.runtime.Trainer and implement step()"
+        )
+    return trainer
+
+
+def parse_trainer_args(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings as keyword arguments; values parse as JSON when they can (``lr=1e-3`` is a float)."""
+    import json
+
+    out: dict[str, Any] = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"--trainer-arg {p!r}: expected KEY=VALUE with KEY a Python identifier")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _short(exc: BaseException) -> str:
+    msg = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {msg[:200]}" if msg else type(exc).__name__

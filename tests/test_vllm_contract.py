@@ -119,3 +119,82 @@ def test_vllm_cli_contract_smollm2(tmp_path):
     summary = check_contract(done, run_dir, want)
     assert summary["n_workers"] == 1 and summary["makespan"] > 0
     assert "INFO" in done.stderr  # vLLM's logs went to stderr, not into the JSON
+
+
+@needs_vllm
+def test_vllm_sigkill_then_resume(tmp_path):
+    """kill -9 of the whole run (aspc and vLLM's engine processes) mid-run, then --resume finishes it."""
+    import signal
+    import time
+
+    from tests.test_runtime_resume import _committed, _plan_files
+    from tests.test_runtime_resume import check_contract as check_resumed
+
+    model_dir = vllm_tiny_model(tmp_path)
+    data, plan, want = _plan_files(tmp_path, 24, max_len=60)
+    run_dir = tmp_path / "RUN"
+    args = ["run", str(plan), "--backend", "vllm", "--model", str(model_dir), "--replay-lengths",
+            "--actual-lengths", str(data), "--length-field", "lengths", "--workers", "1", "--global-batch", "8",
+            "--queue-capacity", "8", "--log", str(run_dir), "--log-flush-seconds", "0.1", "--quiet"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "aspc.cli", *args], cwd=ROOT, env=env, start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline and p.poll() is None:
+        if any((run_dir / "minibatches").glob("part-*.parquet")):
+            break
+        time.sleep(0.05)
+    killed = p.poll() is None
+    os.killpg(p.pid, signal.SIGKILL)  # the run's own process group: aspc, EngineCore, its worker
+    p.wait()
+    assert killed, "the run finished before it could be killed; make the plan larger"
+    n, status = _committed(run_dir)
+    assert status == "running" and 0 < n < len(want)
+    done = aspc_process([*args, "--resume"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_resumed(run_dir, want, 8)
+
+
+def test_engine_args_reach_vllm_and_win_over_defaults():
+    from aspc.runtime.backends.options import GenerationOptions
+    from aspc.runtime.backends.vllm import CPU_KV_CACHE_BYTES, engine_kwargs, parse_engine_args
+
+    args = parse_engine_args(["max_num_seqs=8", "enforce_eager=false", "dtype=float32", "swap_space=0.5"])
+    assert args == {"max_num_seqs": 8, "enforce_eager": False, "dtype": "float32", "swap_space": 0.5}
+    opts = GenerationOptions(model="M", engine_args=args)
+    kw = engine_kwargs(opts, worker=1, share=0.4, on_cpu=True)
+    assert kw["max_num_seqs"] == 8 and kw["enforce_eager"] is False and kw["dtype"] == "float32"
+    assert kw["seed"] == 1 and kw["kv_cache_memory_bytes"] == CPU_KV_CACHE_BYTES
+    assert "gpu_memory_utilization" not in kw  # on a CPU that would be a share of host RAM
+    plain = engine_kwargs(GenerationOptions(model="M"), worker=0, share=0.4, on_cpu=True)
+    assert plain["enforce_eager"] is True
+    gpu = engine_kwargs(GenerationOptions(model="M"), worker=0, share=0.4, on_cpu=False)
+    assert gpu["gpu_memory_utilization"] == 0.4 and "enforce_eager" not in gpu
+    ram = engine_kwargs(GenerationOptions(model="M", engine_args={"gpu_memory_utilization": 0.2}), 0, 0.4, True)
+    assert ram["gpu_memory_utilization"] == 0.2 and "kv_cache_memory_bytes" not in ram
+
+
+@pytest.mark.parametrize("pair, fragment, need_vllm", [
+    ("max_num_seqs", "KEY=VALUE", False),
+    ("model=other", "--model", False),
+    ("worker_extension_cls=x.Y", "weight reload", False),
+    ("no_such_engine_arg=1", "not an argument of vllm.LLM", True),
+])
+def test_bad_engine_arg_is_one_line_and_writes_nothing(tmp_path, pair, fragment, need_vllm):
+    if need_vllm and not HAVE_VLLM:
+        pytest.skip("checking engine argument names needs vLLM")
+    model_dir = tiny_model(tmp_path / "models")
+    data, plan, _ = replay_files(tmp_path, n=4)
+    r = CliRunner().invoke(main, [*contract_args(plan, str(model_dir), data, tmp_path / "RUN"), "--engine-arg", pair])
+    assert r.exit_code == 2, r.output
+    assert fragment in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "RUN").exists()
+
+
+def test_engine_arg_is_only_for_vllm(tmp_path):
+    model_dir = tiny_model(tmp_path / "models")
+    data, plan, _ = replay_files(tmp_path, n=4)
+    args = contract_args(plan, str(model_dir), data, tmp_path / "RUN")
+    args[args.index("vllm")] = "hf"
+    r = CliRunner().invoke(main, [*args, "--engine-arg", "max_num_seqs=4"])
+    assert r.exit_code == 2 and "--backend vllm" in r.output and not (tmp_path / "RUN").exists()

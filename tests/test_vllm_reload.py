@@ -107,3 +107,22 @@ def test_run_with_a_publishing_trainer_stamps_versions(backend, model_dir, repla
     rows = np.repeat(np.arange(len(ids)), table.column("n_samples").to_numpy())
     got = {(ids[r], int(i)): int(n) for r, i, n in zip(rows, cols["sample_index"], cols["response_len"], strict=True)}
     assert got == want
+
+
+def test_continuous_returns_samples_as_vllm_finishes_them(backend, replay_plan):
+    """Same plan, both return modes: exact lengths either way; continuous hands short samples out early."""
+    table, lengths = replay_plan
+    want = expected_lengths(table, lengths, CAP)
+    ids = table.column("prompt_id").to_pylist()
+    rows = np.repeat(np.arange(len(ids)), table.column("n_samples").to_numpy())
+    early = {}
+    for mode in ("static", "continuous"):
+        res = run(table, config=RunConfig(workers=1, global_batch=4, backend="vllm", max_new_tokens=CAP,
+                                          return_mode=mode), backend=backend)
+        s, mb = res.columns["samples"], res.columns["minibatches"]
+        got = {(ids[r], int(i)): int(n) for r, i, n in zip(rows, s["sample_index"], s["response_len"], strict=True)}
+        assert got == want
+        end = dict(zip(mb["minibatch"].tolist(), mb["end"].tolist(), strict=True))
+        early[mode] = sum(t < end[m] - 1e-3 for t, m in zip(s["finish_time"], s["minibatch"], strict=True))
+    assert early["static"] == 0
+    assert early["continuous"] >= 4  # samples shorter than their minibatch's longest came back before it ended

@@ -41,7 +41,6 @@ each worker its own actor.
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import os
 import time
 from collections.abc import Mapping
@@ -90,6 +89,51 @@ def serialize_state_dict(weights: Mapping[str, Any]) -> bytes:
     return save(out)
 
 
+RESERVED_ENGINE_ARGS = {"model": "--model", "worker_extension_cls": "aspc's weight reload", "seed": "--seed"}
+
+
+def parse_engine_args(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``--engine-arg KEY=VALUE`` strings as ``vllm.LLM`` keyword arguments; values parse as JSON when they can."""
+    import json
+
+    from aspc.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"--engine-arg {p!r}: expected KEY=VALUE with KEY a vllm.LLM argument name "
+                              "(e.g. max_num_seqs=64)")
+        if key in RESERVED_ENGINE_ARGS:
+            raise ConfigError(f"--engine-arg {key}: set by {RESERVED_ENGINE_ARGS[key]}, not an engine argument")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def check_engine_args(args: Mapping[str, Any] | None) -> None:
+    """Raise :class:`ConfigError` for a key ``vllm.LLM`` would not accept (before any engine starts)."""
+    if not args:
+        return
+    import dataclasses
+
+    from aspc.errors import ConfigError
+
+    configure_vllm_env()
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    bad = sorted(set(args) - known)
+    if bad:
+        raise ConfigError(f"--engine-arg {bad[0]}: not an argument of vllm.LLM / EngineArgs "
+                          f"(vLLM's engine arguments are listed by 'vllm serve --help')")
+    clash = sorted(set(args) & set(RESERVED_ENGINE_ARGS))
+    if clash:
+        raise ConfigError(f"--engine-arg {clash[0]}: set by {RESERVED_ENGINE_ARGS[clash[0]]}")
+
+
 class AspcWorkerExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); runs inside vLLM's worker processes."""
 
@@ -122,6 +166,10 @@ def engine_kwargs(options: Any, worker: int, share: float, on_cpu: bool) -> dict
         kwargs["gpu_memory_utilization"] = share
     if options.dtype != "auto":
         kwargs["dtype"] = options.dtype
+    extra = dict(options.engine_args or {})
+    if "gpu_memory_utilization" in extra and on_cpu:  # the user sized the KV cache as a share of RAM
+        kwargs.pop("kv_cache_memory_bytes", None)
+    kwargs.update(extra)  # --engine-arg wins over every default above
     return kwargs
 
 
@@ -129,19 +177,17 @@ class VLLMBackend(ModelBackend):
     """Generation with vLLM engines, one per worker; see the module docstring."""
 
     name = "vllm"
+    streams = True  # generate() reports each request as it ends: --return-mode continuous
 
     def __init__(self, options: Any):
         super().__init__(options)
+        check_engine_args(options.engine_args)
         self._llm: dict[int, Any] = {}
-        self._ids = itertools.count()
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self._ids = itertools.count()
+        self._emit: dict[int, Any] = {}  # worker -> on_samples callback of its running call
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        del state["_ids"]
+        state["_emit"] = {}  # callbacks belong to the driver's engine thread
         return state
 
     def start_worker(self, worker: int) -> None:
@@ -217,8 +263,17 @@ class VLLMBackend(ModelBackend):
                 out.append((r, same, self._sampling(int(same.size), request.max_new_tokens, int(length))))
         return out
 
+    def generate(self, worker: int, work: Any, on_samples: Any = None) -> GenerationResult:
+        """Generate minibatch ``work``; ``on_samples(positions, lens, payload)`` hears each request as it ends."""
+        self._emit[worker] = on_samples  # one worker's calls never overlap, so one slot each is enough
+        try:
+            return self.execute(worker, self.request(work))
+        finally:
+            self._emit.pop(worker, None)
+
     def _execute(self, worker: int, request: GenerationRequest) -> GenerationResult:
         llm = self._engine(worker)
+        emit = self._emit.get(worker)
         replay = replay_total(request)
         t0 = time.perf_counter()
         tok = llm.get_tokenizer()
@@ -234,58 +289,50 @@ class VLLMBackend(ModelBackend):
         for i, rid in enumerate(map(str, ids)):
             index[rid] = index[rid.rsplit("-", 1)[0]] = i
         n = request.n_total
-        completions: list[Any] = [None] * n
+        lens = np.full(n, -1, dtype=np.int64)
         finish = np.zeros(n)
+        payload: list[Any] = [None] * n
+        eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
+        version = self.weights_version(worker)
         engine = llm.llm_engine
         while engine.has_unfinished_requests():
             if self._closing.is_set():  # the run is over: drop the minibatch, keep the engine reusable
                 engine.abort_request(list(map(str, ids)), internal=True)
                 raise BackendError(f"worker {worker}: generation stopped because the run is closing")
             for out in engine.step():
-                if not out.finished:
-                    continue
                 i = index.get(str(out.request_id))
-                if i is None:
+                if i is None or not out.finished:
                     continue
-                pos = reqs[i][1]
+                r, pos, _ = reqs[i]
                 seqs = sorted(out.outputs, key=lambda c: c.index)
                 if len(seqs) != pos.size:
                     raise BackendError(f"vLLM returned {len(seqs)} sequences for {pos.size} samples")
-                now = time.perf_counter() - t0
+                finish[pos] = time.perf_counter() - t0
                 for p, c in zip(pos, seqs, strict=True):
-                    completions[p] = c
-                    finish[p] = now
-        if any(c is None for c in completions):
+                    toks = list(c.token_ids)
+                    stop = c.finish_reason == "stop" and bool(toks) and toks[-1] in eos
+                    n_tok = len(toks) - int(stop)
+                    if replay is not None:
+                        n_tok = min(n_tok, int(replay[p]))  # a zero-length replay still generates one token
+                    lens[p] = n_tok
+                    if self.options.return_payload:
+                        payload[p] = {
+                            "prompt_id": request.prompt_ids[r],
+                            "prompt": request.prompts[r],
+                            "prompt_token_ids": list(row_ids[r]),
+                            "response_token_ids": toks[: n_tok + int(stop)],
+                            "text": c.text,
+                            "finished": bool(stop),
+                            "weights_version": version,
+                        }
+                if emit is not None:
+                    emit(pos, lens[pos], [payload[p] for p in pos] if self.options.return_payload else None)
+        if np.any(lens < 0):
             raise BackendError(f"vLLM finished minibatch {request.minibatch} without every sample; "
                                "another caller may be sharing this engine")
-        eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-        lens = np.empty(n, dtype=np.int64)
-        ended = np.zeros(n, dtype=bool)  # ended on an EOS token, which token_ids then holds last
-        for i, c in enumerate(completions):
-            toks = list(c.token_ids)
-            ended[i] = c.finish_reason == "stop" and bool(toks) and toks[-1] in eos
-            lens[i] = len(toks) - int(ended[i])
-        if replay is not None:
-            lens = np.minimum(lens, replay)  # a zero-length replay still generates its one token
         t1 = time.perf_counter()
-        payload = None
-        if self.options.return_payload:
-            rows = np.repeat(np.arange(len(row_ids)), request.n_samples)
-            version = self.weights_version(worker)
-            payload = [
-                {
-                    "prompt_id": request.prompt_ids[r],
-                    "prompt": request.prompts[r],
-                    "prompt_token_ids": list(row_ids[r]),
-                    "response_token_ids": list(c.token_ids)[: int(n_tok) + int(stop)],
-                    "text": c.text,
-                    "finished": bool(stop),
-                    "weights_version": version,
-                }
-                for r, c, n_tok, stop in zip(rows, completions, lens, ended, strict=True)
-            ]
         return GenerationResult(response_len=lens, finish_offset=np.minimum(finish, t1 - t0), elapsed=t1 - t0,
-                                payload=payload)
+                                payload=payload if self.options.return_payload else None)
 
     def close(self) -> None:
         self.wait_idle()

@@ -190,8 +190,12 @@ class VLLMBackend(ModelBackend):
         state["_emit"] = {}  # callbacks belong to the driver's engine thread
         return state
 
+    def setup(self, work: Any, n_workers: int) -> None:
+        self._closing.clear()  # a backend closed by an earlier run() serves the next one
+        super().setup(work, n_workers)
+
     def start_worker(self, worker: int) -> None:
-        if worker in self._llm:  # a second run on this backend reuses the engine (startup is the slow part)
+        if worker in self._llm:  # setup() again before close(): reuse the engine (startup is the slow part)
             self._version[worker] = 0  # whatever it holds is the new run's version 0
             return
         require_vllm()

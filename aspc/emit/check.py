@@ -32,7 +32,7 @@ def verify_integrity(plan: Plan, name: str = "plan") -> dict[str, Any]:
     # Plans record it as metrics["cost_model"]; older ones only in their config.
     cfg = plan.config
     minibatch_cost = plan.metrics.get("cost_model") or cfg.get("minibatch_cost") or cfg.get("cost_model") or "padded"
-    metrics = plan_metrics(plan.table, minibatch_cost)
+    metrics = plan_metrics(plan.table, minibatch_cost, cap=plan.metrics.get("response_cap"))
     for key, value in plan.metrics.items():
         if key not in metrics:
             continue

@@ -21,6 +21,7 @@ import pyarrow as pa
 from aspc.anneal.order import delivery_drift
 from aspc.costs import minibatch_costs
 from aspc.emit import schema as S
+from aspc.io.table import column_numpy
 
 METRIC_NAMES = (
     "padding_ratio",
@@ -45,10 +46,10 @@ def minibatch_starts(minibatch: np.ndarray) -> np.ndarray:
     return np.r_[np.flatnonzero(np.r_[True, minibatch[1:] != minibatch[:-1]]), n].astype(np.int64)
 
 
-def table_costs(table: pa.Table, cost_model: str) -> np.ndarray:
-    """Per-minibatch predicted cost of a plan table (dispatch order)."""
-    mb = table.column(S.MINIBATCH).to_numpy()
-    col = lambda c: table.column(c).to_numpy()  # noqa: E731
+def table_costs(table: pa.Table, cost_model: str, cap: float | None = None) -> np.ndarray:
+    """Per-minibatch predicted cost of a plan table (dispatch order); ``cap``: the plan's response cap."""
+    mb = column_numpy(table.column(S.MINIBATCH))
+    col = lambda c: column_numpy(table.column(c))  # noqa: E731
     return minibatch_costs(
         cost_model,
         minibatch_starts(mb),
@@ -57,6 +58,7 @@ def table_costs(table: pa.Table, cost_model: str) -> np.ndarray:
         col(S.PREDICTED_Q10),
         col(S.PREDICTED_Q50),
         col(S.PREDICTED_Q90),
+        cap=cap,
     )
 
 
@@ -76,12 +78,14 @@ def load_lower_bound(costs: np.ndarray, group_cardinalities: np.ndarray) -> floa
     return max(float(c.sum()) / max(n_groups, 1), float(c[-1]), card)
 
 
-def plan_metrics(table: pa.Table, cost_model: str = "padded", costs: np.ndarray | None = None) -> dict[str, Any]:
+def plan_metrics(
+    table: pa.Table, cost_model: str = "padded", costs: np.ndarray | None = None, cap: float | None = None
+) -> dict[str, Any]:
     """Compute every plan metric from the rows of ``table``."""
-    mb = table.column(S.MINIBATCH).to_numpy()
-    grp = table.column(S.GROUP).to_numpy()
-    nseq = table.column(S.N_SAMPLES).to_numpy().astype(np.float64)
-    pred = table.column(S.PREDICTED_LEN).to_numpy()
+    mb = column_numpy(table.column(S.MINIBATCH))
+    grp = column_numpy(table.column(S.GROUP))
+    nseq = column_numpy(table.column(S.N_SAMPLES)).astype(np.float64)
+    pred = column_numpy(table.column(S.PREDICTED_LEN))
     starts = minibatch_starts(mb)
     sizes = np.diff(starts)
     seq_per_mb = np.add.reduceat(nseq, starts[:-1])
@@ -89,12 +93,12 @@ def plan_metrics(table: pa.Table, cost_model: str = "padded", costs: np.ndarray 
     total_len = float(np.dot(nseq, pred))
     padded = float(np.dot(seq_per_mb, max_per_mb))
     # The compiler passes the costs it already computed (same rows, same model).
-    costs = table_costs(table, cost_model) if costs is None else np.asarray(costs, dtype=np.float64)
+    costs = table_costs(table, cost_model, cap) if costs is None else np.asarray(costs, dtype=np.float64)
     mb_group = grp[starts[:-1]]
     n_groups = int(grp.max()) + 1
     loads = np.bincount(mb_group, weights=costs, minlength=n_groups)
     lb = load_lower_bound(costs, np.bincount(mb_group, minlength=n_groups))
-    return {
+    out = {
         "padding_ratio": padded / total_len - 1.0 if total_len > 0 else 0.0,
         # max(0, .): the bound can equal the max load up to float rounding.
         "group_imbalance": max(0.0, float(loads.max()) / lb - 1.0) if lb > 0 else 0.0,
@@ -110,11 +114,14 @@ def plan_metrics(table: pa.Table, cost_model: str = "padded", costs: np.ndarray 
         "max_minibatch_size": int(sizes.max()),
         "cost_model": cost_model,
     }
+    if cap is not None:
+        out["response_cap"] = cap  # tokens: responses stop here (--max-response-length); costs count min(len, cap)
+    return out
 
 
-def group_loads(table: pa.Table, cost_model: str = "padded") -> np.ndarray:
+def group_loads(table: pa.Table, cost_model: str = "padded", cap: float | None = None) -> np.ndarray:
     """Predicted load of each group (sum of its minibatch costs)."""
-    grp = table.column(S.GROUP).to_numpy()
-    starts = minibatch_starts(table.column(S.MINIBATCH).to_numpy())
-    costs = table_costs(table, cost_model)
+    grp = column_numpy(table.column(S.GROUP))
+    starts = minibatch_starts(column_numpy(table.column(S.MINIBATCH)))
+    costs = table_costs(table, cost_model, cap)
     return np.bincount(grp[starts[:-1]], weights=costs, minlength=int(grp.max()) + 1)

@@ -21,6 +21,7 @@ from aspc import __version__
 from aspc.atomic import atomic_path
 from aspc.emit import schema as S
 from aspc.errors import PlanError, SchemaVersionError
+from aspc.io.table import column_numpy
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Plan:
     metrics: dict[str, Any] = field(default_factory=dict)  # plan metrics (aspc.emit.metrics)
     schema_version: str = S.SCHEMA_VERSION  # version the plan was written with
     stored_rows_hash: str = ""  # rows hash found in the file; "" for a plan not read from disk
+    # Tokenizer that counted prompt_tokens (kind, name, hash); {} = estimated from bytes.
+    token_counter: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n_rows(self) -> int:
@@ -42,6 +45,11 @@ class Plan:
     def column(self, name: str) -> np.ndarray:
         """A column as a NumPy array (strings come back as an object array)."""
         return self.table.column(name).to_numpy(zero_copy_only=False)
+
+
+# NumPy dtypes of the plan's numeric columns (DataType.to_pandas_dtype would
+# import pandas, half a second of every compile).
+_NUMPY_TYPES = {pa.int32(): np.int32, pa.int64(): np.int64, pa.float64(): np.float64}
 
 
 def rows_hash(table: pa.Table) -> str:
@@ -56,7 +64,11 @@ def rows_hash(table: pa.Table) -> str:
         if pa.types.is_string(f.type):
             # Offsets (rebased to 0) plus the character data identify the
             # strings exactly, without a Python loop over a million rows.
-            arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+            if isinstance(col, pa.ChunkedArray):
+                # combine_chunks copies even a single chunk: 200+ MB of prompts at 1M rows.
+                arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+            else:
+                arr = col
             bufs = arr.buffers()
             offsets = np.frombuffer(bufs[1], dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1]
             offsets = offsets.astype(np.int64)
@@ -65,7 +77,7 @@ def rows_hash(table: pa.Table) -> str:
             if data is not None:
                 h.update(memoryview(data)[offsets[0] : offsets[-1]])
         else:
-            arr = np.ascontiguousarray(col.to_numpy(zero_copy_only=False).astype(f.type.to_pandas_dtype()))
+            arr = np.ascontiguousarray(column_numpy(col).astype(_NUMPY_TYPES[f.type]))
             h.update(arr.tobytes())
     return h.hexdigest()
 
@@ -85,6 +97,7 @@ def _json_default(o: Any) -> Any:
 def write_plan(plan: Plan, path: str | os.PathLike) -> None:
     """Write ``plan`` to ``path`` atomically (whole file or nothing)."""
     table = plan.table.cast(S.PLAN_SCHEMA)
+    pa.default_memory_pool().release_unused()  # the compile's temporaries, before the writer's buffers
     meta = {
         S.META_SCHEMA_VERSION: S.SCHEMA_VERSION.encode(),
         S.META_ASPC_VERSION: __version__.encode(),
@@ -94,6 +107,8 @@ def write_plan(plan: Plan, path: str | os.PathLike) -> None:
         S.META_METRICS: _dumps(plan.metrics),
         S.META_ROWS_HASH: rows_hash(table).encode(),
     }
+    if plan.token_counter:
+        meta[S.META_PROMPT_TOKENS] = _dumps(plan.token_counter)
     table = table.replace_schema_metadata(meta)
     with atomic_path(path) as tmp:
         pq.write_table(
@@ -177,6 +192,7 @@ def read_plan(path: str | os.PathLike, *, verify: bool = True) -> Plan:
         metrics=_json(S.META_METRICS),
         schema_version=version,
         stored_rows_hash=meta.get(S.META_ROWS_HASH, b"").decode(errors="replace"),
+        token_counter=_json(S.META_PROMPT_TOKENS),
     )
     if verify:
         from aspc.emit.validate import validate_table

@@ -53,6 +53,9 @@ META_PREDICTOR = b"aspc.predictor"  # predictor identity: kind, version, content
 META_INPUT_HASH = b"aspc.input_hash"  # plain string: sha256 of the input's prompt rows
 META_METRICS = b"aspc.metrics"  # plan metrics (names in aspc.emit.metrics)
 META_ROWS_HASH = b"aspc.rows_hash"  # plain string: sha256 over the plan rows, detects edits
+# The tokenizer that counted prompt_tokens (kind, name, content hash). Written
+# only when one did (compile --tokenizer); absent = estimated from UTF-8 bytes.
+META_PROMPT_TOKENS = b"aspc.prompt_tokens"
 
 PLAN_METADATA_KEYS = (
     META_SCHEMA_VERSION,
@@ -62,4 +65,5 @@ PLAN_METADATA_KEYS = (
     META_INPUT_HASH,
     META_METRICS,
     META_ROWS_HASH,
+    META_PROMPT_TOKENS,
 )

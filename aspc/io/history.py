@@ -1,8 +1,10 @@
 """Earlier observed response lengths by prompt id: the one reader behind ``--history`` and ``--actual-lengths``.
 
 A source is a dataset with an id field and a length field (a number, or a
-list of sampled lengths), or an aspc run log directory (its ``samples/``
-parts; see :func:`aspc.io.read_lengths`). Several sources merge: a prompt seen
+list of sampled lengths), an aspc run log directory (its ``samples/``
+parts; see :func:`aspc.io.read_lengths`), or a verl rollout directory
+(``trainer.rollout_data_dir``: one ``N.jsonl`` per step, matched to the
+prompts by content, see :mod:`aspc.io.verl_rollouts`). Several sources merge: a prompt seen
 in several accumulates every length, in the order the sources are given.
 ``compile --history`` and ``predict --history`` blend them into a predictor;
 ``run`` and ``simulate --actual-lengths`` replay them.
@@ -13,17 +15,26 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
+from aspc.errors import InputError
 from aspc.io.lengths import read_lengths
 from aspc.io.prompts import file_hash
+from aspc.io.verl_rollouts import is_rollout_dir, read_rollout_lengths, rollout_dir_hash
 
 __all__ = ["history_hashes", "read_history", "source_hash"]
 
 
 def read_history(
-    sources: str | os.PathLike | Sequence[str | os.PathLike], *, id_field: str = "id", length_field: str = "length"
+    sources: str | os.PathLike | Sequence[str | os.PathLike],
+    *,
+    id_field: str = "id",
+    length_field: str = "length",
+    prompts: tuple[Sequence[str], Sequence[str]] | None = None,
+    tokenizer: Any | None = None,
+    verl_stats: list[dict[str, Any]] | None = None,
 ) -> dict[str, np.ndarray]:
     """Prompt id -> every observed length (float64) over ``sources``.
 
@@ -33,6 +44,15 @@ def read_history(
         One source or several (datasets or run log directories).
     id_field, length_field
         Fields of the datasets (run logs have their own).
+    prompts
+        ``(ids, stored prompts)`` being compiled: what verl rollout dumps are
+        matched against (they carry no prompt id).
+    tokenizer
+        Counts verl responses' tokens (a ``load_tokenizer`` spec or a loaded
+        one); ``None``: estimated from UTF-8 bytes.
+    verl_stats
+        When given, one dict per verl rollout source is appended (files,
+        samples, matched, counted_with), for the plan metadata and notes.
 
     Raises
     ------
@@ -42,13 +62,30 @@ def read_history(
     paths = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     merged: dict[str, list[np.ndarray]] = {}
     for path in paths:
-        for pid, lens in read_lengths(path, id_field=id_field, length_field=length_field).items():
+        if is_rollout_dir(path):
+            if prompts is None:
+                raise InputError(
+                    f"{path}: a verl rollout directory; its samples are matched to prompts by content, "
+                    "so use it with 'aspc compile --history'"
+                )
+            got = read_rollout_lengths(path, list(prompts[0]), list(prompts[1]), tokenizer=tokenizer)
+            if verl_stats is not None:
+                verl_stats.append(
+                    {"files": got.n_files, "samples": got.n_samples, "matched": got.n_matched, "counted_with": got.counted_with}
+                )
+            found = got.lengths
+        else:
+            found = read_lengths(path, id_field=id_field, length_field=length_field)
+        for pid, lens in found.items():
             merged.setdefault(pid, []).append(lens)
     return {k: np.concatenate(v) for k, v in merged.items()}
 
 
 def source_hash(path: str | os.PathLike) -> str:
-    """Content hash of one source: the file's, or for a run log the hash of its Parquet parts' hashes."""
+    """Content hash of one source: the file's, a verl rollout directory's step files, or for a run log
+    the hash of its Parquet parts' hashes."""
+    if is_rollout_dir(path):
+        return rollout_dir_hash(path)
     if os.path.isdir(path):
         h = hashlib.sha256()
         for root, _dirs, files in sorted(os.walk(path)):

@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from aspc.errors import InputError
-from aspc.io.prompts import _RowError, parse_length
-from aspc.io.readers import BadRecord, detect_format, iter_records
+from aspc.io.prompts import check_field_names
+from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
+from aspc.io.rows import _RowError, parse_length
 
 
 def _read_run_log(path: Path) -> dict[str, np.ndarray]:
@@ -46,13 +47,14 @@ def read_lengths(
 
     A prompt id seen on several rows accumulates all its lengths.
     """
+    check_field_names(length_field)
     path = Path(path)
     if path.is_dir():
         return _read_run_log(path)
     from_text = detect_format(path) == "csv"
     out: dict[str, list[np.ndarray]] = {}
-    for row, rec in iter_records(path):
-        where = f"{path.name}: line {row + 1}"
+    for _row, line, rec in iter_numbered_records(path):
+        where = f"{path.name}: line {line}"
         if isinstance(rec, BadRecord):
             raise InputError(f"{where}: {rec.reason}")
         if not isinstance(rec, dict):

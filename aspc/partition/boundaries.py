@@ -73,9 +73,16 @@ def _nominal_count(arr: np.ndarray, b: int, d: int) -> tuple[np.ndarray, bool]:
     target = max(1, round(arr.size / b))
     tol = max(1.0, _COUNT_TOL * target)
 
+    # The DP is deterministic, so a lambda seen before is answered from here:
+    # once the bracket collapses onto a jump in the count (ties between equal
+    # lengths), the search revisits the same float lambda until _MAX_SOLVES.
+    solved: dict[float, tuple] = {}
+
     def solve(lam: float):
-        res = _partition_kernel(arr, b, b - d, b + d, 0.0, lam)
-        return res, res[0].size - 1 - target  # excess minibatches, decreasing in lam
+        if lam not in solved:
+            res = _partition_kernel(arr, b, b - d, b + d, 0.0, lam)
+            solved[lam] = (res, res[0].size - 1 - target)  # excess minibatches, decreasing in lam
+        return solved[lam]
 
     best, f0 = solve(0.0)
     if d == 0 or f0 <= tol:

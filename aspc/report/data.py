@@ -68,7 +68,7 @@ def plan_view(plan: Plan, name: str) -> PlanView:
     padded = mb_seq * mb_max
     with np.errstate(divide="ignore", invalid="ignore"):
         frac = np.where(padded > 0, 1.0 - useful / padded, 0.0)
-    costs = table_costs(t, minibatch_cost)
+    costs = table_costs(t, minibatch_cost, plan.metrics.get("response_cap"))
     mb_group = plan.column(S.GROUP).astype(np.int64)[heads]
     loads = np.bincount(mb_group, weights=costs, minlength=int(mb_group.max()) + 1)
     lb = max(float(loads.sum()) / loads.size, float(costs.max()))

@@ -1,0 +1,328 @@
+"""Export a plan's prompts, in dispatch order, for a trainer to consume.
+
+Every column of the dataset the plan was compiled from passes through
+unchanged (found by its hash, see :mod:`aspc.export.source`); aspc's schedule
+goes under ``extra_info["aspc"]`` (``prompt_id``, ``minibatch``, ``group``,
+``dispatch_rank``, ``n_samples``, ``predicted_len``), never over the user's keys.
+
+Formats
+-------
+``verl``
+    Parquet in the layout of verl's ``RLHFDataset``. ``prompt`` is a chat list
+    (a text prompt, or a prompt field other than ``prompt``, becomes
+    ``[{"role": "user", ...}]`` in a ``prompt`` column). Without a source
+    ``data_source`` column the rows carry ``--data-source`` (default
+    ``aspc``); without a source ``extra_info`` it is ``{"index": source row,
+    "aspc": ...}``. An id column is added only when ``aspc compile`` could not
+    otherwise recover the plan's ids from the file.
+``jsonl``
+    The source records, one per line, with ``extra_info.aspc`` added (the
+    prompt stays in the source's form), so a JSONL export compiles back to
+    the very same prompts and ids.
+
+One row per plan row, in dispatch order; see :mod:`aspc.export.overrides`
+for the verl settings that keep that order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from aspc.atomic import atomic_path
+from aspc.emit import Plan, read_plan
+from aspc.emit import schema as S
+from aspc.errors import ConfigError, InputError
+from aspc.export.overrides import override_args, verl_settings
+from aspc.export.source import check_rows, locate_source, source_records, source_table
+
+FORMATS = ("verl", "jsonl")
+DEFAULT_DATA_SOURCE = "aspc"  # verl picks the reward function by data_source; set yours with --data-source
+ASPC_KEY = "aspc"  # extra_info key holding aspc's schedule fields
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+MESSAGE_TYPE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])
+ASPC_FIELDS = (
+    pa.field("prompt_id", pa.string()),  # aspc prompt id
+    pa.field("minibatch", pa.int32()),  # aspc generation minibatch, dispatch order
+    pa.field("group", pa.int32()),  # aspc dispatch group == one verl step with the printed batch size
+    pa.field("dispatch_rank", pa.int64()),  # 0-based position in dispatch order == row number
+    pa.field("n_samples", pa.int32()),  # responses to generate (verl: actor_rollout_ref.rollout.n)
+    pa.field("predicted_len", pa.float64()),  # predicted mean response length, tokens (capped)
+)
+ASPC_TYPE = pa.struct(list(ASPC_FIELDS))
+
+
+@dataclass
+class ExportResult:
+    """What an export wrote and the trainer settings that keep its order."""
+
+    path: Path  # file written
+    format: str  # "verl" | "jsonl"
+    rows: int  # rows written == plan rows
+    n_groups: int  # plan dispatch groups
+    group_prompts: list[int] = field(default_factory=list)  # prompts per group, in dispatch order
+    train_batch_size: int | None = None  # prompts per group when every group has as many, else None
+    n_samples: int | None = None  # responses per prompt when every row has as many, else None
+    source: Path | None = None  # dataset whose columns were carried (None: --no-source)
+    overrides: dict[str, Any] = field(default_factory=dict)  # verl config key -> value
+    warnings: list[str] = field(default_factory=list)  # what else a verl user must set or know
+
+    def verl_overrides(self) -> list[str]:
+        """verl command-line overrides (``key=value``) that consume the rows in plan order, batch by group."""
+        return override_args(self.overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path),
+            "format": self.format,
+            "rows": self.rows,
+            "n_groups": self.n_groups,
+            "groups_equal": self.train_batch_size is not None,
+            "train_batch_size": self.train_batch_size,
+            "n_samples": self.n_samples,
+            "source": None if self.source is None else str(self.source),
+            "overrides": self.overrides,
+            "warnings": self.warnings,
+            "verl_overrides": self.verl_overrides(),
+        }
+
+
+def chat_messages(stored: str) -> list[dict[str, str]] | None:
+    """The chat messages of a plan ``prompt`` cell, or ``None`` when it holds plain text.
+
+    ``aspc.io`` stores a chat as compact JSON (``separators=(",", ":")``,
+    keys ``role`` then ``content``); only a cell that parses to such a list
+    and re-serialises to the very same string is a chat, so text that merely
+    looks like JSON stays text.
+    """
+    if not stored.startswith('[{"role":'):
+        return None
+    try:
+        value = json.loads(stored)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, list) or not value:
+        return None
+    for m in value:
+        if not isinstance(m, dict) or list(m) != ["role", "content"]:
+            return None
+        if m["role"] not in CHAT_ROLES or not isinstance(m["content"], str):
+            return None
+    if json.dumps(value, ensure_ascii=False, separators=(",", ":")) != stored:
+        return None
+    return value
+
+
+def _as_chat(stored: str) -> list[dict[str, str]]:
+    msgs = chat_messages(stored)
+    return msgs if msgs is not None else [{"role": "user", "content": stored}]
+
+
+def _aspc_rows(plan: Plan) -> list[dict[str, Any]]:
+    cols = {f.name: plan.column(f.name).tolist() for f in ASPC_FIELDS}
+    return [{k: v[i] for k, v in cols.items()} for i in range(plan.n_rows)]
+
+
+def export_plan(
+    plan_path: str | os.PathLike,
+    out_path: str | os.PathLike,
+    fmt: str = "verl",
+    *,
+    data_source: str | None = None,
+    source: str | os.PathLike | None = None,
+    use_source: bool = True,
+) -> ExportResult:
+    """Write the prompts of a plan, in dispatch order, as a trainer dataset.
+
+    Parameters
+    ----------
+    plan_path
+        A plan written by ``aspc compile``.
+    out_path
+        File to write (atomically: whole or nothing).
+    fmt
+        ``"verl"`` (Parquet) or ``"jsonl"``.
+    data_source
+        Replaces the ``data_source`` column (verl selects the reward function
+        with it). ``None``: the source's own, else ``"aspc"``.
+    source
+        The dataset the plan was compiled from; ``None``: found next to the
+        plan or in the working directory by the plan's recorded hash.
+    use_source
+        ``False``: export aspc's columns only (the dataset is not needed).
+
+    Raises
+    ------
+    ConfigError
+        Unknown format.
+    PlanError
+        Unreadable plan.
+    InputError
+        The source cannot be found, or is not the dataset the plan was compiled from.
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+    plan_path, out_path = Path(plan_path), Path(out_path)
+    plan = read_plan(plan_path)
+    src = None
+    if use_source:
+        src = locate_source(plan, plan_path, None if source is None else Path(source))
+        check_rows(plan, src)
+    elif source is not None:
+        raise ConfigError("give --source or --no-source, not both")
+    inputs = plan.config.get("inputs") or {}
+    prompt_field, id_field = inputs.get("prompt_field", "prompt"), inputs.get("id_field", "id")
+    rows = plan.column(S.SOURCE_ROW).astype(np.int64).tolist()
+    if fmt == "verl":
+        has_ds = _write_verl(out_path, plan, src, rows, prompt_field, id_field, data_source)
+    else:
+        has_ds = _write_jsonl(out_path, plan, src, rows, id_field, data_source)
+    counts = np.bincount(plan.column(S.GROUP).astype(np.int64)).astype(int).tolist()
+    nseq = plan.column(S.N_SAMPLES)
+    overrides, warnings = verl_settings(plan, str(out_path), has_ds) if fmt == "verl" else ({}, [])
+    return ExportResult(
+        path=out_path,
+        format=fmt,
+        rows=plan.n_rows,
+        n_groups=len(counts),
+        group_prompts=counts,
+        train_batch_size=counts[0] if len(set(counts)) == 1 else None,
+        n_samples=int(nseq[0]) if np.all(nseq == nseq[0]) else None,
+        source=src,
+        overrides=overrides,
+        warnings=warnings,
+    )
+
+
+def _ids_recoverable(table: pa.Table | None, ids: list[str], id_field: str) -> bool:
+    """True when compiling the export gives the plan's ids without an added id column."""
+    if table is None:
+        return False
+    if id_field in table.column_names:
+        return True
+    if "extra_info" in table.column_names and pa.types.is_struct(table.schema.field("extra_info").type):
+        info = table.column("extra_info").combine_chunks()
+        if info.type.get_field_index("index") >= 0:
+            index = info.field("index").to_pylist()
+            return [None if v is None else str(v) for v in index] == ids
+    return False
+
+
+def _extra_info(table: pa.Table | None, plan: Plan) -> pa.Array:
+    """The source's extra_info with an ``aspc`` child appended (or a new one: index + aspc)."""
+    aspc = pa.array(_aspc_rows(plan), ASPC_TYPE)
+    if table is None or "extra_info" not in table.column_names:
+        index = pa.array(plan.column(S.SOURCE_ROW).astype(np.int64), pa.int64())
+        return pa.StructArray.from_arrays([index, aspc], names=["index", ASPC_KEY])
+    info = table.column("extra_info").combine_chunks()
+    if pa.types.is_null(info.type):
+        return pa.StructArray.from_arrays([aspc], names=[ASPC_KEY])
+    if not pa.types.is_struct(info.type):
+        raise InputError(
+            f"the source's extra_info is {info.type}, not a struct; verl reads it as a dict: fix the column"
+        )
+    if info.type.get_field_index(ASPC_KEY) >= 0:
+        raise InputError(f"the source's extra_info already has an {ASPC_KEY!r} key; rename it so aspc does not overwrite it")
+    names = [info.type.field(i).name for i in range(info.type.num_fields)]
+    children = [info.field(i) for i in range(info.type.num_fields)]
+    # A row whose extra_info is null stays null: the user's value is never replaced.
+    return pa.StructArray.from_arrays(children + [aspc], names=names + [ASPC_KEY], mask=info.is_null())
+
+
+def _write_verl(
+    path: Path,
+    plan: Plan,
+    src: Path | None,
+    rows: list[int],
+    prompt_field: str,
+    id_field: str,
+    data_source: str | None,
+) -> bool:
+    n = plan.n_rows
+    table = source_table(src, rows) if src is not None else None
+    cols: dict[str, pa.Array | pa.ChunkedArray] = {}
+    if table is not None:
+        for name in table.column_names:
+            cols[name] = table.column(name)
+    keep_prompt = (
+        table is not None
+        and prompt_field == "prompt"
+        and "prompt" in cols
+        and pa.types.is_list(table.schema.field("prompt").type)
+    )
+    if not keep_prompt:
+        cols["prompt"] = pa.array([_as_chat(p) for p in plan.column(S.PROMPT).tolist()], pa.list_(MESSAGE_TYPE))
+    has_ds = "data_source" in cols
+    if data_source is not None:
+        cols["data_source"] = pa.array([data_source] * n, pa.string())
+    elif not has_ds:
+        cols["data_source"] = pa.array([DEFAULT_DATA_SOURCE] * n, pa.string())
+    cols["extra_info"] = _extra_info(table, plan)
+    ids = plan.column(S.PROMPT_ID).tolist()
+    if not _ids_recoverable(table, ids, id_field):
+        cols[id_field] = pa.array(ids, pa.string())
+    out = pa.table(cols)
+    with atomic_path(path) as tmp:
+        pq.write_table(out, tmp, compression="zstd")
+        _share(tmp)
+    return has_ds or data_source is not None
+
+
+def _write_jsonl(
+    path: Path, plan: Plan, src: Path | None, rows: list[int], id_field: str, data_source: str | None
+) -> bool:
+    # The source's records keep their prompt and ids as they were, so compile reads back the same ids.
+    aspc = _aspc_rows(plan)
+    ids = plan.column(S.PROMPT_ID).tolist()
+    if src is not None:
+        recs = source_records(src, rows)
+    else:
+        recs = []
+        for pid, p, r in zip(ids, plan.column(S.PROMPT).tolist(), rows, strict=True):
+            msgs = chat_messages(p)
+            recs.append({id_field: pid, "prompt": p if msgs is None else msgs, "extra_info": {"index": r}})
+    has_ds = all("data_source" in r for r in recs)
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        for rec, extra in zip(recs, aspc, strict=True):
+            rec = dict(rec)
+            info = rec.get("extra_info")
+            if info is None:
+                info = {}
+            if not isinstance(info, dict):
+                raise InputError("the source's extra_info is not an object; verl reads it as a dict: fix the field")
+            if ASPC_KEY in info:
+                raise InputError(f"the source's extra_info already has an {ASPC_KEY!r} key; rename it")
+            rec["extra_info"] = {**info, ASPC_KEY: extra}
+            if data_source is not None:
+                rec["data_source"] = data_source
+            elif "data_source" not in rec:
+                rec["data_source"] = DEFAULT_DATA_SOURCE
+            fh.write(json.dumps(rec, ensure_ascii=False, default=_json_default) + "\n")
+        _share(tmp)
+    return has_ds or data_source is not None
+
+
+def _share(path: Path) -> None:
+    """Give the file the usual umask permissions: the atomic temporary file is private (0600),
+    and a trainer often runs as another user."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, bytes):
+        return o.decode("utf-8", errors="replace")
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -1,0 +1,97 @@
+"""The verl settings a plan needs, and what to warn a verl user about.
+
+verl keeps the plan's order and batches exactly one group per step only when
+it reads rows sequentially (``data.shuffle=False``), its dataloader batch is
+the prompts per group (``data.train_batch_size``, with ``data.gen_batch_size``
+unset, since the dataloader batches by ``gen_batch_size`` when it is set),
+no row is dropped or subsampled (``data.filter_overlong_prompts=False``,
+``data.train_max_samples=-1``) and it samples as many responses per prompt as
+the plan costed (``actor_rollout_ref.rollout.n``). The length limits are the
+plan's caps (``data.max_prompt_length``, ``data.max_response_length``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from aspc.emit import Plan
+from aspc.emit import schema as S
+
+
+def _value(v: Any) -> str:
+    return str(v) if not isinstance(v, bool) else ("True" if v else "False")
+
+
+def override_args(overrides: dict[str, Any]) -> list[str]:
+    """``key=value`` command-line arguments for verl's Hydra config."""
+    return [f"{k}={_value(v)}" for k, v in overrides.items()]
+
+
+def verl_settings(plan: Plan, train_file: str, has_data_source: bool) -> tuple[dict[str, Any], list[str]]:
+    """(overrides, warnings) for training on ``train_file``, the export of ``plan``."""
+    m, cfg = plan.metrics, plan.config
+    counts = np.bincount(plan.column(S.GROUP).astype(np.int64)).astype(int).tolist()
+    nseq = plan.column(S.N_SAMPLES)
+    out: dict[str, Any] = {"data.train_files": train_file, "data.shuffle": False}
+    warnings: list[str] = []
+    if len(set(counts)) == 1:
+        out["data.train_batch_size"] = counts[0]
+    else:
+        warnings.append(
+            f"the plan's {len(counts)} groups hold {min(counts)}-{max(counts)} prompts, so no data.train_batch_size "
+            "makes each verl step one group; compile with --for verl"
+        )
+    limit = cfg.get("max_prompt_length")
+    exact = bool(m.get("prompt_tokens_exact"))
+    longest = m.get("prompt_tokens_max")
+    if longest is None:
+        longest = int(plan.column(S.PROMPT_TOKENS).max())
+    out["data.max_prompt_length"] = int(limit) if limit is not None else int(longest)
+    # False keeps every row whatever the token counts; with exact counts none is over the limit anyway.
+    out["data.filter_overlong_prompts"] = False
+    out["data.train_max_samples"] = -1
+    if np.all(nseq == nseq[0]):
+        out["actor_rollout_ref.rollout.n"] = int(nseq[0])
+    else:
+        warnings.append("rows ask for different n_samples; verl samples one actor_rollout_ref.rollout.n for all")
+    cap = m.get("response_cap", cfg.get("max_response_length"))
+    if cap is not None:
+        out["data.max_response_length"] = int(cap)
+    else:
+        warnings.append(
+            "responses were not capped: verl stops them at data.max_response_length (default 512), so the plan "
+            "balanced work verl will not do; compile with --max-response-length"
+        )
+    if not exact:
+        warnings.append(
+            f"prompt tokens were estimated from bytes: a prompt may exceed data.max_prompt_length="
+            f"{out['data.max_prompt_length']} (verl then left-truncates it); compile with --tokenizer MODEL_DIR "
+            "to count as verl does"
+        )
+    warnings.append(
+        "leave data.gen_batch_size unset (or equal to data.train_batch_size): verl's dataloader batches by "
+        "gen_batch_size when it is set (dynamic-sampling recipes such as DAPO set it larger), and its batches "
+        "would then span groups"
+    )
+    warnings.append("data.val_files is required by verl and is not scheduled: point it at your validation set")
+    if not has_data_source:
+        warnings.append(
+            "rows have no data_source of their own, so they carry 'aspc', for which verl's default reward "
+            "raises NotImplementedError; pass --data-source NAME or set custom_reward_function"
+        )
+    left = int(m.get("n_excluded_overlong", 0) or 0) + int(m.get("n_excluded_remainder", 0) or 0)
+    if left:
+        warnings.append(
+            f"{left} prompts of the dataset are not in this plan ({m.get('n_excluded_overlong', 0)} over "
+            f"--max-prompt-length, {m.get('n_excluded_remainder', 0)} remainder of --for verl)"
+        )
+    return out, warnings
+
+
+def steps(plan: Plan) -> int:
+    """Trainer steps one pass over the export takes with the printed batch size."""
+    counts = np.bincount(plan.column(S.GROUP).astype(np.int64))
+    return int(counts.size) if len(set(counts.tolist())) == 1 else int(math.floor(plan.n_rows / max(1, counts.max())))

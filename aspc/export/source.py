@@ -1,0 +1,114 @@
+"""Find the dataset a plan was compiled from, and read its rows unchanged.
+
+A plan stores the input's sha256 (``aspc.input_hash``), never its path (plans
+are machine-independent). ``export`` looks for a dataset file with that hash
+next to the plan and in the working directory, and otherwise asks for
+``--source``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from aspc.emit import Plan
+from aspc.emit import schema as S
+from aspc.errors import InputError
+from aspc.io.prompts import file_hash
+from aspc.io.readers import SUPPORTED_SUFFIXES, BadRecord, detect_format, iter_records
+
+
+def locate_source(plan: Plan, plan_path: Path, source: Path | None) -> Path:
+    """The dataset file the plan was compiled from, checked by the sha256 the plan records.
+
+    Without ``source``: the first dataset file (by name) next to the plan, then
+    in the working directory, whose hash matches.
+    """
+    want = plan.input_hash
+    if source is not None:
+        if not source.is_file():
+            raise InputError(f"--source {source}: no such file; pass the dataset given to 'aspc compile'")
+        if want and file_hash(source) != want:
+            raise InputError(
+                f"--source {source.name} is not the dataset the plan was compiled from (its sha256 differs); "
+                "pass the very file given to 'aspc compile'"
+            )
+        return source
+    me = plan_path.resolve()
+    seen: set[Path] = set()
+    for d in dict.fromkeys([me.parent, Path.cwd().resolve()]):
+        try:
+            entries = sorted(d.iterdir())
+        except OSError:
+            continue
+        for f in entries:
+            r = f.resolve()
+            if r in seen or r == me or f.suffix.lower() not in SUPPORTED_SUFFIXES or not f.is_file():
+                continue
+            seen.add(r)
+            if want and file_hash(f) == want:
+                return f
+    raise InputError(
+        f"cannot find the dataset {plan_path.name} was compiled from (sha256 {want[:12]}) next to the plan "
+        "or in the working directory; pass --source PATH, or --no-source to export aspc's columns only"
+    )
+
+
+def check_rows(plan: Plan, source: Path) -> None:
+    """Every plan row's source_row must hold the plan's prompt id (same reading options as compile)."""
+    from aspc.io import read_prompts
+
+    inputs = plan.config.get("inputs") or {}
+    table = read_prompts(
+        source,
+        prompt_field=inputs.get("prompt_field", "prompt"),
+        id_field=inputs.get("id_field", "id"),
+        on_bad_line=inputs.get("on_bad_line", "error"),
+    )
+    id_of_row = dict(zip(np.asarray(table.source_rows).tolist(), table.ids, strict=True))
+    for r, pid in zip(plan.column(S.SOURCE_ROW).tolist(), plan.column(S.PROMPT_ID).tolist(), strict=True):
+        if id_of_row.get(int(r)) != pid:
+            raise InputError(
+                f"--source {source.name}: row {int(r) + 1} does not hold plan prompt {pid!r}; "
+                "pass the dataset the plan was compiled from"
+            )
+
+
+def source_records(source: Path, rows: list[int]) -> list[dict[str, Any]]:
+    """The source's records at ``rows`` (in that order), as dicts, values untouched."""
+    if detect_format(source) == "parquet":
+        from aspc.io.readers import read_parquet_table
+
+        return read_parquet_table(source).take(pa.array(rows, pa.int64())).to_pylist()
+    want = set(rows)
+    got: dict[int, Any] = {}
+    for r, rec in iter_records(source):
+        if r in want:
+            if isinstance(rec, BadRecord) or not isinstance(rec, dict):
+                raise InputError(f"{source.name}: line {r + 1}: not a record; pass the dataset the plan was compiled from")
+            got[r] = rec
+    return [got[r] for r in rows]
+
+
+def source_table(source: Path, rows: list[int]) -> pa.Table:
+    """The source's rows as an Arrow table with the source's own column types (Parquet) or inferred ones."""
+    if detect_format(source) == "parquet":
+        from aspc.io.readers import read_parquet_table
+
+        return read_parquet_table(source).take(pa.array(rows, pa.int64()))
+    recs = source_records(source, rows)
+    try:
+        return pa.Table.from_pylist(recs)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise InputError(
+            f"{source.name}: a field mixes value types across rows ({' '.join(str(exc).split())[:100]}); "
+            "it cannot be a Parquet column: export --format jsonl, or fix the field"
+        ) from None
+
+
+def source_name(source: Path | None) -> str | None:
+    return None if source is None else os.fspath(source)

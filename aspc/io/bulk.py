@@ -1,0 +1,323 @@
+"""Bulk readers: Parquet and JSONL straight into Arrow columns, validated with pyarrow.compute.
+
+Each function returns the :class:`PromptTable` that the row-by-row reader
+(:mod:`aspc.io.rows`) would return, or ``None`` when the data holds anything
+it cannot vouch for (a bad row, a null, an unexpected type, a duplicate id):
+the caller then reads the file row by row, which words the error exactly as
+before or skips the bad rows. So bulk reading changes speed, never results.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from aspc.io.ragged import RaggedLengths
+from aspc.io.rows import (
+    MAX_LENGTH,
+    MAX_PROMPT_BYTES,
+    VERL_INDEX,
+    _RowError,
+    content_id,
+    estimate_tokens,
+    parse_prompt_value,
+)
+from aspc.io.table import PromptTable, column_numpy, string_column
+
+# Every character Python's str.strip() removes: a prompt or id made only of
+# these is "empty" to the row reader, so the bulk check must use the same set.
+# (tests/test_io.py checks it against str.isspace over all of Unicode.)
+PY_SPACE = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+_PY_SPACE = string_column(list(PY_SPACE))
+# pyarrow.json blocks; a line longer than this makes pyarrow fail, and the row
+# reader takes over (prompts are capped at 2 MiB).
+_JSON_BLOCK = 8 << 20
+# Parquet is read through a buffer of this size.
+_PARQUET_BUFFER = 1 << 20
+# Types inferred from the start of a JSONL file, enough lines to see each field.
+_JSON_PREFIX = 1 << 20
+
+
+class _Bail(Exception):
+    """The bulk reader cannot vouch for the data; read it row by row."""
+
+
+def _one(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    if isinstance(col, pa.ChunkedArray):
+        return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return col
+
+
+def _single_chunks(tab: pa.Table) -> pa.Table:
+    """One chunk per column, as the row reader's arrays are: plans written from
+    them are then byte-identical whatever the file's layout. Columns already
+    in one chunk are not copied (Table.combine_chunks would copy them)."""
+    return pa.Table.from_arrays([_one(tab[name]) for name in tab.column_names], names=tab.column_names)
+
+
+def _check(ok: bool) -> None:
+    if not ok:
+        raise _Bail
+
+
+def _valid_strings(arr: pa.Array) -> pa.Array:
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    _check(pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type))
+    try:
+        arr.validate(full=True)  # UTF-8; the row reader words the error
+    except pa.ArrowInvalid:
+        raise _Bail from None
+    return arr.cast(pa.string()) if pa.types.is_large_string(arr.type) else arr
+
+
+def _has_blank(arr: pa.Array) -> bool:
+    """Whether any string is empty after Python's str.strip()."""
+    first = pc.utf8_slice_codeunits(arr, 0, 1)
+    empty = column_numpy(pc.binary_length(arr)) == 0
+    spaced = column_numpy(pc.is_in(first, value_set=_PY_SPACE))
+    idx = np.flatnonzero(empty | spaced)
+    return any(not arr[int(i)].as_py().strip() for i in idx)
+
+
+def _prompts(tab: pa.Table, prompt_field: str) -> tuple[pa.Array, pa.Array]:
+    """Stored prompts and plain texts (the same array for text prompts)."""
+    names = tab.column_names
+    col = None
+    if prompt_field in names and tab[prompt_field].null_count == 0:
+        col = tab[prompt_field]
+    elif (prompt_field not in names or tab[prompt_field].null_count == len(tab)) and "messages" in names:
+        col = tab["messages"] if tab["messages"].null_count == 0 else None
+    _check(col is not None)
+    arr = _one(col)
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        # Chat prompts: canonical JSON per row, exactly as the row reader builds it.
+        stored, texts = [], []
+        try:
+            for value in arr.to_pylist():
+                s, t = parse_prompt_value(value)
+                stored.append(s)
+                texts.append(t)
+        except _RowError:
+            raise _Bail from None
+        return string_column(stored), string_column(texts)
+    arr = _valid_strings(arr)
+    _check(not _has_blank(arr))
+    _check(pc.max(pc.binary_length(arr)).as_py() <= MAX_PROMPT_BYTES)
+    return arr, arr
+
+
+def _id_strings(col: pa.Array) -> pa.Array:
+    if pa.types.is_integer(col.type):
+        return col.cast(pa.string())
+    arr = _valid_strings(col)
+    _check(not _has_blank(arr))
+    return arr
+
+
+def _ids(tab: pa.Table, id_field: str, stored: pa.Array) -> pa.Array:
+    """Ids from the id field, else verl's extra_info.index, else content hashes."""
+    names = tab.column_names
+    if id_field in names and tab[id_field].null_count != len(tab):
+        _check(tab[id_field].null_count == 0)
+        return _id_strings(_one(tab[id_field]))
+    info = VERL_INDEX[0]
+    if info in names and pa.types.is_struct(tab[info].type):
+        arr = _one(tab[info])
+        _check(arr.null_count == 0 and arr.type.get_field_index(VERL_INDEX[1]) >= 0)
+        index = arr.field(VERL_INDEX[1])
+        _check(index.null_count == 0 and (pa.types.is_integer(index.type) or pa.types.is_string(index.type)))
+        return _id_strings(index)
+    return string_column([content_id(s) for s in stored.to_pylist()])
+
+
+def _numbers(arr: pa.Array) -> np.ndarray:
+    t = arr.type
+    _check(arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)))
+    x = column_numpy(arr.cast(pa.float64()))
+    # NaN fails every comparison, so it bails here too.
+    _check(bool(np.all((x >= 0) & (x <= MAX_LENGTH))) if x.size else True)
+    return x
+
+
+def _lengths(tab: pa.Table, length_field: str) -> RaggedLengths:
+    _check(length_field in tab.column_names and tab[length_field].null_count == 0)
+    arr = _one(tab[length_field])
+    t = arr.type
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        sizes = column_numpy(pc.list_value_length(arr)).astype(np.int64)
+        _check(sizes.size == 0 or int(sizes.min()) >= 1)
+        values = _numbers(arr.flatten())
+        return RaggedLengths(values, np.r_[0, np.cumsum(sizes)])
+    return RaggedLengths.single(_numbers(arr))
+
+
+def table_from_columns(
+    tab: pa.Table, source_rows: np.ndarray, *, prompt_field: str, id_field: str, length_field: str | None
+) -> PromptTable | None:
+    """A PromptTable from Arrow columns, or None if any row needs the row reader."""
+    try:
+        _check(len(tab) > 0)
+        stored, texts = _prompts(tab, prompt_field)
+        ids = _ids(tab, id_field, stored)
+        _check(len(pc.unique(ids)) == len(ids))  # hash-based; twice as fast as count_distinct
+        lengths = _lengths(tab, length_field) if length_field else None
+    except _Bail:
+        return None
+    nbytes = column_numpy(pc.binary_length(texts))
+    return PromptTable(
+        ids=ids,
+        prompts=stored,
+        texts=stored if texts is stored else texts,
+        source_rows=source_rows,
+        prompt_tokens=estimate_tokens(nbytes),
+        lengths=lengths,
+        input_hash="",
+    )
+
+
+def _wanted(names: list[str], prompt_field: str, id_field: str, length_field: str | None) -> list[str]:
+    want = [prompt_field, "messages", id_field, VERL_INDEX[0]] + ([length_field] if length_field else [])
+    return [c for c in dict.fromkeys(want) if c in names]
+
+
+def read_parquet_bulk(
+    path: Path, *, prompt_field: str, id_field: str, length_field: str | None
+) -> PromptTable | None:
+    import pyarrow.parquet as pq
+
+    try:
+        # Streamed in batches through a small buffer: the whole column chunk is
+        # never held compressed and decoded at once (peak ~ the decoded size).
+        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=_PARQUET_BUFFER)
+        names = pf.schema_arrow.names
+        if len(set(names)) != len(names):
+            return None
+        columns = _wanted(names, prompt_field, id_field, length_field)
+        meta = pf.metadata
+        # A batch per row group: one chunk per column, nothing to merge after.
+        rows = max([meta.row_group(i).num_rows for i in range(meta.num_row_groups)] + [1])
+        batches = list(pf.iter_batches(batch_size=rows, columns=columns, use_threads=True))
+        tab = pa.Table.from_batches(batches, schema=pa.schema([pf.schema_arrow.field(c) for c in columns]))
+        del batches
+        tab = _single_chunks(tab)
+    except (pa.ArrowException, OSError, ValueError):
+        return None
+    rows = np.arange(len(tab), dtype=np.int64)
+    return table_from_columns(tab, rows, prompt_field=prompt_field, id_field=id_field, length_field=length_field)
+
+
+_CHAT = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def _kind(v: object, role: str) -> pa.DataType | None:
+    """The Arrow type to parse one field as, from one Python value (None: give up)."""
+    if isinstance(v, bool):
+        return None
+    if role == "prompt":
+        if isinstance(v, str):
+            return pa.string()
+        return _CHAT if isinstance(v, list) and all(isinstance(m, dict) for m in v) else None
+    if role == "id":
+        if isinstance(v, str):
+            return pa.string()
+        return pa.int64() if isinstance(v, int) and _INT64[0] <= v <= _INT64[1] else None
+    if role == "length":
+        if isinstance(v, (int, float)):
+            return pa.float64()  # integers parse into float64 too: later rows may hold 2.5
+        if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            return pa.list_(pa.float64())
+        return None
+    # extra_info: only its index matters, and only without an id field.
+    index = v.get(VERL_INDEX[1]) if isinstance(v, dict) else None
+    t = _kind(index, "id") if index is not None else None
+    return pa.struct([(VERL_INDEX[1], t)]) if t is not None else None
+
+
+def _json_schema(data: bytes, prompt_field: str, id_field: str, length_field: str | None) -> pa.Schema | None:
+    """Parse types of the fields that matter, from the file's first lines; None: give up.
+
+    Fields not seen there are typed null, so a later value fails the bulk
+    parse and the row reader takes over; every other field is skipped.
+    """
+    roles = {prompt_field: "prompt", "messages": "prompt", id_field: "id"}
+    if length_field:
+        roles[length_field] = "length"
+    seen: dict[str, pa.DataType] = {}
+    has_id = False
+    for line in data[:_JSON_PREFIX].split(b"\n")[:-1] or [data]:
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(rec, dict):
+            return None
+        has_id = has_id or rec.get(id_field) is not None
+        for name, role in [*roles.items(), (VERL_INDEX[0], "info")]:
+            v = rec.get(name)
+            if v is None:
+                continue
+            t = _kind(v, role)
+            if t is None or seen.setdefault(name, t) != t:
+                return None
+    fields = [pa.field(name, seen.get(name, pa.null())) for name in roles]
+    if not has_id and VERL_INDEX[0] in seen:
+        fields.append(pa.field(VERL_INDEX[0], seen[VERL_INDEX[0]]))
+    return pa.schema(fields)
+
+
+def _line_rows(data: bytes, n_rows: int) -> np.ndarray | None:
+    """0-based line of each parsed row: lines end at \\n, blank lines hold no row."""
+    lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+    if lines == n_rows:
+        return np.arange(n_rows, dtype=np.int64)
+    # pyarrow parsed every line, so a line is either an object or JSON whitespace.
+    rows = np.fromiter(
+        (i for i, line in enumerate(data.split(b"\n")) if line.strip()), dtype=np.int64
+    )
+    return rows if rows.size == n_rows else None
+
+
+def read_jsonl_bulk(
+    data: bytes, *, prompt_field: str, id_field: str, length_field: str | None
+) -> PromptTable | None:
+    """``data``: the whole file (its UTF-8 validity is checked here)."""
+    import pyarrow.json as pj
+
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    buf = pa.py_buffer(data)
+    try:
+        # One cast validates the whole file as UTF-8, in C++, without a copy.
+        offsets = pa.py_buffer(np.array([0, len(data)], dtype=np.int64).tobytes())
+        pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, buf]).cast(pa.large_string())
+    except pa.ArrowInvalid:
+        return None
+    schema = _json_schema(data, prompt_field, id_field, length_field)
+    if schema is None:
+        return None
+    try:
+        tab = pj.read_json(
+            pa.BufferReader(buf),
+            read_options=pj.ReadOptions(block_size=_JSON_BLOCK),
+            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+        )
+    except (pa.ArrowException, ValueError):
+        return None
+    rows = _line_rows(data, len(tab))
+    if rows is None:
+        return None
+    tab = _single_chunks(tab)
+    return table_from_columns(tab, rows, prompt_field=prompt_field, id_field=id_field, length_field=length_field)
+
+

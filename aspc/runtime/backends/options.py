@@ -27,6 +27,7 @@ OPTION_KEYS = (
     "replay_lengths",  # prompt id -> observed lengths (from --actual-lengths)
     "replay_source",  # name of the lengths file, for messages
     "return_payload",  # hand tokens and text to the trainer (default True)
+    "engine_args",  # --engine-arg KEY=VALUE: extra vllm.LLM keyword arguments (vllm only)
 )
 
 
@@ -48,6 +49,7 @@ class GenerationOptions:
     replay_lengths: dict[str, np.ndarray] | None = None  # prompt id -> observed lengths, for replay
     replay_source: str = ""  # where replay lengths came from, for messages
     return_payload: bool = True  # per-sample token ids and text for a real trainer
+    engine_args: dict[str, Any] | None = None  # extra vllm.LLM keyword arguments (--engine-arg); vllm only
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` for values no generation could use."""

@@ -1,32 +1,49 @@
-"""The ``vllm`` backend: a thin adapter on vLLM's documented offline API.
+"""The ``vllm`` backend: a thin adapter on vLLM's offline ``LLM`` API.
 
-One ``vllm.LLM`` engine per worker; each minibatch is one ``LLM.generate``
-call with one ``SamplingParams`` per prompt (``n`` = the prompt's samples,
-``max_tokens`` = the cap). On Ascend NPUs the vllm-ascend plugin registers
-itself with vLLM; nothing here is NPU-specific.
+One ``vllm.LLM`` engine per worker. A minibatch is queued with
+``LLM.enqueue`` and driven step by step through ``llm_engine.step()``, so
+each request's finish time is known (``finish_offset``). On Ascend NPUs the
+vllm-ascend plugin registers itself with vLLM; nothing here is NPU-specific.
 
-Replay mode
-    Each sample becomes its own request with ``min_tokens == max_tokens ==``
-    its recorded length and ``ignore_eos``, so it generates exactly that many
-    tokens (vLLM has no per-sample length within one ``n``).
+Sampling
+    Free generation: one request per prompt with ``SamplingParams.n`` = its
+    samples. Replay (``--replay-lengths``): the samples of a prompt that
+    share a recorded length form one request with ``n`` = their count and
+    ``min_tokens == max_tokens ==`` that length, ``ignore_eos``, so every
+    sample generates exactly its length (``response_len`` == the replayed
+    length; a zero-length replay still runs one step and reports 0).
 
 Weight reload
     Engines are built with ``worker_extension_cls`` naming
-    :class:`AspcWorkerExtension`, whose method runs inside vLLM's worker
-    processes through ``LLM.collective_rpc`` and hands the published tensors
-    to the model's own ``load_weights``; the prefix cache is reset afterwards
-    because cached KV blocks belong to the old weights.
+    :class:`AspcWorkerExtension`. ``collective_rpc`` arguments travel by
+    msgpack, which turns tensors inside containers into lists, so a
+    published state dict is sent as safetensors bytes; the worker parses
+    them and hands them to its own ``reload_weights(weights_iterator=...)``
+    (vLLM's in-place, layer-wise reload; ``model.load_weights`` alone fails
+    on CPU). A published path (a .safetensors file or a directory of them)
+    is read inside the worker. The prefix cache is reset afterwards: cached
+    KV blocks belong to the old weights.
 
-This adapter cannot run on the CPU-only CI machines; ``tests/test_vllm_contract.py``
-exercises it wherever vLLM imports. With several workers on the local engine
-the engines share the visible device(s), each taking an equal slice of its
-memory; use ``--engine ray`` to give each worker its own device.
+Defaults on CPU
+    vLLM on CPU reads ``gpu_memory_utilization`` as a share of host RAM for
+    its KV cache (0.85 reserves most of the machine), so on CPU each engine
+    gets ``kv_cache_memory_bytes`` = 1 GiB (``VLLM_CPU_KVCACHE_SPACE`` in
+    GiB overrides it), and ``enforce_eager`` (torch.compile adds ~60-90 s
+    to each engine start on two cores). vLLM's logs go to stderr (set
+    before vLLM is imported) so ``--json`` keeps stdout to one object.
+
+Measured on a 2-core CPU with vllm-cpu 0.32.0 (see README, "vLLM on CPU").
+With several workers on the local engine the engines share the visible
+device(s), each taking an equal slice of its memory; ``--engine ray`` gives
+each worker its own actor.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -36,9 +53,17 @@ from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_t
 from aspc.runtime.backends.prompts import render_prompt
 from aspc.runtime.contracts import GenerationResult
 
-VLLM_EXTRA = "pip install 'aspc[vllm]' (on Ascend also vllm-ascend)"
+VLLM_EXTRA = "pip install 'aspc[vllm]' (on Ascend also vllm-ascend; on a CPU: make vllm)"
 # Share of device memory all local engines together may take (vLLM's default is 0.9).
 DEVICE_MEMORY_SHARE = 0.85
+CPU_KV_CACHE_BYTES = 1 << 30  # per engine on CPU: ~30k tokens of a 135M model's KV cache
+
+
+def configure_vllm_env() -> None:
+    """Environment vLLM reads at import (and its engine subprocesses inherit); user settings win."""
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout belongs to --json
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local; nothing downloads at run time
 
 
 def require_vllm() -> None:
@@ -47,49 +72,147 @@ def require_vllm() -> None:
         raise BackendError(f"--backend vllm needs vLLM, which is not installed; {VLLM_EXTRA}")
 
 
+def serialize_state_dict(weights: Mapping[str, Any]) -> bytes:
+    """A state dict as safetensors bytes (tied tensors copied: safetensors refuses shared storage)."""
+    import torch
+    from safetensors.torch import save
+
+    out: dict[str, Any] = {}
+    seen: set[int] = set()
+    for k, v in weights.items():
+        if not isinstance(v, torch.Tensor):
+            raise BackendError(f"published weight {k!r} is a {type(v).__name__}, not a tensor")
+        t = v.detach().cpu().contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        out[k] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return save(out)
+
+
+RESERVED_ENGINE_ARGS = {"model": "--model", "worker_extension_cls": "aspc's weight reload", "seed": "--seed"}
+
+
+def parse_engine_args(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``--engine-arg KEY=VALUE`` strings as ``vllm.LLM`` keyword arguments; values parse as JSON when they can."""
+    import json
+
+    from aspc.errors import ConfigError
+
+    out: dict[str, Any] = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep or not key.isidentifier():
+            raise ConfigError(f"--engine-arg {p!r}: expected KEY=VALUE with KEY a vllm.LLM argument name "
+                              "(e.g. max_num_seqs=64)")
+        if key in RESERVED_ENGINE_ARGS:
+            raise ConfigError(f"--engine-arg {key}: set by {RESERVED_ENGINE_ARGS[key]}, not an engine argument")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def check_engine_args(args: Mapping[str, Any] | None) -> None:
+    """Raise :class:`ConfigError` for a key ``vllm.LLM`` would not accept (before any engine starts)."""
+    if not args:
+        return
+    import dataclasses
+
+    from aspc.errors import ConfigError
+
+    configure_vllm_env()
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    bad = sorted(set(args) - known)
+    if bad:
+        raise ConfigError(f"--engine-arg {bad[0]}: not an argument of vllm.LLM / EngineArgs "
+                          f"(vLLM's engine arguments are listed by 'vllm serve --help')")
+    clash = sorted(set(args) & set(RESERVED_ENGINE_ARGS))
+    if clash:
+        raise ConfigError(f"--engine-arg {clash[0]}: set by {RESERVED_ENGINE_ARGS[clash[0]]}")
+
+
 class AspcWorkerExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); runs inside vLLM's worker processes."""
 
-    def aspc_load_weights(self, weights: Any) -> int:
-        """Load ``weights`` (a list of (name, tensor) pairs, or a path) into the worker's model."""
-        if isinstance(weights, str):
+    def aspc_load_weights(self, weights: bytes | str) -> int:
+        """Reload the model from safetensors bytes or a path; returns the number of tensors read."""
+        if isinstance(weights, (bytes, bytearray, memoryview)):
+            from safetensors.torch import load
+
+            state = load(bytes(weights))
+        else:
             from aspc.runtime.backends.hf import as_state_dict
 
-            weights = list(as_state_dict(weights).items())
-        self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
-        return len(weights)
+            state = as_state_dict(str(weights))
+        self.reload_weights(weights_iterator=iter(state.items()))  # type: ignore[attr-defined]
+        return len(state)
+
+
+def engine_kwargs(options: Any, worker: int, share: float, on_cpu: bool) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` for one worker's engine."""
+    kwargs: dict[str, Any] = {
+        "model": options.model,
+        "seed": options.seed + worker,
+        "worker_extension_cls": f"{__name__}.AspcWorkerExtension",
+    }
+    if on_cpu:
+        kwargs["enforce_eager"] = True
+        if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+            kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    else:
+        kwargs["gpu_memory_utilization"] = share
+    if options.dtype != "auto":
+        kwargs["dtype"] = options.dtype
+    extra = dict(options.engine_args or {})
+    if "gpu_memory_utilization" in extra and on_cpu:  # the user sized the KV cache as a share of RAM
+        kwargs.pop("kv_cache_memory_bytes", None)
+    kwargs.update(extra)  # --engine-arg wins over every default above
+    return kwargs
 
 
 class VLLMBackend(ModelBackend):
     """Generation with vLLM engines, one per worker; see the module docstring."""
 
     name = "vllm"
+    streams = True  # generate() reports each request as it ends: --return-mode continuous
 
     def __init__(self, options: Any):
         super().__init__(options)
+        check_engine_args(options.engine_args)
         self._llm: dict[int, Any] = {}
+        self._emit: dict[int, Any] = {}  # worker -> on_samples callback of its running call
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_emit"] = {}  # callbacks belong to the driver's engine thread
+        return state
+
+    def setup(self, work: Any, n_workers: int) -> None:
+        self._closing.clear()  # a backend closed by an earlier run() serves the next one
+        super().setup(work, n_workers)
 
     def start_worker(self, worker: int) -> None:
+        if worker in self._llm:  # setup() again before close(): reuse the engine (startup is the slow part)
+            self._version[worker] = 0  # whatever it holds is the new run's version 0
+            return
         require_vllm()
+        configure_vllm_env()
         from vllm import LLM
+        from vllm.platforms import current_platform
 
         if self.device_share is not None:
             share = DEVICE_MEMORY_SHARE * self.device_share
         else:  # local engine: every engine of this process shares the visible device
             share = DEVICE_MEMORY_SHARE / max(1, self.n_workers if self.serve_workers is None else 1)
-        kwargs: dict[str, Any] = {
-            "model": self.options.model,
-            "seed": self.options.seed + worker,
-            "worker_extension_cls": f"{__name__}.AspcWorkerExtension",
-            "gpu_memory_utilization": share,
-        }
-        if self.options.dtype != "auto":
-            kwargs["dtype"] = self.options.dtype
+        kwargs = engine_kwargs(self.options, worker, share, current_platform.is_cpu())
         try:
             self._llm[worker] = LLM(**kwargs)
         except Exception as exc:  # vLLM raises many types for an engine it cannot build
             raise BackendError(f"vLLM could not start worker {worker} on {self.options.model}: "
-                               f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+                               f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
         self._version.setdefault(worker, 0)
 
     def _engine(self, worker: int) -> Any:
@@ -99,18 +222,19 @@ class VLLMBackend(ModelBackend):
         return llm
 
     def _load(self, worker: int, weights: Any) -> None:
-        import os
-        from collections.abc import Mapping
-
         llm = self._engine(worker)
         if isinstance(weights, Mapping):
-            arg: Any = [(k, v.detach().cpu() if hasattr(v, "detach") else v) for k, v in weights.items()]
+            arg: bytes | str = serialize_state_dict(weights)
         elif isinstance(weights, (str, os.PathLike)):
             arg = str(weights)
         else:
             raise BackendError(f"the trainer published weights as {type(weights).__name__}; publish a state dict "
                                "or a directory of .safetensors")
-        llm.collective_rpc("aspc_load_weights", args=(arg,))
+        try:
+            llm.collective_rpc("aspc_load_weights", args=(arg,))
+        except Exception as exc:  # the worker's error comes back wrapped by vLLM
+            raise BackendError(f"vLLM worker {worker} could not load the published weights: "
+                               f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
         llm.reset_prefix_cache()
 
     def _sampling(self, n: int, max_tokens: int, exact: int | None = None) -> Any:
@@ -118,16 +242,42 @@ class VLLMBackend(ModelBackend):
 
         o = self.options
         common: dict[str, Any] = {
+            "n": n,
             "temperature": o.temperature,
             "top_p": o.top_p,
             "top_k": o.top_k if o.top_k > 0 else -1,
         }
         if exact is not None:
-            return SamplingParams(n=1, max_tokens=max(1, exact), min_tokens=exact, ignore_eos=True, **common)
-        return SamplingParams(n=n, max_tokens=max_tokens, **common)
+            return SamplingParams(max_tokens=max(1, exact), min_tokens=exact, ignore_eos=True, **common)
+        return SamplingParams(max_tokens=max_tokens, **common)
+
+    def _requests(self, request: GenerationRequest, row_ids: list[list[int]]) -> list[tuple[int, np.ndarray, Any]]:
+        """(row, global-in-minibatch sample positions, SamplingParams) per vLLM request."""
+        replay = replay_total(request)
+        starts = np.concatenate([[0], np.cumsum(request.n_samples)])
+        out = []
+        for r in range(len(row_ids)):
+            pos = np.arange(starts[r], starts[r + 1])
+            if replay is None:
+                out.append((r, pos, self._sampling(int(pos.size), request.max_new_tokens)))
+                continue
+            lens = replay[pos]
+            for length in np.unique(lens):  # samples of one prompt and one length: one request, n of them
+                same = pos[lens == length]
+                out.append((r, same, self._sampling(int(same.size), request.max_new_tokens, int(length))))
+        return out
+
+    def generate(self, worker: int, work: Any, on_samples: Any = None) -> GenerationResult:
+        """Generate minibatch ``work``; ``on_samples(positions, lens, payload)`` hears each request as it ends."""
+        self._emit[worker] = on_samples  # one worker's calls never overlap, so one slot each is enough
+        try:
+            return self.execute(worker, self.request(work))
+        finally:
+            self._emit.pop(worker, None)
 
     def _execute(self, worker: int, request: GenerationRequest) -> GenerationResult:
         llm = self._engine(worker)
+        emit = self._emit.get(worker)
         replay = replay_total(request)
         t0 = time.perf_counter()
         tok = llm.get_tokenizer()
@@ -135,45 +285,58 @@ class VLLMBackend(ModelBackend):
         for prompt in request.prompts:
             text, templated = render_prompt(prompt, tok)
             row_ids.append(tok(text, add_special_tokens=not templated)["input_ids"])
-        if replay is not None:
-            sample_rows = np.repeat(np.arange(len(row_ids)), request.n_samples)
-            prompts = [{"prompt_token_ids": row_ids[r]} for r in sample_rows]
-            params = [self._sampling(1, request.max_new_tokens, int(x)) for x in replay]
-        else:
-            prompts = [{"prompt_token_ids": ids} for ids in row_ids]
-            params = [self._sampling(int(n), request.max_new_tokens) for n in request.n_samples]
-        outputs = llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        reqs = self._requests(request, row_ids)
+        ids = llm.enqueue([{"prompt_token_ids": row_ids[r]} for r, _, _ in reqs],
+                          sampling_params=[p for _, _, p in reqs], use_tqdm=False)
+        # enqueue returns vLLM's internal ids ("<external>-<random>"); outputs carry the external one.
+        index = {}
+        for i, rid in enumerate(map(str, ids)):
+            index[rid] = index[rid.rsplit("-", 1)[0]] = i
+        n = request.n_total
+        lens = np.full(n, -1, dtype=np.int64)
+        finish = np.zeros(n)
+        payload: list[Any] = [None] * n
         eos = {tok.eos_token_id} if tok.eos_token_id is not None else set()
-        completions = [c for out in outputs for c in out.outputs]
-        if len(completions) != request.n_total:
-            raise BackendError(f"vLLM returned {len(completions)} sequences for {request.n_total} samples")
-        lens = np.empty(len(completions), dtype=np.int64)
-        for i, c in enumerate(completions):
-            ids = list(c.token_ids)
-            ended_on_eos = c.finish_reason == "stop" and bool(ids) and ids[-1] in eos
-            lens[i] = len(ids) - int(ended_on_eos)
-        if replay is not None:
-            lens = np.minimum(lens, replay)  # a zero-length replay still generates its one token
+        version = self.weights_version(worker)
+        engine = llm.llm_engine
+        while engine.has_unfinished_requests():
+            if self._closing.is_set():  # the run is over: drop the minibatch, keep the engine reusable
+                engine.abort_request(list(map(str, ids)), internal=True)
+                raise BackendError(f"worker {worker}: generation stopped because the run is closing")
+            for out in engine.step():
+                i = index.get(str(out.request_id))
+                if i is None or not out.finished:
+                    continue
+                r, pos, _ = reqs[i]
+                seqs = sorted(out.outputs, key=lambda c: c.index)
+                if len(seqs) != pos.size:
+                    raise BackendError(f"vLLM returned {len(seqs)} sequences for {pos.size} samples")
+                finish[pos] = time.perf_counter() - t0
+                for p, c in zip(pos, seqs, strict=True):
+                    toks = list(c.token_ids)
+                    stop = c.finish_reason == "stop" and bool(toks) and toks[-1] in eos
+                    n_tok = len(toks) - int(stop)
+                    if replay is not None:
+                        n_tok = min(n_tok, int(replay[p]))  # a zero-length replay still generates one token
+                    lens[p] = n_tok
+                    if self.options.return_payload:
+                        payload[p] = {
+                            "prompt_id": request.prompt_ids[r],
+                            "prompt": request.prompts[r],
+                            "prompt_token_ids": list(row_ids[r]),
+                            "response_token_ids": toks[: n_tok + int(stop)],
+                            "text": c.text,
+                            "finished": bool(stop),
+                            "weights_version": version,
+                        }
+                if emit is not None:
+                    emit(pos, lens[pos], [payload[p] for p in pos] if self.options.return_payload else None)
+        if np.any(lens < 0):
+            raise BackendError(f"vLLM finished minibatch {request.minibatch} without every sample; "
+                               "another caller may be sharing this engine")
         t1 = time.perf_counter()
-        payload = None
-        if self.options.return_payload:
-            rows = np.repeat(np.arange(len(row_ids)), request.n_samples)
-            version = self.weights_version(worker)
-            payload = [
-                {
-                    "prompt_id": request.prompt_ids[r],
-                    "prompt": request.prompts[r],
-                    "prompt_token_ids": list(row_ids[r]),
-                    "response_token_ids": list(c.token_ids),
-                    "text": c.text,
-                    "finished": c.finish_reason == "stop",
-                    "weights_version": version,
-                }
-                for r, c in zip(rows, completions, strict=True)
-            ]
-        # vLLM returns a minibatch whole: every sample counts as finished when the call returns.
-        finish = np.full(lens.size, t1 - t0)
-        return GenerationResult(response_len=lens, finish_offset=finish, elapsed=t1 - t0, payload=payload)
+        return GenerationResult(response_len=lens, finish_offset=np.minimum(finish, t1 - t0), elapsed=t1 - t0,
+                                payload=payload if self.options.return_payload else None)
 
     def close(self) -> None:
         self.wait_idle()

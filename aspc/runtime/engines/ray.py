@@ -119,6 +119,8 @@ class RayEngine(ThreadEngine):
             raise ConfigError("the sim backend runs on the local engine; drop --engine ray or pick a real backend")
         if not isinstance(backend, ModelBackend):
             raise ConfigError("--engine ray runs the hf and vllm backends (workers need a model per actor)")
+        if ReturnMode(return_mode) is not ReturnMode.STATIC:
+            raise ConfigError("--return-mode continuous streams samples within one process; use --engine local")
         super().__init__(backend, trainer, return_mode, worker_timeout=worker_timeout)
         ray = import_ray()
         self._ray = ray

@@ -46,6 +46,15 @@ from aspc.runtime.core.scheduler import Dispatch
 from aspc.runtime.work import MinibatchWork
 
 
+class _Partial:
+    """Events a generation call reports before it returns (continuous mode)."""
+
+    __slots__ = ("events",)
+
+    def __init__(self, events: list[Event]):
+        self.events = events
+
+
 class _Job:
     """A call running in a thread: what it is, and when it is abandoned."""
 
@@ -67,8 +76,12 @@ class ThreadEngine(Engine):
         calls never do (a worker whose call was abandoned gets no work until
         that call returns).
     return_mode
-        Only ``static`` for now: the backend contract returns a minibatch
-        whole (streaming backends will add continuous returns).
+        ``static``: a minibatch's samples return together when its call ends.
+        ``continuous`` needs a streaming backend (``streams = True``, i.e.
+        vllm): ``generate(worker, work, on_samples)`` reports samples as
+        they finish, and each report reaches the queue at once. A call that
+        fails after some of its samples were reported stops the run (a retry
+        would generate them twice).
     time_scale
         Factor on simulated seconds slept for virtual-clock components.
     worker_timeout
@@ -85,8 +98,11 @@ class ThreadEngine(Engine):
         time_scale: float = 1.0,
         worker_timeout: float | None = None,
     ):
-        if ReturnMode(return_mode) is not ReturnMode.STATIC:
-            raise ConfigError("--return-mode continuous needs a streaming backend; use --return-mode static")
+        self.continuous = ReturnMode(return_mode) is ReturnMode.CONTINUOUS
+        if self.continuous and not getattr(backend, "streams", False):
+            raise ConfigError("--return-mode continuous needs a streaming backend (--backend vllm); "
+                              "use --return-mode static")
+        self._streamed: set[int] = set()  # start orders of calls that reported samples early
         self.backend = backend
         self.trainer = trainer
         self.time_scale = time_scale
@@ -127,20 +143,30 @@ class ThreadEngine(Engine):
     def start_generation(self, action: Dispatch, work: MinibatchWork, weights: Any) -> None:
         t0 = self.now()
         b = self.backend
+        seq = self._seq  # the order _spawn gives this job
+        ids = np.arange(work.sample_start, work.sample_end, dtype=np.int64)
+        w, m = action.worker, work.index
+        early = np.zeros(ids.size, dtype=bool)  # samples already reported (continuous mode)
+
+        def on_samples(pos: np.ndarray, lens: np.ndarray, payload: list[Any] | None) -> None:
+            early[pos] = True
+            ev = SamplesReturned(self.now(), w, m, ids[pos], np.asarray(lens, dtype=np.int64), payload)
+            self._done.put((seq, _Partial([ev])))
 
         def job() -> list[Event]:
             if action.reload_version is not None:
                 self._sleep_virtual(b.clock, b.load_weights(action.worker, action.reload_version, weights))
             start = self.now()
-            res = b.generate(action.worker, work)
+            res = b.generate(w, work, on_samples) if self.continuous else b.generate(w, work)
             self._sleep_virtual(b.clock, res.elapsed)
             end = self.now()
-            ids = np.arange(work.sample_start, work.sample_end, dtype=np.int64)
-            w, m = action.worker, work.index
-            return [
-                SamplesReturned(end, w, m, ids, np.asarray(res.response_len, dtype=np.int64), res.payload),
-                MinibatchFinished(end, w, m, t0, start, end, action.reload_version is not None, res),
-            ]
+            rest = np.flatnonzero(~early)
+            lens = np.asarray(res.response_len, dtype=np.int64)
+            payload = None if res.payload is None else [res.payload[i] for i in rest]
+            out: list[Event] = []
+            if rest.size or not self.continuous:
+                out.append(SamplesReturned(end, w, m, ids[rest], lens[rest], payload))
+            return [*out, MinibatchFinished(end, w, m, t0, start, end, action.reload_version is not None, res)]
 
         self._spawn(job, action.worker, work.index)
 
@@ -161,6 +187,10 @@ class ThreadEngine(Engine):
         out = []
         for seq, job in list(self._live.items()):
             if job.deadline is not None and now >= job.deadline:
+                if seq in self._streamed:
+                    raise RunError(f"minibatch {job.minibatch} passed --worker-timeout {self.worker_timeout:g} s "
+                                   "after some of its samples were returned (--return-mode continuous); "
+                                   "rerun with --resume and a longer --worker-timeout")
                 del self._live[seq]
                 self._abandoned[seq] = job
                 assert job.worker is not None and job.minibatch is not None
@@ -198,6 +228,16 @@ class ThreadEngine(Engine):
                     break
             results: list[tuple[int, list[Event]]] = []
             for seq, it in items:
+                if isinstance(it, _Partial):  # samples a running call reported early (continuous)
+                    if seq in self._live:
+                        self._streamed.add(seq)
+                        results.append((seq, it.events))
+                    continue
+                if seq in self._streamed and isinstance(it, BaseException):
+                    self._streamed.discard(seq)
+                    raise RunError("a minibatch failed after some of its samples were returned "
+                                   f"(--return-mode continuous): {it}; rerun with --resume")
+                self._streamed.discard(seq)
                 gone = self._abandoned.pop(seq, None)
                 if gone is not None:  # an abandoned call returned: its result is discarded
                     assert gone.worker is not None

@@ -70,15 +70,9 @@ def build_real_components(
     vals["replay"] = bool(vals.pop("replay_lengths", False))
     engine_pairs = vals.pop("engine_arg", None) or ()
     if engine_pairs:
-        from aspc.runtime.registry import BackendKind, parse_backend
+        from aspc.runtime.registry import parse_engine_args
 
-        if parse_backend(config.backend) is not BackendKind.VLLM:
-            from aspc.errors import ConfigError
-
-            raise ConfigError("--engine-arg is for --backend vllm; drop it or use --backend vllm")
-        from aspc.runtime.backends.vllm import parse_engine_args
-
-        vals["engine_args"] = parse_engine_args(engine_pairs)
+        vals["engine_args"] = parse_engine_args(config.backend, engine_pairs)
     return make_components(
         config,
         sim_cost_model,

@@ -60,6 +60,17 @@ def parse_engine(name: str | EngineKind) -> EngineKind:
         raise ConfigError(f"unknown engine {name!r}; use one of {', '.join(ENGINES)}") from None
 
 
+def parse_engine_args(backend: str | BackendKind, pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``--engine-arg KEY=VALUE`` strings as keyword arguments of the backend's engine (vllm only)."""
+    if parse_backend(backend) is not BackendKind.VLLM:
+        from aspc.errors import ConfigError
+
+        raise ConfigError("--engine-arg is for --backend vllm; drop it or use --backend vllm")
+    from aspc.runtime.backends.vllm import parse_engine_args as parse_vllm_engine_args
+
+    return parse_vllm_engine_args(pairs)
+
+
 def make_backend(name: str | BackendKind, context: BackendContext) -> GenerationBackend:
     """The generation backend called ``name``.
 

@@ -17,13 +17,29 @@ batch of 256 samples, static returns, and the simulator's default cost model
   ``asp e2`` is the second epoch of ``aspc run --epochs`` (planned from the
   first epoch's run log; it replays recorded lengths 9, 10 and 1-6, so 6 of
   its 8 were seen in epoch 1) against random's second epoch on the same
-  lengths; ``asp K=k`` is asp under ``--max-staleness k``.
+  lengths; ``asp K=k`` is asp under ``--max-staleness k``;
+- ``asp+probe``: the product's workflow on a user's own unseen prompts
+  (``aspc probe``, then ``aspc predict train --init default``): a seeded
+  K = min(4000, 25%) of the model's validate prompts, each with ONE recorded
+  length that the repeat does not replay (the first of its 2 held-out ones),
+  trains a lexical predictor refit from the shipped default; asp is compiled
+  with it for every validate prompt. Its Kendall τ against each prompt's mean
+  recorded length is printed beside the table. The shipped default was
+  trained on all of the data file, validate split included, so this row's
+  predictor has seen these prompts' lengths (of all 13 models);
+  ``asp+probe-scratch`` is the same probe trained from scratch (no
+  ``--init``): what a user's truly unseen prompts get; ``asp+default`` is
+  asp with the shipped default predictor and no probe.
+
+``--rows`` limits the run to some rows (random is always run: every ratio
+is to it), e.g. ``--rows asp,asp+probe`` for an affordable probe check.
 
 Prints one table per model (mean ± std over the repeats of each ratio to
 random) and a summary over the models.
 
     nice .venv/bin/python benchmarks/rl_reference.py --repeats 3
     nice .venv/bin/python benchmarks/rl_reference.py --models Qwen--Qwen2.5-7B-Instruct-1M --repeats 1
+    nice .venv/bin/python benchmarks/rl_reference.py --rows asp,asp+probe --repeats 1
 
 Skips with a message when the data file is absent.
 """
@@ -50,6 +66,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / ".." / "shared" / "data" / "castillo-dev.parquet"
 N, W, GB, CAP = 8, 8, 256, 4096
 STRATS = ["random", "sorted", "asp", "asp+replan", "oracle", "oracle-exact"]
+PROBE_MAX = 4000  # aspc probe's default --prompts
+PROBE_SHARE = 0.25  # of the user's prompt set
 
 
 def load_rows():
@@ -89,37 +107,85 @@ def inputs_for(model: str, rows, tmp: Path, seed: int) -> tuple[Path, Path]:
     return inp, hist
 
 
-def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt"):
+def probe_predictor(
+    inp: Path, tmp: Path, model: str, seed: int, init: str | None = "default"
+) -> tuple[Path | str, float, float, int]:
+    """Train lexical (``--init init``) on one held-out recorded length of a seeded K of the prompts.
+
+    Returns the predictor's directory, its Kendall tau against the mean
+    recorded length over every prompt and over the prompts not probed, and K.
+    """
+    from aspc.predict import load_predictor, train_predictor
+    from aspc.predict.metrics import kendall_tau
+
+    recs = [json.loads(line) for line in open(inp)]
+    k = min(PROBE_MAX, int(PROBE_SHARE * len(recs)))
+    pick = np.sort(np.random.default_rng([seed, 7]).choice(len(recs), size=k, replace=False))
+    if init == "":  # no probe: the shipped default as it is ("not probed" = the same prompts as above)
+        d = "default"
+        got = load_predictor(d).predict([r["prompt"] for r in recs])
+        means = np.array([np.mean(r["lengths"]) for r in recs])
+        rest = np.setdiff1d(np.arange(len(recs)), pick)
+        return d, float(kendall_tau(got.mean, means)), float(kendall_tau(got.mean[rest], means[rest])), 0
+    # lengths[N] is never replayed by this repeat (inputs_for replays lengths[:N]).
+    pred = train_predictor(
+        "lexical",
+        [recs[i]["prompt"] for i in pick],
+        [float(recs[i]["lengths"][N]) for i in pick],
+        init=init,
+        seed=seed,
+    )
+    d = tmp / f"probe-{model}-{seed}-{init or 'scratch'}"
+    pred.save(d)
+    got = load_predictor(d).predict([r["prompt"] for r in recs])
+    means = np.array([np.mean(r["lengths"]) for r in recs])
+    rest = np.setdiff1d(np.arange(len(recs)), pick)
+    return d, float(kendall_tau(got.mean, means)), float(kendall_tau(got.mean[rest], means[rest])), k
+
+
+def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt", only=None):
     from aspc.compiler import CompileConfig, InputOptions, compile_file
     from aspc.epochs import run_epochs
     from aspc.io.history import read_history
     from aspc.runtime import RunConfig, run
     from aspc.simulate import simulate_strategies
 
+    want = (lambda name: True) if only is None else (lambda name: name == "random" or name in only)  # noqa: E731
     inp, hist = inputs_for(model, rows, tmp, seed)
     inputs = InputOptions(length_field="lengths")
     cfg = CompileConfig(
         samples_per_prompt=N, seed=seed, predictor=str(pred_dir), workers=W, max_response_length=CAP, order=order
     )
     rc = RunConfig(workers=W, global_batch=GB, seed=seed, max_new_tokens=CAP)
-    res = simulate_strategies(inp, inputs, cfg, rc, strategies=STRATS)
+    res = simulate_strategies(inp, inputs, cfg, rc, strategies=[s for s in STRATS if want(s)])
     out = {k: v.summary.to_dict() for k, v in res.items()}
-    cfg_h = dataclasses.replace(cfg, history=(str(hist),), history_length_field="lengths")
-    out["asp+history"] = simulate_strategies(inp, inputs, cfg_h, rc, strategies=["asp"])["asp"].summary.to_dict()
+    for name, init in (("asp+probe", "default"), ("asp+probe-scratch", None), ("asp+default", "")):
+        if want(name):
+            pdir, tau, tau_rest, k = probe_predictor(inp, tmp, model, seed, init)
+            cfg_p = dataclasses.replace(cfg, predictor=str(pdir))
+            out[name] = simulate_strategies(inp, inputs, cfg_p, rc, strategies=["asp"])["asp"].summary.to_dict()
+            out[name].update(_tau=tau, _tau_rest=tau_rest, _k=k)
+    if want("asp+history"):
+        cfg_h = dataclasses.replace(cfg, history=(str(hist),), history_length_field="lengths")
+        out["asp+history"] = simulate_strategies(inp, inputs, cfg_h, rc, strategies=["asp"])["asp"].summary.to_dict()
+    if not any(want(x) for x in ("asp e2", *(f"asp K={k}" for k in staleness))):
+        return out
     actual = read_history(inp, length_field="lengths")
     plan = compile_file(inp, InputOptions(), cfg)
     for k in staleness:
-        out[f"asp K={k}"] = run(
-            plan, config=dataclasses.replace(rc, max_staleness=k), actual_lengths=actual
-        ).summary.to_dict()
-    # Second epoch: asp planned from epoch 1's log vs random on the same replayed lengths.
-    e = run_epochs(plan, 2, tmp / f"ep-{model}-{seed}", config=rc, actual_lengths=actual, overwrite=True)
-    rnd_plan = compile_file(inp, InputOptions(), dataclasses.replace(cfg, strategy="random", seed=seed + 1))
-    from aspc.epochs import epoch_lengths
+        if want(f"asp K={k}"):
+            out[f"asp K={k}"] = run(
+                plan, config=dataclasses.replace(rc, max_staleness=k), actual_lengths=actual
+            ).summary.to_dict()
+    if want("asp e2"):
+        # Second epoch: asp planned from epoch 1's log vs random on the same replayed lengths.
+        e = run_epochs(plan, 2, tmp / f"ep-{model}-{seed}", config=rc, actual_lengths=actual, overwrite=True)
+        rnd_plan = compile_file(inp, InputOptions(), dataclasses.replace(cfg, strategy="random", seed=seed + 1))
+        from aspc.epochs import epoch_lengths
 
-    rnd2 = run(rnd_plan, config=dataclasses.replace(rc, seed=seed + 1), actual_lengths=epoch_lengths(actual, 2, N))
-    out["asp e2"] = e.runs[1].summary.to_dict()
-    out["asp e2"]["_base"] = rnd2.summary.mean_iteration_time
+        rnd2 = run(rnd_plan, config=dataclasses.replace(rc, seed=seed + 1), actual_lengths=epoch_lengths(actual, 2, N))
+        out["asp e2"] = e.runs[1].summary.to_dict()
+        out["asp e2"]["_base"] = rnd2.summary.mean_iteration_time
     return out
 
 
@@ -135,6 +201,7 @@ def main() -> None:
     ap.add_argument("--predictors", default=None, help="directory of per-model predictors (trained here if absent)")
     ap.add_argument("--staleness", default="1,2,4")
     ap.add_argument("--order", choices=["lpt", "interleave"], default="lpt", help="asp's dispatch order")
+    ap.add_argument("--rows", default=None, help="comma list of rows to run (default: all; random always runs)")
     args = ap.parse_args()
     if not DATA.exists():
         print(f"skipped: {DATA.name} not found under ../shared/data (only on development machines)")
@@ -142,6 +209,7 @@ def main() -> None:
     rows = load_rows()
     models = args.models.split(",") if args.models else sorted({r["model"] for r in rows if r["split"] == "validate"})
     staleness = [int(k) for k in args.staleness.split(",") if k]
+    only = set(args.rows.split(",")) if args.rows else None
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         cache = Path(args.predictors) if args.predictors else tmp / "pred"
@@ -153,7 +221,7 @@ def main() -> None:
         for model in models:
             t0 = time.perf_counter()
             pdir = predictor_for(model, rows, cache)
-            reps = [one_repeat(model, rows, pdir, tmp, s, staleness, args.order) for s in range(args.repeats)]
+            reps = [one_repeat(model, rows, pdir, tmp, s, staleness, args.order, only) for s in range(args.repeats)]
             names = list(reps[0])
             print(f"\n{model} ({reps[0]['random']['samples_planned'] // N} prompts, {time.perf_counter() - t0:.0f} s)")
             head = (
@@ -184,13 +252,25 @@ def main() -> None:
                     f"{f('makespan_over_lower_bound'):.3f}",
                 ]
                 print("| " + " | ".join(cells) + " |")
+                if "_tau" in ds[0]:
+                    s = summary.setdefault(f"_tau {name}", {"ratio": [], "rest": []})
+                    s["ratio"].append(float(np.mean([d["_tau"] for d in ds])))
+                    s["rest"].append(float(np.mean([d["_tau_rest"] for d in ds])))
                 s = summary.setdefault(name, {"ratio": [], "mslb": [], "lag": [], "gap": []})
                 s["ratio"].append(float(np.nanmean(mr)))
                 s["mslb"].append(float(f("makespan_over_lower_bound")))
                 s["lag"].append(max(d["policy_lag_max"] for d in ds))
+            for name in (n for n in names if "_tau" in reps[0][n]):
+                taus = ", ".join(f"{r[name]['_tau']:.3f}" for r in reps)
+                rest = ", ".join(f"{r[name]['_tau_rest']:.3f}" for r in reps)
+                print(
+                    f"{name}: K={reps[0][name]['_k']} probe pairs, Kendall tau vs mean length {taus} "
+                    f"(all prompts), {rest} (prompts not probed)"
+                )
             sys.stdout.flush()
         print("\nSummary over models (mean of per-model mean ratios; worst model; makespan/LB mean):")
-        orc = np.array(summary["oracle"]["ratio"])
+        taus = {k.split(" ", 1)[1]: summary.pop(k) for k in [k for k in summary if k.startswith("_tau ")]}
+        orc = np.array(summary["oracle"]["ratio"]) if "oracle" in summary else np.full(len(models), np.nan)
         print("| strategy | mean vs random | worst model | (random − x)/(random − oracle) | makespan/LB | lag max |")
         print("|---|---|---|---|---|---|")
         for name, s in summary.items():
@@ -198,6 +278,11 @@ def main() -> None:
             gap = np.mean((1 - r) / (1 - orc))
             print(
                 f"| {name} | {r.mean():.3f} | {r.max():.3f} | {gap:.2f} | {np.mean(s['mslb']):.3f} | {max(s['lag'])} |"
+            )
+        for name, t in taus.items():
+            print(
+                f"{name} predictor: mean Kendall tau {np.mean(t['ratio']):.3f} (all prompts), "
+                f"{np.mean(t['rest']):.3f} (not probed) over {len(t['ratio'])} models"
             )
 
 

@@ -91,3 +91,21 @@ def test_probe_bad_input_is_one_line(tmp_path) -> None:
                 "--log", str(tmp_path / "log2"), "-o", str(tmp_path / "pred2"))  # fmt: skip
     assert res.exit_code == 2 and "all 100 observed lengths equal 1" in res.output
     assert not (tmp_path / "pred2").exists()
+
+
+def test_probe_guards_its_outputs(tmp_path) -> None:
+    """-o and --log may be neither an input nor each other; a negative seed is one line; nothing is written."""
+    data = write_prompts(tmp_path / "prompts.jsonl", 120)
+    before = data.read_bytes()
+    common = [str(data), "--backend", "sim", "--actual-lengths", str(data), "--length-field", "lengths",
+              "--prompts", "100"]  # fmt: skip
+    for extra in (
+        ["--log", str(tmp_path / "same"), "-o", str(tmp_path / "same")],
+        ["--log", str(tmp_path / "log"), "-o", str(data)],
+        ["--log", str(tmp_path / "log"), "-o", str(tmp_path / "pred"), "--seed", "-1"],
+    ):
+        res = probe(*common, *extra)
+        assert res.exit_code == 2, res.output
+        assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    assert data.read_bytes() == before
+    assert not any(p.name in ("same", "log", "pred") for p in tmp_path.iterdir())

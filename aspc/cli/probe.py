@@ -118,7 +118,13 @@ def probe_cmd(
 
     if n_prompts < MIN_PAIRS:
         raise ConfigError(f"--prompts {n_prompts}: a predictor needs at least {MIN_PAIRS} pairs; probe more prompts")
+    from aspc.guards import check_output, check_seed
+
+    check_seed(seed)
     init_arg = None if init.lower() == "none" else init
+    reads = [prompts_path, actual_lengths, None if init_arg in (None, "default") else init_arg]
+    output = check_output(output, inputs=reads, kind="dir")
+    check_output(log_dir, inputs=[*reads, output], kind="dir", option="--log")
     config, cost = run_config_from_kwargs(kwargs, seed=seed, samples_per_prompt=1)
     table = read_prompts(prompts_path, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)
     if len(table) < MIN_PAIRS:

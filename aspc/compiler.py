@@ -170,17 +170,25 @@ def _prepare(
         observed = None
         rollouts: list[dict[str, Any]] = []
         if config.history:
-            observed = read_history(
-                config.history,
-                id_field=inputs.id_field,
-                length_field=config.history_length_field,
-                prompts=(table.ids, table.prompts),
-                tokenizer=tokenizer,
-                verl_stats=rollouts,
-            )
+            # Each --history source is one earlier epoch, oldest first: RL policies drift, so
+            # with several epochs the recent ones weigh more (HistoryPredictor.from_epochs).
+            observed = [
+                read_history(
+                    source,
+                    id_field=inputs.id_field,
+                    length_field=config.history_length_field,
+                    prompts=(table.ids, table.prompts),
+                    tokenizer=tokenizer,
+                    verl_stats=rollouts,
+                )
+                for source in config.history
+            ]
         predictor = load_predictor(config.predictor or "default")
         if observed is not None:
-            predictor = HistoryPredictor(predictor, observed)
+            if len(observed) == 1:
+                predictor = HistoryPredictor(predictor, observed[0])
+            else:
+                predictor = HistoryPredictor.from_epochs(predictor, observed)
         prediction = predictor.predict(table.texts, ids=table.ids)
         identity = dict(predictor.identity())
         if observed is not None:

@@ -313,3 +313,24 @@ def test_known_lengths_prediction_is_per_prompt_numpy(dataset):
     assert pred.mean.tolist() == [float(x.mean()) for x in arrays]
     assert np.array_equal(np.c_[pred.q10, pred.q50, pred.q90], np.array([np.quantile(x, [0.1, 0.5, 0.9]) for x in arrays]))
     assert prediction_from_lengths(arrays).mean.tolist() == pred.mean.tolist()
+
+
+def test_history_epochs_weigh_the_recent_one_more(tmp_path):
+    """Two --history sources are two epochs, oldest first: the newer epoch's lengths pull harder."""
+    import json
+
+    from aspc.compiler import CompileConfig, InputOptions, prepare
+
+    rows = [{"id": f"p{i}", "prompt": f"question {i} about topic {i % 7}"} for i in range(64)]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    old, new = tmp_path / "old.jsonl", tmp_path / "new.jsonl"
+    old.write_text("".join(json.dumps({"id": r["id"], "length": 100}) + "\n" for r in rows))
+    new.write_text("".join(json.dumps({"id": r["id"], "length": 1000}) + "\n" for r in rows))
+
+    def mean_pred(history):
+        cfg = CompileConfig(history=tuple(str(h) for h in history))
+        _table, pred, _identity = prepare(src, InputOptions(), cfg)
+        return float(pred.mean.mean())
+
+    assert mean_pred([old, new]) > mean_pred([new, old])

@@ -92,7 +92,7 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
             "--history",
             multiple=True,
             type=click.Path(),
-            help="Run log or dataset of observed lengths to blend in (repeatable).",
+            help="Run log, dataset or verl rollout dir of observed lengths to blend in (repeatable: one per earlier epoch, oldest first; recent epochs weigh more).",
         ),
         click.option(
             "--history-length-field", default="length", show_default=True, help="Length field in --history datasets."

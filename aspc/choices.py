@@ -11,7 +11,17 @@ from enum import Enum
 
 from aspc.errors import ConfigError
 
-__all__ = ["MINIBATCH_COSTS", "STRATEGIES", "Strategy", "parse_strategy"]
+__all__ = [
+    "EXPORT_FORMATS",
+    "MINIBATCH_COSTS",
+    "ON_BAD_LINE",
+    "ORDERS",
+    "PREDICTOR_KINDS",
+    "STRATEGIES",
+    "TARGETS",
+    "Strategy",
+    "parse_strategy",
+]
 
 
 class Strategy(str, Enum):
@@ -35,3 +45,19 @@ def parse_strategy(name: str) -> Strategy:
 # --minibatch-cost: "padded" = sequences x max predicted mean; "expected-max" =
 # sequences x the expected maximum of their sampled lengths (see aspc.costs).
 MINIBATCH_COSTS = ("padded", "expected-max")
+
+# --order: "lpt" = groups, and minibatches within them, longest first on the upper
+# quantile (aspc.anneal.lpt); "interleave" = the preprint's short/long interleaving.
+ORDERS = ("lpt", "interleave")
+
+# --for: trainer profiles (aspc.profiles).
+TARGETS = ("verl",)
+
+# --on-bad-line: fail on a malformed input row, or skip it and report it.
+ON_BAD_LINE = ("error", "skip")
+
+# --kind: predictors that aspc.predict can train and load.
+PREDICTOR_KINDS = ("lexical", "transformer")
+
+# aspc export --format.
+EXPORT_FORMATS = ("verl", "jsonl")

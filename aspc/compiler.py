@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from aspc.choices import Strategy, parse_strategy
+from aspc.choices import ORDERS, Strategy, parse_strategy
 from aspc.emit import schema as S
 from aspc.emit.metrics import plan_metrics
 from aspc.emit.plan import Plan
@@ -206,8 +206,6 @@ def _verl_config(config: CompileConfig) -> CompileConfig:
 
     return verl_config(config, DEFAULT_BATCH_SIZE, DEFAULT_GROUP_SIZE)
 
-
-ORDERS = ("lpt", "interleave")
 
 
 def _constant(p: LengthPrediction) -> bool:

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from aspc.caps import overlong, prompt_token_counts
+from aspc.choices import TARGETS
 from aspc.errors import ConfigError, InputError
 from aspc.io import PromptTable
 
-TARGETS = ("verl",)
 REMAINDER_POLICY = "drop"
 
 

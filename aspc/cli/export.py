@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from aspc.choices import EXPORT_FORMATS
 from aspc.cli.common import RichProgress, emit_json, err_console, handle_errors, json_option, out_console, quiet_option
 
 
@@ -14,7 +15,7 @@ from aspc.cli.common import RichProgress, emit_json, err_console, handle_errors,
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["verl", "jsonl"]),
+    type=click.Choice(EXPORT_FORMATS),
     default="verl",
     show_default=True,
     help="verl: Parquet with a chat 'prompt' column; jsonl: one JSON record per line.",

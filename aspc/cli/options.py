@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from aspc.choices import MINIBATCH_COSTS, STRATEGIES
+from aspc.choices import MINIBATCH_COSTS, ON_BAD_LINE, ORDERS, STRATEGIES, TARGETS
 
 if TYPE_CHECKING:  # the compiler loads numba and pyarrow: imported when a command runs, not for --help
     from aspc.compiler import CompileConfig, InputOptions
@@ -23,7 +23,7 @@ def read_options(fn: F) -> F:
             click.option("--id-field", default="id", show_default=True, help="Field with the prompt id (else a content hash)."),
             click.option(
                 "--on-bad-line",
-                type=click.Choice(["error", "skip"]),
+                type=click.Choice(ON_BAD_LINE),
                 default="error",
                 show_default=True,
                 help="Fail on a bad input row, or skip it and report it.",
@@ -81,7 +81,7 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
         ),
         click.option(
             "--order",
-            type=click.Choice(["lpt", "interleave"]),
+            type=click.Choice(ORDERS),
             default="lpt",
             show_default=True,
             help="asp dispatch order: lpt = longest first on the q90 of each minibatch's longest response; "
@@ -100,7 +100,7 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
         click.option(
             "--for",
             "target",
-            type=click.Choice(["verl"]),
+            type=click.Choice(TARGETS),
             default=None,
             help="Trainer profile. verl: every group exactly --batch-size x --group-size prompts (one "
             "data.train_batch_size step); a remainder of fewer prompts is left out (seeded by --seed) and counted.",

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from aspc.choices import PREDICTOR_KINDS
 from aspc.cli.common import (
     RichProgress,
     emit_json,
@@ -110,7 +111,7 @@ def _init_option(fn: F) -> F:
 )
 @click.option(
     "--kind",
-    type=click.Choice(["lexical", "transformer"]),
+    type=click.Choice(PREDICTOR_KINDS),
     default="lexical",
     show_default=True,
     help="lexical: hashed n-grams + ridge (NumPy); transformer: fine-tuned encoder (torch).",

@@ -21,6 +21,7 @@ from typing import Any
 
 import click
 
+from aspc.choices import ON_BAD_LINE, PREDICTOR_KINDS
 from aspc.cli.backend_options import build_real_components, real_backend_options
 from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, quiet_option
 from aspc.cli.run import run_config_from_kwargs, runtime_options
@@ -64,7 +65,7 @@ def _subset(table: Any, k: int, seed: int) -> Any:
               help="Run log directory to write (new, or --overwrite).")  # fmt: skip
 @click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Predictor directory to write (replaced atomically).")  # fmt: skip
-@click.option("--kind", type=click.Choice(["lexical", "transformer"]), default="lexical", show_default=True,
+@click.option("--kind", type=click.Choice(PREDICTOR_KINDS), default="lexical", show_default=True,
               help="Predictor kind to train on the probe's pairs.")  # fmt: skip
 @click.option("--init", default="default", show_default=True, metavar="DIR|default|none",
               help="Predictor to refit (and to schedule the probe with); 'none' trains from scratch.")  # fmt: skip
@@ -76,7 +77,7 @@ def _subset(table: Any, k: int, seed: int) -> Any:
 @click.option("--length-field", default="length", show_default=True, help="Length field in --actual-lengths.")
 @click.option("--prompt-field", default="prompt", show_default=True, help="Prompt field in PROMPTS.")
 @click.option("--id-field", default="id", show_default=True, help="Prompt id field in PROMPTS and --actual-lengths.")
-@click.option("--on-bad-line", type=click.Choice(["error", "skip"]), default="error", show_default=True,
+@click.option("--on-bad-line", type=click.Choice(ON_BAD_LINE), default="error", show_default=True,
               help="What to do with a malformed row of PROMPTS.")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the sample, the run and training.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing aspc run log at --log.")

@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from aspc.atomic import atomic_path
+from aspc.choices import EXPORT_FORMATS
 from aspc.emit import Plan, read_plan
 from aspc.emit import schema as S
 from aspc.errors import ConfigError, InputError
@@ -44,7 +45,7 @@ from aspc.export.overrides import override_args, verl_settings
 from aspc.export.source import check_rows, locate_source, source_records, source_table
 from aspc.guards import check_output
 
-FORMATS = ("verl", "jsonl")
+FORMATS = EXPORT_FORMATS
 DEFAULT_DATA_SOURCE = "aspc"  # verl picks the reward function by data_source; set yours with --data-source
 ASPC_KEY = "aspc"  # extra_info key holding aspc's schedule fields
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")

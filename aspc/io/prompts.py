@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from aspc.choices import ON_BAD_LINE
 from aspc.errors import ConfigError
 from aspc.io.readers import _check_file, check_not_parquet, detect_format
 from aspc.io.rows import (  # noqa: F401 - re-exported: the historical home of these names
@@ -103,7 +104,7 @@ def read_prompts(
     """
     from aspc.io import bulk
 
-    if on_bad_line not in ("error", "skip"):
+    if on_bad_line not in ON_BAD_LINE:
         raise ConfigError(f"--on-bad-line must be 'error' or 'skip', not {on_bad_line!r}")
     check_field_names(length_field)
     path = Path(path)

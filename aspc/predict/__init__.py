@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from aspc.choices import PREDICTOR_KINDS
 from aspc.errors import ConfigError
 from aspc.predict.base import FORMAT_VERSION, MIN_PAIRS, LengthPrediction, Predictor, read_metadata
 from aspc.predict.history import HistoryPredictor, blend_history
@@ -40,7 +41,7 @@ __all__ = [
     "train_predictor",
 ]
 
-KINDS = ("lexical", "transformer")
+KINDS = PREDICTOR_KINDS
 """Kinds that :func:`train_predictor` can train and :func:`load_predictor` can read."""
 
 DEFAULT = "default"

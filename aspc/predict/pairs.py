@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from aspc.choices import ON_BAD_LINE
 from aspc.errors import InputError
 
 PLAN_IN_LOG = "plan.parquet"
@@ -188,7 +189,7 @@ def read_dataset_pairs(
     from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
     from aspc.io.rows import _parse_id, _parse_prompt, _RowError, content_id, parse_length
 
-    if on_bad_line not in ("error", "skip"):
+    if on_bad_line not in ON_BAD_LINE:
         raise ConfigError(f"--on-bad-line must be 'error' or 'skip', not {on_bad_line!r}")
     path = Path(path)
     from_text = detect_format(path) == "csv"

@@ -34,10 +34,9 @@ from aspc.emit import schema as S
 from aspc.emit.plan import Plan, write_plan
 from aspc.errors import ConfigError
 from aspc.io.history import read_history
-from aspc.io.prompts import PromptTable
 from aspc.predict.base import LengthPrediction
 from aspc.predict.history import DEFAULT_KAPPA, blend_history
-from aspc.replan import compile_config_of, used_columns
+from aspc.replan import compile_config_of, prompt_table_of, used_columns
 from aspc.runtime.api import RunResult, run
 
 MAX_EPOCHS = 1000
@@ -52,20 +51,6 @@ def epoch_lengths(actual: dict[str, np.ndarray], epoch: int, n: int, drift: floa
         shift = ((epoch - 1) * n) % v.size if v.size else 0
         out[pid] = np.maximum(1.0, np.round(np.roll(v, -shift) * scale))
     return out
-
-
-def _table_of(plan: Plan) -> PromptTable:
-    t = plan.table
-    prompts = t.column(S.PROMPT).to_pylist()
-    return PromptTable(
-        ids=t.column(S.PROMPT_ID).to_pylist(),
-        prompts=prompts,
-        texts=prompts,
-        source_rows=t.column(S.SOURCE_ROW).to_numpy().astype(np.int64),
-        prompt_tokens=t.column(S.PROMPT_TOKENS).to_numpy().astype(np.int64),
-        lengths=None,
-        input_hash=plan.input_hash,
-    )
 
 
 def epoch_prediction(plan: Plan, logs: list[Path]) -> LengthPrediction:
@@ -179,7 +164,7 @@ def run_epochs(
     plans_dir.mkdir(parents=True, exist_ok=True)
     n = config.samples_per_prompt or int(plan.table.column(S.N_SAMPLES)[0].as_py())
     cfg: CompileConfig = compile_config_of(plan.config or {}, **(compile_overrides or {}))
-    table = _table_of(plan)
+    table = prompt_table_of(plan.table, plan.input_hash)
     runs: list[RunResult] = []
     plans: list[Plan] = []
     current = plan

@@ -74,6 +74,20 @@ def used_columns(x: Features) -> Features:
     return Features(x.dense, x.rows, cols.reshape(-1).astype(np.int64), x.vals, max(1, int(used.size)))
 
 
+def prompt_table_of(rows: pa.Table, input_hash: str) -> PromptTable:
+    """The prompts of plan rows, as a table the compiler takes (no known lengths)."""
+    prompts = rows.column(S.PROMPT).to_pylist()
+    return PromptTable(
+        ids=rows.column(S.PROMPT_ID).to_pylist(),
+        prompts=prompts,
+        texts=prompts,
+        source_rows=rows.column(S.SOURCE_ROW).to_numpy().astype(np.int64),
+        prompt_tokens=rows.column(S.PROMPT_TOKENS).to_numpy().astype(np.int64),
+        lengths=None,
+        input_hash=input_hash,
+    )
+
+
 def compile_config_of(plan_config: dict[str, Any], **overrides: Any) -> CompileConfig:
     """The :class:`CompileConfig` a plan was compiled with (its stored record), for its remainder."""
     names = {f.name for f in dataclasses.fields(CompileConfig)}
@@ -172,17 +186,7 @@ class OnlineReplanner(Replanner):
             return None
         rest, pred = got
         w = view.work
-        table = w.table.slice(int(rest[0]), len(rest))
-        prompts = table.column(S.PROMPT).to_pylist()
-        sub = PromptTable(
-            ids=table.column(S.PROMPT_ID).to_pylist(),
-            prompts=prompts,
-            texts=prompts,
-            source_rows=table.column(S.SOURCE_ROW).to_numpy().astype(np.int64),
-            prompt_tokens=table.column(S.PROMPT_TOKENS).to_numpy().astype(np.int64),
-            lengths=None,
-            input_hash=self.input_hash,
-        )
+        sub = prompt_table_of(w.table.slice(int(rest[0]), len(rest)), self.input_hash)
         n = int(np.median(w.n_samples[rest]))
         # Keep the remainder's minibatch count (a revision re-cuts, it does not
         # add minibatches: each one pays the fixed decode-step cost).

@@ -29,7 +29,11 @@ batch of 256 samples, static returns, and the simulator's default cost model
   predictor has seen these prompts' lengths (of all 13 models);
   ``asp+probe-scratch`` is the same probe trained from scratch (no
   ``--init``): what a user's truly unseen prompts get; ``asp+default`` is
-  asp with the shipped default predictor and no probe.
+  asp with the shipped default predictor and no probe; ``asp+probe+replan``
+  is asp+probe re-planned during the run. ``--default DIR`` replaces the
+  shipped default in these rows by the same recipe trained on the ``train``
+  split only (``scripts/train_default_predictor.py --splits train --output
+  DIR``): then nothing of these prompts was seen, the honest figure.
 
 ``--rows`` limits the run to some rows (random is always run: every ratio
 is to it), e.g. ``--rows asp,asp+probe`` for an affordable probe check.
@@ -40,6 +44,7 @@ random) and a summary over the models.
     nice .venv/bin/python benchmarks/rl_reference.py --repeats 3
     nice .venv/bin/python benchmarks/rl_reference.py --models Qwen--Qwen2.5-7B-Instruct-1M --repeats 1
     nice .venv/bin/python benchmarks/rl_reference.py --rows asp,asp+probe --repeats 1
+    nice .venv/bin/python benchmarks/rl_reference.py --default DIR --rows asp+default,asp+probe,asp+probe+replan
 
 Skips with a message when the data file is absent.
 """
@@ -108,7 +113,7 @@ def inputs_for(model: str, rows, tmp: Path, seed: int) -> tuple[Path, Path]:
 
 
 def probe_predictor(
-    inp: Path, tmp: Path, model: str, seed: int, init: str | None = "default"
+    inp: Path, tmp: Path, model: str, seed: int, init: str | None = "default", default: str = "default"
 ) -> tuple[Path | str, float, float, int]:
     """Train lexical (``--init init``) on one held-out recorded length of a seeded K of the prompts.
 
@@ -121,8 +126,8 @@ def probe_predictor(
     recs = [json.loads(line) for line in open(inp)]
     k = min(PROBE_MAX, int(PROBE_SHARE * len(recs)))
     pick = np.sort(np.random.default_rng([seed, 7]).choice(len(recs), size=k, replace=False))
-    if init == "":  # no probe: the shipped default as it is ("not probed" = the same prompts as above)
-        d = "default"
+    if init == "":  # no probe: the default as it is ("not probed" = the same prompts as above)
+        d = default
         got = load_predictor(d).predict([r["prompt"] for r in recs])
         means = np.array([np.mean(r["lengths"]) for r in recs])
         rest = np.setdiff1d(np.arange(len(recs)), pick)
@@ -135,7 +140,7 @@ def probe_predictor(
         init=init,
         seed=seed,
     )
-    d = tmp / f"probe-{model}-{seed}-{init or 'scratch'}"
+    d = tmp / f"probe-{model}-{seed}-{'init' if init else 'scratch'}"
     pred.save(d)
     got = load_predictor(d).predict([r["prompt"] for r in recs])
     means = np.array([np.mean(r["lengths"]) for r in recs])
@@ -143,7 +148,7 @@ def probe_predictor(
     return d, float(kendall_tau(got.mean, means)), float(kendall_tau(got.mean[rest], means[rest])), k
 
 
-def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt", only=None):
+def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt", only=None, default="default"):
     from aspc.compiler import CompileConfig, InputOptions, compile_file
     from aspc.epochs import run_epochs
     from aspc.io.history import read_history
@@ -159,12 +164,17 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt", only=No
     rc = RunConfig(workers=W, global_batch=GB, seed=seed, max_new_tokens=CAP)
     res = simulate_strategies(inp, inputs, cfg, rc, strategies=[s for s in STRATS if want(s)])
     out = {k: v.summary.to_dict() for k, v in res.items()}
-    for name, init in (("asp+probe", "default"), ("asp+probe-scratch", None), ("asp+default", "")):
-        if want(name):
-            pdir, tau, tau_rest, k = probe_predictor(inp, tmp, model, seed, init)
+    for name, init in (("asp+probe", default), ("asp+probe-scratch", None), ("asp+default", "")):
+        if want(name) or (name == "asp+probe" and want("asp+probe+replan")):
+            pdir, tau, tau_rest, k = probe_predictor(inp, tmp, model, seed, init, default)
             cfg_p = dataclasses.replace(cfg, predictor=str(pdir))
-            out[name] = simulate_strategies(inp, inputs, cfg_p, rc, strategies=["asp"])["asp"].summary.to_dict()
-            out[name].update(_tau=tau, _tau_rest=tau_rest, _k=k)
+            strategies = ["asp", "asp+replan"] if name == "asp+probe" and want("asp+probe+replan") else ["asp"]
+            got = simulate_strategies(inp, inputs, cfg_p, rc, strategies=strategies)
+            if want(name):
+                out[name] = got["asp"].summary.to_dict()
+                out[name].update(_tau=tau, _tau_rest=tau_rest, _k=k)
+            if "asp+replan" in got:
+                out["asp+probe+replan"] = got["asp+replan"].summary.to_dict()
     if want("asp+history"):
         cfg_h = dataclasses.replace(cfg, history=(str(hist),), history_length_field="lengths")
         out["asp+history"] = simulate_strategies(inp, inputs, cfg_h, rc, strategies=["asp"])["asp"].summary.to_dict()
@@ -202,6 +212,13 @@ def main() -> None:
     ap.add_argument("--staleness", default="1,2,4")
     ap.add_argument("--order", choices=["lpt", "interleave"], default="lpt", help="asp's dispatch order")
     ap.add_argument("--rows", default=None, help="comma list of rows to run (default: all; random always runs)")
+    ap.add_argument(
+        "--default",
+        default="default",
+        help="predictor for asp+default and the probe's --init: 'default' (shipped, trained on both splits: "
+        "in-sample here) or the same recipe on the train split only (scripts/train_default_predictor.py "
+        "--splits train --output DIR), the honest figure",
+    )
     args = ap.parse_args()
     if not DATA.exists():
         print(f"skipped: {DATA.name} not found under ../shared/data (only on development machines)")
@@ -221,7 +238,10 @@ def main() -> None:
         for model in models:
             t0 = time.perf_counter()
             pdir = predictor_for(model, rows, cache)
-            reps = [one_repeat(model, rows, pdir, tmp, s, staleness, args.order, only) for s in range(args.repeats)]
+            reps = [
+                one_repeat(model, rows, pdir, tmp, s, staleness, args.order, only, args.default)
+                for s in range(args.repeats)
+            ]
             names = list(reps[0])
             print(f"\n{model} ({reps[0]['random']['samples_planned'] // N} prompts, {time.perf_counter() - t0:.0f} s)")
             head = (

@@ -100,6 +100,26 @@ def test_replan_learns_what_the_predictor_did_not_know():
     assert replanned.mean_iteration_time < plain.mean_iteration_time
 
 
+def test_replan_penalty_follows_what_the_returned_prompts_show():
+    # Words that set the length: the held-out error picks a light penalty.
+    # Lengths that are noise around the plan's predictions: a heavy one.
+    from aspc.replan import RIDGE_LAMBDAS
+
+    table, lens, flat = _data(600, 2)
+    cfg = CompileConfig(samples_per_prompt=4, batch_size=8, workers=4)
+    rp = OnlineReplanner(compile_plan(table, flat, cfg).table, cfg)
+    obs = np.arange(400, dtype=np.int64)
+    ids = rp_ids = list(table.ids)
+    glob = np.array([rp._index[p] for p in rp_ids], dtype=np.int64)
+    signal = np.log([lens[ids[i]].mean() for i in range(400)])
+    noise = rp._offset[glob[obs]] + np.random.default_rng(0).normal(0, 0.4, 400)
+    lam_signal = rp._choose_lambda(glob[obs], signal, 0)
+    lam_noise = rp._choose_lambda(glob[obs], noise, 0)
+    assert lam_signal in RIDGE_LAMBDAS and lam_noise in RIDGE_LAMBDAS
+    assert lam_signal < lam_noise
+    assert rp._choose_lambda(glob[obs], signal, 0) == lam_signal  # seeded: a resumed run chooses the same
+
+
 def test_epochs_write_checkable_plans_and_per_epoch_metrics(tmp_path):
     table, lens, flat = _data(400, 2)
     cfg = CompileConfig(samples_per_prompt=4, batch_size=8, workers=4)

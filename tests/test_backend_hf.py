@@ -268,3 +268,23 @@ def test_replay_and_reload_on_cuda(model_dir):
     assert [int(x) for x in cols["response_len"]] == [want[(ids[r], int(i))] for r, i in
                                                       zip(rows, cols["sample_index"], strict=True)]
     assert trainer.pairs and all(stamp == logged for stamp, logged in trainer.pairs)
+
+
+def test_replan_with_hf_keeps_every_replayed_length(tmp_path, model_dir):
+    # Re-planning revises the undispatched remainder mid-run; the hf backend's
+    # replayed lengths must follow their (prompt, sample) pairs into the new order.
+    data, plan, want = _contract_files(tmp_path, n=160)
+    run_dir = tmp_path / "RUN"
+    args = _contract_args(plan, model_dir, data, run_dir) + ["--replan", "--replan-every", "1"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert summary["samples_generated"] == len(want) == summary["samples_planned"]
+    revisions = sorted((run_dir / "plans").glob("revision-*.parquet"))
+    assert revisions, "no revision was made: the test does not exercise re-planning"
+    rows = run_log_samples(run_dir)
+    assert Counter((s["prompt_id"], s["sample_index"]) for s in rows) == Counter(want.keys())
+    for s in rows:
+        assert s["response_len"] == want[(s["prompt_id"], s["sample_index"])]
+    mbs = read_run_log(run_dir).tables["minibatches"]
+    assert max(v for v in mbs.column("plan_revision").to_pylist() if v is not None) >= 1

@@ -307,7 +307,7 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
     "--replan",
     is_flag=True,
     help="Re-plan the undispatched remainder from the lengths returned so far, every --replan-every "
-    "trainer steps (sim backend); revisions go to RUN/plans/revision-R.parquet.",
+    "trainer steps (any backend); revisions go to RUN/plans/revision-R.parquet.",
 )
 @click.option("--replan-every", type=int, default=8, show_default=True, help="Trainer steps per re-planning window.")
 @json_option

@@ -125,8 +125,8 @@ def run(
         at ``log_dir`` yet starts a fresh run.
     replanner
         Revises the undispatched remainder every ``replanner.every_steps``
-        trainer steps (``aspc run --replan``, :mod:`aspc.replan`); sim backend
-        only, and not with ``resume``.
+        trainer steps (``aspc run --replan``, :mod:`aspc.replan`); the sim and
+        model backends (hf, vllm) follow revisions; not with ``resume``.
     progress
         Progress sink (the CLI's bar).
 

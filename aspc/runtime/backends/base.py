@@ -111,6 +111,17 @@ class ModelBackend(GenerationBackend):
         if self.on_setup is not None:
             self.on_setup(n_workers)
 
+    def on_revision(self, work: WorkPlan, first: int, new_to_old: np.ndarray) -> None:
+        """The undispatched remainder was revised (``aspc run --replan``): replayed lengths follow their samples.
+
+        Runs on the driver. Minibatches already handed out keep their rows and
+        sample ids (``new_to_old`` is the identity on them), so a request that
+        a worker thread builds meanwhile reads the same rows either way.
+        """
+        self._work = work
+        if self._replay is not None:
+            self._replay = self._replay[new_to_old]
+
     def request(self, work: MinibatchWork) -> GenerationRequest:
         """The request for minibatch ``work`` (cheap; runs on the driver)."""
         plan = self._work

@@ -103,6 +103,12 @@ def compile_config_of(plan_config: dict[str, Any], **overrides: Any) -> CompileC
     return CompileConfig(**keep)
 
 
+def _revision_number(name: str) -> int:
+    """``revision-R.parquet`` -> R (-1 for any other name, which sorts first and fails the check)."""
+    stem = name[len("revision-") : -len(".parquet")]
+    return int(stem) if stem.isdigit() else -1
+
+
 class OnlineReplanner(Replanner):
     """Revises the remainder from the lengths observed so far (see the module notes).
 
@@ -198,6 +204,43 @@ class OnlineReplanner(Replanner):
             factor = factor * np.where(j > 0, shrunk / mean, 1.0)
             mean = np.where(j > 0, shrunk, mean)
         return rest, LengthPrediction(mean, base.q10 * factor, base.q50 * factor, base.q90 * factor)
+
+    def stored_revisions(self) -> list[tuple[int, pa.Table]]:
+        """The revisions written under ``log_dir/plans`` by the run being resumed, oldest first.
+
+        Raises
+        ------
+        RunError
+            A revision file is unreadable, or the files do not form the
+            sequence 1..R with non-decreasing first minibatches (the log was
+            edited or mixed with another run's).
+        """
+        from aspc.emit.plan import read_plan
+        from aspc.errors import AspcError, RunError
+
+        if self.log_dir is None:
+            return []
+        paths = sorted((self.log_dir / "plans").glob("revision-*.parquet"), key=lambda p: _revision_number(p.name))
+        out: list[tuple[int, pa.Table]] = []
+        last_first = -1
+        for k, path in enumerate(paths, start=1):
+            where = f"{path}: cannot resume with --replan"
+            try:
+                plan = read_plan(path)
+            except AspcError as exc:
+                raise RunError(f"{where}: {exc}") from None
+            rev = plan.config.get("revision") or {}
+            first = rev.get("first_minibatch")
+            if rev.get("id") != k or _revision_number(path.name) != k or not isinstance(first, int):
+                raise RunError(f"{where}: revisions must be revision-1 .. revision-{len(paths)} with their ids; "
+                               "start a new run with --overwrite")
+            if first < last_first:  # equal is fine: two windows may pass with nothing dispatched
+                raise RunError(f"{where}: it starts at minibatch {first}, before the previous revision's "
+                               f"{last_first}; start a new run with --overwrite")
+            last_first = first
+            out.append((first, plan.table))
+        self.revisions = [{"revision": k, "first_minibatch": f} for k, (f, _) in enumerate(out, start=1)]
+        return out
 
     def revise(self, view: ReplanView) -> pa.Table | None:
         # Near the end a revision can only hurt: prompts it now thinks long

@@ -157,6 +157,75 @@ def _sim_kill_resume(tmp_path: Path, seeds: list[int]) -> None:
     assert partial >= max(1, len(seeds) // 2)
 
 
+def _committed_past_revision(run_dir: Path) -> bool | None:
+    """True once the log holds a minibatch at or after revision 1's first; None before that."""
+    from aspc.emit import read_plan
+
+    rev = run_dir / "plans" / "revision-1.parquet"
+    if not rev.exists():
+        return None
+    first = read_plan(rev).config["revision"]["first_minibatch"]
+    try:
+        mbs = read_run_log(run_dir, allow_incomplete=True).tables["minibatches"].column("minibatch").to_pylist()
+    except Exception:  # a part being committed right now: look again
+        return None
+    return True if mbs and max(mbs) >= first else None
+
+
+def test_replanned_run_sigkilled_after_a_revision_resumes_exactly(tmp_path):
+    # --replan with --resume: the resumed run re-applies RUN/plans/revision-*.parquet before
+    # restoring the log (whose minibatch and sample numbers follow the revisions), then goes on.
+    data, plan, want = _plan_files(tmp_path, 120)
+    replan = ["--replan", "--replan-every", "1"]
+    ref = tmp_path / "REF"
+    p = _cli([*_sim_args(plan, data, ref), *replan])
+    assert p.wait() == 0, p.stderr.read()
+    ref_rows = check_contract(ref, want, 12)
+    assert list((ref / "plans").glob("revision-*.parquet")), "no revision: the test would prove nothing"
+    resumed_after_revision = 0
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        run_dir = tmp_path / f"RUN{seed}"
+        p = _cli([*_sim_args(plan, data, run_dir), *replan], env={TEST_DELAY_ENV: "0.02"})
+        # Kill once the log holds a minibatch of the first revision: the resume must then
+        # renumber as the revision did, or its restore would mark the wrong minibatches done.
+        deadline = time.monotonic() + 120
+        while p.poll() is None and time.monotonic() < deadline and _committed_past_revision(run_dir) is None:
+            time.sleep(0.01)
+        killed = _kill_at(p, float(rng.uniform(0.0, 0.1)))
+        n, status = _committed(run_dir)
+        if killed and status == "running" and n < len(want) and _committed_past_revision(run_dir):
+            resumed_after_revision += 1
+        p = _cli([*_sim_args(plan, data, run_dir), *replan, "--resume"])
+        out, err = p.communicate()
+        assert p.returncode == 0, err
+        rows = check_contract(run_dir, want, 12)
+        assert {k: r["response_len"] for k, r in rows.items()} == {k: r["response_len"] for k, r in ref_rows.items()}
+        revs = read_run_log(run_dir).tables["minibatches"].column("plan_revision").to_pylist()
+        assert max(r for r in revs if r is not None) >= 1
+    assert resumed_after_revision >= 1
+
+
+def test_resume_with_replan_refuses_revisions_out_of_sequence(tmp_path):
+    data, plan, want = _plan_files(tmp_path, 120)
+    run_dir = tmp_path / "RUN"
+    args = [*_sim_args(plan, data, run_dir), "--replan", "--replan-every", "1"]
+    p = _cli(args, env={TEST_DELAY_ENV: "0.02"})
+    deadline = time.monotonic() + 120
+    while p.poll() is None and time.monotonic() < deadline and not (run_dir / "plans" / "revision-1.parquet").exists():
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    first = run_dir / "plans" / "revision-1.parquet"
+    assert first.exists()
+    first.rename(run_dir / "plans" / "revision-7.parquet")
+    p = _cli([*args, "--resume"])
+    out, err = p.communicate()
+    assert p.returncode != 0
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1 and "revision-7.parquet" in lines[0] and "--overwrite" in lines[0], err
+
+
 def test_sim_sigkill_then_resume_generates_every_sample_once(tmp_path):
     _sim_kill_resume(tmp_path, [0, 1, 2])
 

@@ -31,6 +31,7 @@ from aspc.runtime.config import RunConfig, check_staleness, parse_return_mode, r
 from aspc.runtime.contracts import BackendContext, GenerationBackend, Replanner, Trainer
 from aspc.runtime.core.batches import BatchBuilder
 from aspc.runtime.core.loop import drive
+from aspc.runtime.core.revise import revise_work
 from aspc.runtime.core.scheduler import Scheduler
 from aspc.runtime.lengths import SampleLengths, join_actual_lengths, sample_predicted_lengths
 from aspc.runtime.record import resume as resume_log
@@ -126,7 +127,8 @@ def run(
     replanner
         Revises the undispatched remainder every ``replanner.every_steps``
         trainer steps (``aspc run --replan``, :mod:`aspc.replan`); the sim and
-        model backends (hf, vllm) follow revisions; not with ``resume``.
+        model backends (hf, vllm) follow revisions. With ``resume`` its
+        stored revisions are applied first (:meth:`Replanner.stored_revisions`).
     progress
         Progress sink (the CLI's bar).
 
@@ -178,8 +180,6 @@ def run(
     resume_log.check_log_options(log_dir, overwrite=overwrite, resume=resume)
     if replanner is not None and not hasattr(backend, "on_revision"):
         raise ConfigError(f"--replan needs a backend that follows plan revisions; {config.backend} does not yet (use sim)")
-    if replanner is not None and resume:
-        raise ConfigError("--replan with --resume is not supported yet; resume without --replan or start a new run")
     writer = RunLogWriter(log_dir, overwrite=overwrite, resume=resume) if log_dir is not None else None
     if writer is not None:
         # Before the log's status is read: a second writer stops here.
@@ -275,6 +275,14 @@ def _run_locked(
     if writer is not None:
         writer.start(new_meta)
     recorder = Recorder(work, writer, flush_seconds=config.log_flush_seconds)
+    revision = 0
+    if resuming and replanner is not None:
+        # The log numbers minibatches and samples as the last revision left them.
+        for first, tail in replanner.stored_revisions():
+            revision += 1
+            new_to_old = revise_work(work, first, tail)
+            backend.on_revision(work, first, new_to_old)  # type: ignore[attr-defined]
+            recorder.on_revision(work, first, new_to_old, revision)
     scheduler = Scheduler(
         work.minibatch_sizes,
         config.workers,
@@ -285,6 +293,7 @@ def _run_locked(
     )
     batches = BatchBuilder(work)
     weights = None
+    steps_done = 0
     notes: list[str] = []
     try:
         if resuming:
@@ -294,6 +303,7 @@ def _run_locked(
             batches.restore(state.response_len, state.minibatch_version)
             engine.advance_clock(state.clock)
             weights = trainer.restore(state.next_step)
+            steps_done = state.next_step
             notes.append(
                 f"resumed {log_dir}: {int(state.done.sum())} of {work.n_minibatches} minibatches and "
                 f"{state.next_step} trainer steps were durable; {state.queued.size} generated samples wait "
@@ -313,6 +323,8 @@ def _run_locked(
             batches=batches,
             replanner=replanner,
             on_revision=on_revision if replanner is not None else None,
+            steps_done=steps_done,
+            revision=revision,
         )
     except BaseException as exc:
         if writer is not None:

@@ -161,3 +161,13 @@ class Replanner(ABC):
         ``>= view.first_undispatched``, each with its ``n_samples``; the
         runtime renumbers its minibatches from ``first_undispatched`` on.
         """
+
+    def stored_revisions(self) -> list[tuple[int, Any]]:
+        """The revisions this replanner made in the run being resumed, oldest first.
+
+        Each is ``(first_undispatched, remainder table)`` exactly as
+        :meth:`revise` returned it; ``--resume`` applies them to the plan
+        before restoring the log, so the log's minibatch numbers mean what
+        they meant. The default: none kept.
+        """
+        return []

@@ -57,6 +57,9 @@ def drive(
     batches: BatchBuilder | None = None,
     replanner: Replanner | None = None,
     on_revision: Callable[[WorkPlan, int, np.ndarray, int], None] | None = None,
+    *,
+    steps_done: int = 0,
+    revision: int = 0,
 ) -> None:
     """Run ``work`` to completion.
 
@@ -66,7 +69,10 @@ def drive(
     one restored from its log, a fresh run gets a new one. ``replanner``
     revises the undispatched remainder after every ``replanner.every_steps``
     trainer steps (:mod:`aspc.runtime.core.revise`); ``on_revision(work,
-    first, new_to_old, revision)`` tells the backend and the recorder.
+    first, new_to_old, revision)`` tells the backend and the recorder. A
+    resumed run passes the trainer steps its log holds (``steps_done``) and
+    the revisions already applied to ``work`` (``revision``), so windows and
+    revision ids continue where the log ended.
 
     Raises
     ------
@@ -82,9 +88,7 @@ def drive(
     # Advancing a rich bar per minibatch would cost more than simulating it.
     tick = max(1, m_total // 200)
     pending_ticks = 0
-    steps_done = 0
-    next_window = replanner.every_steps if replanner is not None else None
-    revision = 0
+    next_window = steps_done + replanner.every_steps if replanner is not None else None
     while True:
         now = engine.now()
         for action in scheduler.decide():

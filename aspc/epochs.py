@@ -36,7 +36,7 @@ from aspc.errors import ConfigError
 from aspc.io.history import read_history
 from aspc.predict.base import LengthPrediction
 from aspc.predict.history import DEFAULT_KAPPA, blend_history
-from aspc.replan import compile_config_of, prompt_table_of, used_columns
+from aspc.replan import OnlineReplanner, compile_config_of, prompt_table_of, used_columns
 from aspc.runtime.api import RunResult, run
 
 MAX_EPOCHS = 1000
@@ -127,6 +127,7 @@ def run_epochs(
     length_drift: float = 0.0,
     overwrite: bool = False,
     compile_overrides: dict[str, Any] | None = None,
+    replan_every: int | None = None,
     **run_kwargs: Any,
 ) -> EpochsResult:
     """Run ``plan`` for ``n_epochs`` passes; epoch ``k >= 2`` is compiled from epochs ``1..k-1``.
@@ -148,6 +149,9 @@ def run_epochs(
         ``F``: epoch ``k`` replays lengths scaled by ``(1 + F) ** (k - 1)``; ``> -1``.
     compile_overrides
         :class:`CompileConfig` fields to change from the plan's own record.
+    replan_every
+        Re-plan every epoch during its run too (``--replan``), every this many
+        trainer steps; its revisions go to ``RUN/epoch-K/plans/``.
     run_kwargs
         Passed to :func:`aspc.runtime.run` (cost model, lengths name, progress).
     """
@@ -180,6 +184,15 @@ def run_epochs(
         write_plan(current, plans_dir / f"epoch-{k}.parquet")
         plans.append(current)
         lengths = None if actual_lengths is None else epoch_lengths(actual_lengths, k, n, length_drift)
+        replanner = None
+        if replan_every is not None:
+            replanner = OnlineReplanner(
+                current.table,
+                dataclasses.replace(cfg, seed=cfg.seed + k - 1, workers=config.workers),
+                every_steps=replan_every,
+                log_dir=root / f"epoch-{k}",
+                input_hash=plan.input_hash,
+            )
         runs.append(
             run(
                 current,
@@ -187,6 +200,7 @@ def run_epochs(
                 actual_lengths=lengths,
                 log_dir=root / f"epoch-{k}",
                 overwrite=overwrite,
+                replanner=replanner,
                 **run_kwargs,
             )
         )

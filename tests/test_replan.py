@@ -134,6 +134,22 @@ def test_epochs_write_checkable_plans_and_per_epoch_metrics(tmp_path):
     assert out["epochs"][1]["lower_bound"] < out["epochs"][0]["lower_bound"]
 
 
+def test_epochs_with_replan_revise_each_epoch_and_keep_every_sample(tmp_path):
+    table, lens, flat = _data(400, 2)
+    cfg = CompileConfig(samples_per_prompt=4, batch_size=8, workers=4)
+    plan = compile_plan(table, flat, cfg)
+    res = run_epochs(
+        plan, 2, tmp_path / "run", config=RunConfig(workers=4, global_batch=32), actual_lengths=lens, replan_every=1
+    )
+    for k, r in enumerate(res.runs, start=1):
+        assert r.summary.samples_generated == r.summary.samples_planned == 1600
+        revisions = sorted((tmp_path / "run" / f"epoch-{k}" / "plans").glob("revision-*.parquet"))
+        assert revisions, f"epoch {k} was not re-planned"
+        assert all(check_plan(read_plan(p)).ok for p in revisions)
+        revs = r.columns["minibatches"]["plan_revision"]
+        assert int(np.nanmax(np.asarray(revs, dtype=float))) == len(revisions)
+
+
 def test_epoch_lengths_rotate_and_drift():
     got = epoch_lengths({"a": np.array([1.0, 2, 3, 4, 5])}, 2, 2, drift=0.5)["a"]
     assert got.tolist() == np.round([4.5, 6.0, 7.5, 2.0, 3.0]).tolist()

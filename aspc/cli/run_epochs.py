@@ -34,8 +34,8 @@ def run_epochs_cmd(
         raise click.ClickException("--epochs writes one plan and one run log per epoch: pass --log RUN")
     if resume:
         raise click.ClickException("--resume with --epochs is not supported; resume one epoch's log (RUN/epoch-K)")
-    if replan:
-        raise click.ClickException("--replan with --epochs is not supported yet; use one of them")
+    if replan and replan_every < 1:
+        raise click.ClickException(f"--replan-every must be >= 1, got {replan_every}")
     if config.backend != "sim":
         raise click.ClickException("--epochs runs on the sim backend for now (use --backend sim)")
     with RichProgress(quiet) as progress:
@@ -48,6 +48,7 @@ def run_epochs_cmd(
             length_drift=length_drift,
             overwrite=overwrite,
             compile_overrides={"max_response_length": config.max_new_tokens} if config.max_new_tokens else None,
+            replan_every=replan_every if replan else None,
             sim_cost_model=cost,
             lengths_name=actual_lengths.name if actual_lengths else "",
             progress=progress,

@@ -26,6 +26,7 @@ credibility estimator (Bühlmann & Gisler, *A Course in Credibility Theory*,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -137,12 +138,152 @@ def blend_history(
     return LengthPrediction(mean, q50 * np.exp(np.minimum(lo, 0.0)), q50, q50 * np.exp(np.maximum(hi, 0.0)))
 
 
+MIN_PROMPTS = 20
+"""Fewest prompts an estimate from the observations needs (within-prompt variance, the base's
+error, an epoch's scale); below it the base predictor's trained figures are used."""
+
+
+def _within_var(observations) -> float | None:
+    """Pooled within-prompt variance of log lengths over prompts with >= 2 observations, or None."""
+    v = [np.var(np.log(np.maximum(a, 1.0)), ddof=1) for a in observations if a is not None and len(a) >= 2]
+    return float(np.mean(v)) if len(v) >= MIN_PROMPTS else None
+
+
+def estimate_kappa(
+    base: LengthPrediction,
+    observed: Sequence[np.ndarray | None],
+    weights: Sequence[np.ndarray | None] | None,
+    within_log_var: float,
+    fallback: float,
+) -> float:
+    """Empirical-Bayes shrinkage ``s_w**2 / s_b**2`` from the base's error on the observed prompts.
+
+    ``s_b**2`` is the mean of ``(log mean_obs - log base.mean)**2 - s_w**2 / k``
+    over prompts with observations (``k``: their weight sum); ``fallback``
+    when fewer than :data:`MIN_PROMPTS` prompts were observed or the base
+    looks exact (``s_b**2 <= 0``). Clipped to ``[0.01, 100]``.
+    """
+    r2, inv_k = [], []
+    for i, a in enumerate(observed):
+        if a is None or len(a) == 0:
+            continue
+        a = np.maximum(np.asarray(a, dtype=np.float64), 1.0)
+        w = np.ones(len(a)) if weights is None or weights[i] is None else np.asarray(weights[i], dtype=np.float64)
+        r2.append((np.log(float(w @ a / w.sum())) - np.log(base.mean[i])) ** 2)
+        inv_k.append(1.0 / w.sum())
+    if len(r2) < MIN_PROMPTS:
+        return fallback
+    s_b = float(np.mean(r2) - within_log_var * np.mean(inv_k))
+    return fallback if s_b <= 1e-6 else float(np.clip(within_log_var / s_b, 0.01, 100.0))
+
+
+@dataclass(frozen=True)
+class EpochAlignment:
+    """How earlier epochs are put on the newest one's level, and how much each then counts."""
+
+    scale: list[float]  # per epoch, oldest first: factor onto the newest epoch's level (newest: 1)
+    drift: float | None  # q: per-prompt variance of log level added per epoch of age; None: unknown
+    within_log_var: float | None  # s_w**2 measured on the epochs, None when unmeasurable
+
+    def weight(self, lag: int) -> float:
+        """Weight of an observation ``lag`` epochs older than the newest."""
+        if lag == 0:
+            return 1.0
+        if self.drift is None or not self.within_log_var:
+            return EPOCH_DECAY**lag
+        return float(self.within_log_var / (self.within_log_var + self.drift * lag))
+
+    def summary(self) -> dict[str, Any]:
+        n = len(self.scale)
+        return {
+            "scale": [round(x, 6) for x in self.scale],
+            "weights": [round(self.weight(n - 1 - e), 6) for e in range(n)],
+            "drift": None if self.drift is None else round(self.drift, 6),
+        }
+
+
+def epoch_alignment(epochs: Sequence[Mapping[str, np.ndarray]], base_meta: Mapping[str, Any]) -> EpochAlignment:
+    """Scale of each epoch relative to the newest, per-prompt drift and within-prompt variance.
+
+    With ``x`` a prompt's mean log length in an epoch, ``c_e`` (the log scale
+    of epoch ``e``) is the mean of ``x_new - x_e`` over the prompts both saw,
+    shrunk toward 0 by its standard error (positive-part James-Stein), so
+    noise is not mistaken for growth. After rescaling, the squared
+    difference of two epochs ``L`` apart has expectation ``s_w**2 h + q L``
+    (``h = 1/n_a + 1/n_b``, samples per prompt). ``s_w**2`` is measured from
+    prompts with several samples in one epoch when there are enough; then
+    ``q`` follows from the pairs with the newest epoch. Without such
+    replicates, three or more epochs give both by least squares over all
+    pairs (``L`` varies); two epochs cannot tell drift from noise, and
+    ``q`` is taken as ``c**2``: prompts are assumed to drift individually by
+    about as much as they drift together (no common drift: no decay).
+    """
+    n_ep = len(epochs)
+    logs = [{k: np.log(np.maximum(a, 1.0)) for k, a in e.items() if len(a)} for e in epochs]
+    scale = [1.0] * n_ep
+    if n_ep < 2:
+        return EpochAlignment(scale, None, _within_var([a for e in epochs for a in e.values()]))
+    newest = logs[-1]
+    log_c = [0.0] * n_ep
+    for e in range(n_ep - 1):
+        common = [k for k in logs[e] if k in newest]
+        if len(common) < MIN_PROMPTS:
+            continue
+        diff = np.array([newest[k].mean() - logs[e][k].mean() for k in common])
+        c_hat, se2 = float(diff.mean()), float(diff.var(ddof=1) / len(diff))
+        log_c[e] = c_hat * max(0.0, 1.0 - se2 / c_hat**2) if c_hat != 0 else 0.0
+        scale[e] = float(np.exp(log_c[e]))
+    within = _within_var([a for e in epochs for a in e.values()])
+    # Pairs of epochs: mean squared difference after rescaling, noise factor h, lag L.
+    rows = []
+    for a in range(n_ep):
+        for b in range(a + 1, n_ep):
+            common = [k for k in logs[a] if k in logs[b]]
+            if len(common) < MIN_PROMPTS:
+                continue
+            d = np.array([(logs[b][k].mean() + log_c[b]) - (logs[a][k].mean() + log_c[a]) for k in common])
+            h = np.mean([1 / len(logs[a][k]) + 1 / len(logs[b][k]) for k in common])
+            rows.append((float(np.mean((d - d.mean()) ** 2)), float(h), b - a, b == n_ep - 1))
+    if not rows:
+        return EpochAlignment(scale, None, within)
+    if within is not None:
+        newest_rows = [r for r in rows if r[3]]
+        q = sum(max(0.0, m - within * h) for m, h, _, _ in newest_rows) / sum(lag for *_, lag, _ in newest_rows)
+        return EpochAlignment(scale, float(q), within)
+    if len({r[2] for r in rows}) >= 2:
+        x = np.array([[h, lag] for _, h, lag, _ in rows], dtype=np.float64)
+        y = np.array([m for m, *_ in rows])
+        s_w, q = np.linalg.lstsq(x, y, rcond=None)[0]
+        if s_w <= 0:
+            return EpochAlignment(scale, None, None)
+        if q < 0:  # no growth of the error with age: pure noise
+            s_w, q = float(y @ x[:, 0] / (x[:, 0] @ x[:, 0])), 0.0
+        return EpochAlignment(scale, float(q), float(s_w))
+    m, h, lag, _ = rows[0]
+    c = log_c[0] / max(n_ep - 1, 1)
+    q = c * c
+    return EpochAlignment(scale, q, max(m - q * lag, 0.0) / h or None)
+
+
 class HistoryPredictor(Predictor):
     """A base predictor plus observed lengths keyed by prompt id.
 
     Built at compile time from run logs or datasets (``aspc.io.read_lengths``);
     it is not saved as a directory of its own: save the base predictor and keep
     the run logs.
+
+    Shrinkage is estimated from the observations (empirical Bayes) unless
+    ``kappa`` is given: ``kappa = s_w**2 / s_b**2``, where ``s_b**2`` is the
+    base predictor's mean squared error on the observed prompts of the batch
+    predicted (the squared residual of each prompt's observed log mean about
+    the base, less its sampling part ``s_w**2 / k``), and ``s_w**2`` the
+    within-prompt variance of log lengths: measured on the observations when
+    enough prompts have two or more (several samples or several epochs),
+    else the base predictor's own figure for its target model, else its
+    pooled one. A policy unlike the base's training data (a larger error)
+    thus trusts its history more, and a base that already fits trusts it
+    less. With fewer than :data:`MIN_PROMPTS` observed prompts the base's
+    trained ``history_kappa`` is used.
     """
 
     kind = "history"
@@ -153,20 +294,26 @@ class HistoryPredictor(Predictor):
         observations: Mapping[str, np.ndarray],
         kappa: float | None = None,
         weights: Mapping[str, np.ndarray] | None = None,
+        within_log_var: float | None = None,
     ) -> None:
         self.base = base
         self.observations = {str(k): np.asarray(v, dtype=np.float64) for k, v in observations.items()}
         # Per-observation weights (older epochs < 1); None: every observation weighs 1.
         self.weights = None if weights is None else {str(k): np.asarray(v, dtype=np.float64) for k, v in weights.items()}
-        if kappa is None:
-            kappa = float(base.metadata.get("history_kappa") or DEFAULT_KAPPA)
-        self.within_log_var = base.metadata.get("history_within_log_var")
-        if kappa <= 0:
+        meta = getattr(base, "metadata", {}) or {}
+        if kappa is not None and kappa <= 0:
             raise ConfigError(f"history kappa {kappa} must be positive")
-        self.kappa = kappa
+        self.fixed_kappa = kappa
+        self.kappa = float(kappa if kappa is not None else meta.get("history_kappa") or DEFAULT_KAPPA)
+        by_target = meta.get("history_within_log_var_by_target") or {}
+        measured = within_log_var if within_log_var is not None else _within_var(self.observations.values())
+        self.within_log_var = measured if measured is not None else by_target.get(
+            str(meta.get("target")), meta.get("history_within_log_var")
+        )
+        self.within_source = "observed" if measured is not None else "base predictor"
         self.metadata: dict[str, Any] = {
             "base": base.identity(),
-            "kappa": kappa,
+            "kappa": self.kappa,
             "n_observed": len(self.observations),
         }
 
@@ -176,25 +323,43 @@ class HistoryPredictor(Predictor):
         base: Predictor,
         epochs: Sequence[Mapping[str, np.ndarray]],
         kappa: float | None = None,
-        decay: float = EPOCH_DECAY,
+        decay: float | None = None,
     ) -> HistoryPredictor:
-        """History from several earlier epochs, oldest first: epoch ``e`` of ``E`` weighs ``decay**(E-1-e)``."""
-        if not 0 < decay <= 1:
+        """History from several earlier epochs, oldest first, on the newest epoch's level.
+
+        Each older epoch is first rescaled to the newest one by the ratio of
+        their geometric mean lengths over the prompts both saw (RL length
+        growth is mostly such a common factor; see :func:`epoch_alignment`).
+        Then epoch ``e`` of ``E`` weighs ``s_w**2 / (s_w**2 + q (E-1-e))``:
+        an old observation is a measurement of today's level whose error has
+        grown by the per-prompt drift ``q`` per epoch. ``q`` is estimated
+        from the epochs (about 0 for a policy that does not drift: the epochs
+        pool equally); where it cannot be, the older epochs weigh
+        :data:`EPOCH_DECAY` per epoch. ``decay`` given: fixed weights
+        ``decay**(E-1-e)`` after the rescaling.
+        """
+        if decay is not None and not 0 < decay <= 1:
             raise ConfigError(f"epoch decay {decay} must be in (0, 1]")
+        epochs = [{str(k): np.atleast_1d(np.asarray(v, dtype=np.float64)) for k, v in e.items()} for e in epochs]
+        align = epoch_alignment(epochs, getattr(base, "metadata", {}) or {})
         obs: dict[str, list[np.ndarray]] = {}
         wts: dict[str, list[np.ndarray]] = {}
+        n_ep = len(epochs)
         for e, epoch in enumerate(epochs):
-            w = decay ** (len(epochs) - 1 - e)
-            for key, v in epoch.items():
-                a = np.atleast_1d(np.asarray(v, dtype=np.float64))
-                obs.setdefault(str(key), []).append(a)
-                wts.setdefault(str(key), []).append(np.full(len(a), w))
-        return cls(
+            lag = n_ep - 1 - e
+            w = align.weight(lag) if decay is None else decay**lag
+            for key, a in epoch.items():
+                obs.setdefault(key, []).append(a * align.scale[e])
+                wts.setdefault(key, []).append(np.full(len(a), w))
+        hp = cls(
             base,
             {k: np.concatenate(v) for k, v in obs.items()},
             kappa,
             {k: np.concatenate(v) for k, v in wts.items()},
+            within_log_var=align.within_log_var,
         )
+        hp.metadata["epochs"] = align.summary()
+        return hp
 
     def predict(self, texts: Sequence[str], *, ids: Sequence[str] | None = None) -> LengthPrediction:
         if ids is None:
@@ -203,9 +368,12 @@ class HistoryPredictor(Predictor):
             raise ValueError(f"{len(ids)} ids for {len(texts)} prompts")
         base = self.base.predict(texts, ids=ids)
         w = None if self.weights is None else [self.weights.get(str(i)) for i in ids]
-        return blend_history(
-            base, [self.observations.get(str(i)) for i in ids], self.kappa, self.within_log_var, w
-        )
+        observed = [self.observations.get(str(i)) for i in ids]
+        kappa = self.kappa
+        if self.fixed_kappa is None and self.within_log_var:
+            kappa = estimate_kappa(base, observed, w, float(self.within_log_var), kappa)
+        self.metadata["kappa_used"] = kappa
+        return blend_history(base, observed, kappa, self.within_log_var, w)
 
     def coverage(self, ids: Sequence[str]) -> int:
         """How many of ``ids`` have at least one observation."""

@@ -125,3 +125,95 @@ def test_recent_epochs_weigh_more() -> None:
     # One epoch only: the same as the plain history predictor.
     plain = HistoryPredictor(Flat(), new).predict(["x"], ids=["a"]).mean[0]
     assert HistoryPredictor.from_epochs(Flat(), [new]).predict(["x"], ids=["a"]).mean[0] == pytest.approx(plain)
+
+
+def _epochs(rng, n_prompts: int, n_epochs: int, growth: float, prompt_drift: float, sd: float = 0.3):
+    """Epochs of one sample per prompt: levels grow by ``growth`` per epoch and wander by ``prompt_drift``."""
+    level = rng.normal(5.5, 0.8, size=n_prompts)
+    out = []
+    for _ in range(n_epochs):
+        out.append({f"p{i}": np.exp([level[i] + rng.normal(0, sd)]) for i in range(n_prompts)})
+        level = level + np.log(growth) + rng.normal(0, prompt_drift, size=n_prompts)
+    return out, level - np.log(growth) - 0  # the newest epoch's levels (before the last step)
+
+
+def test_drifting_epochs_are_rescaled_and_recent_ones_weigh_more() -> None:
+    from aspc.predict.history import epoch_alignment
+
+    rng = np.random.default_rng(0)
+    epochs, _ = _epochs(rng, 300, 3, growth=1.5, prompt_drift=0.25)
+    align = epoch_alignment(epochs, {})
+    # Older epochs are lifted to the newest one's level: 1.5**2 and 1.5 (within sampling error).
+    np.testing.assert_allclose(align.scale, [2.25, 1.5, 1.0], rtol=0.08)
+    w = [align.weight(lag) for lag in (2, 1, 0)]
+    assert w[0] < w[1] < w[2] == 1.0  # prompts wander on their own: older epochs count less
+    hp = HistoryPredictor.from_epochs(Constant(100.0), epochs)
+    ids = list(epochs[-1])
+    pred = hp.predict(ids, ids=ids)
+    newest = np.array([epochs[-1][k][0] for k in ids])
+    # Followed to the newest level (not dragged down to the average of the three epochs).
+    assert abs(np.mean(np.log(pred.q50)) - np.mean(np.log(newest))) < 0.06
+    assert hp.metadata["epochs"]["weights"][-1] == 1.0
+
+
+def test_epochs_that_do_not_drift_are_pooled_nearly_equally() -> None:
+    from aspc.predict.history import epoch_alignment
+
+    rng = np.random.default_rng(1)
+    for n_epochs in (2, 3, 4):
+        epochs, _ = _epochs(rng, 400, n_epochs, growth=1.0, prompt_drift=0.0)
+        align = epoch_alignment(epochs, {})
+        np.testing.assert_allclose(align.scale, 1.0, atol=0.04)
+        assert min(align.weight(lag) for lag in range(n_epochs)) > 0.85, (n_epochs, align)
+        assert align.within_log_var == pytest.approx(0.09, rel=0.25)  # measured from the epochs
+
+
+def test_pure_growth_of_two_epochs_follows_the_newest() -> None:
+    """Two epochs, every prompt 2x longer in the newer one: the prediction sits at the newer level."""
+    rng = np.random.default_rng(2)
+    level = rng.normal(5.5, 0.8, size=100)
+    old = {f"p{i}": np.exp([level[i]]) for i in range(100)}
+    new = {f"p{i}": np.exp([level[i] + np.log(2.0)]) for i in range(100)}
+    ids = list(new)
+    pred = HistoryPredictor.from_epochs(Constant(100.0), [old, new]).predict(ids, ids=ids)
+    # log 2 = 0.69 between the epochs; what is left is the prior's small pull (kappa ~ 0.03).
+    np.testing.assert_allclose(np.log(pred.q50), np.log([new[k][0] for k in ids]), atol=0.1)
+    swapped = HistoryPredictor.from_epochs(Constant(100.0), [new, old]).predict(ids, ids=ids)
+    np.testing.assert_allclose(np.log(swapped.q50), np.log([old[k][0] for k in ids]), atol=0.1)
+
+
+def test_empirical_bayes_kappa_from_the_observations() -> None:
+    """kappa = s_w^2 / s_b^2 estimated from how far the base is off on the observed prompts."""
+    from aspc.predict.history import estimate_kappa
+
+    rng = np.random.default_rng(3)
+    n, s_w, s_b = 3000, 0.3, 0.6
+    theta = rng.normal(5.5, 1.0, size=n)
+    m = np.exp(theta + rng.normal(0, s_b, size=n))
+    base = LengthPrediction(m, m * 0.5, m, m * 2)
+    for k in (1, 3):
+        obs = [np.exp(t + rng.normal(0, s_w, size=k)) for t in theta]
+        # log of the arithmetic mean of k lognormal samples sits ~s_w^2/2 above theta: allow for it.
+        assert estimate_kappa(base, obs, None, s_w**2, 9.0) == pytest.approx(s_w**2 / s_b**2, rel=0.25)
+    assert estimate_kappa(base, [None] * n, None, s_w**2, 9.0) == 9.0  # nothing observed: the fallback
+    few = [np.array([100.0])] * 5 + [None] * (n - 5)
+    assert estimate_kappa(base, few, None, s_w**2, 9.0) == 9.0
+
+
+def test_history_band_covers_new_samples_of_heavy_tailed_prompts() -> None:
+    """The band from two epochs covers ~80% of a prompt's next samples, also with runaway samples."""
+    rng = np.random.default_rng(4)
+    n = 2000
+    level = rng.normal(5.5, 0.8, size=n)
+
+    def draw(size):  # mostly N(0, 0.15), 8% runaways 1.0 log-units long: heavy-tailed
+        e = rng.normal(0, 0.15, size=(n, size))
+        return e + np.where(rng.random((n, size)) < 0.08, rng.normal(0, 1.0, size=(n, size)), 0.0)
+
+    past = np.exp(level[:, None] + draw(2))
+    future = np.exp(level[:, None] + draw(8))
+    ids = [f"p{i}" for i in range(n)]
+    epochs = [{k: past[i, e : e + 1] for i, k in enumerate(ids)} for e in (0, 1)]
+    pred = HistoryPredictor.from_epochs(Constant(300.0), epochs).predict(ids, ids=ids)
+    inside = (future >= pred.q10[:, None]) & (future <= pred.q90[:, None])
+    assert inside.mean() == pytest.approx(0.8, abs=0.05)

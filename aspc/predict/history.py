@@ -34,6 +34,7 @@ import numpy as np
 
 from aspc.errors import ConfigError, PredictorError
 from aspc.predict.base import LengthPrediction, Predictor, hash_arrays
+from aspc.predict.calibration import log_band_var
 
 DEFAULT_KAPPA = 0.5  # used when the base predictor did not estimate one
 BAND_KAPPA = 8.0
@@ -53,6 +54,7 @@ def blend_history(
     kappa: float,
     within_log_var: float | None = None,
     weights: Sequence[np.ndarray | None] | None = None,
+    within_band_var: float | None = None,
 ) -> LengthPrediction:
     """Move each prompt's prediction toward its observed lengths.
 
@@ -76,6 +78,12 @@ def blend_history(
         ``(0, 1]``): an observation of weight ``w`` counts as ``w``
         observations in ``k`` and in the observed mean (older epochs weigh
         less, see :data:`EPOCH_DECAY`). ``None``: all weigh 1.
+    within_band_var
+        The within-prompt spread the band is built from, as the variance of a
+        normal with the same 10-90% range (:func:`within_band_var`; log
+        lengths of one prompt are heavy-tailed, so this is about half
+        ``within_log_var``, and a band from the variance covers 90% instead
+        of 80%). ``None``: ``within_log_var``.
 
     Returns
     -------
@@ -118,12 +126,13 @@ def blend_history(
     mean = base.mean * scale
     q50 = base.q50 * scale
     # Posterior log-sd of one response under the normal model behind kappa: the within-prompt
-    # spread plus the level's remaining uncertainty s_w**2 / (k + kappa). The base band is only
+    # spread (its 10-90% range) plus the level's remaining uncertainty s_w**2 / (k + kappa). The base band is only
     # narrowed toward it, never widened, and a base band already narrower is kept.
     base_lo = np.log(base.q10 / base.q50)
     base_hi = np.log(base.q90 / base.q50)
     if within_log_var is not None and within_log_var > 0:
-        post_sd = np.sqrt(within_log_var * (1.0 + 1.0 / (k + kappa)))
+        band_var = within_log_var if within_band_var is None else within_band_var
+        post_sd = np.sqrt(band_var + within_log_var / (k + kappa))
         base_sd = np.maximum((base_hi - base_lo) / (2 * 1.2816), 1e-9)  # 1.2816 = z of the 90% quantile
         narrow = np.where(k > 0, np.minimum(1.0, post_sd / base_sd), 1.0)
         base_lo = narrow * base_lo
@@ -147,6 +156,18 @@ def _within_var(observations) -> float | None:
     """Pooled within-prompt variance of log lengths over prompts with >= 2 observations, or None."""
     v = [np.var(np.log(np.maximum(a, 1.0)), ddof=1) for a in observations if a is not None and len(a) >= 2]
     return float(np.mean(v)) if len(v) >= MIN_PROMPTS else None
+
+
+def within_band_var(observations) -> float | None:
+    """Within-prompt spread of log lengths as a band sees it: ``((q90 - q10) / 2.563)**2``.
+
+    Deviations of each prompt's log lengths about their mean (prompts with
+    >= 2), scaled by ``sqrt(n / (n - 1))`` so that few samples per prompt do
+    not understate the spread; ``None`` below :data:`MIN_PROMPTS` prompts.
+    """
+    logs = [np.log(np.maximum(np.asarray(a, dtype=np.float64), 1.0)) for a in observations if a is not None]
+    logs = [x for x in logs if len(x) >= 2]
+    return log_band_var(logs) if len(logs) >= MIN_PROMPTS else None
 
 
 def estimate_kappa(
@@ -311,6 +332,10 @@ class HistoryPredictor(Predictor):
             str(meta.get("target")), meta.get("history_within_log_var")
         )
         self.within_source = "observed" if measured is not None else "base predictor"
+        band = within_band_var(self.observations.values()) if measured is not None else None
+        self.within_band_var = band if band is not None else (meta.get("history_within_band_var_by_target") or {}).get(
+            str(meta.get("target")), meta.get("history_within_band_var")
+        )
         self.metadata: dict[str, Any] = {
             "base": base.identity(),
             "kappa": self.kappa,
@@ -373,7 +398,7 @@ class HistoryPredictor(Predictor):
         if self.fixed_kappa is None and self.within_log_var:
             kappa = estimate_kappa(base, observed, w, float(self.within_log_var), kappa)
         self.metadata["kappa_used"] = kappa
-        return blend_history(base, observed, kappa, self.within_log_var, w)
+        return blend_history(base, observed, kappa, self.within_log_var, w, self.within_band_var)
 
     def coverage(self, ids: Sequence[str]) -> int:
         """How many of ``ids`` have at least one observation."""

@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             hp = HistoryPredictor.from_epochs(head, epochs)
             row += [grid[-1], grid, kendall_tau(hp.predict(texts, ids=ids).mean, target)]
         rows.append(row)
-    print("| model | 1 sample: obs only | best w (on validate) | shipped | 2 epochs: obs only | best w (on validate) | shipped |")
+    cols = ("obs only", "best w (on validate)", "shipped")
+    print("| model | 1 sample: " + " | ".join(cols) + " | 2 epochs: " + " | ".join(cols) + " |")
     print("|---|---|---|---|---|---|---|")
     for m, r in zip(models, rows, strict=True):
         cells = [r[0], max(r[1]), r[2], r[3], max(r[4]), r[5]]

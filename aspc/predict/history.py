@@ -11,10 +11,14 @@ so one observation moves the prediction part way and many observations are
 trusted almost fully. ``kappa`` is the ratio of the within-prompt variance of
 log lengths to the base predictor's error variance (estimated when the base
 predictor is trained; see :func:`aspc.predict.calibration.estimate_history_prior`).
-All quantiles move by the same factor, and the band narrows because the
-prompt's level is now better known (see :func:`blend_history`); with two or
-more observations the band's width is also blended toward the observed
-spread, by ``(k - 1) / (k - 1 + kappa)``, so it moves slower than the level.
+The median moves the same way toward the observations' mean log (their
+median level), and the band narrows because the prompt's level is now better
+known (see :func:`blend_history`); with two or more observations the band's
+width is also blended toward the observed spread, by
+``(k - 1) / (k - 1 + BAND_KAPPA)``, so it moves slower than the level.
+:class:`HistoryPredictor` estimates ``kappa`` from the observations
+(empirical Bayes) and, for several epochs, puts older epochs on the newest
+one's level and weighs them by the drift it measures (:func:`epoch_alignment`).
 
 Notes
 -----
@@ -42,10 +46,9 @@ BAND_KAPPA = 8.0
 earlier epochs (k=2) the band moved 90% of the way to the two samples' spread before, and covered
 44% of the other eight CASTILLO samples instead of 80%."""
 EPOCH_DECAY = 0.7
-"""Weight of an epoch's observations relative to the next newer epoch's. RL policies drift
-(responses usually lengthen as training goes on), so older epochs count less; on data without
-drift (CASTILLO's fixed models) 0.7 costs under 0.005 tau against equal weights with 2-4
-earlier epochs (``benchmarks/predict_quality.py``, history rows)."""
+"""Weight of an epoch's observations relative to the next newer epoch's when the drift cannot be
+estimated (fewer than :data:`MIN_PROMPTS` prompts seen in two epochs); otherwise the weights come
+from the estimated drift (:func:`epoch_alignment`): equal for epochs that do not drift."""
 
 
 def blend_history(
@@ -332,16 +335,16 @@ class HistoryPredictor(Predictor):
             raise ConfigError(f"history kappa {kappa} must be positive")
         self.fixed_kappa = kappa
         self.kappa = float(kappa if kappa is not None else meta.get("history_kappa") or DEFAULT_KAPPA)
-        by_target = meta.get("history_within_log_var_by_target") or {}
+        # Within-prompt spread: measured on the observations when they allow it, else the base's
+        # figure for its target model, else its pooled one.
+        target = str(meta.get("target"))
         measured = within_log_var if within_log_var is not None else _within_var(self.observations.values())
-        self.within_log_var = measured if measured is not None else by_target.get(
-            str(meta.get("target")), meta.get("history_within_log_var")
-        )
-        self.within_source = "observed" if measured is not None else "base predictor"
         band = within_band_var(self.observations.values()) if measured is not None else None
-        self.within_band_var = band if band is not None else (meta.get("history_within_band_var_by_target") or {}).get(
-            str(meta.get("target")), meta.get("history_within_band_var")
-        )
+        if measured is None:
+            measured = (meta.get("history_within_log_var_by_target") or {}).get(target)
+            band = (meta.get("history_within_band_var_by_target") or {}).get(target)
+        self.within_log_var = measured if measured is not None else meta.get("history_within_log_var")
+        self.within_band_var = band if band is not None else meta.get("history_within_band_var")
         self.metadata: dict[str, Any] = {
             "base": base.identity(),
             "kappa": self.kappa,

@@ -142,7 +142,7 @@ def test_drifting_epochs_are_rescaled_and_recent_ones_weigh_more() -> None:
 
     rng = np.random.default_rng(0)
     epochs, _ = _epochs(rng, 300, 3, growth=1.5, prompt_drift=0.25)
-    align = epoch_alignment(epochs, {})
+    align = epoch_alignment(epochs)
     # Older epochs are lifted to the newest one's level: 1.5**2 and 1.5 (within sampling error).
     np.testing.assert_allclose(align.scale, [2.25, 1.5, 1.0], rtol=0.08)
     w = [align.weight(lag) for lag in (2, 1, 0)]
@@ -162,7 +162,7 @@ def test_epochs_that_do_not_drift_are_pooled_nearly_equally() -> None:
     rng = np.random.default_rng(1)
     for n_epochs in (2, 3, 4):
         epochs, _ = _epochs(rng, 400, n_epochs, growth=1.0, prompt_drift=0.0)
-        align = epoch_alignment(epochs, {})
+        align = epoch_alignment(epochs)
         np.testing.assert_allclose(align.scale, 1.0, atol=0.04)
         assert min(align.weight(lag) for lag in range(n_epochs)) > 0.85, (n_epochs, align)
         assert align.within_log_var == pytest.approx(0.09, rel=0.25)  # measured from the epochs
@@ -217,3 +217,15 @@ def test_history_band_covers_new_samples_of_heavy_tailed_prompts() -> None:
     pred = HistoryPredictor.from_epochs(Constant(300.0), epochs).predict(ids, ids=ids)
     inside = (future >= pred.q10[:, None]) & (future <= pred.q90[:, None])
     assert inside.mean() == pytest.approx(0.8, abs=0.05)
+
+
+def test_within_spread_estimators_equal_their_per_prompt_definitions() -> None:
+    from aspc.predict.calibration import log_band_var
+    from aspc.predict.history import MIN_PROMPTS, _within_var, within_band_var
+
+    rng = np.random.default_rng(6)
+    obs = [rng.lognormal(5.0, 0.5, size=int(rng.integers(1, 6))) for _ in range(300)] + [None, np.empty(0)]
+    multi = [np.log(np.maximum(a, 1.0)) for a in obs if a is not None and len(a) >= 2]
+    assert _within_var(obs) == pytest.approx(np.mean([np.var(a, ddof=1) for a in multi]), rel=1e-9)
+    assert within_band_var(obs) == pytest.approx(log_band_var(multi), rel=1e-9)
+    assert _within_var(obs[: MIN_PROMPTS // 2]) is None and within_band_var([np.ones(1)] * 100) is None

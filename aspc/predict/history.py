@@ -38,7 +38,6 @@ import numpy as np
 
 from aspc.errors import ConfigError, PredictorError
 from aspc.predict.base import LengthPrediction, Predictor, hash_arrays
-from aspc.predict.calibration import log_band_var
 
 DEFAULT_KAPPA = 0.5  # used when the base predictor did not estimate one
 BAND_KAPPA = 8.0
@@ -161,10 +160,29 @@ MIN_PROMPTS = 20
 error, an epoch's scale); below it the base predictor's trained figures are used."""
 
 
+def _multi_logs(observations) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Log lengths of the prompts with >= 2 observations, flat, with each prompt's start and count.
+
+    ``None`` below :data:`MIN_PROMPTS` such prompts. Flat arrays, so that a million prompts cost
+    a few vector passes, not a NumPy call each.
+    """
+    arrays = [a for a in observations if a is not None and len(a) >= 2]
+    if len(arrays) < MIN_PROMPTS:
+        return None
+    counts = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    flat = np.log(np.maximum(np.concatenate(arrays).astype(np.float64), 1.0))
+    return flat, np.concatenate([[0], np.cumsum(counts)[:-1]]), counts
+
+
 def _within_var(observations) -> float | None:
     """Pooled within-prompt variance of log lengths over prompts with >= 2 observations, or None."""
-    v = [np.var(np.log(np.maximum(a, 1.0)), ddof=1) for a in observations if a is not None and len(a) >= 2]
-    return float(np.mean(v)) if len(v) >= MIN_PROMPTS else None
+    multi = _multi_logs(observations)
+    if multi is None:
+        return None
+    flat, starts, n = multi
+    total = np.add.reduceat(flat, starts)
+    var = (np.add.reduceat(flat * flat, starts) - total * total / n) / (n - 1)
+    return float(np.mean(np.maximum(var, 0.0)))
 
 
 def within_band_var(observations) -> float | None:
@@ -172,11 +190,16 @@ def within_band_var(observations) -> float | None:
 
     Deviations of each prompt's log lengths about their mean (prompts with
     >= 2), scaled by ``sqrt(n / (n - 1))`` so that few samples per prompt do
-    not understate the spread; ``None`` below :data:`MIN_PROMPTS` prompts.
+    not understate the spread (as :func:`aspc.predict.calibration.log_band_var`
+    on training data); ``None`` below :data:`MIN_PROMPTS` prompts.
     """
-    logs = [np.log(np.maximum(np.asarray(a, dtype=np.float64), 1.0)) for a in observations if a is not None]
-    logs = [x for x in logs if len(x) >= 2]
-    return log_band_var(logs) if len(logs) >= MIN_PROMPTS else None
+    multi = _multi_logs(observations)
+    if multi is None:
+        return None
+    flat, starts, n = multi
+    dev = (flat - np.repeat(np.add.reduceat(flat, starts) / n, n)) * np.repeat(np.sqrt(n / (n - 1)), n)
+    q10, q90 = np.quantile(dev, [0.1, 0.9])
+    return float(((q90 - q10) / (2 * 1.2816)) ** 2)
 
 
 def estimate_kappa(
@@ -193,16 +216,19 @@ def estimate_kappa(
     when fewer than :data:`MIN_PROMPTS` prompts were observed or the base
     looks exact (``s_b**2 <= 0``). Clipped to ``[0.01, 100]``.
     """
-    r2, inv_k = [], []
-    for i, a in enumerate(observed):
-        if a is None or len(a) == 0:
-            continue
-        a = np.maximum(np.asarray(a, dtype=np.float64), 1.0)
-        w = np.ones(len(a)) if weights is None or weights[i] is None else np.asarray(weights[i], dtype=np.float64)
-        r2.append((np.log(float(w @ a / w.sum())) - np.log(base.mean[i])) ** 2)
-        inv_k.append(1.0 / w.sum())
-    if len(r2) < MIN_PROMPTS:
+    seen = [i for i, a in enumerate(observed) if a is not None and len(a)]
+    if len(seen) < MIN_PROMPTS:
         return fallback
+    arrays = [np.maximum(np.asarray(observed[i], dtype=np.float64), 1.0) for i in seen]
+    flat = np.concatenate(arrays)
+    w = np.concatenate(
+        [np.ones(len(a)) if weights is None or weights[i] is None else np.asarray(weights[i], dtype=np.float64)
+         for i, a in zip(seen, arrays, strict=True)]
+    )  # fmt: skip
+    starts = np.cumsum([0] + [len(a) for a in arrays[:-1]])
+    k = np.add.reduceat(w, starts)
+    r2 = (np.log(np.add.reduceat(w * flat, starts) / k) - np.log(base.mean[seen])) ** 2
+    inv_k = 1.0 / k
     s_b = float(np.mean(r2) - within_log_var * np.mean(inv_k))
     return fallback if s_b <= 1e-6 else float(np.clip(within_log_var / s_b, 0.01, 100.0))
 
@@ -232,7 +258,7 @@ class EpochAlignment:
         }
 
 
-def epoch_alignment(epochs: Sequence[Mapping[str, np.ndarray]], base_meta: Mapping[str, Any]) -> EpochAlignment:
+def epoch_alignment(epochs: Sequence[Mapping[str, np.ndarray]]) -> EpochAlignment:
     """Scale of each epoch relative to the newest, per-prompt drift and within-prompt variance.
 
     With ``x`` a prompt's mean log length in an epoch, ``c_e`` (the log scale
@@ -253,13 +279,16 @@ def epoch_alignment(epochs: Sequence[Mapping[str, np.ndarray]], base_meta: Mappi
     scale = [1.0] * n_ep
     if n_ep < 2:
         return EpochAlignment(scale, None, _within_var([a for e in epochs for a in e.values()]))
-    newest = logs[-1]
+    # Per epoch: each prompt's mean log length and sample count (computed once; epochs are big).
+    level = [{k: float(a.mean()) for k, a in e.items()} for e in logs]
+    count = [{k: len(a) for k, a in e.items()} for e in logs]
+    newest = level[-1]
     log_c = [0.0] * n_ep
     for e in range(n_ep - 1):
-        common = [k for k in logs[e] if k in newest]
+        common = [k for k in level[e] if k in newest]
         if len(common) < MIN_PROMPTS:
             continue
-        diff = np.array([newest[k].mean() - logs[e][k].mean() for k in common])
+        diff = np.array([newest[k] - level[e][k] for k in common])
         c_hat, se2 = float(diff.mean()), float(diff.var(ddof=1) / len(diff))
         log_c[e] = c_hat * max(0.0, 1.0 - se2 / c_hat**2) if c_hat != 0 else 0.0
         scale[e] = float(np.exp(log_c[e]))
@@ -268,16 +297,16 @@ def epoch_alignment(epochs: Sequence[Mapping[str, np.ndarray]], base_meta: Mappi
     rows = []
     for a in range(n_ep):
         for b in range(a + 1, n_ep):
-            common = [k for k in logs[a] if k in logs[b]]
+            common = [k for k in level[a] if k in level[b]]
             if len(common) < MIN_PROMPTS:
                 continue
-            d = np.array([(logs[b][k].mean() + log_c[b]) - (logs[a][k].mean() + log_c[a]) for k in common])
-            h = np.mean([1 / len(logs[a][k]) + 1 / len(logs[b][k]) for k in common])
+            d = np.array([level[b][k] - level[a][k] for k in common]) + (log_c[b] - log_c[a])
+            h = np.mean([1 / count[a][k] + 1 / count[b][k] for k in common])
             rows.append((float(np.mean((d - d.mean()) ** 2)), float(h), b - a, b == n_ep - 1))
     if not rows:
         return EpochAlignment(scale, None, within)
-    if within is not None:
-        newest_rows = [r for r in rows if r[3]]
+    newest_rows = [r for r in rows if r[3]]
+    if within is not None and newest_rows:
         q = sum(max(0.0, m - within * h) for m, h, _, _ in newest_rows) / sum(lag for *_, lag, _ in newest_rows)
         return EpochAlignment(scale, float(q), within)
     if len({r[2] for r in rows}) >= 2:
@@ -375,7 +404,7 @@ class HistoryPredictor(Predictor):
         if decay is not None and not 0 < decay <= 1:
             raise ConfigError(f"epoch decay {decay} must be in (0, 1]")
         epochs = [{str(k): np.atleast_1d(np.asarray(v, dtype=np.float64)) for k, v in e.items()} for e in epochs]
-        align = epoch_alignment(epochs, getattr(base, "metadata", {}) or {})
+        align = epoch_alignment(epochs)
         obs: dict[str, list[np.ndarray]] = {}
         wts: dict[str, list[np.ndarray]] = {}
         n_ep = len(epochs)

@@ -18,7 +18,8 @@ width is also blended toward the observed spread, by
 ``(k - 1) / (k - 1 + BAND_KAPPA)``, so it moves slower than the level.
 :class:`HistoryPredictor` estimates ``kappa`` from the observations
 (empirical Bayes) and, for several epochs, puts older epochs on the newest
-one's level and weighs them by the drift it measures (:func:`epoch_alignment`).
+one's level and weighs them by the drift it measures
+(:func:`aspc.predict.history_estimates.epoch_alignment`).
 
 Notes
 -----
@@ -30,7 +31,6 @@ credibility estimator (Bühlmann & Gisler, *A Course in Credibility Theory*,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +38,20 @@ import numpy as np
 
 from aspc.errors import ConfigError, PredictorError
 from aspc.predict.base import LengthPrediction, Predictor, hash_arrays
+from aspc.predict.history_estimates import (
+    epoch_alignment,
+    estimate_kappa,
+    flat_weights,
+    ragged_quantiles,
+    within_band_var,
+    within_log_var_of,
+)
 
 DEFAULT_KAPPA = 0.5  # used when the base predictor did not estimate one
 BAND_KAPPA = 8.0
 """Extra observations (beyond the first) that count as much as the base band's width: with two
 earlier epochs (k=2) the band moved 90% of the way to the two samples' spread before, and covered
 44% of the other eight CASTILLO samples instead of 80%."""
-EPOCH_DECAY = 0.7
-"""Weight of an epoch's observations relative to the next newer epoch's when the drift cannot be
-estimated (fewer than :data:`MIN_PROMPTS` prompts seen in two epochs); otherwise the weights come
-from the estimated drift (:func:`epoch_alignment`): equal for epochs that do not drift."""
-
-
 def blend_history(
     base: LengthPrediction,
     observed: Sequence[np.ndarray | None],
@@ -79,7 +81,7 @@ def blend_history(
         Optional weight of each observation (same shapes as ``observed``, in
         ``(0, 1]``): an observation of weight ``w`` counts as ``w``
         observations in ``k`` and in the observed mean (older epochs weigh
-        less, see :data:`EPOCH_DECAY`). ``None``: all weigh 1.
+        less, see :data:`~aspc.predict.history_estimates.EPOCH_DECAY`). ``None``: all weigh 1.
     within_band_var
         The within-prompt spread the band is built from, as the variance of a
         normal with the same 10-90% range (:func:`within_band_var`; log
@@ -98,33 +100,36 @@ def blend_history(
         raise ConfigError(f"history kappa {kappa} must be positive")
     if len(observed) != len(base):
         raise ValueError(f"{len(observed)} history entries for {len(base)} predictions")
+    if weights is not None and len(weights) != len(observed):
+        raise ValueError(f"{len(weights)} weight entries for {len(observed)} observations")
     n = len(base)
     k = np.zeros(n)
     obs_mean = np.ones(n)
     obs_log = np.zeros(n)  # weighted mean log length: the observed median's level
     obs_lo = np.zeros(n)  # observed log(q10/q50) and log(q90/q50) where k >= 2
     obs_hi = np.zeros(n)
-    if weights is not None and len(weights) != len(observed):
-        raise ValueError(f"{len(weights)} weight entries for {len(observed)} observations")
-    for i, a in enumerate(observed):
-        if a is None or len(a) == 0:
-            continue
-        a = np.maximum(np.asarray(a, dtype=np.float64), 1.0)
-        w_i = None if weights is None or weights[i] is None else np.asarray(weights[i], dtype=np.float64)
-        if w_i is None:
-            k[i] = len(a)
-            obs_mean[i] = a.mean()
-            obs_log[i] = np.log(a).mean()
+    # All prompts' observations in one flat array (a million prompts: a few vector passes).
+    seen = np.array([i for i, a in enumerate(observed) if a is not None and len(a)], dtype=np.int64)
+    if len(seen):
+        arrays = [np.asarray(observed[i], dtype=np.float64) for i in seen]
+        counts = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        flat = np.maximum(np.concatenate(arrays), 1.0)
+        logs = np.log(flat)
+        wf = None if weights is None else flat_weights(weights, seen, arrays, starts)
+        if wf is None:
+            k[seen] = counts
+            obs_mean[seen] = np.add.reduceat(flat, starts) / counts
+            obs_log[seen] = np.add.reduceat(logs, starts) / counts
         else:
-            if w_i.shape != a.shape or not np.all((w_i > 0) & (w_i <= 1)):
-                raise ValueError(f"prompt {i}: weights must match its observations and lie in (0, 1]")
-            k[i] = w_i.sum()
-            obs_mean[i] = float(w_i @ a / w_i.sum())
-            obs_log[i] = float(w_i @ np.log(a) / w_i.sum())
-        if len(a) >= 2:
-            q10, q50, q90 = np.quantile(a, [0.1, 0.5, 0.9])
-            obs_lo[i] = np.log(q10 / q50)
-            obs_hi[i] = np.log(q90 / q50)
+            k[seen] = np.add.reduceat(wf, starts)
+            obs_mean[seen] = np.add.reduceat(wf * flat, starts) / k[seen]
+            obs_log[seen] = np.add.reduceat(wf * logs, starts) / k[seen]
+        multi = counts >= 2
+        if multi.any():
+            q10, q50, q90 = ragged_quantiles(flat, starts, counts, (0.1, 0.5, 0.9))
+            obs_lo[seen[multi]] = np.log(q10 / q50)[multi]
+            obs_hi[seen[multi]] = np.log(q90 / q50)[multi]
     w = k / (k + kappa)
     shift = w * (np.log(obs_mean) - np.log(base.mean))
     scale = np.exp(shift)
@@ -155,175 +160,6 @@ def blend_history(
     return LengthPrediction(mean, q50 * np.exp(np.minimum(lo, 0.0)), q50, q50 * np.exp(np.maximum(hi, 0.0)))
 
 
-MIN_PROMPTS = 20
-"""Fewest prompts an estimate from the observations needs (within-prompt variance, the base's
-error, an epoch's scale); below it the base predictor's trained figures are used."""
-
-
-def _multi_logs(observations) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Log lengths of the prompts with >= 2 observations, flat, with each prompt's start and count.
-
-    ``None`` below :data:`MIN_PROMPTS` such prompts. Flat arrays, so that a million prompts cost
-    a few vector passes, not a NumPy call each.
-    """
-    arrays = [a for a in observations if a is not None and len(a) >= 2]
-    if len(arrays) < MIN_PROMPTS:
-        return None
-    counts = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-    flat = np.log(np.maximum(np.concatenate(arrays).astype(np.float64), 1.0))
-    return flat, np.concatenate([[0], np.cumsum(counts)[:-1]]), counts
-
-
-def _within_var(observations) -> float | None:
-    """Pooled within-prompt variance of log lengths over prompts with >= 2 observations, or None."""
-    multi = _multi_logs(observations)
-    if multi is None:
-        return None
-    flat, starts, n = multi
-    total = np.add.reduceat(flat, starts)
-    var = (np.add.reduceat(flat * flat, starts) - total * total / n) / (n - 1)
-    return float(np.mean(np.maximum(var, 0.0)))
-
-
-def within_band_var(observations) -> float | None:
-    """Within-prompt spread of log lengths as a band sees it: ``((q90 - q10) / 2.563)**2``.
-
-    Deviations of each prompt's log lengths about their mean (prompts with
-    >= 2), scaled by ``sqrt(n / (n - 1))`` so that few samples per prompt do
-    not understate the spread (as :func:`aspc.predict.calibration.log_band_var`
-    on training data); ``None`` below :data:`MIN_PROMPTS` prompts.
-    """
-    multi = _multi_logs(observations)
-    if multi is None:
-        return None
-    flat, starts, n = multi
-    dev = (flat - np.repeat(np.add.reduceat(flat, starts) / n, n)) * np.repeat(np.sqrt(n / (n - 1)), n)
-    q10, q90 = np.quantile(dev, [0.1, 0.9])
-    return float(((q90 - q10) / (2 * 1.2816)) ** 2)
-
-
-def estimate_kappa(
-    base: LengthPrediction,
-    observed: Sequence[np.ndarray | None],
-    weights: Sequence[np.ndarray | None] | None,
-    within_log_var: float,
-    fallback: float,
-) -> float:
-    """Empirical-Bayes shrinkage ``s_w**2 / s_b**2`` from the base's error on the observed prompts.
-
-    ``s_b**2`` is the mean of ``(log mean_obs - log base.mean)**2 - s_w**2 / k``
-    over prompts with observations (``k``: their weight sum); ``fallback``
-    when fewer than :data:`MIN_PROMPTS` prompts were observed or the base
-    looks exact (``s_b**2 <= 0``). Clipped to ``[0.01, 100]``.
-    """
-    seen = [i for i, a in enumerate(observed) if a is not None and len(a)]
-    if len(seen) < MIN_PROMPTS:
-        return fallback
-    arrays = [np.maximum(np.asarray(observed[i], dtype=np.float64), 1.0) for i in seen]
-    flat = np.concatenate(arrays)
-    w = np.concatenate(
-        [np.ones(len(a)) if weights is None or weights[i] is None else np.asarray(weights[i], dtype=np.float64)
-         for i, a in zip(seen, arrays, strict=True)]
-    )  # fmt: skip
-    starts = np.cumsum([0] + [len(a) for a in arrays[:-1]])
-    k = np.add.reduceat(w, starts)
-    r2 = (np.log(np.add.reduceat(w * flat, starts) / k) - np.log(base.mean[seen])) ** 2
-    inv_k = 1.0 / k
-    s_b = float(np.mean(r2) - within_log_var * np.mean(inv_k))
-    return fallback if s_b <= 1e-6 else float(np.clip(within_log_var / s_b, 0.01, 100.0))
-
-
-@dataclass(frozen=True)
-class EpochAlignment:
-    """How earlier epochs are put on the newest one's level, and how much each then counts."""
-
-    scale: list[float]  # per epoch, oldest first: factor onto the newest epoch's level (newest: 1)
-    drift: float | None  # q: per-prompt variance of log level added per epoch of age; None: unknown
-    within_log_var: float | None  # s_w**2 measured on the epochs, None when unmeasurable
-
-    def weight(self, lag: int) -> float:
-        """Weight of an observation ``lag`` epochs older than the newest."""
-        if lag == 0:
-            return 1.0
-        if self.drift is None or not self.within_log_var:
-            return EPOCH_DECAY**lag
-        return float(self.within_log_var / (self.within_log_var + self.drift * lag))
-
-    def summary(self) -> dict[str, Any]:
-        n = len(self.scale)
-        return {
-            "scale": [round(x, 6) for x in self.scale],
-            "weights": [round(self.weight(n - 1 - e), 6) for e in range(n)],
-            "drift": None if self.drift is None else round(self.drift, 6),
-        }
-
-
-def epoch_alignment(epochs: Sequence[Mapping[str, np.ndarray]]) -> EpochAlignment:
-    """Scale of each epoch relative to the newest, per-prompt drift and within-prompt variance.
-
-    With ``x`` a prompt's mean log length in an epoch, ``c_e`` (the log scale
-    of epoch ``e``) is the mean of ``x_new - x_e`` over the prompts both saw,
-    shrunk toward 0 by its standard error (positive-part James-Stein), so
-    noise is not mistaken for growth. After rescaling, the squared
-    difference of two epochs ``L`` apart has expectation ``s_w**2 h + q L``
-    (``h = 1/n_a + 1/n_b``, samples per prompt). ``s_w**2`` is measured from
-    prompts with several samples in one epoch when there are enough; then
-    ``q`` follows from the pairs with the newest epoch. Without such
-    replicates, three or more epochs give both by least squares over all
-    pairs (``L`` varies); two epochs cannot tell drift from noise, and
-    ``q`` is taken as ``c**2``: prompts are assumed to drift individually by
-    about as much as they drift together (no common drift: no decay).
-    """
-    n_ep = len(epochs)
-    logs = [{k: np.log(np.maximum(a, 1.0)) for k, a in e.items() if len(a)} for e in epochs]
-    scale = [1.0] * n_ep
-    if n_ep < 2:
-        return EpochAlignment(scale, None, _within_var([a for e in epochs for a in e.values()]))
-    # Per epoch: each prompt's mean log length and sample count (computed once; epochs are big).
-    level = [{k: float(a.mean()) for k, a in e.items()} for e in logs]
-    count = [{k: len(a) for k, a in e.items()} for e in logs]
-    newest = level[-1]
-    log_c = [0.0] * n_ep
-    for e in range(n_ep - 1):
-        common = [k for k in level[e] if k in newest]
-        if len(common) < MIN_PROMPTS:
-            continue
-        diff = np.array([newest[k] - level[e][k] for k in common])
-        c_hat, se2 = float(diff.mean()), float(diff.var(ddof=1) / len(diff))
-        log_c[e] = c_hat * max(0.0, 1.0 - se2 / c_hat**2) if c_hat != 0 else 0.0
-        scale[e] = float(np.exp(log_c[e]))
-    within = _within_var([a for e in epochs for a in e.values()])
-    # Pairs of epochs: mean squared difference after rescaling, noise factor h, lag L.
-    rows = []
-    for a in range(n_ep):
-        for b in range(a + 1, n_ep):
-            common = [k for k in level[a] if k in level[b]]
-            if len(common) < MIN_PROMPTS:
-                continue
-            d = np.array([level[b][k] - level[a][k] for k in common]) + (log_c[b] - log_c[a])
-            h = np.mean([1 / count[a][k] + 1 / count[b][k] for k in common])
-            rows.append((float(np.mean((d - d.mean()) ** 2)), float(h), b - a, b == n_ep - 1))
-    if not rows:
-        return EpochAlignment(scale, None, within)
-    newest_rows = [r for r in rows if r[3]]
-    if within is not None and newest_rows:
-        q = sum(max(0.0, m - within * h) for m, h, _, _ in newest_rows) / sum(lag for *_, lag, _ in newest_rows)
-        return EpochAlignment(scale, float(q), within)
-    if len({r[2] for r in rows}) >= 2:
-        x = np.array([[h, lag] for _, h, lag, _ in rows], dtype=np.float64)
-        y = np.array([m for m, *_ in rows])
-        s_w, q = np.linalg.lstsq(x, y, rcond=None)[0]
-        if s_w <= 0:
-            return EpochAlignment(scale, None, None)
-        if q < 0:  # no growth of the error with age: pure noise
-            s_w, q = float(y @ x[:, 0] / (x[:, 0] @ x[:, 0])), 0.0
-        return EpochAlignment(scale, float(q), float(s_w))
-    m, h, lag, _ = rows[0]
-    c = log_c[0] / max(n_ep - 1, 1)
-    q = c * c
-    return EpochAlignment(scale, q, max(m - q * lag, 0.0) / h or None)
-
-
 class HistoryPredictor(Predictor):
     """A base predictor plus observed lengths keyed by prompt id.
 
@@ -341,7 +177,7 @@ class HistoryPredictor(Predictor):
     else the base predictor's own figure for its target model, else its
     pooled one. A policy unlike the base's training data (a larger error)
     thus trusts its history more, and a base that already fits trusts it
-    less. With fewer than :data:`MIN_PROMPTS` observed prompts the base's
+    less. With fewer than :data:`~aspc.predict.history_estimates.MIN_PROMPTS` observed prompts the base's
     trained ``history_kappa`` is used.
     """
 
@@ -367,7 +203,7 @@ class HistoryPredictor(Predictor):
         # Within-prompt spread: measured on the observations when they allow it, else the base's
         # figure for its target model, else its pooled one.
         target = str(meta.get("target"))
-        measured = within_log_var if within_log_var is not None else _within_var(self.observations.values())
+        measured = within_log_var if within_log_var is not None else within_log_var_of(self.observations.values())
         band = within_band_var(self.observations.values()) if measured is not None else None
         if measured is None:
             measured = (meta.get("history_within_log_var_by_target") or {}).get(target)
@@ -392,13 +228,13 @@ class HistoryPredictor(Predictor):
 
         Each older epoch is first rescaled to the newest one by the ratio of
         their geometric mean lengths over the prompts both saw (RL length
-        growth is mostly such a common factor; see :func:`epoch_alignment`).
+        growth is mostly such a common factor; see :func:`~aspc.predict.history_estimates.epoch_alignment`).
         Then epoch ``e`` of ``E`` weighs ``s_w**2 / (s_w**2 + q (E-1-e))``:
         an old observation is a measurement of today's level whose error has
         grown by the per-prompt drift ``q`` per epoch. ``q`` is estimated
         from the epochs (about 0 for a policy that does not drift: the epochs
         pool equally); where it cannot be, the older epochs weigh
-        :data:`EPOCH_DECAY` per epoch. ``decay`` given: fixed weights
+        :data:`~aspc.predict.history_estimates.EPOCH_DECAY` per epoch. ``decay`` given: fixed weights
         ``decay**(E-1-e)`` after the rescaling.
         """
         if decay is not None and not 0 < decay <= 1:

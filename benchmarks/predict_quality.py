@@ -148,26 +148,19 @@ def bench_lexical_per_model(d, models, args):
 
 
 def bench_history(d, models, base):
-    from aspc.predict.history import blend_history
+    """One earlier sample per prompt, through ``HistoryPredictor`` (what ``--history`` runs)."""
+    from aspc.predict.history import HistoryPredictor
     from aspc.predict.metrics import evaluate
 
-    res = {}
+    res, kappas = {}, {}
     for m in models:
         idx = rows_of(d, "validate", m)
-        head = base.with_target(m)
+        ids = [str(i) for i in idx]
         samples = pick(d, "output_sizes", idx)
-        blended = blend_history(
-            head.predict(pick(d, "prompt_text", idx)),
-            [s[:1] for s in samples],
-            head.metadata["history_kappa"],
-            head.metadata.get("history_within_log_var"),
-        )
-        res[m] = evaluate(blended, [s[1:] for s in samples])
-    return {
-        "per_model": res,
-        "kappa": round(base.metadata["history_kappa"], 3),
-        "within_log_var": round(base.metadata["history_within_log_var"], 3),
-    }
+        hp = HistoryPredictor(base.with_target(m), {k: s[:1] for k, s in zip(ids, samples, strict=True)})
+        res[m] = evaluate(hp.predict(pick(d, "prompt_text", idx), ids=ids), [s[1:] for s in samples])
+        kappas[m.split("--")[-1]] = round(hp.metadata["kappa_used"], 3)
+    return {"per_model": res, "trained_kappa": round(base.metadata["history_kappa"], 3), "kappa": kappas}
 
 
 def bench_transformer(d, models, args):
@@ -281,7 +274,7 @@ def bench_history_epochs(d, models, base):
     from aspc.predict.history import HistoryPredictor
     from aspc.predict.metrics import evaluate
 
-    res = {}
+    res, info = {}, {}
     for m in models:
         idx = rows_of(d, "validate", m)
         ids = [str(i) for i in idx]
@@ -289,7 +282,8 @@ def bench_history_epochs(d, models, base):
         epochs = [{k: s[e : e + 1] for k, s in zip(ids, samples, strict=True)} for e in (0, 1)]
         hp = HistoryPredictor.from_epochs(base.with_target(m), epochs)
         res[m] = evaluate(hp.predict(pick(d, "prompt_text", idx), ids=ids), [s[2:] for s in samples])
-    return {"per_model": res}
+        info[m.split("--")[-1]] = {"kappa": round(hp.metadata["kappa_used"], 3), **hp.metadata["epochs"]}
+    return {"per_model": res, "epochs": info}
 
 
 def bench_speed(base, d) -> dict:

@@ -122,3 +122,34 @@ def test_bulk_kernel_equals_featurize(config: FeatureConfig) -> None:
 def test_bulk_kernel_rejects_char_ngrams() -> None:
     with pytest.raises(ValueError, match="char n-grams|word and bigram"):
         hashed_scores(["x"], FeatureConfig(char_ngrams=(3,)), np.zeros(1 << 18))
+
+
+def test_target_band_widens_only_a_target_whose_sources_disagree() -> None:
+    from aspc.predict.calibration import target_band, with_pooled_band
+
+    rng = np.random.default_rng(5)
+    groups = np.repeat(np.arange(4), 500)
+    y = rng.normal(5.5, 0.8, size=len(groups))
+
+    def lengths_for(source_shift):
+        return [np.exp(v + source_shift[g] + rng.normal(0, 0.3, size=3)) for v, g in zip(y, groups, strict=True)]
+
+    calm = lengths_for(np.zeros(4))
+    odd = lengths_for(np.array([0.0, 0.0, 0.0, 1.2]))  # this target is far off on one source
+    pooled_l = calm + odd
+    pooled_y, pooled_g = np.concatenate([y, y]), np.concatenate([groups, groups])
+    pooled = Calibration.fit(pooled_y, pooled_l)
+    for lengths, widened in ((calm, False), (odd, True)):
+        own = Calibration.fit(y, lengths)
+        cal, f = target_band(own, pooled, 0.0, y, lengths, groups, pooled_y, pooled_l, pooled_g)
+        assert (f > 1.05) == widened, f
+        p = cal.apply(y)
+        np.testing.assert_allclose(p.q50, own.apply(y).q50, rtol=1e-9)  # the level is the target's own
+        assert np.all(p.q10 <= p.q50) and np.all(p.q50 <= p.q90)
+    # Scale 1: exactly the shared band (pooled offsets read at y - shift about the own median).
+    own = Calibration.fit(y, calm)
+    grid = np.linspace(y.min() - 1, y.max() + 1, 300)
+    b = with_pooled_band(own, pooled, 0.4, 1.0).apply(grid)
+    o, pb = own.apply(grid), pooled.apply(grid - 0.4)
+    np.testing.assert_allclose(b.q90, o.q50 * pb.q90 / pb.q50, rtol=1e-6)
+    np.testing.assert_allclose(b.q10, o.q50 * pb.q10 / pb.q50, rtol=1e-6)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -173,6 +174,109 @@ def balanced_band_scale(
     return hi
 
 
+def target_band(
+    own: Calibration,
+    pooled: Calibration,
+    shift: float,
+    y_hat: np.ndarray,
+    lengths: Sequence[np.ndarray],
+    groups: np.ndarray,
+    pooled_y: np.ndarray,
+    pooled_lengths: Sequence[np.ndarray],
+    pooled_groups: np.ndarray,
+    level: float = 0.8,
+) -> tuple[Calibration, float]:
+    """One target's calibration: its own level, the pooled band widened by the target's own sources.
+
+    The pooled band (every target's leave-one-source-out residuals about its
+    own level) knows how far a level is off on an unseen source, on average
+    over targets. A target whose own level shifts more between sources (in
+    CASTILLO, Gemma is short on DS1000 and long on chat; Llama-3.2-3B is far
+    apart on its two sources) needs a wider band. So the pooled band's
+    offsets are widened by a factor ``f >= 1`` until the coverage averaged
+    over this target's own held-out sources *and* the pooled residuals
+    (counted as one more source: the evidence of all the other targets)
+    reaches ``level``. With two to four sources per target, the pooled term
+    keeps one odd source from setting the whole band; ``f`` is 1 (the pooled
+    band, as before) for a target whose own sources are covered.
+
+    Parameters
+    ----------
+    own
+        The target's calibration (its level and own residual band).
+    pooled
+        The pooled calibration, fitted on scores shifted to the pooled level.
+    shift
+        The target's intercept minus the pooled one: the pooled band is read
+        at ``y_hat - shift``.
+    y_hat, lengths, groups
+        The target's out-of-fold scores (its own level), observed lengths,
+        and source of each row.
+    pooled_y, pooled_lengths, pooled_groups
+        The pooled residual set ``pooled`` was fitted on.
+
+    Returns
+    -------
+    (Calibration, float)
+        The target's calibration with the widened pooled band, and ``f``.
+    """
+    pooled_term = _coverage_by_group(pooled, pooled_y, pooled_lengths, pooled_groups, own=None, shift=0.0)
+    own_term = _coverage_by_group(pooled, np.asarray(y_hat, dtype=np.float64), lengths, groups, own=own, shift=shift)
+
+    def balanced(f: float) -> float:
+        return float(np.mean(own_term(f) + [float(np.mean(pooled_term(f)))]))
+
+    lo, hi = 1.0, 4.0
+    if balanced(lo) >= level:
+        f = lo
+    else:
+        for _ in range(14):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (lo, mid) if balanced(mid) >= level else (mid, hi)
+        f = hi
+    return with_pooled_band(own, pooled, shift, f), f
+
+
+def with_pooled_band(own: Calibration, pooled: Calibration, shift: float, scale: float = 1.0) -> Calibration:
+    """``own``'s mean and median curves with ``pooled``'s q10/q90 offsets (times ``scale``) about them.
+
+    The curves are tabulated at the union of both calibrations' centres, where
+    both are piecewise linear, so between the centres the result equals
+    ``own.q50 * (pooled.q10 / pooled.q50) ** scale`` read at ``y_hat - shift``
+    (what a shared band gave at ``scale = 1``); outside, every curve
+    continues with ``own``'s slope (the pooled offsets are constant there).
+    """
+    centers = np.unique(np.concatenate([own.centers, pooled.centers + shift]))
+    o = own.apply(centers)
+    p = pooled.apply(centers - shift)
+    q50 = np.log(o.q50)
+    curves = np.column_stack(
+        [np.log(o.mean), q50 + scale * np.log(p.q10 / p.q50), q50, q50 + scale * np.log(p.q90 / p.q50)]
+    )
+    centers_a, curves_a = _strictly_increasing(centers, curves, own.slope)
+    return Calibration(centers_a, curves_a, own.slope)
+
+
+def _coverage_by_group(pooled, y_hat, lengths, groups, *, own, shift):
+    """``f -> [coverage of each group]`` of the band ``q50 * (pooled offsets) ** f`` on ``lengths``."""
+    groups = np.asarray(groups)
+    counts = np.fromiter((len(a) for a in lengths), dtype=np.int64, count=len(lengths))
+    flat = np.log(np.maximum(np.concatenate([np.asarray(a, dtype=np.float64) for a in lengths]), 1.0))
+    p = pooled.apply(y_hat - shift)
+    z = np.log(p.q50 if own is None else own.apply(y_hat).q50)
+    lo, hi = np.log(p.q10 / p.q50), np.log(p.q90 / p.q50)
+    r = flat - np.repeat(z, counts)
+    lo_s, hi_s = np.repeat(lo, counts), np.repeat(hi, counts)
+    sample_group = np.repeat(groups, counts)
+    masks = [sample_group == g for g in np.unique(groups)]
+
+    def per_group(f: float) -> list[float]:
+        inside = (r >= f * lo_s) & (r <= f * hi_s)
+        return [float(inside[m].mean()) for m in masks]
+
+    return per_group
+
+
 def _level_map(y_hat: np.ndarray, level: np.ndarray) -> tuple[float, float]:
     """``(a, b)`` of the least-squares line ``level ~ a + b * y_hat``, slope clipped."""
     if len(y_hat) < 2 or float(np.var(y_hat)) < 1e-12:
@@ -194,8 +298,11 @@ def _strictly_increasing(centers: np.ndarray, curves: np.ndarray, slope: float) 
 
 
 def estimate_history_prior(
-    y_hat: np.ndarray, lengths: Sequence[np.ndarray], default_kappa: float
-) -> dict[str, float]:
+    y_hat: np.ndarray,
+    lengths: Sequence[np.ndarray],
+    default_kappa: float,
+    targets: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Shrinkage constant and within-prompt spread for history blending.
 
     With log lengths ``log l = theta + eps`` (``Var eps = s_w**2``) and a base
@@ -209,7 +316,13 @@ def estimate_history_prior(
     dict
         ``history_kappa`` (``default_kappa`` when no prompt has two
         observations to measure ``s_w``) and ``history_within_log_var``
-        (``s_w**2``, or ``None`` when unmeasurable).
+        (``s_w**2``, or ``None`` when unmeasurable), ``history_within_band_var``
+        (the same spread measured by its 10-90% range); with ``targets`` (the
+        model of each row) also ``history_within_log_var_by_target``: models
+        differ several-fold in how much their samples of one prompt vary
+        (CASTILLO train: Qwen2.5 ~0.03, Mixtral ~0.2), and a history band
+        built on the pooled figure is too wide for one and too narrow for
+        the other.
     """
     logs = [np.log(np.maximum(np.asarray(a, dtype=np.float64), 1.0)) for a in lengths]
     multi = [a for a in logs if len(a) >= 2]
@@ -221,4 +334,28 @@ def estimate_history_prior(
     # The observed level is itself noisy by s_w / k; remove that from the residual variance.
     s_b = float(np.mean((level - y_hat) ** 2 - s_w / k))
     kappa = default_kappa if s_b <= 1e-6 else float(np.clip(s_w / s_b, 0.01, 100.0))
-    return {"history_kappa": kappa, "history_within_log_var": s_w}
+    out: dict[str, Any] = {"history_kappa": kappa, "history_within_log_var": s_w}
+    out["history_within_band_var"] = log_band_var(multi)
+    if targets is not None:
+        by: dict[str, list[np.ndarray]] = {}
+        for a, t in zip(logs, targets, strict=True):
+            if len(a) >= 2:
+                by.setdefault(str(t), []).append(a)
+        out["history_within_log_var_by_target"] = {
+            t: float(np.mean([np.var(a, ddof=1) for a in v])) for t, v in sorted(by.items())
+        }
+        out["history_within_band_var_by_target"] = {t: log_band_var(v) for t, v in sorted(by.items())}
+    return out
+
+
+def log_band_var(logs: Sequence[np.ndarray]) -> float:
+    """``((q90 - q10) / 2.563)**2`` of the deviations of each prompt's log lengths about their mean.
+
+    Log lengths of one prompt are heavy-tailed (a few runaway samples): on
+    CASTILLO this is about half their variance, and a history band built on
+    the variance covered ~90% instead of 80%. Same estimator as
+    :func:`aspc.predict.history.within_band_var`.
+    """
+    dev = np.concatenate([(a - a.mean()) * np.sqrt(len(a) / (len(a) - 1)) for a in logs])
+    q10, q90 = np.quantile(dev, [0.1, 0.9])
+    return float(((q90 - q10) / (2 * 1.2816)) ** 2)

@@ -11,10 +11,15 @@ so one observation moves the prediction part way and many observations are
 trusted almost fully. ``kappa`` is the ratio of the within-prompt variance of
 log lengths to the base predictor's error variance (estimated when the base
 predictor is trained; see :func:`aspc.predict.calibration.estimate_history_prior`).
-All quantiles move by the same factor, and the band narrows because the
-prompt's level is now better known (see :func:`blend_history`); with two or
-more observations the band's width is also blended toward the observed
-spread, by ``(k - 1) / (k - 1 + kappa)``, so it moves slower than the level.
+The median moves the same way toward the observations' mean log (their
+median level), and the band narrows because the prompt's level is now better
+known (see :func:`blend_history`); with two or more observations the band's
+width is also blended toward the observed spread, by
+``(k - 1) / (k - 1 + BAND_KAPPA)``, so it moves slower than the level.
+:class:`HistoryPredictor` estimates ``kappa`` from the observations
+(empirical Bayes) and, for several epochs, puts older epochs on the newest
+one's level and weighs them by the drift it measures
+(:func:`aspc.predict.history_estimates.epoch_alignment`).
 
 Notes
 -----
@@ -33,25 +38,27 @@ import numpy as np
 
 from aspc.errors import ConfigError, PredictorError
 from aspc.predict.base import LengthPrediction, Predictor, hash_arrays
+from aspc.predict.history_estimates import (
+    epoch_alignment,
+    estimate_kappa,
+    flat_weights,
+    ragged_quantiles,
+    within_band_var,
+    within_log_var_of,
+)
 
 DEFAULT_KAPPA = 0.5  # used when the base predictor did not estimate one
 BAND_KAPPA = 8.0
 """Extra observations (beyond the first) that count as much as the base band's width: with two
 earlier epochs (k=2) the band moved 90% of the way to the two samples' spread before, and covered
 44% of the other eight CASTILLO samples instead of 80%."""
-EPOCH_DECAY = 0.7
-"""Weight of an epoch's observations relative to the next newer epoch's. RL policies drift
-(responses usually lengthen as training goes on), so older epochs count less; on data without
-drift (CASTILLO's fixed models) 0.7 costs under 0.005 tau against equal weights with 2-4
-earlier epochs (``benchmarks/predict_quality.py``, history rows)."""
-
-
 def blend_history(
     base: LengthPrediction,
     observed: Sequence[np.ndarray | None],
     kappa: float,
     within_log_var: float | None = None,
     weights: Sequence[np.ndarray | None] | None = None,
+    within_band_var: float | None = None,
 ) -> LengthPrediction:
     """Move each prompt's prediction toward its observed lengths.
 
@@ -74,7 +81,13 @@ def blend_history(
         Optional weight of each observation (same shapes as ``observed``, in
         ``(0, 1]``): an observation of weight ``w`` counts as ``w``
         observations in ``k`` and in the observed mean (older epochs weigh
-        less, see :data:`EPOCH_DECAY`). ``None``: all weigh 1.
+        less, see :data:`~aspc.predict.history_estimates.EPOCH_DECAY`). ``None``: all weigh 1.
+    within_band_var
+        The within-prompt spread the band is built from, as the variance of a
+        normal with the same 10-90% range (:func:`within_band_var`; log
+        lengths of one prompt are heavy-tailed, so this is about half
+        ``within_log_var``, and a band from the variance covers 90% instead
+        of 80%). ``None``: ``within_log_var``.
 
     Returns
     -------
@@ -87,42 +100,52 @@ def blend_history(
         raise ConfigError(f"history kappa {kappa} must be positive")
     if len(observed) != len(base):
         raise ValueError(f"{len(observed)} history entries for {len(base)} predictions")
+    if weights is not None and len(weights) != len(observed):
+        raise ValueError(f"{len(weights)} weight entries for {len(observed)} observations")
     n = len(base)
     k = np.zeros(n)
     obs_mean = np.ones(n)
+    obs_log = np.zeros(n)  # weighted mean log length: the observed median's level
     obs_lo = np.zeros(n)  # observed log(q10/q50) and log(q90/q50) where k >= 2
     obs_hi = np.zeros(n)
-    if weights is not None and len(weights) != len(observed):
-        raise ValueError(f"{len(weights)} weight entries for {len(observed)} observations")
-    for i, a in enumerate(observed):
-        if a is None or len(a) == 0:
-            continue
-        a = np.maximum(np.asarray(a, dtype=np.float64), 1.0)
-        w_i = None if weights is None or weights[i] is None else np.asarray(weights[i], dtype=np.float64)
-        if w_i is None:
-            k[i] = len(a)
-            obs_mean[i] = a.mean()
+    # All prompts' observations in one flat array (a million prompts: a few vector passes).
+    seen = np.array([i for i, a in enumerate(observed) if a is not None and len(a)], dtype=np.int64)
+    if len(seen):
+        arrays = [np.asarray(observed[i], dtype=np.float64) for i in seen]
+        counts = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        flat = np.maximum(np.concatenate(arrays), 1.0)
+        logs = np.log(flat)
+        wf = None if weights is None else flat_weights(weights, seen, arrays, starts)
+        if wf is None:
+            k[seen] = counts
+            obs_mean[seen] = np.add.reduceat(flat, starts) / counts
+            obs_log[seen] = np.add.reduceat(logs, starts) / counts
         else:
-            if w_i.shape != a.shape or not np.all((w_i > 0) & (w_i <= 1)):
-                raise ValueError(f"prompt {i}: weights must match its observations and lie in (0, 1]")
-            k[i] = w_i.sum()
-            obs_mean[i] = float(w_i @ a / w_i.sum())
-        if len(a) >= 2:
-            q10, q50, q90 = np.quantile(a, [0.1, 0.5, 0.9])
-            obs_lo[i] = np.log(q10 / q50)
-            obs_hi[i] = np.log(q90 / q50)
+            k[seen] = np.add.reduceat(wf, starts)
+            obs_mean[seen] = np.add.reduceat(wf * flat, starts) / k[seen]
+            obs_log[seen] = np.add.reduceat(wf * logs, starts) / k[seen]
+        multi = counts >= 2
+        if multi.any():
+            q10, q50, q90 = ragged_quantiles(flat, starts, counts, (0.1, 0.5, 0.9))
+            obs_lo[seen[multi]] = np.log(q10 / q50)[multi]
+            obs_hi[seen[multi]] = np.log(q90 / q50)[multi]
     w = k / (k + kappa)
     shift = w * (np.log(obs_mean) - np.log(base.mean))
     scale = np.exp(shift)
     mean = base.mean * scale
-    q50 = base.q50 * scale
+    # The median moves toward the observed *median* level (mean log), not by the mean's factor:
+    # the base's mean/median gap is mostly its own uncertainty, which history removes; keeping it
+    # put the band too low (CASTILLO: 15-25% of new samples above q90, 4-8% below q10).
+    q50 = base.q50 * np.exp(np.where(k > 0, w * (obs_log - np.log(base.q50)), 0.0))
     # Posterior log-sd of one response under the normal model behind kappa: the within-prompt
-    # spread plus the level's remaining uncertainty s_w**2 / (k + kappa). The base band is only
+    # spread (its 10-90% range) plus the level's remaining uncertainty s_w**2 / (k + kappa). The base band is only
     # narrowed toward it, never widened, and a base band already narrower is kept.
     base_lo = np.log(base.q10 / base.q50)
     base_hi = np.log(base.q90 / base.q50)
     if within_log_var is not None and within_log_var > 0:
-        post_sd = np.sqrt(within_log_var * (1.0 + 1.0 / (k + kappa)))
+        band_var = within_log_var if within_band_var is None else within_band_var
+        post_sd = np.sqrt(band_var + within_log_var / (k + kappa))
         base_sd = np.maximum((base_hi - base_lo) / (2 * 1.2816), 1e-9)  # 1.2816 = z of the 90% quantile
         narrow = np.where(k > 0, np.minimum(1.0, post_sd / base_sd), 1.0)
         base_lo = narrow * base_lo
@@ -143,6 +166,19 @@ class HistoryPredictor(Predictor):
     Built at compile time from run logs or datasets (``aspc.io.read_lengths``);
     it is not saved as a directory of its own: save the base predictor and keep
     the run logs.
+
+    Shrinkage is estimated from the observations (empirical Bayes) unless
+    ``kappa`` is given: ``kappa = s_w**2 / s_b**2``, where ``s_b**2`` is the
+    base predictor's mean squared error on the observed prompts of the batch
+    predicted (the squared residual of each prompt's observed log mean about
+    the base, less its sampling part ``s_w**2 / k``), and ``s_w**2`` the
+    within-prompt variance of log lengths: measured on the observations when
+    enough prompts have two or more (several samples or several epochs),
+    else the base predictor's own figure for its target model, else its
+    pooled one. A policy unlike the base's training data (a larger error)
+    thus trusts its history more, and a base that already fits trusts it
+    less. With fewer than :data:`~aspc.predict.history_estimates.MIN_PROMPTS` observed prompts the base's
+    trained ``history_kappa`` is used.
     """
 
     kind = "history"
@@ -153,20 +189,30 @@ class HistoryPredictor(Predictor):
         observations: Mapping[str, np.ndarray],
         kappa: float | None = None,
         weights: Mapping[str, np.ndarray] | None = None,
+        within_log_var: float | None = None,
     ) -> None:
         self.base = base
         self.observations = {str(k): np.asarray(v, dtype=np.float64) for k, v in observations.items()}
         # Per-observation weights (older epochs < 1); None: every observation weighs 1.
         self.weights = None if weights is None else {str(k): np.asarray(v, dtype=np.float64) for k, v in weights.items()}
-        if kappa is None:
-            kappa = float(base.metadata.get("history_kappa") or DEFAULT_KAPPA)
-        self.within_log_var = base.metadata.get("history_within_log_var")
-        if kappa <= 0:
+        meta = getattr(base, "metadata", {}) or {}
+        if kappa is not None and kappa <= 0:
             raise ConfigError(f"history kappa {kappa} must be positive")
-        self.kappa = kappa
+        self.fixed_kappa = kappa
+        self.kappa = float(kappa if kappa is not None else meta.get("history_kappa") or DEFAULT_KAPPA)
+        # Within-prompt spread: measured on the observations when they allow it, else the base's
+        # figure for its target model, else its pooled one.
+        target = str(meta.get("target"))
+        measured = within_log_var if within_log_var is not None else within_log_var_of(self.observations.values())
+        band = within_band_var(self.observations.values()) if measured is not None else None
+        if measured is None:
+            measured = (meta.get("history_within_log_var_by_target") or {}).get(target)
+            band = (meta.get("history_within_band_var_by_target") or {}).get(target)
+        self.within_log_var = measured if measured is not None else meta.get("history_within_log_var")
+        self.within_band_var = band if band is not None else meta.get("history_within_band_var")
         self.metadata: dict[str, Any] = {
             "base": base.identity(),
-            "kappa": kappa,
+            "kappa": self.kappa,
             "n_observed": len(self.observations),
         }
 
@@ -176,25 +222,43 @@ class HistoryPredictor(Predictor):
         base: Predictor,
         epochs: Sequence[Mapping[str, np.ndarray]],
         kappa: float | None = None,
-        decay: float = EPOCH_DECAY,
+        decay: float | None = None,
     ) -> HistoryPredictor:
-        """History from several earlier epochs, oldest first: epoch ``e`` of ``E`` weighs ``decay**(E-1-e)``."""
-        if not 0 < decay <= 1:
+        """History from several earlier epochs, oldest first, on the newest epoch's level.
+
+        Each older epoch is first rescaled to the newest one by the ratio of
+        their geometric mean lengths over the prompts both saw (RL length
+        growth is mostly such a common factor; see :func:`~aspc.predict.history_estimates.epoch_alignment`).
+        Then epoch ``e`` of ``E`` weighs ``s_w**2 / (s_w**2 + q (E-1-e))``:
+        an old observation is a measurement of today's level whose error has
+        grown by the per-prompt drift ``q`` per epoch. ``q`` is estimated
+        from the epochs (about 0 for a policy that does not drift: the epochs
+        pool equally); where it cannot be, the older epochs weigh
+        :data:`~aspc.predict.history_estimates.EPOCH_DECAY` per epoch. ``decay`` given: fixed weights
+        ``decay**(E-1-e)`` after the rescaling.
+        """
+        if decay is not None and not 0 < decay <= 1:
             raise ConfigError(f"epoch decay {decay} must be in (0, 1]")
+        epochs = [{str(k): np.atleast_1d(np.asarray(v, dtype=np.float64)) for k, v in e.items()} for e in epochs]
+        align = epoch_alignment(epochs)
         obs: dict[str, list[np.ndarray]] = {}
         wts: dict[str, list[np.ndarray]] = {}
+        n_ep = len(epochs)
         for e, epoch in enumerate(epochs):
-            w = decay ** (len(epochs) - 1 - e)
-            for key, v in epoch.items():
-                a = np.atleast_1d(np.asarray(v, dtype=np.float64))
-                obs.setdefault(str(key), []).append(a)
-                wts.setdefault(str(key), []).append(np.full(len(a), w))
-        return cls(
+            lag = n_ep - 1 - e
+            w = align.weight(lag) if decay is None else decay**lag
+            for key, a in epoch.items():
+                obs.setdefault(key, []).append(a * align.scale[e])
+                wts.setdefault(key, []).append(np.full(len(a), w))
+        hp = cls(
             base,
             {k: np.concatenate(v) for k, v in obs.items()},
             kappa,
             {k: np.concatenate(v) for k, v in wts.items()},
+            within_log_var=align.within_log_var,
         )
+        hp.metadata["epochs"] = align.summary()
+        return hp
 
     def predict(self, texts: Sequence[str], *, ids: Sequence[str] | None = None) -> LengthPrediction:
         if ids is None:
@@ -203,9 +267,12 @@ class HistoryPredictor(Predictor):
             raise ValueError(f"{len(ids)} ids for {len(texts)} prompts")
         base = self.base.predict(texts, ids=ids)
         w = None if self.weights is None else [self.weights.get(str(i)) for i in ids]
-        return blend_history(
-            base, [self.observations.get(str(i)) for i in ids], self.kappa, self.within_log_var, w
-        )
+        observed = [self.observations.get(str(i)) for i in ids]
+        kappa = self.kappa
+        if self.fixed_kappa is None and self.within_log_var:
+            kappa = estimate_kappa(base, observed, w, float(self.within_log_var), kappa)
+        self.metadata["kappa_used"] = kappa
+        return blend_history(base, observed, kappa, self.within_log_var, w, self.within_band_var)
 
     def coverage(self, ids: Sequence[str]) -> int:
         """How many of ``ids`` have at least one observation."""

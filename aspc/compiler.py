@@ -17,12 +17,11 @@ import pyarrow as pa
 
 from aspc.choices import ORDERS, Strategy, parse_strategy
 from aspc.emit import schema as S
-from aspc.emit.metrics import plan_metrics
 from aspc.emit.plan import Plan
 from aspc.errors import ConfigError, InputError
 from aspc.guards import check_compile_config, check_lengths
 from aspc.io import PromptTable, RaggedLengths
-from aspc.io.gather import Gathered, dispatch_positions
+from aspc.io.gather import Gathered, dispatch_positions, kernels_warmed_for
 from aspc.io.history import history_hashes, read_history
 from aspc.io.options import InputOptions
 from aspc.io.table import numpy_column
@@ -151,7 +150,8 @@ def _prepare(
     if config.target == "verl":
         config = _verl_config(config)
     progress.stage("read")
-    table = inputs.read(input_path)
+    with kernels_warmed_for(input_path):
+        table = inputs.read(input_path)
     tokenizer = getattr(inputs, "tokenizer", None)  # a tokenizer spec (aspc.io.tokens): directory or "qwen"
     selection = select_prompts(table, config, tokenizer)
     table = take_rows(table, selection.keep)
@@ -238,6 +238,7 @@ def compile_plan(
     """
     from aspc.anneal import balance, dispatch_order, lpt_order, max_quantiles
     from aspc.costs import MINIBATCH_COSTS, minibatch_costs
+    from aspc.emit.metrics import plan_metrics
     from aspc.partition import partition
 
     check_compile_config(config)

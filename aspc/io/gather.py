@@ -9,7 +9,10 @@ that work costs no wall time.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -59,3 +62,57 @@ def dispatch_positions(bounds: np.ndarray, order: np.ndarray) -> np.ndarray:
     out_starts = np.cumsum(lens) - lens
     n = int(lens.sum())
     return np.repeat(bounds[order] - out_starts, lens) + np.arange(n, dtype=np.int64)
+
+
+# Inputs this large take long enough to read that start-up work fits beside them.
+_WARM_BYTES = 8 << 20
+
+
+def _warm_kernels() -> None:
+    import numpy as np
+
+    import aspc.anneal  # noqa: F401 - Numba and the compile kernels' modules
+    import aspc.emit.check  # noqa: F401
+    from aspc.partition.kernel import _partition_kernel
+
+    # The first call of any cached kernel loads Numba's typing registries
+    # (~0.5 s once per process); same argument types as the real call, so
+    # this loads the cached machine code and compiles nothing.
+    _partition_kernel(np.zeros(1), 1, 1, 1, 0.0, 0.0)
+
+
+@contextlib.contextmanager
+def kernels_warmed_for(path: str | os.PathLike) -> Iterator[None]:
+    """Import Numba and load the compile kernels on a thread while the caller reads ``path``.
+
+    Reading a large Parquet or JSONL file runs mostly in C++ without the GIL,
+    so the one-time start-up of the kernels (imports, Numba's first dispatch)
+    costs no wall time beside it. Joined on exit, so no import is left
+    running when the caller goes on (or the process ends); small inputs skip
+    the thread.
+    """
+    try:
+        big = os.stat(path).st_size >= _WARM_BYTES
+    except (OSError, TypeError, ValueError):
+        big = False  # the reader words the error
+    thread = None
+    if big:
+        # What both threads import comes first, so the two never import one module at once.
+        import pyarrow.compute  # noqa: F401
+
+        import aspc.emit.schema  # noqa: F401
+
+        thread = threading.Thread(target=_swallow, args=(_warm_kernels,), daemon=True)
+        thread.start()
+    try:
+        yield
+    finally:
+        if thread is not None:
+            thread.join()
+
+
+def _swallow(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - warming is an optimisation; the real call reports any failure
+        pass

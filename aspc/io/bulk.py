@@ -289,9 +289,27 @@ def _line_rows(data: bytes, n_rows: int) -> np.ndarray | None:
 
 
 def read_jsonl_bulk(
-    data: bytes, *, prompt_field: str, id_field: str, length_field: str | None
+    data: bytes | list[bytes], *, prompt_field: str, id_field: str, length_field: str | None
 ) -> PromptTable | None:
-    """``data``: the whole file (its UTF-8 validity is checked here)."""
+    """``data``: the whole file (its UTF-8 validity is checked here).
+
+    Given as a one-item list, the bytes are taken out of it and dropped once
+    parsed, so the file's bytes and the merged columns are never held at once.
+    """
+    if isinstance(data, list):
+        data = data.pop()
+    parsed = _parse_jsonl(data, prompt_field=prompt_field, id_field=id_field, length_field=length_field)
+    del data
+    if parsed is None:
+        return None
+    tab, rows = parsed
+    tab = _single_chunks(tab)
+    return table_from_columns(tab, rows, prompt_field=prompt_field, id_field=id_field, length_field=length_field)
+
+
+def _parse_jsonl(
+    data: bytes, *, prompt_field: str, id_field: str, length_field: str | None
+) -> tuple[pa.Table, np.ndarray] | None:
     import pyarrow.json as pj
 
     if data.startswith(b"\xef\xbb\xbf"):
@@ -315,9 +333,6 @@ def read_jsonl_bulk(
     except (pa.ArrowException, ValueError):
         return None
     rows = _line_rows(data, len(tab))
-    if rows is None:
-        return None
-    tab = _single_chunks(tab)
-    return table_from_columns(tab, rows, prompt_field=prompt_field, id_field=id_field, length_field=length_field)
+    return None if rows is None else (tab, rows)
 
 

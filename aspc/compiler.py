@@ -361,6 +361,7 @@ def compile_plan(
         S.GROUP: numpy_column(grp_col, pa.int32()),
         S.DISPATCH_RANK: numpy_column(np.arange(n, dtype=np.int64), pa.int64()),
     }
+    del q_r, mean_r, nseq_r, pos, rows, shuffled  # gathered: their memory goes before the metrics' own
     # Metrics read numeric columns only: computed while the prompts are gathered.
     numeric = {k: v for k, v in arrays.items() if k != S.PROMPT_ID}
     numeric = pa.Table.from_arrays(list(numeric.values()), names=list(numeric))
@@ -439,6 +440,7 @@ def compile_file(
 ) -> Plan:
     """Read ``input_path``, predict, and compile: the library form of ``aspc compile``."""
     table, prediction, identity, selection = _prepare(input_path, inputs, config, progress)
+    table.lengths = None  # read here, now in the predictions: freed before the plan's columns are built
     plan = compile_plan(table, prediction, config, predictor_identity=identity, inputs=inputs, progress=progress)
     plan.metrics.update(selection.metrics())
     return plan

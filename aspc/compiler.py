@@ -21,7 +21,7 @@ from aspc.emit.plan import Plan
 from aspc.errors import ConfigError, InputError
 from aspc.guards import check_compile_config, check_lengths
 from aspc.io import PromptTable, RaggedLengths
-from aspc.io.gather import Gathered, dispatch_positions, kernels_warmed_for
+from aspc.io.gather import dispatch_positions, gathered, kernels_warmed_for
 from aspc.io.history import history_hashes, read_history
 from aspc.io.options import InputOptions
 from aspc.io.table import numpy_column
@@ -347,7 +347,7 @@ def compile_plan(
     # Arrow's take gathers strings in C++ (the prompts on a thread, see
     # aspc.io.gather); numeric columns share NumPy's memory.
     take = numpy_column(row_order, pa.int64())
-    prompts = Gathered(table.prompt_array, take)
+    prompts = gathered(table.prompt_array, take)
     arrays = {
         S.PROMPT_ID: table.id_array.take(take),
         S.SOURCE_ROW: numpy_column(table.source_rows[row_order], pa.int64()),

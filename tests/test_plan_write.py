@@ -17,7 +17,7 @@ from tests.test_compile import BYTE_IDENTITY_CASES, FIXTURES
 def threaded(monkeypatch):
     """Every size threshold at 0: fixture-sized compiles take the paths of a million rows."""
     monkeypatch.setattr(plan_module, "HASH_BESIDE_WRITE_ROWS", 0)
-    monkeypatch.setattr(gather, "_THREAD_ROWS", 0)
+    monkeypatch.setattr(gather, "THREAD_ROWS", 0)
     monkeypatch.setattr(gather, "_WARM_BYTES", 0)
     calls = []
     patch = plan_module._set_rows_hash

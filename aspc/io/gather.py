@@ -19,35 +19,44 @@ import numpy as np
 import pyarrow as pa
 
 # Under this many rows a thread costs more than it saves.
-_THREAD_ROWS = 50_000
+THREAD_ROWS = 50_000
 
 
-class Gathered:
-    """``arr.take(indices)``, computed on a thread for large arrays; :meth:`result` waits for it."""
+class Background:
+    """``fn(*args)`` on a thread (inline when ``threaded`` is False); :meth:`result` waits for it.
 
-    def __init__(self, arr: pa.Array | pa.ChunkedArray, indices: pa.Array) -> None:
+    For calls that run in C++ without the GIL (Arrow compute, hashing), so the
+    caller's own work goes on beside them.
+    """
+
+    def __init__(self, fn: Callable[..., Any], *args: Any, threaded: bool = True) -> None:
         self._value: Any = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        if len(indices) < _THREAD_ROWS:
-            self._value = arr.take(indices)
-        else:
-            self._thread = threading.Thread(target=self._run, args=(arr, indices), daemon=True)
+        if threaded:
+            self._thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
             self._thread.start()
+        else:
+            self._value = fn(*args)
 
-    def _run(self, arr: pa.Array | pa.ChunkedArray, indices: pa.Array) -> None:
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         try:
-            self._value = arr.take(indices)
+            self._value = fn(*args)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread by result()
             self._error = exc
 
-    def result(self) -> pa.Array | pa.ChunkedArray:
+    def result(self) -> Any:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         if self._error is not None:
             raise self._error
         return self._value
+
+
+def gathered(arr: pa.Array | pa.ChunkedArray, indices: pa.Array) -> Background:
+    """``arr.take(indices)``, on a thread for large arrays."""
+    return Background(arr.take, indices, threaded=len(indices) >= THREAD_ROWS)
 
 
 def dispatch_positions(bounds: np.ndarray, order: np.ndarray) -> np.ndarray:

@@ -150,9 +150,10 @@ def _prepare(
     if config.target == "verl":
         config = _verl_config(config)
     progress.stage("read")
-    with kernels_warmed_for(input_path):
-        table = inputs.read(input_path)
     tokenizer = getattr(inputs, "tokenizer", None)  # a tokenizer spec (aspc.io.tokens): directory or "qwen"
+    # Not beside a tokenizer: its imports and Numba's would run on two threads at once.
+    with kernels_warmed_for(None if tokenizer else input_path):
+        table = inputs.read(input_path)
     selection = select_prompts(table, config, tokenizer)
     table = take_rows(table, selection.keep)
     progress.done()

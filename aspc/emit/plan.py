@@ -137,7 +137,12 @@ def write_plan(plan: Plan, path: str | os.PathLike) -> None:
     # one written with the digest, once the footer's two copies are replaced.
     meta[S.META_ROWS_HASH] = secrets.token_hex(32).encode() if beside else rows_hash(table).encode()
     with atomic_path(path) as tmp:
-        _write(table, meta, tmp)
+        try:
+            _write(table, meta, tmp)
+        except BaseException:
+            if hasher is not None:
+                hasher.join()  # no thread left running when the error goes up
+            raise
         if hasher is not None:
             digest = hasher.result().encode()
             if not _set_rows_hash(tmp, meta[S.META_ROWS_HASH], digest):
@@ -157,6 +162,9 @@ class _RowsHasher:
             self._digest = rows_hash(table)
         except BaseException as exc:  # noqa: BLE001 - re-raised by result()
             self._error = exc
+
+    def join(self) -> None:
+        self._thread.join()
 
     def result(self) -> str:
         self._thread.join()

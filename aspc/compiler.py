@@ -17,11 +17,11 @@ import pyarrow as pa
 
 from aspc.choices import ORDERS, Strategy, parse_strategy
 from aspc.emit import schema as S
-from aspc.emit.metrics import plan_metrics
 from aspc.emit.plan import Plan
 from aspc.errors import ConfigError, InputError
 from aspc.guards import check_compile_config, check_lengths
 from aspc.io import PromptTable, RaggedLengths
+from aspc.io.gather import dispatch_positions, gathered, kernels_warmed_for
 from aspc.io.history import history_hashes, read_history
 from aspc.io.options import InputOptions
 from aspc.io.table import numpy_column
@@ -150,8 +150,10 @@ def _prepare(
     if config.target == "verl":
         config = _verl_config(config)
     progress.stage("read")
-    table = inputs.read(input_path)
     tokenizer = getattr(inputs, "tokenizer", None)  # a tokenizer spec (aspc.io.tokens): directory or "qwen"
+    # Not beside a tokenizer: its imports and Numba's would run on two threads at once.
+    with kernels_warmed_for(None if tokenizer else input_path):
+        table = inputs.read(input_path)
     selection = select_prompts(table, config, tokenizer)
     table = take_rows(table, selection.keep)
     progress.done()
@@ -237,6 +239,7 @@ def compile_plan(
     """
     from aspc.anneal import balance, dispatch_order, lpt_order, max_quantiles
     from aspc.costs import MINIBATCH_COSTS, minibatch_costs
+    from aspc.emit.metrics import plan_metrics
     from aspc.partition import partition
 
     check_compile_config(config)
@@ -278,12 +281,13 @@ def compile_plan(
             bounds = _fixed_bounds(n, b)
     progress.done()
 
-    def _q(name: str) -> np.ndarray:
-        return np.asarray(getattr(prediction, name), dtype=np.float64)[rows]
+    # Every per-row input of the cost and order kernels, in partition order (gathered once).
+    mean_r, nseq_r = mean[rows], nseq[rows]
+    q_r = {k: np.asarray(getattr(prediction, k), dtype=np.float64)[rows] for k in ("q10", "q50", "q90")}
 
     cap = config.max_response_length
     costs = minibatch_costs(
-        config.minibatch_cost, bounds, nseq[rows], mean[rows], _q("q10"), _q("q50"), _q("q90"), cap=cap
+        config.minibatch_cost, bounds, nseq_r, mean_r, q_r["q10"], q_r["q50"], q_r["q90"], cap=cap
     )
     m = costs.size
     n_groups = resolve_groups(config, m)
@@ -317,7 +321,7 @@ def compile_plan(
         mb_order = np.arange(m, dtype=np.int64)
         extra["order"] = "random (constant predictions)"
     elif strategy is Strategy.ASP and config.order == "lpt":
-        key = max_quantiles(bounds, nseq[rows], mean[rows], _q("q10"), _q("q50"), _q("q90"))
+        key = max_quantiles(bounds, nseq_r, mean_r, q_r["q10"], q_r["q50"], q_r["q90"])
         mb_order = lpt_order(key, assignment, n_groups)
         extra["order"] = "lpt"
     elif strategy is Strategy.ASP:
@@ -330,8 +334,10 @@ def compile_plan(
     progress.done()
 
     # Rows in dispatch order; minibatches and groups renumbered by first dispatch.
+    # pos indexes the partition order (nearly sequential gathers); row_order the input.
     lens = np.diff(bounds)
-    row_order = np.concatenate([rows[bounds[k] : bounds[k + 1]] for k in mb_order])
+    pos = dispatch_positions(bounds, mb_order)
+    row_order = rows[pos]
     mb_col = np.repeat(np.arange(m, dtype=np.int32), lens[mb_order])
     grp_of_mb = assignment[mb_order]
     _, first = np.unique(grp_of_mb, return_index=True)
@@ -339,25 +345,30 @@ def compile_plan(
     renum[grp_of_mb[np.sort(first)]] = np.arange(n_groups, dtype=np.int32)
     grp_col = np.repeat(renum[grp_of_mb], lens[mb_order])
 
-    # Arrow's take gathers strings in C++; numeric columns share NumPy's memory.
+    # Arrow's take gathers strings in C++ (the prompts on a thread, see
+    # aspc.io.gather); numeric columns share NumPy's memory.
     take = numpy_column(row_order, pa.int64())
-    q = {k: np.asarray(getattr(prediction, k), dtype=np.float64)[row_order] for k in ("q10", "q50", "q90")}
+    prompts = gathered(table.prompt_array, take)
     arrays = {
         S.PROMPT_ID: table.id_array.take(take),
         S.SOURCE_ROW: numpy_column(table.source_rows[row_order], pa.int64()),
-        S.PROMPT: table.prompt_array.take(take),
         S.PROMPT_TOKENS: numpy_column(table.prompt_tokens[row_order], pa.int64()),
-        S.N_SAMPLES: numpy_column(nseq[row_order], pa.int32()),
-        S.PREDICTED_LEN: numpy_column(mean[row_order], pa.float64()),
-        S.PREDICTED_Q10: numpy_column(q["q10"], pa.float64()),
-        S.PREDICTED_Q50: numpy_column(q["q50"], pa.float64()),
-        S.PREDICTED_Q90: numpy_column(q["q90"], pa.float64()),
+        S.N_SAMPLES: numpy_column(nseq_r[pos], pa.int32()),
+        S.PREDICTED_LEN: numpy_column(mean_r[pos], pa.float64()),
+        S.PREDICTED_Q10: numpy_column(q_r["q10"][pos], pa.float64()),
+        S.PREDICTED_Q50: numpy_column(q_r["q50"][pos], pa.float64()),
+        S.PREDICTED_Q90: numpy_column(q_r["q90"][pos], pa.float64()),
         S.MINIBATCH: numpy_column(mb_col, pa.int32()),
         S.GROUP: numpy_column(grp_col, pa.int32()),
         S.DISPATCH_RANK: numpy_column(np.arange(n, dtype=np.int64), pa.int64()),
     }
+    del q_r, mean_r, nseq_r, pos, rows, shuffled  # gathered: their memory goes before the metrics' own
+    # Metrics read numeric columns only: computed while the prompts are gathered.
+    numeric = {k: v for k, v in arrays.items() if k != S.PROMPT_ID}
+    numeric = pa.Table.from_arrays(list(numeric.values()), names=list(numeric))
+    metrics = plan_metrics(numeric, config.minibatch_cost, costs=costs[mb_order], cap=cap)
+    arrays[S.PROMPT] = prompts.result()
     plan_table = pa.Table.from_arrays([arrays[f.name] for f in S.PLAN_SCHEMA], schema=S.PLAN_SCHEMA)
-    metrics = plan_metrics(plan_table, config.minibatch_cost, costs=costs[mb_order], cap=cap)
     metrics.update(extra)
     metrics["n_skipped"] = len(table.skipped)
     cfg = _config_record(config, inputs, b, d, n_groups)
@@ -430,6 +441,7 @@ def compile_file(
 ) -> Plan:
     """Read ``input_path``, predict, and compile: the library form of ``aspc compile``."""
     table, prediction, identity, selection = _prepare(input_path, inputs, config, progress)
+    table.lengths = None  # read here, now in the predictions: freed before the plan's columns are built
     plan = compile_plan(table, prediction, config, predictor_identity=identity, inputs=inputs, progress=progress)
     plan.metrics.update(selection.metrics())
     return plan

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,8 @@ from aspc.choices import STRATEGIES
 from aspc.compiler import compile_plan, prediction_from_lengths, prepare
 from aspc.errors import ConfigError, InputError
 from aspc.io.history import read_history
+from aspc.io.lengths_by_id import LengthsById
+from aspc.io.table import PromptTable
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.api import run
 from aspc.runtime.backends.sim_cost import SimCostModel
@@ -111,11 +114,12 @@ def simulate_strategies(
             "simulate needs actual response lengths: pass --length-field FIELD or --actual-lengths FILE"
         )
     no_lengths = dataclasses.replace(inputs, length_field=None)
+    reader = _ReadOnce(inputs, no_lengths) if actual_lengths_path is None else no_lengths
     needs_predictor = any(s not in (ORACLE, ORACLE_EXACT) for s in strategies)
     if needs_predictor:
-        table, prediction, identity = prepare(input_path, no_lengths, config, progress)
+        table, prediction, identity = prepare(input_path, reader, config, progress)
     else:
-        table = inputs.read(input_path, length_field=None)
+        table = reader.read(input_path)
         prediction, identity = None, {}
     if actual_lengths_path is not None:
         actual = read_history(
@@ -123,12 +127,15 @@ def simulate_strategies(
         )
         name = os.path.basename(os.fspath(actual_lengths_path))
     else:
-        with_lengths = inputs.read(input_path)
+        with_lengths = reader.with_lengths or inputs.read(input_path)
         assert with_lengths.lengths is not None
-        actual = dict(zip(with_lengths.ids, with_lengths.lengths, strict=True))
+        actual = LengthsById(with_lengths.id_array, with_lengths.lengths)
         name = os.path.basename(os.fspath(input_path))
 
-    missing = [pid for pid in table.ids if pid not in actual]
+    if isinstance(actual, LengthsById):
+        missing = [table.ids[i] for i in actual.join(table.id_array)[0].tolist()]
+    else:
+        missing = [pid for pid in table.ids if pid not in actual]
     if missing and any(s in (ORACLE, ORACLE_EXACT) for s in strategies):
         raise InputError(
             f"{len(missing)} of {len(table.ids)} prompts have no actual length in {name}, "
@@ -151,7 +158,50 @@ def simulate_strategies(
     return {k: (v[0] if repeats == 1 else v) for k, v in results.items()}
 
 
-def draw_lengths(actual: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
+class _ReadOnce:
+    """Input options (``no_lengths``'s) whose ``read`` also keeps the known lengths: one read, not two.
+
+    The prompts are read with the length field. When that succeeds and drops
+    no row, the table without its lengths is exactly what a read without the
+    field returns (the field only adds checks; the bulk and row readers agree),
+    and :attr:`with_lengths` spares the second read. Otherwise (a bad row, or
+    ``--on-bad-line skip`` dropping some) it reads without the field as
+    before, and the lengths are read again later, so every error comes at
+    the same point with the same words.
+    """
+
+    def __init__(self, inputs: Any, no_lengths: Any) -> None:
+        self._inputs = inputs
+        self._no_lengths = no_lengths
+        self.with_lengths: PromptTable | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._no_lengths, name)
+
+    def read(self, path: str | os.PathLike, **changes: Any) -> PromptTable:
+        if changes:
+            return self._no_lengths.read(path, **changes)
+        try:
+            full = self._inputs.read(path)
+        except (InputError, ConfigError):
+            return self._no_lengths.read(path)
+        if full.skipped:
+            return self._no_lengths.read(path)
+        self.with_lengths = full
+        return PromptTable(
+            ids=full.id_array,
+            prompts=full.prompt_array,
+            texts=full.text_array,
+            source_rows=full.source_rows,
+            prompt_tokens=full.prompt_tokens,
+            lengths=None,
+            input_hash=full.input_hash,
+            skipped=[],
+            token_counter=full.token_counter,
+        )
+
+
+def draw_lengths(actual: Mapping[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
     """Each prompt's recorded lengths in a seeded random order: sample ``i`` replays the ``i``-th drawn."""
     rng = np.random.default_rng(seed)
     return {pid: np.asarray(v)[rng.permutation(len(v))] for pid, v in sorted(actual.items())}
@@ -164,8 +214,12 @@ def _simulate_one(strategy, table, prediction, identity, actual, name, inputs, c
     replanner = None
     if strategy in (ORACLE, ORACLE_EXACT):
         n = run_config.samples_per_prompt or config.samples_per_prompt
-        take = (lambda v: v) if strategy == ORACLE else (lambda v: v[:n])
-        known = [np.asarray(take(actual[pid]), dtype=np.float64) for pid in table.ids]
+        if isinstance(actual, LengthsById):  # every id has lengths: simulate_strategies checked
+            known = actual.lengths.take(actual.rows_of(table.id_array))
+            known = known if strategy == ORACLE else known.head(n)
+        else:
+            take = (lambda v: v) if strategy == ORACLE else (lambda v: v[:n])
+            known = [np.asarray(take(actual[pid]), dtype=np.float64) for pid in table.ids]
         pred = prediction_from_lengths(cap_lengths(known, config.max_response_length))
         cfg = dataclasses.replace(config, strategy="asp", history=())
         ident: dict[str, Any] = {"kind": strategy, "field": inputs.length_field}

@@ -150,8 +150,10 @@ def main() -> None:
     data = args.data or Path(tempfile.gettempdir()) / "aspc-cli-scale"
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     wanted = [c for c in args.cases.split(",") if c]
-    print("| case | n | command | runs | wall best s | wall median s | CPU s (best run) | peak RSS MB |")
-    print("|---|---|---|---|---|---|---|---|")
+    # The machine's 1-minute load average while a case ran: wall time on a
+    # shared machine is only comparable at a similar load; CPU time is.
+    print("| case | n | command | runs | wall best s | wall median s | CPU s (best run) | peak RSS MB | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in sizes:
         paths = make_inputs(n, data)
         with tempfile.TemporaryDirectory() as tmp:
@@ -161,11 +163,12 @@ def main() -> None:
                 _measure(argv, env)  # warm: Numba cache, file cache
                 reps = args.repeat_slow if name in ("text-default", "simulate-asp") else args.repeat
                 runs = [_measure(argv, env) for _ in range(reps)]
+                load = os.getloadavg()[0]
                 best = min(runs, key=lambda r: r["wall"])
                 shown = " ".join(a if not a.startswith(("/", tmp)) else Path(a).name for a in argv)
                 print(
                     f"| {name} | {n:,} | `aspc {shown}` | {len(runs)} | {best['wall']:.2f} | "
-                    f"{statistics.median(r['wall'] for r in runs):.2f} | {best['cpu']:.2f} | {best['rss_mb']:.0f} |",
+                    f"{statistics.median(r['wall'] for r in runs):.2f} | {best['cpu']:.2f} | {best['rss_mb']:.0f} | {load:.1f} |",
                     flush=True,
                 )
 

@@ -1,17 +1,29 @@
 """Plan schema, Parquet I/O, metrics and checks."""
 
-from aspc.emit.check import CheckResult, check_plan, verify_integrity
-from aspc.emit.metrics import group_loads, plan_metrics
-from aspc.emit.plan import Plan, read_plan, rows_hash, write_plan
+from __future__ import annotations
 
-__all__ = [
-    "CheckResult",
-    "Plan",
-    "check_plan",
-    "group_loads",
-    "plan_metrics",
-    "read_plan",
-    "rows_hash",
-    "verify_integrity",
-    "write_plan",
-]
+import importlib
+from typing import Any
+
+# Names load on first use: metrics and checks import Numba (~0.4 s), which a
+# large compile imports on a thread while it reads its input (aspc.compiler).
+_HOMES = {
+    "CheckResult": "check",
+    "check_plan": "check",
+    "verify_integrity": "check",
+    "group_loads": "metrics",
+    "plan_metrics": "metrics",
+    "Plan": "plan",
+    "read_plan": "plan",
+    "rows_hash": "plan",
+    "write_plan": "plan",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'aspc.emit' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"aspc.emit.{home}"), name)

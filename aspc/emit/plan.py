@@ -6,9 +6,12 @@ same input, config and seed give a byte-identical file.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
+import secrets
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +98,24 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+# From this many rows the rows hash is computed on a thread while the file is
+# written (both run in C++ without the GIL), then set in the footer.
+HASH_BESIDE_WRITE_ROWS = 100_000
+
+
+def _write(table: pa.Table, meta: dict[bytes, bytes], where: Path) -> None:
+    pq.write_table(
+        table.replace_schema_metadata(meta),
+        where,
+        compression="zstd",
+        # Statistics and page indexes carry no timestamps; keep the defaults
+        # fixed here so a pyarrow upgrade does not silently change bytes.
+        write_statistics=True,
+        use_dictionary=True,
+        row_group_size=1 << 20,
+    )
+
+
 def write_plan(plan: Plan, path: str | os.PathLike) -> None:
     """Write ``plan`` to ``path`` atomically (whole file or nothing)."""
     table = plan.table.cast(S.PLAN_SCHEMA)
@@ -106,22 +127,89 @@ def write_plan(plan: Plan, path: str | os.PathLike) -> None:
         S.META_PREDICTOR: _dumps(plan.predictor),
         S.META_INPUT_HASH: plan.input_hash.encode(),
         S.META_METRICS: _dumps(plan.metrics),
-        S.META_ROWS_HASH: rows_hash(table).encode(),
+        S.META_ROWS_HASH: b"",
     }
     if plan.token_counter:
         meta[S.META_PROMPT_TOKENS] = _dumps(plan.token_counter)
-    table = table.replace_schema_metadata(meta)
+    beside = table.num_rows >= HASH_BESIDE_WRITE_ROWS
+    hasher = _RowsHasher(table) if beside else None
+    # A placeholder of the digest's length: the file is then the same bytes as
+    # one written with the digest, once the footer's two copies are replaced.
+    meta[S.META_ROWS_HASH] = secrets.token_hex(32).encode() if beside else rows_hash(table).encode()
     with atomic_path(path) as tmp:
-        pq.write_table(
-            table,
-            tmp,
-            compression="zstd",
-            # Statistics and page indexes carry no timestamps; keep the defaults
-            # fixed here so a pyarrow upgrade does not silently change bytes.
-            write_statistics=True,
-            use_dictionary=True,
-            row_group_size=1 << 20,
-        )
+        try:
+            _write(table, meta, tmp)
+        except BaseException:
+            if hasher is not None:
+                hasher.join()  # no thread left running when the error goes up
+            raise
+        if hasher is not None:
+            digest = hasher.result().encode()
+            if not _set_rows_hash(tmp, meta[S.META_ROWS_HASH], digest):
+                meta[S.META_ROWS_HASH] = digest
+                _write(table, meta, tmp)
+
+
+class _RowsHasher:
+    def __init__(self, table: pa.Table) -> None:
+        self._digest = ""
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(table,), daemon=True)
+        self._thread.start()
+
+    def _run(self, table: pa.Table) -> None:
+        try:
+            self._digest = rows_hash(table)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by result()
+            self._error = exc
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def result(self) -> str:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._digest
+
+
+def _set_rows_hash(path: Path, old: bytes, new: bytes) -> bool:
+    """Replace the rows hash ``old`` by ``new`` (same length) in a written plan file's footer.
+
+    The value sits in the footer twice: as a key-value entry, and inside the
+    base64 Arrow schema (``ARROW:schema``). Neither changes any length or
+    offset, so the result is byte for byte the file written with ``new``.
+    Returns False, leaving the file as it was, unless every copy is found
+    exactly once and the patched footer reads back with ``new``.
+    """
+    if len(old) != len(new) or not old:
+        return False
+    with open(path, "r+b") as fh:
+        fh.seek(-8, os.SEEK_END)
+        tail = fh.read(8)
+        if tail[4:] != b"PAR1":
+            return False
+        size = int.from_bytes(tail[:4], "little")
+        fh.seek(-8 - size, os.SEEK_END)
+        start = fh.tell()
+        footer = fh.read(size)
+        schema_b64 = (pq.read_metadata(path).metadata or {}).get(b"ARROW:schema", b"")
+        ipc = base64.b64decode(schema_b64)
+        if base64.b64encode(ipc) != schema_b64 or ipc.count(old) != 1 or footer.count(schema_b64) != 1:
+            return False
+        patched = footer.replace(schema_b64, base64.b64encode(ipc.replace(old, new)))
+        if patched.count(old) != 1:
+            return False
+        patched = patched.replace(old, new)
+        fh.seek(start)
+        fh.write(patched)
+    meta = pq.read_metadata(path).metadata or {}
+    if meta.get(S.META_ROWS_HASH) == new and (pq.read_schema(path).metadata or {}).get(S.META_ROWS_HASH) == new:
+        return True
+    with open(path, "r+b") as fh:  # not as expected: put the original back; the caller rewrites
+        fh.seek(start)
+        fh.write(footer)
+    return False
 
 
 def _version_ok(version: str, path: Path) -> None:

@@ -9,6 +9,7 @@ before or skips the bad rows. So bulk reading changes speed, never results.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from aspc.io import gather
 from aspc.io.ragged import RaggedLengths
 from aspc.io.rows import (
     MAX_LENGTH,
@@ -138,6 +140,10 @@ def _ids(tab: pa.Table, id_field: str, stored: pa.Array) -> pa.Array:
     return string_column([content_id(s) for s in stored.to_pylist()])
 
 
+def _all_distinct(ids: pa.Array) -> bool:
+    return len(pc.unique(ids)) == len(ids)  # hash-based; twice as fast as count_distinct
+
+
 def _numbers(arr: pa.Array) -> np.ndarray:
     t = arr.type
     _check(arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)))
@@ -163,13 +169,23 @@ def table_from_columns(
     tab: pa.Table, source_rows: np.ndarray, *, prompt_field: str, id_field: str, length_field: str | None
 ) -> PromptTable | None:
     """A PromptTable from Arrow columns, or None if any row needs the row reader."""
+    unique = None
     try:
         _check(len(tab) > 0)
+        if id_field in tab.column_names and tab[id_field].null_count != len(tab):
+            # Ids from their own field: checked for duplicates on a thread while the prompts are checked.
+            ids = _ids(tab, id_field, None)
+            unique = gather.Background(_all_distinct, ids, threaded=len(ids) >= gather.THREAD_ROWS)
         stored, texts = _prompts(tab, prompt_field)
-        ids = _ids(tab, id_field, stored)
-        _check(len(pc.unique(ids)) == len(ids))  # hash-based; twice as fast as count_distinct
+        if unique is None:
+            ids = _ids(tab, id_field, stored)
+            unique = gather.Background(_all_distinct, ids, threaded=False)
         lengths = _lengths(tab, length_field) if length_field else None
+        _check(unique.result())
     except _Bail:
+        if unique is not None:
+            with contextlib.suppress(Exception):
+                unique.result()  # no thread left running; the row reader words any error
         return None
     nbytes = column_numpy(pc.binary_length(texts))
     return PromptTable(
@@ -289,9 +305,27 @@ def _line_rows(data: bytes, n_rows: int) -> np.ndarray | None:
 
 
 def read_jsonl_bulk(
-    data: bytes, *, prompt_field: str, id_field: str, length_field: str | None
+    data: bytes | list[bytes], *, prompt_field: str, id_field: str, length_field: str | None
 ) -> PromptTable | None:
-    """``data``: the whole file (its UTF-8 validity is checked here)."""
+    """``data``: the whole file (its UTF-8 validity is checked here).
+
+    Given as a one-item list, the bytes are taken out of it and dropped once
+    parsed, so the file's bytes and the merged columns are never held at once.
+    """
+    if isinstance(data, list):
+        data = data.pop()
+    parsed = _parse_jsonl(data, prompt_field=prompt_field, id_field=id_field, length_field=length_field)
+    del data
+    if parsed is None:
+        return None
+    tab, rows = parsed
+    tab = _single_chunks(tab)
+    return table_from_columns(tab, rows, prompt_field=prompt_field, id_field=id_field, length_field=length_field)
+
+
+def _parse_jsonl(
+    data: bytes, *, prompt_field: str, id_field: str, length_field: str | None
+) -> tuple[pa.Table, np.ndarray] | None:
     import pyarrow.json as pj
 
     if data.startswith(b"\xef\xbb\xbf"):
@@ -315,9 +349,6 @@ def read_jsonl_bulk(
     except (pa.ArrowException, ValueError):
         return None
     rows = _line_rows(data, len(tab))
-    if rows is None:
-        return None
-    tab = _single_chunks(tab)
-    return table_from_columns(tab, rows, prompt_field=prompt_field, id_field=id_field, length_field=length_field)
+    return None if rows is None else (tab, rows)
 
 

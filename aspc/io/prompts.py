@@ -121,8 +121,10 @@ def read_prompts(
         data = path.read_bytes()
         check_not_parquet(data, path)
         hasher = _Hasher(path, data)
-        table = bulk.read_jsonl_bulk(data, **fields)
+        # Handed over in a list: the reader drops the bytes once parsed (peak memory).
+        holder = [data]
         del data
+        table = bulk.read_jsonl_bulk(holder, **fields)
         digest = hasher.result()
     if table is None:
         table = read_rows(path, on_bad_line=on_bad_line, fmt=fmt, **fields)

@@ -80,6 +80,15 @@ class RaggedLengths(Sequence):
         idx = np.repeat(starts - offsets[:-1], sizes) + np.arange(offsets[-1], dtype=np.int64)
         return RaggedLengths(self.values[idx], offsets)
 
+    def head(self, k: int) -> RaggedLengths:
+        """The first ``k >= 1`` lengths of every segment (all of a shorter one)."""
+        if k < 1:
+            raise ValueError("head needs k >= 1")
+        sizes = np.minimum(self.sizes(), k)
+        offsets = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+        idx = np.repeat(self.offsets[:-1] - offsets[:-1], sizes) + np.arange(offsets[-1], dtype=np.int64)
+        return RaggedLengths(self.values[idx], offsets)
+
     def stats(self, quantiles: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
         """Mean and linear quantiles of every segment, bit-identical to NumPy per segment.
 

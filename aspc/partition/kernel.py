@@ -13,45 +13,43 @@ from aspc.numba_config import NJIT_FLAGS
 
 
 @njit(**NJIT_FLAGS)
-def _band_step(lengths, j, lo, hi, batch_size, overhead, penalty, cost, dev, base_cost, base_dev, lo_from):
-    """Best way to end a prefix of length ``j`` with one minibatch.
-
-    Sizes ``lo_from..hi`` are scanned in ascending order; a size below ``lo``
-    closes a remainder minibatch and extends ``base_*`` (the band-only table),
-    a size in the band extends ``cost``/``dev`` (the table being filled).
-    Strict comparisons make the smallest size win exact ties.
-    """
-    best = np.inf
-    best_dev = 0
-    best_size = 0
-    last = lengths[j - 1]
-    top = min(hi, j)
-    for s in range(lo_from, top + 1):
-        if s < lo:
-            prev = base_cost[j - s]
-            cand_dev = base_dev[j - s] + (batch_size - s)
-        else:
-            prev = cost[j - s]
-            cand_dev = dev[j - s] + abs(s - batch_size)
-        if prev == np.inf:
-            continue
-        c = prev + (s + overhead) * last + penalty
-        if c < best or (c == best and cand_dev < best_dev):
-            best = c
-            best_dev = cand_dev
-            best_size = s
-    return best, best_dev, best_size
-
-
-@njit(**NJIT_FLAGS)
 def _fill(lengths, lo, hi, batch_size, overhead, penalty, cost, dev, size, base_cost, base_dev, lo_from):
-    """Fill one DP table (cost, total deviation, last size) for every prefix."""
+    """Fill one DP table (cost, total deviation, last size) for every prefix.
+
+    For each prefix ``j`` the sizes ``lo_from..min(hi, j)`` are scanned in
+    ascending order: a size below ``lo`` closes a remainder minibatch and
+    extends ``base_*`` (the band-only table), a size in the band extends
+    ``cost``/``dev`` (the table being filled). Strict comparisons make the
+    smallest size win exact ties. An unreachable prefix (cost ``inf``) needs
+    no test: its candidate costs ``inf``, which never beats ``best`` (a tie at
+    ``inf`` would need a negative deviation), so the loops are branch-free
+    selects (the comparisons are data-dependent and mispredict as branches).
+    """
     n = lengths.shape[0]
+    rem_top = lo - 1
     for j in range(1, n + 1):
-        c, d, s = _band_step(lengths, j, lo, hi, batch_size, overhead, penalty, cost, dev, base_cost, base_dev, lo_from)
-        cost[j] = c
-        dev[j] = d
-        size[j] = s
+        best = np.inf
+        best_dev = 0
+        best_size = 0
+        last = lengths[j - 1]
+        top = min(hi, j)
+        for s in range(lo_from, min(rem_top, top) + 1):
+            c = base_cost[j - s] + (s + overhead) * last + penalty
+            cand_dev = base_dev[j - s] + (batch_size - s)
+            better = (c < best) | ((c == best) & (cand_dev < best_dev))
+            best = c if better else best
+            best_dev = cand_dev if better else best_dev
+            best_size = s if better else best_size
+        for s in range(max(lo, lo_from), top + 1):
+            c = cost[j - s] + (s + overhead) * last + penalty
+            cand_dev = dev[j - s] + abs(s - batch_size)
+            better = (c < best) | ((c == best) & (cand_dev < best_dev))
+            best = c if better else best
+            best_dev = cand_dev if better else best_dev
+            best_size = s if better else best_size
+        cost[j] = best
+        dev[j] = best_dev
+        size[j] = best_size
 
 
 @njit(**NJIT_FLAGS)

@@ -14,6 +14,7 @@ import numpy as np
 from aspc.costs.kernel import Z90
 from aspc.emit import schema as S
 from aspc.errors import InputError
+from aspc.io.lengths_by_id import LengthsById
 from aspc.runtime.work import WorkPlan
 
 
@@ -50,18 +51,27 @@ def join_actual_lengths(
     """
     where = f" in {source_name}" if source_name else ""
     ids = work.prompt_ids
-    missing = [pid for pid in ids if pid not in lengths_by_id]
+    columnar = isinstance(lengths_by_id, LengthsById)  # joined by id in one C++ call, not row by row
+    if columnar:
+        absent, joined = lengths_by_id.join(work.table.column(S.PROMPT_ID))
+        missing = [ids[i] for i in absent.tolist()]
+    else:
+        missing = [pid for pid in ids if pid not in lengths_by_id]
     if missing:
         raise InputError(
             f"{len(missing)} of {len(ids)} plan prompts have no length{where}, e.g. id {missing[0]!r}; "
             "check --length-field and --id-field, or compile and run from the same dataset"
         )
-    per_row = [np.asarray(lengths_by_id[pid], dtype=np.float64).ravel() for pid in ids]
-    counts = np.fromiter((v.size for v in per_row), dtype=np.int64, count=len(per_row))
+    if columnar:
+        counts, flat = joined.sizes(), joined.values
+    else:
+        per_row = [np.asarray(lengths_by_id[pid], dtype=np.float64).ravel() for pid in ids]
+        counts = np.fromiter((v.size for v in per_row), dtype=np.int64, count=len(per_row))
     if np.any(counts == 0):
         bad = ids[int(np.flatnonzero(counts == 0)[0])]
         raise InputError(f"prompt {bad!r} has an empty list of lengths{where}; give at least one length")
-    flat = np.concatenate(per_row)
+    if not columnar:
+        flat = np.concatenate(per_row)
     if not np.all(np.isfinite(flat)) or np.any(flat < 0):
         raise InputError(f"lengths{where} must be finite and >= 0; fix the length field")
     first = np.r_[0, np.cumsum(counts)[:-1]]

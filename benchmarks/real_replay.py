@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, r in results.items():
         if r["plan"] != "random":
             continue
-        row = [f"{p} {results[f'{p}/{r['mode']}/{r['rep']}'][f'sim_makespan_fit_random'] / r['sim_makespan_fit_random']:.3f}"
-               for p in plans[1:]]
+        same = {p: results[f"{p}/{r['mode']}/{r['rep']}"] for p in plans[1:]}
+        row = [f"{p} {same[p]['sim_makespan_fit_random'] / r['sim_makespan_fit_random']:.3f}" for p in plans[1:]]
         print(f"  fit on {key:17} / random: " + ", ".join(row))
     print(f"benchmark wall time: {total:.0f} s")
     (out / "results.json").write_text(json.dumps({"kappa": kappa, "runs": results}, indent=2) + "\n")

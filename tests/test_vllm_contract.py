@@ -216,3 +216,26 @@ def test_engine_arg_is_only_for_vllm(tmp_path):
     args[args.index("vllm")] = "hf"
     r = CliRunner().invoke(main, [*args, "--engine-arg", "max_num_seqs=4"])
     assert r.exit_code == 2 and "--backend vllm" in r.output and not (tmp_path / "RUN").exists()
+
+
+def test_cpu_dtype_auto_is_float32_without_native_bf16(tmp_path, monkeypatch):
+    from aspc.runtime.backends import vllm as V
+    from aspc.runtime.backends.options import GenerationOptions
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor : 0\nflags : fpu sse2 avx2 fma\n")
+    assert not V.cpu_has_native_bf16(str(info))
+    info.write_text("processor : 0\nflags : fpu avx2 avx512f avx512_bf16\n")
+    assert V.cpu_has_native_bf16(str(info))
+    assert not V.cpu_has_native_bf16(str(tmp_path / "absent"))
+
+    for native, want in ((False, "float32"), (True, None)):
+        monkeypatch.setattr(V, "cpu_has_native_bf16", lambda native=native: native)
+        kw = V.engine_kwargs(GenerationOptions(model="M"), 0, 0.4, on_cpu=True)
+        assert kw.get("dtype") == want  # None: vLLM's own default (bf16 where the CPU computes it)
+        # an explicit --dtype, and --engine-arg dtype=..., win over the CPU default
+        assert V.engine_kwargs(GenerationOptions(model="M", dtype="bfloat16"), 0, 0.4, True)["dtype"] == "bfloat16"
+        assert V.engine_kwargs(GenerationOptions(model="M", engine_args={"dtype": "float16"}), 0, 0.4,
+                               True)["dtype"] == "float16"
+    monkeypatch.setattr(V, "cpu_has_native_bf16", lambda: False)
+    assert "dtype" not in V.engine_kwargs(GenerationOptions(model="M"), 0, 0.4, on_cpu=False)

@@ -48,6 +48,7 @@ def calibrate_cmd(run_dir: Path, output: str | Path | None, as_json: bool, quiet
         "r2_generation": cal.r2_generation,
         "r2_trainer": cal.r2_trainer,
         "generation_rel_error": cal.generation_rel_error,
+        "minibatch_overhead": cal.minibatch_overhead,  # for aspc compile --minibatch-overhead
     }
     if as_json:
         emit_json({"cost_model": cal.sim_cost_model.to_dict(), **fit})

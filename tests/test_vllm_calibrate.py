@@ -16,16 +16,7 @@ from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.calibrate import calibrate, is_continuous, sample_features
 from aspc.runtime.record import runlog as R
 from aspc.testing.plans import synthetic_plan
-
-TRUE = SimCostModel(
-    decode_base=0.021,
-    decode_per_seq=7e-5,
-    decode_per_context_token=3e-8,
-    prefill_base=0.05,
-    prefill_per_token=2e-5,
-    train_base=1.7,
-    train_per_token=4e-6,
-)
+from tests.test_runtime_calibrate import TRUE  # the same known coefficients
 
 
 def brute_features(lens: list[int], ptok: list[int], i: int) -> tuple[float, float, float]:

@@ -9,6 +9,13 @@ last two epochs (a policy whose responses grow keeps growing). Plans go to
 ``RUN/plans/epoch-K.parquet`` (valid plans: ``aspc check`` reads them), run
 logs to ``RUN/epoch-K/``.
 
+Resuming (``--resume``). Every epoch's plan is a function of the epochs
+before it, so an interrupted run continues exactly: epochs whose logs are
+complete are read back, the epoch that was running resumes its own log, and
+the rest run fresh. A stored epoch plan must be the one its epochs compile
+to (same rows hash and configuration), else the run stops before anything
+is written.
+
 Replayed lengths (simulator). Epoch ``k`` replays each prompt's recorded
 lengths from position ``(k - 1) * n`` on (``n`` samples per prompt, wrapping
 around), scaled by ``(1 + length_drift) ** (k - 1)``. Give at least ``2n``
@@ -36,6 +43,7 @@ from aspc.errors import ConfigError
 from aspc.io.history import read_history
 from aspc.predict.base import LengthPrediction
 from aspc.predict.history import DEFAULT_KAPPA, blend_history
+from aspc.predict.pairs import keep_plan_in_log
 from aspc.replan import OnlineReplanner, compile_config_of, prompt_table_of, used_columns
 from aspc.runtime.api import RunResult, run
 
@@ -128,6 +136,7 @@ def run_epochs(
     overwrite: bool = False,
     compile_overrides: dict[str, Any] | None = None,
     replan_every: int | None = None,
+    resume: bool = False,
     **run_kwargs: Any,
 ) -> EpochsResult:
     """Run ``plan`` for ``n_epochs`` passes; epoch ``k >= 2`` is compiled from epochs ``1..k-1``.
@@ -152,6 +161,9 @@ def run_epochs(
     replan_every
         Re-plan every epoch during its run too (``--replan``), every this many
         trainer steps; its revisions go to ``RUN/epoch-K/plans/``.
+    resume
+        Continue the epochs at ``log_dir`` (see the module notes); with no
+        epoch there yet it is a fresh run.
     run_kwargs
         Passed to :func:`aspc.runtime.run` (cost model, lengths name, progress).
     """
@@ -163,8 +175,13 @@ def run_epochs(
         raise ConfigError("--length-drift scales replayed lengths: pass --actual-lengths too")
     root = Path(log_dir)
     plans_dir = root / "plans"
-    if plans_dir.exists() and any(plans_dir.iterdir()) and not overwrite:
-        raise ConfigError(f"{root} already holds epoch plans; pass --overwrite to replace them, or another --log")
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other; pass one of them")
+    if plans_dir.exists() and any(plans_dir.iterdir()) and not (overwrite or resume):
+        raise ConfigError(
+            f"{root} already holds epoch plans; pass --resume to continue them, --overwrite to replace them, "
+            "or another --log"
+        )
     plans_dir.mkdir(parents=True, exist_ok=True)
     n = config.samples_per_prompt or int(plan.table.column(S.N_SAMPLES)[0].as_py())
     cfg: CompileConfig = compile_config_of(plan.config or {}, **(compile_overrides or {}))
@@ -181,7 +198,11 @@ def run_epochs(
                 dataclasses.replace(cfg, seed=cfg.seed + k - 1),
                 predictor_identity={"kind": "epochs", "epoch": k, "base": plan.predictor},
             )
-        write_plan(current, plans_dir / f"epoch-{k}.parquet")
+        plan_path = plans_dir / f"epoch-{k}.parquet"
+        if resume and plan_path.exists():
+            _check_stored_plan(current, plan_path, k)
+        else:
+            write_plan(current, plan_path)
         plans.append(current)
         lengths = None if actual_lengths is None else epoch_lengths(actual_lengths, k, n, length_drift)
         replanner = None
@@ -200,8 +221,40 @@ def run_epochs(
                 actual_lengths=lengths,
                 log_dir=root / f"epoch-{k}",
                 overwrite=overwrite,
+                resume=resume,
                 replanner=replanner,
                 **run_kwargs,
             )
         )
+        # The plan's prompt texts let 'aspc predict train RUN/epoch-K' learn from the epoch.
+        keep_plan_in_log(plan_path, root / f"epoch-{k}")
     return EpochsResult(runs, plans)
+
+
+def _check_stored_plan(plan: Plan, path: Path, epoch: int) -> None:
+    """Raise :class:`ConfigError` unless ``path`` holds ``plan``: its rows and its configuration."""
+    import json
+
+    from aspc.emit.plan import read_plan, rows_hash
+    from aspc.errors import PlanError
+
+    try:
+        stored = read_plan(path)
+    except PlanError as exc:
+        raise ConfigError(f"cannot resume epoch {epoch}: {exc}") from None
+    same_rows = stored.stored_rows_hash == rows_hash(plan.table.cast(S.PLAN_SCHEMA))
+    # The stored configuration went through JSON; compare it the same way.
+    same_config = stored.config == json.loads(json.dumps(plan.config, default=_plain))
+    if not (same_rows and same_config):
+        raise ConfigError(
+            f"{path}: not the plan epoch {epoch} compiles from the run logs before it (edited, or other "
+            "options); resume with the options the run started with, or pass --overwrite to start the epochs again"
+        )
+
+
+def _plain(o: Any) -> Any:
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, (tuple, set)):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -155,3 +157,82 @@ def test_epoch_lengths_rotate_and_drift():
     assert got.tolist() == np.round([4.5, 6.0, 7.5, 2.0, 3.0]).tolist()
     with pytest.raises(Exception, match="length-drift"):
         run_epochs(None, 2, "x", config=RunConfig(), length_drift=-2)  # type: ignore[arg-type]
+
+
+def _epoch_plans(root) -> dict[int, bytes]:
+    return {k: (root / "plans" / f"epoch-{k}.parquet").read_bytes() for k in (1, 2, 3)}
+
+
+def test_epochs_resume_continues_exactly_and_reads_back_complete_epochs(tmp_path):
+    table, lens, flat = _data(400, 2)
+    cfg = CompileConfig(samples_per_prompt=4, batch_size=8, workers=4)
+    plan = compile_plan(table, flat, cfg)
+    rc = RunConfig(workers=4, global_batch=32)
+    ref = run_epochs(plan, 3, tmp_path / "ref", config=rc, actual_lengths=lens).to_dict()
+    run_epochs(plan, 2, tmp_path / "run", config=rc, actual_lengths=lens)
+    assert not (tmp_path / "run" / "plans" / "epoch-3.parquet").exists()
+    got = run_epochs(plan, 3, tmp_path / "run", config=rc, actual_lengths=lens, resume=True).to_dict()
+    assert got == ref  # epochs 1-2 read back from their complete logs, epoch 3 run fresh
+    assert _epoch_plans(tmp_path / "run") == _epoch_plans(tmp_path / "ref")
+    for k in (1, 2, 3):  # each epoch's log keeps its plan, for 'aspc predict train RUN/epoch-K'
+        assert (tmp_path / "run" / f"epoch-{k}" / "plan.parquet").read_bytes() == _epoch_plans(tmp_path / "ref")[k]
+    # Without --resume the stored epochs are not silently replaced.
+    with pytest.raises(Exception, match="--resume to continue them"):
+        run_epochs(plan, 3, tmp_path / "run", config=rc, actual_lengths=lens)
+
+
+def test_epochs_resume_refuses_a_stored_plan_the_epochs_do_not_compile_to(tmp_path):
+    from aspc.emit import write_plan
+    from aspc.errors import ConfigError
+
+    table, lens, flat = _data(400, 2)
+    cfg = CompileConfig(samples_per_prompt=4, batch_size=8, workers=4)
+    plan = compile_plan(table, flat, cfg)
+    rc = RunConfig(workers=4, global_batch=32)
+    run_epochs(plan, 2, tmp_path / "run", config=rc, actual_lengths=lens)
+    stored = tmp_path / "run" / "plans" / "epoch-2.parquet"
+    write_plan(compile_plan(table, flat, CompileConfig(samples_per_prompt=4, batch_size=8, workers=4, seed=9)), stored)
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match=r"epoch-2\.parquet: not the plan epoch 2 compiles"):
+        run_epochs(plan, 3, tmp_path / "run", config=rc, actual_lengths=lens, resume=True)
+    # Nothing written: no epoch 3, every file as it was.
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+
+
+def test_cli_epochs_sigkilled_in_epoch_two_resume_to_the_same_plans_and_samples(tmp_path):
+    import time
+
+    from tests.test_runtime_resume import TEST_DELAY_ENV, _cli, _kill_at, _plan_files, check_contract
+
+    data, plan, want = _plan_files(tmp_path, 120)
+    want = {k: max(1, v) for k, v in want.items()}  # epochs replay at least one token (epoch_lengths)
+
+    def args(run_dir):
+        return ["run", str(plan), "--actual-lengths", str(data), "--length-field", "lengths", "--workers", "3",
+                "--global-batch", "12", "--epochs", "3", "--log", str(run_dir), "--log-flush-seconds", "0.02",
+                "--quiet", "--json"]
+
+    ref = tmp_path / "REF"
+    p = _cli(args(ref))
+    assert p.wait() == 0, p.stderr.read()
+    run_dir = tmp_path / "RUN"
+    p = _cli(args(run_dir), env={TEST_DELAY_ENV: "0.02"})
+    deadline = time.monotonic() + 120
+    while p.poll() is None and time.monotonic() < deadline:
+        if any((run_dir / "epoch-2" / "minibatches").glob("part-*.parquet")):
+            break
+        time.sleep(0.01)
+    assert _kill_at(p, 0.1), "the run finished before it was killed: the test would prove nothing"
+    assert not (run_dir / "plans" / "epoch-3.parquet").exists()
+    p = _cli([*args(run_dir), "--resume"])
+    out, err = p.communicate()
+    assert p.returncode == 0, err
+    assert [e["epoch"] for e in json.loads(out)["epochs"]] == [1, 2, 3]
+
+    def lengths(d):
+        return {(r["prompt_id"], r["sample_index"]): r["response_len"] for r in check_contract(d, want, 12).values()}
+
+    for k in (1, 2, 3):
+        name = f"plans/epoch-{k}.parquet"
+        assert (run_dir / name).read_bytes() == (ref / name).read_bytes(), name
+        assert lengths(run_dir / f"epoch-{k}") == lengths(ref / f"epoch-{k}")

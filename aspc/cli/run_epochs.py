@@ -32,8 +32,6 @@ def run_epochs_cmd(
 
     if log_dir is None:
         raise click.ClickException("--epochs writes one plan and one run log per epoch: pass --log RUN")
-    if resume:
-        raise click.ClickException("--resume with --epochs is not supported; resume one epoch's log (RUN/epoch-K)")
     if replan and replan_every < 1:
         raise click.ClickException(f"--replan-every must be >= 1, got {replan_every}")
     if config.backend != "sim":
@@ -47,6 +45,7 @@ def run_epochs_cmd(
             actual_lengths=lengths,
             length_drift=length_drift,
             overwrite=overwrite,
+            resume=resume,
             compile_overrides={"max_response_length": config.max_new_tokens} if config.max_new_tokens else None,
             replan_every=replan_every if replan else None,
             sim_cost_model=cost,

@@ -258,6 +258,8 @@ def _run_locked(
         if old.get("status") == STATUS_COMPLETE:
             writer.tidy()
             summary, columns = resume_log.completed_run(Path(log_dir))
+            if lengths is not None:  # as the run that completed it reported
+                summary.extra["length_source"] = lengths.source
             return RunResult(
                 summary=summary,
                 columns=columns,

@@ -10,6 +10,7 @@ that work costs no wall time.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -105,6 +106,13 @@ def kernels_warmed_for(path: str | os.PathLike) -> Iterator[None]:
     except (OSError, TypeError, ValueError):
         big = False  # the reader words the error
     thread = None
+    # The imports build a few hundred thousand long-lived objects (Numba's
+    # typing registries) and no garbage cycles: with the cyclic collector on,
+    # it would traverse them again and again while they are built (~0.2 s CPU
+    # on a core the reader wants). Switched back on (if it was on) at exit.
+    collecting = big and gc.isenabled()
+    if collecting:
+        gc.disable()
     if big:
         # What both threads import comes first, so the two never import one module at once.
         import pyarrow.compute  # noqa: F401
@@ -118,6 +126,8 @@ def kernels_warmed_for(path: str | os.PathLike) -> Iterator[None]:
     finally:
         if thread is not None:
             thread.join()
+        if collecting:
+            gc.enable()
 
 
 def _swallow(fn: Callable[[], None]) -> None:

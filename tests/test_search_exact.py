@@ -192,3 +192,13 @@ def test_max_quantiles_bit_identical_at_scale():
     got = _max_quantiles(*args, 0.9)
     want = _reference_max_quantiles(*args, 0.9)
     assert np.array_equal(got.view(np.int64), want.view(np.int64))
+
+
+@pytest.mark.parametrize("n", range(1, 60))
+def test_tables_know_when_the_band_alone_reaches_n(n):
+    # The remainder table is allocated up front exactly when no count of in-band sizes sums to n.
+    for lo in range(1, 12):
+        for hi in range(lo, 16):
+            reaches = any(k * lo <= n <= k * hi for k in range(1, n + 1))
+            _, g, _ = boundaries._tables(n, lo, hi)
+            assert (g[0].size == 0) == reaches

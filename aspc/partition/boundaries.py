@@ -12,7 +12,7 @@ import numbers
 import numpy as np
 
 from aspc.errors import ConfigError, InputError
-from aspc.partition.kernel import _partition_kernel
+from aspc.partition.kernel import _partition_kernel, _partition_tables
 
 __all__ = ["partition", "padded_cost"]
 
@@ -152,15 +152,18 @@ def _nominal_count(arr: np.ndarray, b: int, d: int) -> tuple[np.ndarray, bool]:
     tol = max(1.0, _COUNT_TOL * target)
     results: dict[float, tuple] = {}
 
-    def run(lam: float) -> None:
-        results[lam] = _partition_kernel(arr, b, b - d, b + d, 0.0, lam)
+    def run(lam: float, tables: tuple | None = None) -> None:
+        if tables is None:
+            results[lam] = _partition_kernel(arr, b, b - d, b + d, 0.0, lam)
+        else:
+            results[lam] = _partition_tables(arr, b, b - d, b + d, 0.0, lam, *tables)
 
     def excess_of(lam: float) -> int:
         return results[lam][0].size - 1 - target
 
     scale = max(1.0, float(arr.mean()))
     threaded = arr.size >= _SPECULATE_ROWS and d != 0
-    _solve_pair(run, 0.0, scale if threaded else None)
+    _solve_pair(run, 0.0, scale if threaded else None, arr.size, b - d, b + d)
     f0 = excess_of(0.0)
     if d == 0 or f0 <= tol:
         return results[0.0]
@@ -177,12 +180,26 @@ def _nominal_count(arr: np.ndarray, b: int, d: int) -> tuple[np.ndarray, bool]:
                 _search({**excess, lam: last}, f0, scale, tol)
             except _Unsolved as ahead:
                 guess = ahead.lam if ahead.lam not in results else None
-        _solve_pair(run, lam, guess)
+        _solve_pair(run, lam, guess, arr.size, b - d, b + d)
         excess.update({k: excess_of(k) for k in (lam, guess) if k is not None})
         last = excess[lam]
 
 
-def _solve_pair(run, lam: float, other: float | None) -> None:
+def _tables(n: int, lo: int, hi: int) -> tuple:
+    """The DP's tables for ``n`` prompts (see ``_partition_tables``), allocated by the calling thread.
+
+    A kernel that allocated its ~30 MB of tables on a second thread would take
+    them from that thread's malloc arena, which keeps them after they are
+    freed (+50 MB peak at a million prompts).
+    """
+    def triple(size: int) -> tuple:
+        return np.empty(size), np.empty(size, np.int64), np.empty(size, np.int64)
+
+    band_reaches_n = -(-n // hi) <= n // lo  # some count k of minibatches has k*lo <= n <= k*hi
+    return triple(n + 1), triple(0 if band_reaches_n else n + 1), np.empty(n, np.int64)
+
+
+def _solve_pair(run, lam: float, other: float | None, n: int = 0, lo: int = 1, hi: int = 1) -> None:
     """``run(lam)``, and ``run(other)`` on a thread beside it (the kernel releases the GIL)."""
     if other is None:
         run(lam)
@@ -190,10 +207,11 @@ def _solve_pair(run, lam: float, other: float | None) -> None:
     import threading
 
     errors: list[BaseException] = []
+    tables = _tables(n, lo, hi)
 
     def side() -> None:
         try:
-            run(other)
+            run(other, tables)
         except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
             errors.append(exc)
 

@@ -81,6 +81,7 @@ def test_same_bytes_at_many_pages(text):
 def test_what_it_does_not_handle_falls_back():
     table = _plan_table(np.random.default_rng(3), 500, "distinct")
     assert _split(table, row_group_size=100) is None  # five row groups
+    assert _split(table, write_page_index=True) is None  # page index offsets in the chunks' metadata
     assert _split(table.slice(0, 0)) is None
     assert _split(table, "no such column") is None
 

@@ -195,14 +195,19 @@ def _footer(data: memoryview) -> tuple[list, int]:
 # 5 file_offset, 6 total_compressed_size, 7 ordinal; ColumnChunk 2 file_offset,
 # 3 meta_data; ColumnMetaData 7 total_compressed_size, 9 data_page_offset,
 # 10 index_page_offset, 11 dictionary_page_offset.
+# Only fields known to hold no file offset, besides the offsets shifted here,
+# are carried over: a field added by a later pyarrow makes this fall back.
+_FILE_KNOWN = {1, 2, 3, 4, 5, 6, 7}
 _RG_KNOWN = {1, 2, 3, 5, 6, 7}
 _CC_KNOWN = {2, 3}
 _CMD_OFFSETS = (9, 10, 11)
-_CMD_UNSUPPORTED = {14, 15}  # bloom filter offset / length
+_CMD_KNOWN = {*range(1, 14), 16}  # 14/15: bloom filter offset/length; 16: size statistics
 
 
 def _chunks(fields: list) -> tuple[list, list]:
     """(the one row group's fields, its column chunks' fields)."""
+    if {f[0] for f in fields} - _FILE_KNOWN:
+        raise _Unexpected("file metadata fields")
     et, groups = _get(fields, 4, _LIST)
     if et != _STRUCT or len(groups) != 1:
         raise _Unexpected("not one row group")
@@ -213,8 +218,8 @@ def _chunks(fields: list) -> tuple[list, list]:
     for cc in cols:
         if {f[0] for f in cc} - _CC_KNOWN or _get(cc, 2, _I64) != 0:
             raise _Unexpected("column chunk fields")
-        if {f[0] for f in _get(cc, 3, _STRUCT)} & _CMD_UNSUPPORTED:
-            raise _Unexpected("bloom filter")
+        if {f[0] for f in _get(cc, 3, _STRUCT)} - _CMD_KNOWN:
+            raise _Unexpected("column metadata fields")
     return rg, cols
 
 
@@ -278,6 +283,8 @@ def _stitch(big: memoryview, small: memoryview, empty: memoryview, k: int, num_r
     fb, start_b = _footer(big)
     fs, start_s = _footer(small)
     fe, _ = _footer(empty)
+    if {f[0] for f in fe} - _FILE_KNOWN:
+        raise _Unexpected("file metadata fields")
     rg_b, cols_b = _chunks(fb)
     rg_s, cols_s = _chunks(fs)
     if len(cols_b) != 1 or _get(rg_b, 3, _I64) != num_rows or _get(rg_s, 3, _I64) != num_rows:

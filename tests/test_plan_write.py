@@ -1,5 +1,6 @@
 """The threaded paths of a large compile (kernels warmed beside the read, prompts gathered on
-a thread, rows hash beside the write and patched into the footer) write the same bytes."""
+a thread, the prompt column encoded beside the others and the file stitched, rows hash beside
+the write and patched into the footer) write the same bytes."""
 
 from __future__ import annotations
 
@@ -9,16 +10,25 @@ import pytest
 from aspc.emit import plan as plan_module
 from aspc.emit import read_plan, rows_hash, write_plan
 from aspc.emit import schema as S
+from aspc.emit import stitch
 from aspc.io import gather
 from tests.test_compile import BYTE_IDENTITY_CASES, FIXTURES
+
+
+def _stitched(parts):
+    assert parts is not None  # the stitched write, not its fallback
+    return parts
 
 
 @pytest.fixture
 def threaded(monkeypatch):
     """Every size threshold at 0: fixture-sized compiles take the paths of a million rows."""
     monkeypatch.setattr(plan_module, "HASH_BESIDE_WRITE_ROWS", 0)
+    monkeypatch.setattr(plan_module, "SPLIT_WRITE_ROWS", 1)
     monkeypatch.setattr(gather, "THREAD_ROWS", 0)
     monkeypatch.setattr(gather, "_WARM_BYTES", 0)
+    split = stitch.split_write
+    monkeypatch.setattr(stitch, "split_write", lambda *a: _stitched(split(*a)))
     calls = []
     patch = plan_module._set_rows_hash
     monkeypatch.setattr(plan_module, "_set_rows_hash", lambda *a: calls.append(patch(*a)) or calls[-1])

@@ -34,6 +34,34 @@ def _log_cdf_max(x, mu, sigma, point, nseq, lo, hi):
     return acc
 
 
+@njit(**NJIT_FLAGS)
+def _cdf_max_below(x, logq, mu, sigma, point, nseq, lo, hi):
+    """``_log_cdf_max(x, ...) < logq``, decided with as few terms as that exact sum allows.
+
+    Every term ``nseq * log(c)`` is <= 0 (``c <= 1``, ``nseq >= 0``) and
+    rounding is monotone, so the running sum never rises: once it is below
+    ``logq`` the full sum is too. A point mass above ``exp(x)`` makes the sum
+    ``-inf`` wherever it sits, so those (compare-only) rows go first. The
+    terms that are added are added in the same order, so when the sum is
+    needed in full it is the same float.
+    """
+    ex = math.exp(x)
+    for i in range(lo, hi):
+        if sigma[i] <= 0.0 and ex < point[i]:
+            return True
+    acc = 0.0
+    for i in range(lo, hi):
+        if sigma[i] > 0.0:
+            z = (x - mu[i]) / sigma[i]
+            c = 0.5 * math.erfc(-z / math.sqrt(2.0))
+            if c <= 0.0:
+                return True
+            acc += nseq[i] * math.log(c)
+            if acc < logq:
+                return True
+    return acc < logq
+
+
 @njit(**NJIT_PARALLEL_FLAGS)
 def _max_quantiles(mu, sigma, point, nseq, starts, q):
     """Per minibatch, the ``q``-quantile of its longest sampled response (tokens).
@@ -61,12 +89,22 @@ def _max_quantiles(mu, sigma, point, nseq, starts, q):
         if hi <= lo:
             out[b] = math.exp(lo)
             continue
+        # Once the bracket is two adjacent floats, the midpoint is one of its
+        # ends; if that end was itself a midpoint, its answer is known and
+        # every remaining step repeats it, leaving (lo, hi) unchanged: stop.
+        # (The initial ends were never evaluated, so they do not count.)
+        lo_seen = False
+        hi_seen = False
         for _ in range(_BISECT_STEPS):
             mid = 0.5 * (lo + hi)
-            if _log_cdf_max(mid, mu, sigma, point, nseq, lo_i, hi_i) < logq:
+            if (mid == lo and lo_seen) or (mid == hi and hi_seen):
+                break
+            if _cdf_max_below(mid, logq, mu, sigma, point, nseq, lo_i, hi_i):
                 lo = mid
+                lo_seen = True
             else:
                 hi = mid
+                hi_seen = True
         out[b] = math.exp(hi)
     return out
 

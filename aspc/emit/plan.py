@@ -103,17 +103,33 @@ def _json_default(o: Any) -> Any:
 HASH_BESIDE_WRITE_ROWS = 100_000
 
 
+# From this many rows the prompt column is encoded on a thread beside the
+# others and the file stitched from the two (aspc.emit.stitch): same bytes.
+SPLIT_WRITE_ROWS = 100_000
+
+_WRITE_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    # Statistics and page indexes carry no timestamps; keep the defaults
+    # fixed here so a pyarrow upgrade does not silently change bytes.
+    "write_statistics": True,
+    "use_dictionary": True,
+    "row_group_size": 1 << 20,
+}
+
+
 def _write(table: pa.Table, meta: dict[bytes, bytes], where: Path) -> None:
-    pq.write_table(
-        table.replace_schema_metadata(meta),
-        where,
-        compression="zstd",
-        # Statistics and page indexes carry no timestamps; keep the defaults
-        # fixed here so a pyarrow upgrade does not silently change bytes.
-        write_statistics=True,
-        use_dictionary=True,
-        row_group_size=1 << 20,
-    )
+    table = table.replace_schema_metadata(meta)
+    parts = None
+    if table.num_rows >= SPLIT_WRITE_ROWS:
+        from aspc.emit.stitch import split_write
+
+        parts = split_write(table, S.PROMPT, _WRITE_OPTIONS)
+    if parts is None:
+        pq.write_table(table, where, **_WRITE_OPTIONS)
+        return
+    with open(where, "wb") as fh:
+        for part in parts:
+            fh.write(part)
 
 
 def write_plan(plan: Plan, path: str | os.PathLike) -> None:

@@ -10,6 +10,7 @@ that work costs no wall time.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -82,12 +83,15 @@ def _warm_kernels() -> None:
 
     import aspc.anneal  # noqa: F401 - Numba and the compile kernels' modules
     import aspc.emit.check  # noqa: F401
-    from aspc.partition.kernel import _partition_kernel
+    from aspc.partition.kernel import _partition_kernel, _partition_tables
 
     # The first call of any cached kernel loads Numba's typing registries
     # (~0.5 s once per process); same argument types as the real call, so
     # this loads the cached machine code and compiles nothing.
     _partition_kernel(np.zeros(1), 1, 1, 1, 0.0, 0.0)
+    one = (np.empty(2), np.empty(2, np.int64), np.empty(2, np.int64))
+    none = (np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64))
+    _partition_tables(np.zeros(1), 1, 1, 1, 0.0, 0.0, one, none, np.empty(1, np.int64))
 
 
 @contextlib.contextmanager
@@ -105,6 +109,13 @@ def kernels_warmed_for(path: str | os.PathLike) -> Iterator[None]:
     except (OSError, TypeError, ValueError):
         big = False  # the reader words the error
     thread = None
+    # The imports build a few hundred thousand long-lived objects (Numba's
+    # typing registries) and no garbage cycles: with the cyclic collector on,
+    # it would traverse them again and again while they are built (~0.2 s CPU
+    # on a core the reader wants). Switched back on (if it was on) at exit.
+    collecting = big and gc.isenabled()
+    if collecting:
+        gc.disable()
     if big:
         # What both threads import comes first, so the two never import one module at once.
         import pyarrow.compute  # noqa: F401
@@ -118,6 +129,8 @@ def kernels_warmed_for(path: str | os.PathLike) -> Iterator[None]:
     finally:
         if thread is not None:
             thread.join()
+        if collecting:
+            gc.enable()
 
 
 def _swallow(fn: Callable[[], None]) -> None:

@@ -12,7 +12,7 @@ import numbers
 import numpy as np
 
 from aspc.errors import ConfigError, InputError
-from aspc.partition.kernel import _partition_kernel
+from aspc.partition.kernel import _partition_kernel, _partition_tables
 
 __all__ = ["partition", "padded_cost"]
 
@@ -68,38 +68,44 @@ _MAX_SOLVES = 40
 _COUNT_TOL = 0.002
 
 
-def _nominal_count(arr: np.ndarray, b: int, d: int) -> tuple[np.ndarray, bool]:
-    """DP boundaries with a per-minibatch penalty chosen so the count is about ``round(n / B)``."""
-    target = max(1, round(arr.size / b))
-    tol = max(1.0, _COUNT_TOL * target)
+class _Unsolved(Exception):
+    """The search needs the DP's count at ``lam``, which is not known yet."""
 
-    # The DP is deterministic, so a lambda seen before is answered from here:
-    # once the bracket collapses onto a jump in the count (ties between equal
-    # lengths), the search revisits the same float lambda until _MAX_SOLVES.
-    solved: dict[float, tuple] = {}
+    def __init__(self, lam: float) -> None:
+        super().__init__(lam)
+        self.lam = lam
 
-    def solve(lam: float):
-        if lam not in solved:
-            res = _partition_kernel(arr, b, b - d, b + d, 0.0, lam)
-            solved[lam] = (res, res[0].size - 1 - target)  # excess minibatches, decreasing in lam
-        return solved[lam]
 
-    best, f0 = solve(0.0)
-    if d == 0 or f0 <= tol:
-        return best
-    scale = max(1.0, float(arr.mean()))
+def _search(excess: dict[float, int], f0: int, scale: float, tol: float) -> float:
+    """The lambda whose DP the nominal-count search returns, replayed from the counts known so far.
+
+    ``excess`` maps each lambda solved so far to its excess minibatch count
+    (decreasing in lambda); ``f0`` is the count's excess at lambda 0. Raises
+    :class:`_Unsolved` at the first lambda it needs that is not in ``excess``.
+    The search itself never looks at anything but these counts, so replaying
+    it with more of them known walks the same lambdas to the same answer.
+    """
+
+    def solve(lam: float) -> int:
+        if lam not in excess:
+            raise _Unsolved(lam)
+        return excess[lam]
+
+    best = 0.0
     x_lo, f_lo = np.log(scale * 1e-9), float(f0)  # lambda ~ 0: too many minibatches
     x_hi = np.log(scale)
-    res, f_hi = solve(scale)
+    f_hi = solve(scale)
+    lam_hi = scale
     solves = 2
     while f_hi > 0 and solves < _MAX_SOLVES:
         x_lo, f_lo = x_hi, float(f_hi)
         x_hi += np.log(16.0)
-        res, f_hi = solve(float(np.exp(x_hi)))
+        lam_hi = float(np.exp(x_hi))
+        f_hi = solve(lam_hi)
         solves += 1
     best_err = abs(f0)
     if abs(f_hi) < best_err:
-        best, best_err = res, abs(f_hi)
+        best, best_err = lam_hi, abs(f_hi)
     side = 0
     while best_err > tol and solves < _MAX_SOLVES:
         # Interpolate the crossing in (log lambda, excess); fall back to
@@ -110,10 +116,11 @@ def _nominal_count(arr: np.ndarray, b: int, d: int) -> tuple[np.ndarray, bool]:
             x = 0.5 * (x_lo + x_hi)
         if not x_lo < x < x_hi:
             x = 0.5 * (x_lo + x_hi)
-        res, f = solve(float(np.exp(x)))
+        lam = float(np.exp(x))
+        f = solve(lam)
         solves += 1
         if abs(f) < best_err:
-            best, best_err = res, abs(f)
+            best, best_err = lam, abs(f)
         if f > 0:
             x_lo, f_lo = x, float(f)
             if side == -1:
@@ -125,6 +132,97 @@ def _nominal_count(arr: np.ndarray, b: int, d: int) -> tuple[np.ndarray, bool]:
                 f_lo /= 2.0
             side = 1
     return best
+
+
+# From this many prompts a solve (~40 ms per million) is worth a thread.
+_SPECULATE_ROWS = 100_000
+
+
+def _nominal_count(arr: np.ndarray, b: int, d: int) -> tuple[np.ndarray, bool]:
+    """DP boundaries with a per-minibatch penalty chosen so the count is about ``round(n / B)``.
+
+    Each solve waits on the last one's count, so on a large input the DP for
+    the lambda the search would ask next *if the count did not change* (the
+    common case once the bracket is tight, and lambda = ``scale`` beside
+    lambda 0) runs on a second thread beside it. A guess that proves wrong
+    only costs that thread's work: which lambdas are solved, and the answer,
+    are exactly those of the one-at-a-time search (:func:`_search`).
+    """
+    target = max(1, round(arr.size / b))
+    tol = max(1.0, _COUNT_TOL * target)
+    results: dict[float, tuple] = {}
+
+    def run(lam: float, tables: tuple | None = None) -> None:
+        if tables is None:
+            results[lam] = _partition_kernel(arr, b, b - d, b + d, 0.0, lam)
+        else:
+            results[lam] = _partition_tables(arr, b, b - d, b + d, 0.0, lam, *tables)
+
+    def excess_of(lam: float) -> int:
+        return results[lam][0].size - 1 - target
+
+    scale = max(1.0, float(arr.mean()))
+    threaded = arr.size >= _SPECULATE_ROWS and d != 0
+    _solve_pair(run, 0.0, scale if threaded else None, arr.size, b - d, b + d)
+    f0 = excess_of(0.0)
+    if d == 0 or f0 <= tol:
+        return results[0.0]
+    excess = {lam: excess_of(lam) for lam in results}
+    last = f0
+    while True:
+        try:
+            return results[_search(excess, f0, scale, tol)]
+        except _Unsolved as need:
+            lam = need.lam
+        guess = None
+        if threaded:
+            try:
+                _search({**excess, lam: last}, f0, scale, tol)
+            except _Unsolved as ahead:
+                guess = ahead.lam if ahead.lam not in results else None
+        _solve_pair(run, lam, guess, arr.size, b - d, b + d)
+        excess.update({k: excess_of(k) for k in (lam, guess) if k is not None})
+        last = excess[lam]
+
+
+def _tables(n: int, lo: int, hi: int) -> tuple:
+    """The DP's tables for ``n`` prompts (see ``_partition_tables``), allocated by the calling thread.
+
+    A kernel that allocated its ~30 MB of tables on a second thread would take
+    them from that thread's malloc arena, which keeps them after they are
+    freed (+50 MB peak at a million prompts).
+    """
+    def triple(size: int) -> tuple:
+        return np.empty(size), np.empty(size, np.int64), np.empty(size, np.int64)
+
+    band_reaches_n = -(-n // hi) <= n // lo  # some count k of minibatches has k*lo <= n <= k*hi
+    return triple(n + 1), triple(0 if band_reaches_n else n + 1), np.empty(n, np.int64)
+
+
+def _solve_pair(run, lam: float, other: float | None, n: int = 0, lo: int = 1, hi: int = 1) -> None:
+    """``run(lam)``, and ``run(other)`` on a thread beside it (the kernel releases the GIL)."""
+    if other is None:
+        run(lam)
+        return
+    import threading
+
+    errors: list[BaseException] = []
+    tables = _tables(n, lo, hi)
+
+    def side() -> None:
+        try:
+            run(other, tables)
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=side, daemon=True)
+    thread.start()
+    try:
+        run(lam)
+    finally:
+        thread.join()
+    if errors:
+        raise errors[0]
 
 
 def partition(

@@ -62,22 +62,41 @@ def _partition_kernel(lengths, batch_size, lo, hi, overhead, penalty):
     minibatch of size ``1..lo-1`` already placed) built on top of ``f``.
     """
     n = lengths.shape[0]
-    f_cost = np.full(n + 1, np.inf)
-    f_dev = np.zeros(n + 1, np.int64)
-    f_size = np.zeros(n + 1, np.int64)
+    f = (np.empty(n + 1), np.empty(n + 1, np.int64), np.empty(n + 1, np.int64))
+    g = (np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64))  # allocated inside if needed
+    return _partition_tables(lengths, batch_size, lo, hi, overhead, penalty, f, g, np.empty(n, np.int64))
+
+
+@njit(**NJIT_FLAGS)
+def _partition_tables(lengths, batch_size, lo, hi, overhead, penalty, f, g, sizes):
+    """:func:`_partition_kernel` in tables the caller allocated: ``f`` and ``g`` are
+    (cost, deviation, size) triples of ``n + 1`` entries (``g`` may be empty
+    when the band alone reaches ``n``; it is allocated here if not), ``sizes``
+    has ``n``. A caller on another thread passes tables from its own, so the
+    large temporaries go back to the allocator they came from.
+    """
+    n = lengths.shape[0]
+    f_cost, f_dev, f_size = f
+    f_cost[:] = np.inf
+    f_dev[:] = 0
+    f_size[:] = 0
     f_cost[0] = 0.0
     _fill(lengths, lo, hi, batch_size, overhead, penalty, f_cost, f_dev, f_size, f_cost, f_dev, lo)
 
     use_g = f_cost[n] == np.inf
     g_size = np.zeros(1, np.int64)
     if use_g:
-        g_cost = np.full(n + 1, np.inf)
-        g_dev = np.zeros(n + 1, np.int64)
-        g_size = np.zeros(n + 1, np.int64)
+        g_cost, g_dev, g_size = g
+        if g_cost.shape[0] != n + 1:
+            g_cost = np.empty(n + 1)
+            g_dev = np.empty(n + 1, np.int64)
+            g_size = np.empty(n + 1, np.int64)
+        g_cost[:] = np.inf
+        g_dev[:] = 0
+        g_size[:] = 0
         _fill(lengths, lo, hi, batch_size, overhead, penalty, g_cost, g_dev, g_size, f_cost, f_dev, 1)
 
     # Walk back from n, switching from g to f at the remainder minibatch.
-    sizes = np.empty(n, np.int64)
     m = 0
     j = n
     in_g = use_g

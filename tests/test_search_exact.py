@@ -1,0 +1,213 @@
+"""The faster nominal-count search and max-quantile bisection give the very same floats as the plain ones.
+
+Plans must stay byte-identical, so each speed-up is checked against the
+straightforward version it replaced (kept here as the reference): the
+one-solve-at-a-time Lagrange search of :mod:`aspc.partition.boundaries`,
+and the 60-step bisection that evaluates every row at every step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numba import njit
+
+import aspc.partition.boundaries as boundaries
+from aspc.anneal.lpt import Z90
+from aspc.anneal.lpt_kernel import _BISECT_STEPS, _log_cdf_max, _max_quantiles
+from aspc.partition.kernel import _partition_kernel
+
+# Interpreted (NUMBA_DISABLE_JIT=1) the DP and the bisection are ~1000x slower:
+# the same checks on fewer, smaller inputs, and none at scale.
+JIT = not numba.config.DISABLE_JIT
+needs_jit = pytest.mark.skipif(not JIT, reason="at scale; too slow interpreted")
+MAX_N = 2500 if JIT else 300
+
+
+def _reference_nominal_count(arr: np.ndarray, b: int, d: int):
+    """The search before speculation: one DP at a time, exactly as it was written."""
+    target = max(1, round(arr.size / b))
+    tol = max(1.0, boundaries._COUNT_TOL * target)
+    solved: dict[float, tuple] = {}
+
+    def solve(lam):
+        if lam not in solved:
+            res = _partition_kernel(arr, b, b - d, b + d, 0.0, lam)
+            solved[lam] = (res, res[0].size - 1 - target)
+        return solved[lam]
+
+    best, f0 = solve(0.0)
+    if d == 0 or f0 <= tol:
+        return best
+    scale = max(1.0, float(arr.mean()))
+    x_lo, f_lo = np.log(scale * 1e-9), float(f0)
+    x_hi = np.log(scale)
+    res, f_hi = solve(scale)
+    solves = 2
+    while f_hi > 0 and solves < boundaries._MAX_SOLVES:
+        x_lo, f_lo = x_hi, float(f_hi)
+        x_hi += np.log(16.0)
+        res, f_hi = solve(float(np.exp(x_hi)))
+        solves += 1
+    best_err = abs(f0)
+    if abs(f_hi) < best_err:
+        best, best_err = res, abs(f_hi)
+    side = 0
+    while best_err > tol and solves < boundaries._MAX_SOLVES:
+        if f_lo != f_hi:
+            x = x_hi - f_hi * (x_hi - x_lo) / (f_hi - f_lo)
+        else:
+            x = 0.5 * (x_lo + x_hi)
+        if not x_lo < x < x_hi:
+            x = 0.5 * (x_lo + x_hi)
+        res, f = solve(float(np.exp(x)))
+        solves += 1
+        if abs(f) < best_err:
+            best, best_err = res, abs(f)
+        if f > 0:
+            x_lo, f_lo = x, float(f)
+            if side == -1:
+                f_hi /= 2.0
+            side = -1
+        else:
+            x_hi, f_hi = x, float(f)
+            if side == 1:
+                f_lo /= 2.0
+            side = 1
+    return best
+
+
+def _lengths(kind: int, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if kind == 0:
+        x = rng.lognormal(5.0, 1.0, n)
+    elif kind == 1:
+        x = np.round(rng.lognormal(5.0, 1.0, n))  # one known length: integer ties
+    elif kind == 2:
+        x = np.round(rng.lognormal(5.0, 1.0, n) * 8) / 8  # means of 8 lengths: many ties
+    else:
+        x = rng.integers(0, 5, n).astype(np.float64)  # a handful of values
+    return np.sort(x)
+
+
+@pytest.mark.parametrize("speculate", [True, False])
+@settings(max_examples=120 if JIT else 20, deadline=None)
+@given(
+    kind=st.integers(0, 3),
+    n=st.integers(1, MAX_N),
+    b=st.integers(1, 40),
+    frac=st.floats(0.0, 0.999),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_nominal_count_same_as_one_solve_at_a_time(speculate, kind, n, b, frac, seed):
+    arr = _lengths(kind, n, seed)
+    b = min(b, n)
+    d = int(frac * b)
+    # Speculation normally starts at 100k prompts; forced here so small inputs exercise the threads.
+    saved = boundaries._SPECULATE_ROWS
+    boundaries._SPECULATE_ROWS = 1 if speculate else 10**12
+    try:
+        got = boundaries._nominal_count(arr, b, d)
+    finally:
+        boundaries._SPECULATE_ROWS = saved
+    want = _reference_nominal_count(arr, b, d)
+    assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+
+
+@needs_jit
+@pytest.mark.parametrize("kind", [0, 1, 2])
+def test_nominal_count_same_at_scale(kind):
+    # Above the speculation threshold, with the tie-heavy inputs whose search runs longest.
+    arr = _lengths(kind, 120_000, 7 + kind)
+    got = boundaries._nominal_count(arr, 16, 4)
+    want = _reference_nominal_count(arr, 16, 4)
+    assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+
+
+@njit(cache=False)
+def _reference_max_quantiles(mu, sigma, point, nseq, starts, q):
+    """Every one of the 60 bisection steps, every row summed: the kernel before its shortcuts."""
+    m = starts.size - 1
+    out = np.empty(m, dtype=np.float64)
+    logq = math.log(q)
+    for b in range(m):
+        lo_i, hi_i = starts[b], starts[b + 1]
+        lo = math.inf
+        hi = -math.inf
+        for i in range(lo_i, hi_i):
+            if sigma[i] > 0.0:
+                a, c = mu[i] - 8.0 * sigma[i], mu[i] + 8.0 * sigma[i]
+            else:
+                a = c = math.log(max(point[i], 1e-9))
+            lo = min(lo, a)
+            hi = max(hi, c)
+        for i in range(lo_i, hi_i):
+            if sigma[i] == 0.0:
+                lo = max(lo, math.log(max(point[i], 1e-9)))
+        if hi <= lo:
+            out[b] = math.exp(lo)
+            continue
+        for _ in range(_BISECT_STEPS):
+            mid = 0.5 * (lo + hi)
+            if _log_cdf_max(mid, mu, sigma, point, nseq, lo_i, hi_i) < logq:
+                lo = mid
+            else:
+                hi = mid
+        out[b] = math.exp(hi)
+    return out
+
+
+def _quantile_inputs(seed: int, n: int, point_share: float, spread: float):
+    rng = np.random.default_rng(seed)
+    q50 = np.maximum(rng.lognormal(5.5, 0.9, n), 1e-9)
+    sig = rng.uniform(0.0, spread, n)
+    sig[rng.random(n) < point_share] = 0.0  # point masses (one known length)
+    q10, q90 = q50 * np.exp(-Z90 * sig), q50 * np.exp(Z90 * sig)
+    mean = np.where(sig > 0, q50 * np.exp(0.5 * sig**2), q50)
+    lo, hi = q10, np.maximum(q90, q50)
+    s = np.log(np.maximum(hi, 1e-9)) - np.log(np.maximum(lo, 1e-9))
+    sigma = np.ascontiguousarray(np.where(hi - lo > 1e-9, np.clip(s, 0.0, 20.0) / (2 * Z90), 0.0))
+    nseq = rng.integers(0, 9, n).astype(np.float64)
+    sizes = rng.integers(1, 24, n)
+    starts = np.r_[0, np.cumsum(sizes)]
+    starts = starts[starts < n].astype(np.int64)
+    starts = np.r_[starts, n].astype(np.int64)
+    return np.log(q50), sigma, mean, nseq, starts
+
+
+@settings(max_examples=150 if JIT else 30, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 400 if JIT else 120),
+    point_share=st.sampled_from([0.0, 0.3, 1.0]),
+    spread=st.sampled_from([0.05, 1.0, 6.0]),
+    q=st.sampled_from([0.1, 0.5, 0.9, 0.999]),
+)
+def test_max_quantiles_bit_identical_to_full_bisection(seed, n, point_share, spread, q):
+    args = _quantile_inputs(seed, n, point_share, spread)
+    got = _max_quantiles(*args, q)
+    want = _reference_max_quantiles(*args, q)
+    assert np.array_equal(got.view(np.int64), want.view(np.int64))
+
+
+@needs_jit
+def test_max_quantiles_bit_identical_at_scale():
+    args = _quantile_inputs(3, 200_000, 0.1, 1.2)
+    got = _max_quantiles(*args, 0.9)
+    want = _reference_max_quantiles(*args, 0.9)
+    assert np.array_equal(got.view(np.int64), want.view(np.int64))
+
+
+@pytest.mark.parametrize("n", range(1, 60))
+def test_tables_know_when_the_band_alone_reaches_n(n):
+    # The remainder table is allocated up front exactly when no count of in-band sizes sums to n.
+    for lo in range(1, 12):
+        for hi in range(lo, 16):
+            reaches = any(k * lo <= n <= k * hi for k in range(1, n + 1))
+            _, g, _ = boundaries._tables(n, lo, hi)
+            assert (g[0].size == 0) == reaches

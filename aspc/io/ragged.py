@@ -106,9 +106,10 @@ class RaggedLengths(Sequence):
             return np.empty(0), np.empty((0, qs.size))
         if self.values.size == len(self):
             # One length per prompt: mean and every quantile are the value
-            # itself (0.0 + x, as NumPy's sum starts from its identity).
+            # itself (0.0 + x, as NumPy's sum starts from its identity; and a
+            # length has no sign, see ragged_kernel).
             mean = 0.0 + self.values
-            return mean, np.repeat(self.values[:, None], qs.size, axis=1)
+            return mean, np.repeat(mean[:, None], qs.size, axis=1)
         from aspc.io.ragged_kernel import _segment_stats
 
         return _segment_stats(self.values, self.offsets, qs)

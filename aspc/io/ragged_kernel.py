@@ -62,8 +62,9 @@ def _lerp(a: float, b: float, t: float) -> float:
 # Segments of up to this many values (sampled lengths: a few per prompt) are
 # sorted by insertion in one scratch buffer per chunk of segments, instead of
 # an array allocated per segment; longer ones by np.sort. 15 is Numba's own
-# insertion-sort cutoff (numba.misc.quicksort.SMALL_QUICKSORT), so even the
-# order of equal values (0.0 and -0.0) is what np.sort gave.
+# insertion-sort cutoff (numba.misc.quicksort.SMALL_QUICKSORT). A length has
+# no sign: -0.0 is read as 0.0 (x + 0.0), since where equal values 0.0 and -0.0
+# land depends on the sort or selection algorithm (np.quantile partitions).
 _INSERTION_MAX = 15
 # Chunks of segments per kernel call: each runs on one thread with its own buffer.
 _CHUNKS = 64
@@ -72,9 +73,9 @@ _CHUNKS = 64
 @njit(**NJIT_FLAGS)
 def _sorted_into(values: np.ndarray, lo: int, m: int, buf: np.ndarray) -> np.ndarray:
     if m > _INSERTION_MAX:
-        return np.sort(values[lo : lo + m])
+        return np.sort(values[lo : lo + m] + 0.0)
     for i in range(m):
-        v = values[lo + i]
+        v = values[lo + i] + 0.0
         j = i
         while j > 0 and buf[j - 1] > v:
             buf[j] = buf[j - 1]
@@ -99,7 +100,7 @@ def _segment_stats(values: np.ndarray, offsets: np.ndarray, qs: np.ndarray) -> t
             mean[s] = (0.0 + _pairwise_sum(values, lo, m)) / m
             if m == 1:
                 for j in range(k):
-                    quant[s, j] = values[lo]
+                    quant[s, j] = values[lo] + 0.0
                 continue
             x = _sorted_into(values, lo, m, buf)
             for j in range(k):

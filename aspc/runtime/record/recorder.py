@@ -26,6 +26,8 @@ from aspc.errors import RunError
 from aspc.runtime.contracts import TrainBatch
 from aspc.runtime.core.events import MinibatchFailed, MinibatchFinished, SamplesReturned, TrainFinished
 from aspc.runtime.core.scheduler import Dispatch
+from aspc.runtime.core.timeline import Timeline
+from aspc.runtime.record.timeline import record_timeline
 from aspc.runtime.record import runlog as R
 from aspc.runtime.record.runlog_writer import RunLogWriter
 from aspc.runtime.work import WorkPlan
@@ -189,6 +191,19 @@ class Recorder:
         # contributes p·l + l(l-1)/2 (prompt plus tokens so far, at each of its steps).
         ctx = self.sample_ptok * lens + lens * (lens - 1) / 2.0
         self.mb_context[mbs] = np.add.reduceat(ctx, starts)[mbs]
+
+    @property
+    def takes_whole_run(self) -> bool:
+        """A run log committed every loop turn (``flush_seconds`` 0) is recorded turn by turn, never at once.
+
+        Otherwise a one-call run (:meth:`on_timeline`) commits once, at the
+        end, which a sim run reaches in well under a second of wall time.
+        """
+        return self.writer is None or self.flush_seconds > 0
+
+    def on_timeline(self, tl: Timeline) -> None:
+        """A whole fresh run at once (an engine's ``run_all``): the same rows its events would have left."""
+        record_timeline(self, tl)
 
     def on_train_done(self, ev: TrainFinished) -> None:
         self.step_end.append(ev.end)

@@ -18,6 +18,12 @@ class SimTrainer(Trainer):
     def __init__(self, cost: SimCostModel):
         self.cost = cost  # α and β of the trainer step
 
+    def known_step_cost(self) -> tuple[float, float] | None:
+        """(α, β): every step costs ``α + β·tokens``; ``None`` for a subclass whose ``step`` may differ."""
+        if type(self).step is not SimTrainer.step:
+            return None
+        return self.cost.train_base, self.cost.train_per_token
+
     def step(self, batch: TrainBatch) -> TrainResult:
         tokens = float(batch.response_len.sum() + batch.prompt_tokens.sum())
         return TrainResult(

@@ -1,0 +1,44 @@
+"""A :class:`~aspc.runtime.core.timeline.Timeline` written into a :class:`~aspc.runtime.record.recorder.Recorder`.
+
+What the recorder's per-event methods (``on_dispatch``, ``on_train_start``,
+``on_samples``, ``on_minibatch_done``, ``on_train_done``, ``on_queue``) would
+have stored over a whole fresh run, stored in bulk: same arrays, same lists,
+same flush order (minibatches as they finished, steps in order).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from aspc.runtime.core.timeline import Timeline
+
+if TYPE_CHECKING:
+    from aspc.runtime.record.recorder import Recorder
+
+
+def record_timeline(rec: Recorder, tl: Timeline) -> None:
+    """Store ``tl`` in ``rec`` (fresh: nothing recorded yet)."""
+    returned = tl.returned > 0
+    for name in ("mb_worker", "mb_version", "mb_reload", "mb_dispatch", "mb_start", "mb_end", "finish_time"):
+        getattr(rec, name)[:] = getattr(tl, name)
+    rec.response_len[returned] = tl.response_len[returned]
+    rec.generated += tl.returned
+    rec.consumed_step[:] = tl.consumed_step
+    done = tl.mb_done_order.tolist()
+    rec._new_mbs.extend(done)
+    rec._unfeatured.extend(done)
+    s = tl.n_steps
+    b = tl.step_samples.size // s if s else 0
+    rec.step_start.extend(tl.step_start.tolist())
+    rec.step_end.extend(tl.step_end.tolist())
+    rec.step_n.extend([b] * s)
+    rec.step_tokens.extend(tl.step_tokens.tolist())
+    # Σ lags / B is exactly np.mean's value: every partial sum is an integer below 2^53.
+    rec.step_lag_mean.extend((tl.step_lag_sum.astype(np.float64) / max(b, 1)).tolist())
+    rec.step_lag_max.extend(tl.step_lag_max.tolist())
+    rec._step_ids.extend(tl.step_samples[k * b : (k + 1) * b] for k in range(s))
+    rec._steps_done += s
+    for row in zip(tl.queue_time.tolist(), tl.queue_depth.tolist(), tl.queue_in_flight.tolist(), strict=True):
+        rec.on_queue(*row)

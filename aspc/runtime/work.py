@@ -38,7 +38,6 @@ class WorkPlan:
     """A plan as the runtime sees it: arrays only, in dispatch order."""
 
     table: pa.Table  # the plan rows (prompt text for real backends), PLAN_SCHEMA
-    prompt_ids: np.ndarray  # object array of str, one per row
     prompt_tokens: np.ndarray  # int64 per row, tokens of the prompt
     n_samples: np.ndarray  # int64 per row, >= 1 (after any --samples-per-prompt override)
     row_offsets: np.ndarray  # int64, M+1 entries: minibatch m = rows row_offsets[m]:row_offsets[m+1]
@@ -47,6 +46,22 @@ class WorkPlan:
     sample_index: np.ndarray  # int32 per sample: 0..n_samples[row]-1
     group: np.ndarray  # int32 per minibatch: its dispatch group
     _bounds: tuple[list[int], list[int]] | None = field(default=None, repr=False)  # offsets as lists (cache)
+    _prompt_ids: np.ndarray | None = field(default=None, repr=False)  # cache of prompt_ids
+
+    @property
+    def prompt_ids(self) -> np.ndarray:
+        """Object array of str, one per row (the table's ``prompt_id``).
+
+        Built on first use: a million Python strings cost a quarter of a
+        second, and a simulated run without a log never needs them.
+        """
+        if self._prompt_ids is None:
+            self._prompt_ids = np.asarray(self.table.column(S.PROMPT_ID).to_pylist(), dtype=object)
+        return self._prompt_ids
+
+    @prompt_ids.setter
+    def prompt_ids(self, value: np.ndarray) -> None:
+        self._prompt_ids = value
 
     @property
     def n_minibatches(self) -> int:
@@ -114,7 +129,6 @@ def work_from_table(table: pa.Table, *, samples_per_prompt: int | None = None) -
     group = table.column(S.GROUP).to_numpy().astype(np.int32)[starts]
     return WorkPlan(
         table=table,
-        prompt_ids=np.asarray(table.column(S.PROMPT_ID).to_pylist(), dtype=object),
         prompt_tokens=table.column(S.PROMPT_TOKENS).to_numpy().astype(np.int64),
         n_samples=n_samples,
         row_offsets=row_offsets,

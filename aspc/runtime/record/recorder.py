@@ -27,9 +27,9 @@ from aspc.runtime.contracts import TrainBatch
 from aspc.runtime.core.events import MinibatchFailed, MinibatchFinished, SamplesReturned, TrainFinished
 from aspc.runtime.core.scheduler import Dispatch
 from aspc.runtime.core.timeline import Timeline
-from aspc.runtime.record.timeline import record_timeline
 from aspc.runtime.record import runlog as R
 from aspc.runtime.record.runlog_writer import RunLogWriter
+from aspc.runtime.record.timeline import record_timeline
 from aspc.runtime.work import WorkPlan
 
 MAX_FAULTS_KEPT = 100  # worker faults listed in meta.json (all are counted)

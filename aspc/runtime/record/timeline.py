@@ -40,5 +40,8 @@ def record_timeline(rec: Recorder, tl: Timeline) -> None:
     rec.step_lag_max.extend(tl.step_lag_max.tolist())
     rec._step_ids.extend(tl.step_samples[k * b : (k + 1) * b] for k in range(s))
     rec._steps_done += s
-    for row in zip(tl.queue_time.tolist(), tl.queue_depth.tolist(), tl.queue_in_flight.tolist(), strict=True):
-        rec.on_queue(*row)
+    rows = list(zip(tl.queue_time.tolist(), tl.queue_depth.tolist(), tl.queue_in_flight.tolist(), strict=True))
+    # The kernel keeps a row only when (depth, in flight) changed, as on_queue does.
+    if rows and rec.queue_rows and rec.queue_rows[-1][1:] == rows[0][1:]:
+        rows = rows[1:]
+    rec.queue_rows.extend(rows)

@@ -8,18 +8,15 @@ same flush order (minibatches as they finished, steps in order).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from aspc.runtime.core.timeline import Timeline
 
-if TYPE_CHECKING:
-    from aspc.runtime.record.recorder import Recorder
 
-
-def record_timeline(rec: Recorder, tl: Timeline) -> None:
-    """Store ``tl`` in ``rec`` (fresh: nothing recorded yet)."""
+def record_timeline(rec: Any, tl: Timeline) -> None:
+    """Store ``tl`` in ``rec``, a fresh :class:`~aspc.runtime.record.recorder.Recorder` (nothing recorded yet)."""
     returned = tl.returned > 0
     for name in ("mb_worker", "mb_version", "mb_reload", "mb_dispatch", "mb_start", "mb_end", "finish_time"):
         getattr(rec, name)[:] = getattr(tl, name)

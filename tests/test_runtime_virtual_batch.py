@@ -169,3 +169,18 @@ def test_wrapper_checks_its_inputs():
         run_virtual(*args, **{**ok, "queue_capacity": 0})
     with pytest.raises(ValueError, match="must be finite"):
         run_virtual(args[0], np.array([-1.0]), *args[2:], **ok)
+
+
+def test_a_patched_generate_runs_event_by_event(monkeypatch):
+    from aspc.runtime.backends import sim as simb
+
+    original = simb.SimBackend.generate
+    seen = []
+
+    def spy(self, worker, work):
+        seen.append(work.index)
+        return original(self, worker, work)
+
+    monkeypatch.setattr(simb.SimBackend, "generate", spy)
+    run(synthetic_plan(64, 8, seed=2), config=RunConfig(workers=2, global_batch=8))
+    assert sorted(seen) == list(range(8))

@@ -97,7 +97,7 @@ class SimBackend(GenerationBackend):
         cls = type(self)
         if self._duration is None or self._finish is None:
             return None
-        if cls.generate is not SimBackend.generate or cls.load_weights is not SimBackend.load_weights:
+        if (cls.generate, cls.load_weights) != _AS_DEFINED:
             return None
         return self._duration, self._finish, self.response_len, self.reload_time
 
@@ -109,3 +109,8 @@ class SimBackend(GenerationBackend):
             finish_offset=self._finish[s0:s1],
             elapsed=float(self._duration[work.index]),
         )
+
+
+# The methods known_timing vouches for, as defined here: a subclass or a patch that
+# replaces one (tests inject faults so) makes the run go event by event.
+_AS_DEFINED = (SimBackend.generate, SimBackend.load_weights)

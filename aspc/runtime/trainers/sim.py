@@ -20,7 +20,7 @@ class SimTrainer(Trainer):
 
     def known_step_cost(self) -> tuple[float, float] | None:
         """(α, β): every step costs ``α + β·tokens``; ``None`` for a subclass whose ``step`` may differ."""
-        if type(self).step is not SimTrainer.step:
+        if type(self).step is not _STEP_AS_DEFINED:
             return None
         return self.cost.train_base, self.cost.train_per_token
 
@@ -29,3 +29,7 @@ class SimTrainer(Trainer):
         return TrainResult(
             version=batch.step + 1, elapsed=self.cost.train_base + self.cost.train_per_token * tokens
         )
+
+
+# A subclass or a patch that replaces step (a test's) makes the run go event by event.
+_STEP_AS_DEFINED = SimTrainer.step

@@ -31,9 +31,9 @@ import numpy as np
 from aspc.caps import cap_lengths
 from aspc.choices import STRATEGIES
 from aspc.compiler import compile_plan, prediction_from_lengths, prepare
+from aspc.emit import schema as S
 from aspc.errors import ConfigError, InputError
 from aspc.io.history import read_history
-from aspc.emit import schema as S
 from aspc.io.lengths_by_id import LengthsById
 from aspc.io.table import PromptTable, column_numpy
 from aspc.progress import NULL_PROGRESS, Progress
@@ -176,15 +176,24 @@ class _RowAligned:
     def __init__(self, by_id: LengthsById, source_rows: np.ndarray) -> None:
         self.by_id = by_id
         self.source_rows = np.asarray(source_rows, dtype=np.int64)
+        self._row_of: np.ndarray | None = None  # input row -> row here (-1: none), built on first use
 
     def rows_of(self, source_rows: np.ndarray) -> np.ndarray | None:
         """Rows here of the prompts at input rows ``source_rows``; None if some is not one of them."""
         want = np.asarray(source_rows, dtype=np.int64)
         have = self.source_rows
-        if have.size == 0 or np.any(np.diff(have) <= 0):
+        if self._row_of is None:
+            if have.size == 0 or have.min() < 0 or int(have.max()) > 4 * have.size + 1024:
+                return None  # rows too sparse for a lookup table (never for a reader's own rows)
+            row_of = np.full(int(have.max()) + 1, -1, dtype=np.int64)
+            row_of[have] = np.arange(have.size, dtype=np.int64)
+            if not np.array_equal(row_of[have], np.arange(have.size)):
+                return None  # a row twice: only ids can tell them apart
+            self._row_of = row_of
+        if want.size and (want.min() < 0 or want.max() >= self._row_of.size):
             return None
-        rows = np.minimum(np.searchsorted(have, want), have.size - 1)
-        return rows if np.array_equal(have[rows], want) else None
+        rows = self._row_of[want]
+        return rows if want.size == 0 or rows.min() >= 0 else None
 
     def for_plan(self, plan_table: Any) -> LengthsById:
         """The lengths keyed by the plan's own id column, in plan order (the run then joins nothing)."""

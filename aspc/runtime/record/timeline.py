@@ -23,6 +23,9 @@ def record_timeline(rec: Any, tl: Timeline) -> None:
     rec.response_len[returned] = tl.response_len[returned]
     rec.generated += tl.returned
     rec.consumed_step[:] = tl.consumed_step
+    decode = getattr(rec, "decode_time", None)  # per sample, the vllm3 branch's column (minibatch start to last token)
+    if decode is not None:
+        decode[:] = tl.finish_offset
     done = tl.mb_done_order.tolist()
     rec._new_mbs.extend(done)
     rec._unfeatured.extend(done)

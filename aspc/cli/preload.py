@@ -13,7 +13,7 @@ def runtime_loading(backend: str, plan_path: Path) -> Iterator[None]:
     """Import the runtime and load the sim's kernels on a thread while the caller reads a large plan.
 
     Reading a plan is Arrow C++ without the GIL; the imports (Numba, the
-    run log's pyarrow.dataset) and Numba's first dispatch take about a second
+    run log writer) and Numba's first dispatch take about a second
     of start-up that then costs no wall time. Joined on exit, before anything
     else is imported, so the two threads never import one module at once.
     """

@@ -16,6 +16,7 @@ from aspc.costs.kernel import Z90
 from aspc.emit import schema as S
 from aspc.errors import InputError
 from aspc.io.lengths_by_id import LengthsById
+from aspc.io.table import column_numpy
 from aspc.runtime.work import WorkPlan
 
 
@@ -106,9 +107,9 @@ def sample_predicted_lengths(
     the same per-prompt model the compiler's ``expected-max`` cost uses.
     """
     t = work.table
-    q10 = np.maximum(t.column(S.PREDICTED_Q10).to_numpy(), 1.0)
-    q50 = np.maximum(t.column(S.PREDICTED_Q50).to_numpy(), 1.0)
-    q90 = np.maximum(t.column(S.PREDICTED_Q90).to_numpy(), 1.0)
+    q10 = np.maximum(column_numpy(t.column(S.PREDICTED_Q10)), 1.0)
+    q50 = np.maximum(column_numpy(t.column(S.PREDICTED_Q50)), 1.0)
+    q90 = np.maximum(column_numpy(t.column(S.PREDICTED_Q90)), 1.0)
     mu = np.log(q50)
     sigma = np.maximum(np.log(q90) - np.log(q10), 0.0) / (2.0 * Z90)
     rows = work.sample_row

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from aspc.emit import schema as S
 from aspc.errors import PlanError
+from aspc.io.table import column_numpy
 
 
 @dataclass(frozen=True)
@@ -109,14 +110,14 @@ def work_from_table(table: pa.Table, *, samples_per_prompt: int | None = None) -
     n = table.num_rows
     if n == 0:
         raise PlanError("plan has no rows; recompile from a non-empty dataset")
-    mb = table.column(S.MINIBATCH).to_numpy().astype(np.int64)
+    mb = column_numpy(table.column(S.MINIBATCH)).astype(np.int64)
     d = np.diff(mb)
     if mb[0] != 0 or np.any((d != 0) & (d != 1)):
         raise PlanError("plan minibatch ids are not 0..M-1 in dispatch order; recompile the plan")
     if samples_per_prompt is not None:
         n_samples = np.full(n, int(samples_per_prompt), dtype=np.int64)
     else:
-        n_samples = table.column(S.N_SAMPLES).to_numpy().astype(np.int64)
+        n_samples = column_numpy(table.column(S.N_SAMPLES)).astype(np.int64)
     if np.any(n_samples < 1):
         raise PlanError("plan has rows with n_samples < 1; recompile the plan")
     starts = np.flatnonzero(np.r_[True, d != 0])
@@ -126,10 +127,10 @@ def work_from_table(table: pa.Table, *, samples_per_prompt: int | None = None) -
     sample_row = np.repeat(np.arange(n, dtype=np.int64), n_samples)
     # Index within the prompt: position minus the prompt's first sample id.
     sample_index = (np.arange(cum[-1], dtype=np.int64) - cum[:-1][sample_row]).astype(np.int32)
-    group = table.column(S.GROUP).to_numpy().astype(np.int32)[starts]
+    group = column_numpy(table.column(S.GROUP)).astype(np.int32)[starts]
     return WorkPlan(
         table=table,
-        prompt_tokens=table.column(S.PROMPT_TOKENS).to_numpy().astype(np.int64),
+        prompt_tokens=column_numpy(table.column(S.PROMPT_TOKENS)).astype(np.int64),
         n_samples=n_samples,
         row_offsets=row_offsets,
         sample_offsets=sample_offsets,

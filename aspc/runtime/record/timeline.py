@@ -8,6 +8,7 @@ same flush order (minibatches as they finished, steps in order).
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,15 @@ def record_timeline(rec: Any, tl: Timeline) -> None:
     rec.step_lag_max.extend(tl.step_lag_max.tolist())
     rec._step_ids.extend(tl.step_samples[k * b : (k + 1) * b] for k in range(s))
     rec._steps_done += s
-    rows = list(zip(tl.queue_time.tolist(), tl.queue_depth.tolist(), tl.queue_in_flight.tolist(), strict=True))
+    # A run's queue rows are ~10^5 tuples: built with the cyclic GC paused, or its collections
+    # (each walking every object the process holds) cost ten times the building.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        rows = list(zip(tl.queue_time.tolist(), tl.queue_depth.tolist(), tl.queue_in_flight.tolist(), strict=True))
+    finally:
+        if enabled:
+            gc.enable()
     # The kernel keeps a row only when (depth, in flight) changed, as on_queue does.
     if rows and rec.queue_rows and rec.queue_rows[-1][1:] == rows[0][1:]:
         rows = rows[1:]

@@ -194,11 +194,7 @@ class Recorder:
 
     @property
     def takes_whole_run(self) -> bool:
-        """A run log committed every loop turn (``flush_seconds`` 0) is recorded turn by turn, never at once.
-
-        Otherwise a one-call run (:meth:`on_timeline`) commits once, at the
-        end, which a sim run reaches in well under a second of wall time.
-        """
+        """Not a log committed every loop turn (flush 0); a one-call run commits once, well under 1 s in."""
         return self.writer is None or self.flush_seconds > 0
 
     def on_timeline(self, tl: Timeline) -> None:

@@ -31,10 +31,11 @@ import numpy as np
 from aspc.caps import cap_lengths
 from aspc.choices import STRATEGIES
 from aspc.compiler import compile_plan, prediction_from_lengths, prepare
+from aspc.emit import schema as S
 from aspc.errors import ConfigError, InputError
 from aspc.io.history import read_history
 from aspc.io.lengths_by_id import LengthsById
-from aspc.io.table import PromptTable
+from aspc.io.table import PromptTable, column_numpy
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.api import run
 from aspc.runtime.backends.sim_cost import SimCostModel
@@ -127,12 +128,18 @@ def simulate_strategies(
         )
         name = os.path.basename(os.fspath(actual_lengths_path))
     else:
+        same_read = reader.with_lengths is not None
         with_lengths = reader.with_lengths or inputs.read(input_path)
         assert with_lengths.lengths is not None
         actual = LengthsById(with_lengths.id_array, with_lengths.lengths)
         name = os.path.basename(os.fspath(input_path))
+        if same_read:
+            # The prompts are rows of this very read: each one's lengths are found by its input row.
+            actual = _RowAligned(actual, with_lengths.source_rows)
 
-    if isinstance(actual, LengthsById):
+    if isinstance(actual, _RowAligned):
+        missing = []  # the table's prompts are some of the rows the lengths were read with
+    elif isinstance(actual, LengthsById):
         missing = [table.ids[i] for i in actual.join(table.id_array)[0].tolist()]
     else:
         missing = [pid for pid in table.ids if pid not in actual]
@@ -148,7 +155,7 @@ def simulate_strategies(
         cap = config.max_response_length or run_config.max_new_tokens
         cfg_r = dataclasses.replace(config, seed=seed, max_response_length=cap)
         run_r = dataclasses.replace(run_config, seed=seed)
-        actual_r = actual if repeats == 1 else draw_lengths(actual, seed)
+        actual_r = actual if repeats == 1 else draw_lengths(_unaligned(actual), seed)
         for strategy in strategies:
             res = _simulate_one(
                 strategy, table, prediction, identity, actual_r, name, inputs, cfg_r, run_r,
@@ -156,6 +163,48 @@ def simulate_strategies(
             )
             results.setdefault(strategy, []).append(res)
     return {k: (v[0] if repeats == 1 else v) for k, v in results.items()}
+
+
+class _RowAligned:
+    """Known lengths of the rows of one read, found by input row instead of by id.
+
+    Every prompt simulate compiles is a row of the read that gave these
+    lengths, so a plan row's lengths are those of its ``source_row``: a binary
+    search over the read's (increasing) rows, not a hash join of a million ids.
+    """
+
+    def __init__(self, by_id: LengthsById, source_rows: np.ndarray) -> None:
+        self.by_id = by_id
+        self.source_rows = np.asarray(source_rows, dtype=np.int64)
+        self._row_of: np.ndarray | None = None  # input row -> row here (-1: none), built on first use
+
+    def rows_of(self, source_rows: np.ndarray) -> np.ndarray | None:
+        """Rows here of the prompts at input rows ``source_rows``; None if some is not one of them."""
+        want = np.asarray(source_rows, dtype=np.int64)
+        have = self.source_rows
+        if self._row_of is None:
+            if have.size == 0 or have.min() < 0 or int(have.max()) > 4 * have.size + 1024:
+                return None  # rows too sparse for a lookup table (never for a reader's own rows)
+            row_of = np.full(int(have.max()) + 1, -1, dtype=np.int64)
+            row_of[have] = np.arange(have.size, dtype=np.int64)
+            if not np.array_equal(row_of[have], np.arange(have.size)):
+                return None  # a row twice: only ids can tell them apart
+            self._row_of = row_of
+        if want.size and (want.min() < 0 or want.max() >= self._row_of.size):
+            return None
+        rows = self._row_of[want]
+        return rows if want.size == 0 or rows.min() >= 0 else None
+
+    def for_plan(self, plan_table: Any) -> LengthsById:
+        """The lengths keyed by the plan's own id column, in plan order (the run then joins nothing)."""
+        rows = self.rows_of(column_numpy(plan_table.column(S.SOURCE_ROW)))
+        if rows is None:
+            return self.by_id
+        return LengthsById(plan_table.column(S.PROMPT_ID), self.by_id.lengths.take(rows))
+
+
+def _unaligned(actual: Any) -> Any:
+    return actual.by_id if isinstance(actual, _RowAligned) else actual
 
 
 class _ReadOnce:
@@ -214,7 +263,12 @@ def _simulate_one(strategy, table, prediction, identity, actual, name, inputs, c
     replanner = None
     if strategy in (ORACLE, ORACLE_EXACT):
         n = run_config.samples_per_prompt or config.samples_per_prompt
-        if isinstance(actual, LengthsById):  # every id has lengths: simulate_strategies checked
+        rows = actual.rows_of(table.source_rows) if isinstance(actual, _RowAligned) else None
+        if rows is not None:
+            known = actual.by_id.lengths.take(rows)
+            known = known if strategy == ORACLE else known.head(n)
+        elif isinstance(_unaligned(actual), LengthsById):  # every id has lengths: simulate_strategies checked
+            actual = _unaligned(actual)
             known = actual.lengths.take(actual.rows_of(table.id_array))
             known = known if strategy == ORACLE else known.head(n)
         else:
@@ -233,7 +287,7 @@ def _simulate_one(strategy, table, prediction, identity, actual, name, inputs, c
         plan,
         config=run_config,
         sim_cost_model=cost,
-        actual_lengths=actual,
+        actual_lengths=actual.for_plan(plan.table) if isinstance(actual, _RowAligned) else actual,
         lengths_name=name,
         replanner=replanner,
         progress=progress,

@@ -20,6 +20,7 @@ from aspc.cli.common import (
     out_console,
     quiet_option,
 )
+from aspc.cli.preload import runtime_loading
 from aspc.errors import Interrupted
 
 # Light modules (no numba, pyarrow or torch), so --help stays fast.
@@ -343,9 +344,7 @@ def run_cmd(
     aspc run plan.parquet ...same options... --log RUN --resume   # after a crash
     """
     from aspc.emit import read_plan
-    from aspc.io.history import read_history
-    from aspc.runtime.api import run
-    from aspc.runtime.record.resume import check_log_options
+    from aspc.runtime.config import check_log_options
 
     # Before a real backend resolves its model or a history file is read.
     check_log_options(log_dir, overwrite=overwrite, resume=resume)
@@ -362,7 +361,11 @@ def run_cmd(
         log_flush_seconds=log_flush_seconds,
     )
     try:
-        plan = read_plan(plan_path)
+        with runtime_loading(config.backend, plan_path):
+            plan = read_plan(plan_path)
+        from aspc.io.history import read_history
+        from aspc.runtime.api import run
+
         lengths = None
         if actual_lengths is not None:
             lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field)

@@ -73,6 +73,18 @@ class LengthPrediction:
         )
 
 
+def is_arrow(texts: Any) -> bool:
+    """Whether ``texts`` is an Arrow column (pyarrow is not imported to find out)."""
+    return type(texts).__module__.startswith("pyarrow")
+
+
+def text_list(texts: Any) -> list[str]:
+    """Prompts as a list of str, from a sequence or an Arrow string column."""
+    if is_arrow(texts):
+        return texts.to_pylist()
+    return texts if isinstance(texts, list) else list(texts)
+
+
 class Predictor(ABC):
     """A response-length predictor.
 

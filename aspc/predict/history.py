@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import ConfigError, PredictorError
-from aspc.predict.base import LengthPrediction, Predictor, hash_arrays
+from aspc.predict.base import LengthPrediction, Predictor, hash_arrays, text_list
 from aspc.predict.history_estimates import (
     epoch_alignment,
     estimate_kappa,
@@ -265,6 +265,7 @@ class HistoryPredictor(Predictor):
             raise ConfigError("history predictions need prompt ids; pass ids= (PromptTable.ids)")
         if len(ids) != len(texts):
             raise ValueError(f"{len(ids)} ids for {len(texts)} prompts")
+        ids = text_list(ids)  # an Arrow column too (PromptTable.id_array)
         base = self.base.predict(texts, ids=ids)
         w = None if self.weights is None else [self.weights.get(str(i)) for i in ids]
         observed = [self.observations.get(str(i)) for i in ids]

@@ -30,7 +30,15 @@ import numpy as np
 
 from aspc.atomic import atomic_dir
 from aspc.errors import ConfigError, PredictorError
-from aspc.predict.base import LengthPrediction, Predictor, hash_arrays, read_metadata, write_metadata
+from aspc.predict.base import (
+    LengthPrediction,
+    Predictor,
+    hash_arrays,
+    is_arrow,
+    read_metadata,
+    text_list,
+    write_metadata,
+)
 from aspc.predict.calibration import Calibration
 from aspc.predict.features import FeatureConfig, featurize
 from aspc.predict.metrics import evaluate
@@ -103,13 +111,20 @@ class LexicalPredictor(Predictor):
 
     # -- prediction -------------------------------------------------------
     def log_scores(self, texts: Sequence[str]) -> np.ndarray:
-        """Predicted log mean length for the selected target (before calibration)."""
-        texts = texts if isinstance(texts, list) else list(texts)
+        """Predicted log mean length for the selected target (before calibration).
+
+        ``texts`` may also be an Arrow string column (``PromptTable.text_array``):
+        the bulk kernel reads its UTF-8 buffers as they are.
+        """
         if not self.config.features.char_ngrams:
             from aspc.predict.lexical_kernel import hashed_scores
 
-            hashed, dense = hashed_scores(texts, self.config.features, self._beta64())
+            if not is_arrow(texts):
+                texts = texts if isinstance(texts, list) else list(texts)
+            # The float32 weights as stored: the kernel widens each exactly, as _beta64 would.
+            hashed, dense = hashed_scores(texts, self.config.features, self.beta)
             return dense[:, 1:] @ self.alpha + hashed + self.intercepts[self._head]
+        texts = text_list(texts)
         out = np.empty(len(texts))
         beta = self._beta64()
         for start in range(0, len(texts), _CHUNK):

@@ -27,6 +27,7 @@ from aspc.predict.base import (
     Predictor,
     hash_arrays,
     read_metadata,
+    text_list,
     write_metadata,
 )
 from aspc.predict.lexical import resolve_target
@@ -197,7 +198,7 @@ class TransformerPredictor(Predictor):
     def _raw(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
         """Outputs (n, 4) in log tokens: log-mean, log q10, log q50, log q90."""
         torch, _ = _require_torch()
-        texts = list(texts)
+        texts = text_list(texts)  # an Arrow column too
         out = np.empty((len(texts), 4))
         if not texts:
             return out

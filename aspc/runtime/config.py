@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import re
 from dataclasses import dataclass
 from enum import Enum
@@ -162,3 +163,12 @@ def check_staleness(config: RunConfig, largest_minibatch: int) -> None:
             f"{k} global batches ({k * config.global_batch} samples), so it could never start; raise "
             "--max-staleness or --global-batch, or compile smaller minibatches"
         )
+
+
+# Here, not in record.resume, so a command can check its options before loading the runtime.
+def check_log_options(log_dir: str | os.PathLike | None, *, overwrite: bool, resume: bool) -> None:
+    """Raise :class:`ConfigError` for ``--resume`` without ``--log``, or with ``--overwrite``."""
+    if resume and log_dir is None:
+        raise ConfigError("--resume continues a run log: pass the run's --log directory")
+    if resume and overwrite:
+        raise ConfigError("--resume and --overwrite contradict each other; pass one of them")

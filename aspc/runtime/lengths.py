@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
 from aspc.costs.kernel import Z90
 from aspc.emit import schema as S
 from aspc.errors import InputError
 from aspc.io.lengths_by_id import LengthsById
+from aspc.io.table import column_numpy
 from aspc.runtime.work import WorkPlan
 
 
@@ -29,6 +31,12 @@ class SampleLengths:
 
 def _cap(lengths: np.ndarray, max_new_tokens: int | None) -> np.ndarray:
     return lengths if max_new_tokens is None else np.minimum(lengths, max_new_tokens)
+
+
+def _same_ids(a: pa.Array | pa.ChunkedArray, b: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether two id columns hold the same strings in the same order (a buffer compare, no hashing)."""
+    a, b = (x if isinstance(x, pa.ChunkedArray) else pa.chunked_array([x]) for x in (a, b))
+    return len(a) == len(b) and a.type == b.type and a.equals(b)
 
 
 def join_actual_lengths(
@@ -50,25 +58,27 @@ def join_actual_lengths(
         or a length is negative or not finite.
     """
     where = f" in {source_name}" if source_name else ""
-    ids = work.prompt_ids
     columnar = isinstance(lengths_by_id, LengthsById)  # joined by id in one C++ call, not row by row
-    if columnar:
+    if columnar and _same_ids(lengths_by_id.ids, work.table.column(S.PROMPT_ID)):
+        # Keyed by the plan's own ids in plan order (aspc simulate): nothing to join.
+        missing, joined = [], lengths_by_id.lengths
+    elif columnar:
         absent, joined = lengths_by_id.join(work.table.column(S.PROMPT_ID))
-        missing = [ids[i] for i in absent.tolist()]
+        missing = [work.prompt_ids[i] for i in absent.tolist()]
     else:
-        missing = [pid for pid in ids if pid not in lengths_by_id]
+        missing = [pid for pid in work.prompt_ids if pid not in lengths_by_id]
     if missing:
         raise InputError(
-            f"{len(missing)} of {len(ids)} plan prompts have no length{where}, e.g. id {missing[0]!r}; "
+            f"{len(missing)} of {work.table.num_rows} plan prompts have no length{where}, e.g. id {missing[0]!r}; "
             "check --length-field and --id-field, or compile and run from the same dataset"
         )
     if columnar:
         counts, flat = joined.sizes(), joined.values
     else:
-        per_row = [np.asarray(lengths_by_id[pid], dtype=np.float64).ravel() for pid in ids]
+        per_row = [np.asarray(lengths_by_id[pid], dtype=np.float64).ravel() for pid in work.prompt_ids]
         counts = np.fromiter((v.size for v in per_row), dtype=np.int64, count=len(per_row))
     if np.any(counts == 0):
-        bad = ids[int(np.flatnonzero(counts == 0)[0])]
+        bad = work.prompt_ids[int(np.flatnonzero(counts == 0)[0])]
         raise InputError(f"prompt {bad!r} has an empty list of lengths{where}; give at least one length")
     if not columnar:
         flat = np.concatenate(per_row)
@@ -97,9 +107,9 @@ def sample_predicted_lengths(
     the same per-prompt model the compiler's ``expected-max`` cost uses.
     """
     t = work.table
-    q10 = np.maximum(t.column(S.PREDICTED_Q10).to_numpy(), 1.0)
-    q50 = np.maximum(t.column(S.PREDICTED_Q50).to_numpy(), 1.0)
-    q90 = np.maximum(t.column(S.PREDICTED_Q90).to_numpy(), 1.0)
+    q10 = np.maximum(column_numpy(t.column(S.PREDICTED_Q10)), 1.0)
+    q50 = np.maximum(column_numpy(t.column(S.PREDICTED_Q50)), 1.0)
+    q90 = np.maximum(column_numpy(t.column(S.PREDICTED_Q90)), 1.0)
     mu = np.log(q50)
     sigma = np.maximum(np.log(q90) - np.log(q10), 0.0) / (2.0 * Z90)
     rows = work.sample_row

@@ -235,3 +235,26 @@ def make_components(
         opts["trainer_args"] = dict(trainer_args or {})
         built_trainer = make_trainer(trainer, context)
     return backend, built_trainer, notes
+
+
+def preload_kernels(name: str | BackendKind) -> None:
+    """Load the compiled kernels a run of backend ``name`` calls (the ``sim`` pair's), compiling nothing.
+
+    The first call of a cached Numba kernel in a process loads Numba's typing
+    registries and the machine code (~0.5 s on a slow machine, more beside
+    another job). ``aspc run`` does it on a thread while it reads a large plan,
+    which runs in C++ without the GIL; tiny inputs of the real argument types,
+    so the cached code is what gets loaded.
+    """
+    if parse_backend(name) is not BackendKind.SIM:
+        return
+    import numpy as np
+
+    from aspc.runtime.backends.sim_kernel import _minibatch_times
+    from aspc.runtime.config import ReturnMode
+    from aspc.runtime.engines.virtual_batch import run_virtual
+
+    offsets, one, ints = np.array([0, 1], dtype=np.int64), np.ones(1), np.ones(1, dtype=np.int64)
+    _minibatch_times(offsets, ints, ints, one, np.zeros(5))
+    run_virtual(offsets, one, one, ints, ints, n_workers=1, global_batch=1, queue_capacity=1, max_staleness=None,
+                reload_time=0.0, train_base=0.0, train_per_token=0.0, return_mode=ReturnMode.STATIC)

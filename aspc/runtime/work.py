@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from aspc.emit import schema as S
 from aspc.errors import PlanError
+from aspc.io.table import column_numpy
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,6 @@ class WorkPlan:
     """A plan as the runtime sees it: arrays only, in dispatch order."""
 
     table: pa.Table  # the plan rows (prompt text for real backends), PLAN_SCHEMA
-    prompt_ids: np.ndarray  # object array of str, one per row
     prompt_tokens: np.ndarray  # int64 per row, tokens of the prompt
     n_samples: np.ndarray  # int64 per row, >= 1 (after any --samples-per-prompt override)
     row_offsets: np.ndarray  # int64, M+1 entries: minibatch m = rows row_offsets[m]:row_offsets[m+1]
@@ -47,6 +47,22 @@ class WorkPlan:
     sample_index: np.ndarray  # int32 per sample: 0..n_samples[row]-1
     group: np.ndarray  # int32 per minibatch: its dispatch group
     _bounds: tuple[list[int], list[int]] | None = field(default=None, repr=False)  # offsets as lists (cache)
+    _prompt_ids: np.ndarray | None = field(default=None, repr=False)  # cache of prompt_ids
+
+    @property
+    def prompt_ids(self) -> np.ndarray:
+        """Object array of str, one per row (the table's ``prompt_id``).
+
+        Built on first use: a million Python strings cost a quarter of a
+        second, and a simulated run without a log never needs them.
+        """
+        if self._prompt_ids is None:
+            self._prompt_ids = np.asarray(self.table.column(S.PROMPT_ID).to_pylist(), dtype=object)
+        return self._prompt_ids
+
+    @prompt_ids.setter
+    def prompt_ids(self, value: np.ndarray) -> None:
+        self._prompt_ids = value
 
     @property
     def n_minibatches(self) -> int:
@@ -94,14 +110,14 @@ def work_from_table(table: pa.Table, *, samples_per_prompt: int | None = None) -
     n = table.num_rows
     if n == 0:
         raise PlanError("plan has no rows; recompile from a non-empty dataset")
-    mb = table.column(S.MINIBATCH).to_numpy().astype(np.int64)
+    mb = column_numpy(table.column(S.MINIBATCH)).astype(np.int64)
     d = np.diff(mb)
     if mb[0] != 0 or np.any((d != 0) & (d != 1)):
         raise PlanError("plan minibatch ids are not 0..M-1 in dispatch order; recompile the plan")
     if samples_per_prompt is not None:
         n_samples = np.full(n, int(samples_per_prompt), dtype=np.int64)
     else:
-        n_samples = table.column(S.N_SAMPLES).to_numpy().astype(np.int64)
+        n_samples = column_numpy(table.column(S.N_SAMPLES)).astype(np.int64)
     if np.any(n_samples < 1):
         raise PlanError("plan has rows with n_samples < 1; recompile the plan")
     starts = np.flatnonzero(np.r_[True, d != 0])
@@ -111,11 +127,10 @@ def work_from_table(table: pa.Table, *, samples_per_prompt: int | None = None) -
     sample_row = np.repeat(np.arange(n, dtype=np.int64), n_samples)
     # Index within the prompt: position minus the prompt's first sample id.
     sample_index = (np.arange(cum[-1], dtype=np.int64) - cum[:-1][sample_row]).astype(np.int32)
-    group = table.column(S.GROUP).to_numpy().astype(np.int32)[starts]
+    group = column_numpy(table.column(S.GROUP)).astype(np.int32)[starts]
     return WorkPlan(
         table=table,
-        prompt_ids=np.asarray(table.column(S.PROMPT_ID).to_pylist(), dtype=object),
-        prompt_tokens=table.column(S.PROMPT_TOKENS).to_numpy().astype(np.int64),
+        prompt_tokens=column_numpy(table.column(S.PROMPT_TOKENS)).astype(np.int64),
         n_samples=n_samples,
         row_offsets=row_offsets,
         sample_offsets=sample_offsets,

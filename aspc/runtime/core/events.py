@@ -22,7 +22,9 @@ from aspc.runtime.contracts import GenerationResult, TrainBatch, TrainResult
 from aspc.runtime.core.scheduler import Dispatch
 
 if TYPE_CHECKING:
-    from aspc.runtime.work import MinibatchWork
+    from aspc.runtime.core.scheduler import Scheduler
+    from aspc.runtime.core.timeline import Timeline
+    from aspc.runtime.work import MinibatchWork, WorkPlan
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,17 @@ class Engine(ABC):
         Events come in :data:`EVENT_PRIORITY` order, ties in start order.
         Raises :class:`~aspc.errors.RunError` if nothing is running.
         """
+
+    def run_all(self, work: WorkPlan, scheduler: Scheduler) -> Timeline | None:
+        """Play the whole run in one call and return its record, or ``None`` to be driven event by event.
+
+        Called once by :func:`aspc.runtime.core.loop.drive`, before anything
+        started, with the scheduler in its initial state. An engine that can
+        (every duration known up front, as with the ``sim`` backend and trainer
+        on the virtual clock) returns exactly what the event loop would have
+        recorded; the scheduler is then not used again.
+        """
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Stop threads or actors; called once, also after a failure."""

@@ -30,6 +30,7 @@ from aspc.runtime.core.scheduler import Dispatch, Scheduler
 
 if TYPE_CHECKING:
     from aspc.runtime.contracts import Replanner, TrainBatch
+    from aspc.runtime.core.timeline import Timeline
     from aspc.runtime.work import WorkPlan
 
 
@@ -43,6 +44,10 @@ class RunObserver(Protocol):
     def on_samples(self, ev: SamplesReturned) -> None: ...
     def on_minibatch_done(self, ev: MinibatchFinished) -> None: ...
     def on_minibatch_failed(self, ev: MinibatchFailed) -> None: ...
+    # Whether the observer may be handed the whole run at once (on_timeline) instead of event by event.
+    takes_whole_run: bool
+
+    def on_timeline(self, timeline: Timeline) -> None: ...
     def maybe_flush(self) -> None: ...
     def finish(self, leftover: np.ndarray) -> None: ...
 
@@ -74,6 +79,13 @@ def drive(
     the revisions already applied to ``work`` (``revision``), so windows and
     revision ids continue where the log ended.
 
+    An engine that can play the whole run in one call
+    (:meth:`~aspc.runtime.core.events.Engine.run_all`: the sim on the virtual
+    clock) does so when nothing can change the run part-way (no replanner),
+    nothing has started and the observer agrees (``takes_whole_run``: a run
+    log committed every loop turn wants the turns); the observer then gets the run's
+    :class:`~aspc.runtime.core.timeline.Timeline` instead of the events.
+
     Raises
     ------
     RunError
@@ -89,6 +101,14 @@ def drive(
     tick = max(1, m_total // 200)
     pending_ticks = 0
     next_window = steps_done + replanner.every_steps if replanner is not None else None
+    one_call = replanner is None and steps_done == 0 and getattr(observer, "takes_whole_run", False)
+    timeline = engine.run_all(work, scheduler) if one_call else None
+    if timeline is not None:
+        observer.on_timeline(timeline)
+        progress.advance(m_total)
+        progress.done()
+        observer.finish(timeline.leftover)
+        return
     while True:
         now = engine.now()
         for action in scheduler.decide():

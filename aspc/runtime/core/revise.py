@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from aspc.emit import schema as S
 from aspc.errors import RunError
+from aspc.io.table import column_numpy
 from aspc.runtime.work import WorkPlan, work_from_table
 
 
@@ -38,8 +39,8 @@ def revise_work(work: WorkPlan, first: int, tail: pa.Table) -> np.ndarray:
             "(not the same prompts); the replanner is broken, please report this bug"
         )
     old_rows = np.array([pos[p] for p in new_ids], dtype=np.int64)
-    mb = tail.column(S.MINIBATCH).to_numpy().astype(np.int64) + first
-    grp = tail.column(S.GROUP).to_numpy().astype(np.int64)
+    mb = column_numpy(tail.column(S.MINIBATCH)).astype(np.int64) + first
+    grp = column_numpy(tail.column(S.GROUP)).astype(np.int64)
     head = work.table.slice(0, r0)
     g0 = int(work.group[:first].max()) + 1 if first > 0 else 0
     cols = {}

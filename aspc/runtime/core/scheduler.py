@@ -241,6 +241,24 @@ class Scheduler:
         return last_step <= min(oldest, newest) + k
 
     @property
+    def pristine(self) -> bool:
+        """Nothing decided or restored yet: plan order from minibatch 0, empty queue, no step taken."""
+        return (
+            self._pos == 0
+            and self.next_step == 0
+            and self.latest_version == 0
+            and self.restored_minibatches == 0
+            and not self._retry
+            and not self._queue
+            and not self._lost
+            and self.busy_workers == 0
+            and self.in_flight == 0
+            and not self.trainer_busy
+            and self._order == list(range(len(self.sizes)))
+            and not any(self.worker_version)
+        )
+
+    @property
     def work_remaining(self) -> bool:
         """Minibatches not yet dispatched (or handed back after a failure)."""
         return bool(self._retry) or self._pos < len(self._order)

@@ -37,15 +37,25 @@ from aspc.runtime.core.events import (
     fault_message,
     is_worker_fault,
 )
-from aspc.runtime.core.scheduler import Dispatch
-from aspc.runtime.work import MinibatchWork
+from aspc.runtime.core.scheduler import Dispatch, Scheduler
+from aspc.runtime.core.timeline import Timeline
+from aspc.runtime.work import MinibatchWork, WorkPlan
 
 # Test-only: real seconds slept per wait(), to make a simulated run killable mid-way.
 TEST_DELAY_ENV = "ASPC_TEST_SIM_EVENT_DELAY"
 
 
 class VirtualClockEngine(Engine):
-    """Runs a virtual-clock backend and trainer as a discrete-event simulation."""
+    """Runs a virtual-clock backend and trainer as a discrete-event simulation.
+
+    When the backend's timings and the trainer's step cost are known before the
+    run (``known_timing`` / ``known_step_cost``: the ``sim`` pair), a fresh run
+    is played in one compiled call (:meth:`run_all`,
+    :mod:`aspc.runtime.engines.virtual_batch`) instead of event by event.
+    """
+
+    # Class switch for tests that compare the one-call run with the event loop it mirrors.
+    one_call = True
 
     def __init__(self, backend: GenerationBackend, trainer: Trainer, return_mode: ReturnMode):
         self.backend = backend
@@ -98,6 +108,37 @@ class VirtualClockEngine(Engine):
                     )
                 )
         self._push(MinibatchFinished(end, w, m, t0, start, end, action.reload_version is not None, res))
+
+    def run_all(self, work: WorkPlan, scheduler: Scheduler) -> Timeline | None:
+        timing = getattr(self.backend, "known_timing", None)
+        step_cost = getattr(self.trainer, "known_step_cost", None)
+        if not self.one_call or self._test_delay or self._heap or timing is None or step_cost is None:
+            return None
+        known, cost = timing(), step_cost()
+        if known is None or cost is None or not scheduler.pristine:
+            return None
+        from aspc.runtime.engines.virtual_batch import run_virtual  # Numba: loaded only for sim runs
+
+        duration, finish_offset, response_len, reload_time = known
+        timeline = run_virtual(
+            work.sample_offsets,
+            duration,
+            finish_offset,
+            response_len,
+            work.sample_prompt_tokens(),
+            n_workers=scheduler.n_workers,
+            global_batch=scheduler.global_batch,
+            queue_capacity=scheduler.capacity,
+            max_staleness=scheduler.max_staleness,
+            reload_time=reload_time,
+            train_base=cost[0],
+            train_per_token=cost[1],
+            return_mode=self.return_mode,
+            clock=self._now,
+        )
+        if timeline is not None:
+            self._now = timeline.clock
+        return timeline
 
     def start_train(self, batch: TrainBatch) -> None:
         res = self.trainer.step(batch)

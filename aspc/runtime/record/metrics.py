@@ -104,8 +104,7 @@ def slot_bubbles(response_len: np.ndarray, minibatch: np.ndarray) -> tuple[float
     mb = np.asarray(minibatch, dtype=np.int64)
     if lens.size == 0:
         return 0.0, 0.0
-    order = np.lexsort((lens, mb))
-    sl, smb = lens[order], mb[order]
+    sl, smb = _sorted_by_minibatch(lens, mb)
     starts = np.flatnonzero(np.r_[True, smb[1:] != smb[:-1]])
     ends = np.r_[starts[1:], sl.size]
     s = ends - starts
@@ -123,6 +122,21 @@ def slot_bubbles(response_len: np.ndarray, minibatch: np.ndarray) -> tuple[float
     if total == 0:
         return 0.0, 0.0
     return float((idle - skew).sum()) / total, float(skew.sum()) / total
+
+
+def _sorted_by_minibatch(lens: np.ndarray, mb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lens, mb) sorted by minibatch, then length: what ``lexsort((lens, mb))`` orders them into.
+
+    One sort of a combined int64 key (mb · (max len + 1) + len) when it fits,
+    several times faster than the two-key lexsort on a million samples.
+    """
+    base = int(lens.max()) + 1
+    lo, hi = int(mb.min()), int(mb.max())
+    if lens.min() >= 0 and lo >= 0 and hi < (2**62) // base:
+        key = np.sort(mb * base + lens)
+        return key % base, key // base
+    order = np.lexsort((lens, mb))
+    return lens[order], mb[order]
 
 
 def summarize(

@@ -26,8 +26,10 @@ from aspc.errors import RunError
 from aspc.runtime.contracts import TrainBatch
 from aspc.runtime.core.events import MinibatchFailed, MinibatchFinished, SamplesReturned, TrainFinished
 from aspc.runtime.core.scheduler import Dispatch
+from aspc.runtime.core.timeline import Timeline
 from aspc.runtime.record import runlog as R
 from aspc.runtime.record.runlog_writer import RunLogWriter
+from aspc.runtime.record.timeline import record_timeline
 from aspc.runtime.work import WorkPlan
 
 MAX_FAULTS_KEPT = 100  # worker faults listed in meta.json (all are counted)
@@ -189,6 +191,15 @@ class Recorder:
         # contributes p·l + l(l-1)/2 (prompt plus tokens so far, at each of its steps).
         ctx = self.sample_ptok * lens + lens * (lens - 1) / 2.0
         self.mb_context[mbs] = np.add.reduceat(ctx, starts)[mbs]
+
+    @property
+    def takes_whole_run(self) -> bool:
+        """Not a log committed every loop turn (flush 0); a one-call run commits once, well under 1 s in."""
+        return self.writer is None or self.flush_seconds > 0
+
+    def on_timeline(self, tl: Timeline) -> None:
+        """A whole fresh run at once (an engine's ``run_all``): the same rows its events would have left."""
+        record_timeline(self, tl)
 
     def on_train_done(self, ev: TrainFinished) -> None:
         self.step_end.append(ev.end)

@@ -52,7 +52,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from aspc import __version__
 from aspc.errors import RunError, SchemaVersionError
@@ -244,6 +243,8 @@ def live_tables(p: Path, meta: dict[str, Any]) -> dict[str, pa.Table]:
             tables[kind] = schema.empty_table()
             continue
         try:
+            import pyarrow.dataset as ds  # here: importing it imports pandas (~0.5 s), which a run never needs
+
             tables[kind] = ds.dataset([str(f) for f in files], format="parquet", schema=schema).to_table()
         except (pa.ArrowInvalid, OSError) as exc:
             raise RunError(f"{p}: unreadable {kind} parts ({' '.join(str(exc).split())[:120]})") from None

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from aspc import __version__, interrupt
 from aspc.atomic import atomic_path, atomic_write_bytes
 from aspc.errors import AspcError, ConfigError, Interrupted, OutputError
+from aspc.io.table import column_numpy
 from aspc.runtime.record.lock import LOCK_FILE, RunLogLock
 from aspc.runtime.record.runlog import (
     CONSUMED,
@@ -193,7 +194,7 @@ class RunLogWriter:
         if samples.num_rows == 0:
             return
         joined = join_consumed(samples, tables[CONSUMED])
-        order = np.argsort(joined.column("minibatch").to_numpy(), kind="stable")
+        order = np.argsort(column_numpy(joined.column("minibatch")), kind="stable")
         first = self._parts[SAMPLES]
         self.write_part(SAMPLES, joined.take(pa.array(order)))
         self._first[SAMPLES] = first

@@ -21,14 +21,31 @@ engine after its own ``l_i`` steps, at::
 
 (the active set shrinks as sequences end), so such a log is fitted on its
 sample rows, one per sample, which separate ``a`` from ``b`` by how the
-step time falls as sequences finish. R² and the relative error are still
+step time falls as sequences finish. A static-return run keeps its samples
+until the minibatch ends, but since run log format 1.2 every sample row also
+holds ``decode_time``, the seconds from its minibatch's start to its last
+token as the backend saw it, so static logs are fitted on sample rows too
+(``finish_i - start`` above is then ``decode_time``). Not so for the ``hf``
+backend: its static ``generate`` keeps computing finished rows, so the
+active set does not shrink and the sample formula above does not hold; its
+logs are fitted on minibatch rows. R² and the relative error are still
 reported on minibatch durations.
+
+Few rows (an older static log: one per minibatch, 20-odd for five
+coefficients) make a five-coefficient fit chase noise, so below
+:data:`MIN_ROWS_PER_COEF` rows per coefficient the coefficients that are
+left free are chosen by cross-validation over whole minibatches (the others
+stay at 0): of all subsets, the one predicting held-out minibatches best,
+the smallest one where several tie. Standard errors are cluster-robust by
+minibatch (a minibatch's sample rows share its noise: each is a prefix of
+the same run of steps).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,6 +58,13 @@ MIN_MINIBATCHES = 8
 MIN_STEPS = 3
 # κ beyond this ranks minibatches by their longest sequence alone (sequences no longer matter).
 MAX_MINIBATCH_OVERHEAD = 1000.0
+# Generation coefficients, in the column order of the fit's rows.
+GEN_COEFS = ("prefill_base", "prefill_per_token", "decode_base", "decode_per_seq", "decode_per_context_token")
+# Fewer rows than this per coefficient: choose which coefficients are free by cross-validation.
+MIN_ROWS_PER_COEF = 10
+CV_FOLDS = 10  # minibatch folds of that cross-validation (fewer if the log has fewer minibatches)
+# Backends whose static generation computes every sequence until the longest ends (no shrinking active set).
+PADDED_BACKENDS = frozenset({"hf"})
 
 
 @dataclass
@@ -54,6 +78,11 @@ class Calibration:
     r2_trainer: float | None  # R² of trainer-step durations; None if not fitted
     generation_rel_error: float | None  # |Σ predicted - Σ measured| / Σ measured, minibatch time
     notes: list[str]  # what was not fitted and why
+    # Standard error per fitted coefficient (cluster-robust by minibatch for generation); None = held at
+    # 0 (or its default) by the fit, so it has none.
+    std_errors: dict[str, float | None] = field(default_factory=dict)
+    fit_rows: str = "minibatches"  # what the generation coefficients were fitted on: "samples" or "minibatches"
+    n_fit_rows: int = 0  # rows of that fit
 
     @property
     def minibatch_overhead(self) -> float | None:
@@ -99,13 +128,22 @@ def _r2(y: np.ndarray, pred: np.ndarray) -> float | None:
     return 1.0 - float(((y - pred) ** 2).sum()) / ss
 
 
-def sample_features(samples: dict[str, np.ndarray], minibatches: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Step-model features of each sample's own finish and its seconds from its minibatch's start.
+def sample_rows(
+    samples: dict[str, np.ndarray], minibatches: dict[str, np.ndarray], *, continuous: bool | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Step-model features of each sample's own finish, its seconds from its minibatch's start, its minibatch.
 
     Rows as in the module docstring: (1, minibatch prompt tokens, l_i,
-    Σ_j min(l_j, l_i), context term). Vectorised over all minibatches by
-    sorting samples by (minibatch, length): the sums over shorter samples are
-    prefix sums, the longer-or-equal ones contribute ``l_i`` each.
+    Σ_j min(l_j, l_i), context term). The seconds are the sample's
+    ``decode_time``; where a log has none (before format 1.2) and its
+    samples returned continuously (``continuous``; found from the log when
+    None), ``finish_time - start``; other samples are left out. The third
+    array is each row's minibatch position in ``minibatches``.
+
+    Vectorised over all minibatches by sorting samples by (minibatch,
+    length): the sums over shorter samples are prefix sums, the
+    longer-or-equal ones contribute ``l_i`` each. Features use every sample
+    of a minibatch, also those left out for lack of a time.
     """
     mb_id = np.asarray(minibatches["minibatch"], dtype=np.int64)
     pos_of = np.full(int(mb_id.max(initial=-1)) + 1, -1, dtype=np.int64)
@@ -116,7 +154,16 @@ def sample_features(samples: dict[str, np.ndarray], minibatches: dict[str, np.nd
     row = pos_of[smb[keep]]
     lens = np.asarray(samples["response_len"], dtype=np.float64)[keep]
     ptok = np.asarray(samples["prompt_tokens"], dtype=np.float64)[keep]
-    y = np.asarray(samples["finish_time"], dtype=np.float64)[keep] - np.asarray(minibatches["start"])[row]
+    y = np.full(row.size, np.nan)
+    if "decode_time" in samples:
+        y = np.asarray(samples["decode_time"], dtype=np.float64)[keep].copy()
+    missing = np.isnan(y)
+    if missing.any():
+        if continuous is None:
+            continuous = is_continuous(samples, minibatches)
+        if continuous and "finish_time" in samples:
+            fin = np.asarray(samples["finish_time"], dtype=np.float64)[keep]
+            y[missing] = fin[missing] - np.asarray(minibatches["start"], dtype=np.float64)[row[missing]]
     order = np.lexsort((lens, row))
     r, ls, ps = row[order], lens[order], ptok[order]
     n = r.size
@@ -141,6 +188,13 @@ def sample_features(samples: dict[str, np.ndarray], minibatches: dict[str, np.nd
     x = np.empty((n, 5))
     x[order] = np.column_stack([np.ones(n), np.asarray(minibatches["prompt_tokens"], dtype=np.float64)[r],
                                 ls, active, context])
+    timed = ~np.isnan(y)
+    return x[timed], y[timed], row[timed]
+
+
+def sample_features(samples: dict[str, np.ndarray], minibatches: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Features and seconds of every sample (:func:`sample_rows` of a continuous log, without minibatch positions)."""
+    x, y, _ = sample_rows(samples, minibatches, continuous=True)
     return x, y
 
 
@@ -157,19 +211,104 @@ def is_continuous(samples: dict[str, np.ndarray], minibatches: dict[str, np.ndar
     return bool(np.any(early))
 
 
+def _nnls_gram(gram: np.ndarray, xty: np.ndarray) -> np.ndarray:
+    """:func:`nnls` from the normal equations (``XᵀX``, ``Xᵀy``): cross-validation refits from these sums."""
+    d = np.sqrt(np.diag(gram))
+    d[d == 0] = 1.0
+    gs, bs = gram / np.outer(d, d), xty / d
+    active = np.diag(gram) > 0
+    coef = np.zeros(xty.size)
+    while active.any():
+        sub = gs[np.ix_(active, active)]
+        sol = np.linalg.lstsq(sub, bs[active], rcond=None)[0]
+        if np.all(sol >= 0):
+            coef[active] = sol
+            break
+        active[np.flatnonzero(active)[np.argmin(sol)]] = False
+    return coef / d
+
+
+def select_free(x: np.ndarray, y: np.ndarray, group: np.ndarray, folds: int = CV_FOLDS) -> np.ndarray:
+    """Which coefficients to fit (bool mask): the subset of columns whose NNLS fit predicts held-out groups best.
+
+    Grouped ``folds``-fold cross-validation (each group, i.e. minibatch, in one
+    fold, assigned round-robin in group order). Subsets are tried smallest
+    first and a larger one must beat the best so far by more than a
+    rounding margin, so exact data keep exactly the columns they need.
+    """
+    k = x.shape[1]
+    ug, gi = np.unique(group, return_inverse=True)
+    n_folds = max(2, min(folds, ug.size))
+    fold = gi % n_folds
+    # Per-fold sufficient statistics: every refit below is a k×k solve.
+    grams = np.stack([x[fold == f].T @ x[fold == f] for f in range(n_folds)])
+    xtys = np.stack([x[fold == f].T @ y[fold == f] for f in range(n_folds)])
+    yys = np.array([float(y[fold == f] @ y[fold == f]) for f in range(n_folds)])
+    g_all, b_all = grams.sum(0), xtys.sum(0)
+    scale = max(float(yys.sum()), 1e-300)
+    best, best_mask = np.inf, np.ones(k, dtype=bool)
+    for size in range(1, k + 1):
+        for cols in itertools.combinations(range(k), size):
+            m = np.zeros(k, dtype=bool)
+            m[list(cols)] = True
+            err = 0.0
+            for f in range(n_folds):
+                coef = np.zeros(k)
+                coef[m] = _nnls_gram((g_all - grams[f])[np.ix_(m, m)], (b_all - xtys[f])[m])
+                err += yys[f] - 2.0 * coef @ xtys[f] + coef @ grams[f] @ coef
+            if err < best - 1e-9 * scale:
+                best, best_mask = err, m
+    return best_mask
+
+
+def cluster_std_errors(x: np.ndarray, y: np.ndarray, group: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """Cluster-robust (by ``group``) standard errors of the non-zero coefficients; NaN for those at 0.
+
+    The sandwich ``(XᵀX)⁻¹ (Σ_g X_gᵀ r_g r_gᵀ X_g) (XᵀX)⁻¹`` on the free
+    columns, with the usual small-sample factor ``G/(G-1)·(n-1)/(n-k)``;
+    with one row per group it is White's HC1.
+    """
+    se = np.full(coef.size, np.nan)
+    free = coef > 0
+    n, k = y.size, int(free.sum())
+    ug, gi = np.unique(group, return_inverse=True)
+    if k == 0 or n <= k or ug.size < 2:
+        return se
+    xf = x[:, free]
+    resid = y - x @ coef
+    score = np.zeros((ug.size, k))
+    np.add.at(score, gi, xf * resid[:, None])
+    bread = np.linalg.pinv(xf.T @ xf)
+    cov = bread @ (score.T @ score) @ bread * (ug.size / (ug.size - 1)) * ((n - 1) / (n - k))
+    se[free] = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    return se
+
+
+def fit_generation(x: np.ndarray, y: np.ndarray, group: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Generation coefficients (NNLS), their standard errors, and whether cross-validation chose the free ones."""
+    chose = y.size < MIN_ROWS_PER_COEF * x.shape[1]
+    free = select_free(x, y, group) if chose else np.ones(x.shape[1], dtype=bool)
+    coef = np.zeros(x.shape[1])
+    coef[free] = nnls(x[:, free], y)
+    return coef, cluster_std_errors(x, y, group, coef), chose
+
+
 def calibrate_columns(
     minibatches: dict[str, np.ndarray],
     steps: dict[str, np.ndarray],
     *,
     base: SimCostModel | None = None,
     samples: dict[str, np.ndarray] | None = None,
+    padded: bool = False,
 ) -> Calibration:
     """Fit a :class:`SimCostModel` from minibatch and step columns of a run log.
 
-    With ``samples`` (the log's sample columns) from a continuous-return run,
-    the generation coefficients are fitted on sample finish times instead
-    (see the module docstring); a static-return log's samples all finish
-    with their minibatch and add nothing, so its minibatch rows are used.
+    With ``samples`` (the log's sample columns), the generation coefficients
+    are fitted on the samples' own decode times (``decode_time``; for an
+    older continuous-return log, finish times) instead of minibatch
+    durations (see the module docstring). ``padded``: the backend computed
+    finished sequences until the longest ended (``hf``), so sample times do
+    not follow the step model and minibatch rows are used.
 
     Raises
     ------
@@ -193,20 +332,26 @@ def calibrate_columns(
             minibatches["context_tokens"].astype(np.float64),
         ]
     )
-    if samples is not None and is_continuous(samples, minibatches):
-        xs_, ys_ = sample_features(samples, minibatches)
-        g = nnls(xs_, ys_)
-        notes.append(f"continuous returns: generation fitted on {ys_.size} sample finish times")
-    else:
-        g = nnls(x, y)
+    fx, fy, fg, rows = x, y, np.arange(n_mb), "minibatches"
+    if samples is not None and samples.get("minibatch") is not None and samples["minibatch"].size:
+        continuous = is_continuous(samples, minibatches)
+        if padded and not continuous:
+            notes.append("static generation computes finished sequences: fitted on minibatch durations")
+        else:
+            xs_, ys_, gs_ = sample_rows(samples, minibatches, continuous=continuous)
+            if ys_.size >= MIN_MINIBATCHES:
+                fx, fy, fg, rows = xs_, ys_, gs_, "samples"
+                what = "finish times (continuous returns)" if continuous else "decode times"
+                notes.append(f"generation fitted on {ys_.size} sample {what}")
+    g, se, chose = fit_generation(fx, fy, fg)
+    if chose:
+        held = [k for k, c in zip(GEN_COEFS, g, strict=True) if c == 0]
+        notes.append(f"{fy.size} rows for {len(GEN_COEFS)} coefficients: free ones chosen by cross-validation over "
+                     f"minibatches" + (f" ({', '.join(held)} held at 0)" if held else ""))
     pred = x @ g
-    values = {
-        "prefill_base": g[0],
-        "prefill_per_token": g[1],
-        "decode_base": g[2],
-        "decode_per_seq": g[3],
-        "decode_per_context_token": g[4],
-    }
+    values = dict(zip(GEN_COEFS, g, strict=True))
+    std_errors: dict[str, float | None] = {k: (None if np.isnan(e) else float(e)) for k, e in zip(GEN_COEFS, se,
+                                                                                                 strict=True)}
     n_st = int(steps["end"].size)
     r2_t = None
     if n_st >= MIN_STEPS:
@@ -214,6 +359,9 @@ def calibrate_columns(
         xs = np.column_stack([np.ones(n_st), steps["tokens"].astype(np.float64)])
         t = nnls(xs, ys)
         values.update(train_base=t[0], train_per_token=t[1])
+        t_se = cluster_std_errors(xs, ys, np.arange(n_st), t)
+        std_errors.update({k: (None if np.isnan(e) else float(e)) for k, e in zip(("train_base", "train_per_token"),
+                                                                                 t_se, strict=True)})
         r2_t = _r2(ys, xs @ t)
     else:
         notes.append(f"{n_st} trainer steps (< {MIN_STEPS}): trainer coefficients kept at their defaults")
@@ -227,14 +375,18 @@ def calibrate_columns(
         r2_trainer=r2_t,
         generation_rel_error=abs(float(pred.sum()) - total) / total if total > 0 else None,
         notes=notes,
+        std_errors=std_errors,
+        fit_rows=rows,
+        n_fit_rows=int(fy.size),
     )
 
 
 def calibrate(path: str | os.PathLike) -> Calibration:
     """Fit a cost model from the run log at ``path`` (see :func:`calibrate_columns`)."""
     log = R.read_run_log(path, allow_incomplete=True)
+    backend = (log.meta.get("config") or {}).get("backend") if isinstance(log.meta.get("config"), dict) else None
     cal = calibrate_columns(R.to_columns(log.tables[R.MINIBATCHES]), R.to_columns(log.tables[R.STEPS]),
-                            samples=R.to_columns(log.tables[R.SAMPLES]))
+                            samples=R.to_columns(log.tables[R.SAMPLES]), padded=backend in PADDED_BACKENDS)
     if log.status != R.STATUS_COMPLETE:
         cal.notes.append(f"run log status is {log.status!r}: fitted on the rows it holds")
     return cal

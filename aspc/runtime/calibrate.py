@@ -63,6 +63,7 @@ GEN_COEFS = ("prefill_base", "prefill_per_token", "decode_base", "decode_per_seq
 # Fewer rows than this per coefficient: choose which coefficients are free by cross-validation.
 MIN_ROWS_PER_COEF = 10
 CV_FOLDS = 10  # minibatch folds of that cross-validation (fewer if the log has fewer minibatches)
+SPEED_ITERS = 50  # at most this many rounds of the per-minibatch speed fit (it settles in a few on real logs)
 # Backends whose static generation computes every sequence until the longest ends (no shrinking active set).
 PADDED_BACKENDS = frozenset({"hf"})
 
@@ -293,6 +294,39 @@ def fit_generation(x: np.ndarray, y: np.ndarray, group: np.ndarray) -> tuple[np.
     return coef, cluster_std_errors(x, y, group, coef), chose
 
 
+def fit_with_speeds(
+    x: np.ndarray, y: np.ndarray, group: np.ndarray, iters: int = SPEED_ITERS
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """NNLS of ``y ≈ s_g · (x β)``: coefficients ``β`` and one speed factor ``s_g`` per group (minibatch).
+
+    On a shared machine the load moves between minibatches (a minibatch's
+    steps all run at about one speed), which a plain fit of sample rows
+    reads as coefficients: a slow minibatch of long sequences looks like a
+    large per-token term. Sample rows of one minibatch hold its shape (how
+    the time to each finish grows as sequences end), which pins ``β`` up to
+    a factor, whatever speed it ran at. Alternates the closed-form speeds
+    given ``β`` with the NNLS of ``β`` given the speeds (speeds kept at mean
+    1) until ``β`` settles. Exact data converge at once (every speed 1).
+    Returns ``(β, speeds, standard errors of β)``; the errors are
+    cluster-robust, given the speeds.
+    """
+    ug, gi = np.unique(group, return_inverse=True)
+    coef = nnls(x, y)
+    speed = np.ones(ug.size)
+    for _ in range(iters):
+        p = x @ coef
+        den = np.bincount(gi, p * p, ug.size)
+        new = np.where(den > 0, np.bincount(gi, y * p, ug.size) / np.where(den > 0, den, 1.0), 1.0)
+        if not np.all(new > 0):
+            break  # a group the model cannot scale (no time to fit): keep the last speeds
+        speed = new / new.mean()
+        prev, coef = coef, nnls(x * speed[gi][:, None], y)
+        if np.allclose(coef, prev, rtol=1e-9, atol=0.0):
+            break
+    xw = x * speed[gi][:, None]
+    return coef, speed, cluster_std_errors(xw, y, gi, coef)
+
+
 def calibrate_columns(
     minibatches: dict[str, np.ndarray],
     steps: dict[str, np.ndarray],
@@ -343,7 +377,15 @@ def calibrate_columns(
                 fx, fy, fg, rows = xs_, ys_, gs_, "samples"
                 what = "finish times (continuous returns)" if continuous else "decode times"
                 notes.append(f"generation fitted on {ys_.size} sample {what}")
-    g, se, chose = fit_generation(fx, fy, fg)
+    if rows == "samples":
+        g, speed, se = fit_with_speeds(fx, fy, fg)
+        # The speeds average to 1 over minibatches; the run's level is its total generation time.
+        level = float(y.sum()) / max(float((x @ g).sum()), 1e-300)
+        g, se, chose = g * level, se * level, False
+        notes.append(f"one speed factor per minibatch (they span {speed.min():.2f}-{speed.max():.2f}); "
+                     f"coefficients scaled by {level:.3f} to the log's generation time")
+    else:
+        g, se, chose = fit_generation(fx, fy, fg)
     if chose:
         held = [k for k, c in zip(GEN_COEFS, g, strict=True) if c == 0]
         notes.append(f"{fy.size} rows for {len(GEN_COEFS)} coefficients: free ones chosen by cross-validation over "

@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="only prompts this short: on a CPU, attention over long padded prompts would dominate")
     ap.add_argument("--slack", type=int, default=None, help="asp minibatch size slack (compiler default if unset)")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "real_replay")
+    ap.add_argument("--refit", action="store_true",
+                    help="generate nothing: refit every run log of an earlier run of this benchmark in --out (its "
+                         "results.json) with this aspc's 'aspc calibrate' and redo the simulator comparisons")
     args = ap.parse_args(argv)
     if not DATA.exists():
         print(f"skipped: {DATA.name} not found next to the project (../shared/data/)")
@@ -194,10 +197,22 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {}
     kappa: float | None = None
     t_start = time.perf_counter()
+    if args.refit:
+        old = json.loads((out / "results.json").read_text())
+        results, kappa = old["runs"], old["kappa"]
+        plans = list(dict.fromkeys(r["plan"] for r in results.values()))
+        modes = list(dict.fromkeys(r["mode"] for r in results.values()))
+        args.repeats = 1 + max(r["rep"] for r in results.values())
+        for r in results.values():
+            fit = json.loads(sh([*aspc, "calibrate", out / f"run-{r['plan']}-{r['mode']}-{r['rep']}", "-o",
+                                 out / f"cost-{r['plan']}-{r['mode']}-{r['rep']}.json", "--json", "--quiet"],
+                                cwd=ROOT, env=env).stdout)
+            r.update(r2_generation=fit.get("r2_generation"), cost_model=fit["cost_model"],
+                     std_errors=fit.get("std_errors"), fit_rows=fit.get("fit_rows"))
     for p in plans:
-        if p != "asp-step":
+        if p != "asp-step" and not args.refit:
             compile_plan(p, [])
-    for rep in range(args.repeats):
+    for rep in range(0 if args.refit else args.repeats):
         for mi, mode in enumerate(modes):
             order = plans if (rep + mi) % 2 == 0 else plans[::-1]
             if rep == 0 and mi == 0:
@@ -216,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                                     cwd=ROOT, env=env).stdout)
                 r["r2_generation"] = fit.get("r2_generation")
                 r["cost_model"] = fit["cost_model"]
+                r["std_errors"] = fit.get("std_errors")
+                r["fit_rows"] = fit.get("fit_rows")
                 if kappa is None and p == "random" and "asp-step" in plans:
                     # a/b of the fit: the DP's per-minibatch term (|b| + κ)·max then ranks
                     # minibatches as a continuous-batching engine times them.
@@ -258,6 +275,23 @@ def main(argv: list[str] | None = None) -> int:
             r[f"sim_error_fit_{p}"] = err
             errs.append(f"fit on {p}: {100 * err:+6.1f}%")
         print(f"  {key:24} " + "   ".join(errs))
+    for mode in modes:
+        cross = [r[f"sim_error_fit_{p}"] for r in results.values() if r["mode"] == mode for p in plans
+                 if p != r["plan"]]
+        if cross:
+            worst = max(cross, key=abs)
+            print(f"  across plans, {mode}: {sum(abs(e) <= 0.2 for e in cross)} of {len(cross)} pairs within 20%, "
+                  f"largest {100 * worst:+.1f}%")
+    print("fitted step costs (aspc calibrate; ± cluster-robust standard error, by minibatch):")
+    for key, r in results.items():
+        cm, se = r["cost_model"], r.get("std_errors") or {}
+
+        def pm(k: str, cm: dict = cm, se: dict = se) -> str:
+            e = se.get(k)
+            return f"{1e3 * cm[k]:.1f}" + ("" if e is None else f" ± {1e3 * e:.1f}")
+
+        print(f"  {key:24} fitted on {r.get('fit_rows', '?'):11} a {pm('decode_base')} ms/step, "
+              f"b {pm('decode_per_seq')} ms/seq, prefill {pm('prefill_base')} ms")
     print("simulated makespan of each plan under each fit (what the fitted step model says a plan can gain):")
     for key, r in results.items():
         if r["plan"] != "random":

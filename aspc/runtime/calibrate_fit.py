@@ -14,11 +14,13 @@ import numpy as np
 # Fewer rows than this per coefficient: choose which coefficients are free by cross-validation.
 MIN_ROWS_PER_COEF = 10
 CV_FOLDS = 10  # minibatch folds of that cross-validation (fewer if the log has fewer minibatches)
-SPEED_ITERS = 50  # at most this many rounds of the per-minibatch speed fit (it settles in a few on real logs)
+SPEED_ITERS = 50  # at most this many rounds of the per-minibatch speed fit
+SPEED_TOL = 1e-6  # ... which stops once a round lowers the squared error by less than this fraction
 # Standard errors of that fit: a bootstrap over minibatches (the speeds are refitted in every draw) for logs up
 # to this many sample rows; larger logs (simulated ones, where noise is nil) get the errors given the speeds.
 BOOTSTRAP_MAX_ROWS = 20_000
-BOOTSTRAP_DRAWS = 200
+BOOTSTRAP_DRAWS = 100
+BOOTSTRAP_ITERS = 20  # rounds of the speed fit per draw (a draw need not settle as finely as the fit itself)
 
 
 def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -138,22 +140,34 @@ def fit_with_speeds(
     the time to each finish grows as sequences end), which pins ``β`` up to
     a factor, whatever speed it ran at. Alternates the closed-form speeds
     given ``β`` with the NNLS of ``β`` given the speeds (speeds kept at mean
-    1) until ``β`` settles. Exact data converge at once (every speed 1).
+    1) until the squared error settles (by the error, not by ``β``: along
+    directions the rows cannot tell apart, such as a per-minibatch term
+    against a per-step one in equal minibatches, ``β`` keeps creeping while
+    the fit no longer improves). Exact data stop at once (every speed 1).
     Returns ``(β, speeds, standard errors of β)``; the errors are
     cluster-robust, given the speeds.
     """
     ug, gi = np.unique(group, return_inverse=True)
     coef = nnls(x, y)
     speed = np.ones(ug.size)
+    sse = float(((y - x @ coef) ** 2).sum())
     for _ in range(iters):
+        if sse <= 1e-24 * max(float(y @ y), 1e-300):
+            break  # exact
         p = x @ coef
         den = np.bincount(gi, p * p, ug.size)
         new = np.where(den > 0, np.bincount(gi, y * p, ug.size) / np.where(den > 0, den, 1.0), 1.0)
         if not np.all(new > 0):
             break  # a group the model cannot scale (no time to fit): keep the last speeds
-        speed = new / new.mean()
-        prev, coef = coef, nnls(x * speed[gi][:, None], y)
-        if np.allclose(coef, prev, rtol=1e-9, atol=0.0):
+        trial = new / new.mean()
+        xw = x * trial[gi][:, None]
+        c_new = nnls(xw, y)
+        sse_new = float(((y - xw @ c_new) ** 2).sum())
+        if sse_new > sse:
+            break  # rounding: keep the better fit
+        speed, coef, gain = trial, c_new, (sse - sse_new) / max(sse, 1e-300)
+        sse = sse_new
+        if gain < SPEED_TOL:
             break
     xw = x * speed[gi][:, None]
     return coef, speed, cluster_std_errors(xw, y, gi, coef)
@@ -178,6 +192,6 @@ def bootstrap_std_errors(
         pick = rng.integers(0, n_mb, n_mb)
         rows = np.concatenate([order[starts[m] : starts[m + 1]] for m in pick])
         sizes = starts[pick + 1] - starts[pick]
-        g, _, _ = fit_with_speeds(x[rows], y[rows], np.repeat(np.arange(n_mb), sizes))
+        g, _, _ = fit_with_speeds(x[rows], y[rows], np.repeat(np.arange(n_mb), sizes), iters=BOOTSTRAP_ITERS)
         out[d] = g * float(mb_y[pick].sum()) / max(float((mb_x[pick] @ g).sum()), 1e-300)
     return out.std(axis=0, ddof=1)

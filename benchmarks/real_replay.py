@@ -35,7 +35,13 @@ What it does (every step is an ``aspc`` command, printed before it runs):
    each plan, then fits the simulator with ``aspc calibrate`` on each run log
    and compares the simulator's predicted makespan with the measured one
    (target: within 10%), also across plans (fit on one plan's run, predict
-   another's of the same round and return mode). Prints, per run, the load
+   another's of the same round and return mode; ``--without-decode-times``
+   also fits each log with its samples' ``decode_time`` removed, as run log
+   format 1.1 had it, so a static log falls back to its minibatch rows).
+   ``aspc calibrate`` fits the samples' own decode times with one speed
+   factor per minibatch, and the fitted step costs are printed with their
+   bootstrap standard errors. ``--refit`` redoes this step alone on the logs
+   of an earlier run in ``--out``. Prints, per run, the load
    average before/after it and a least-squares ``seconds = a·steps +
    b·tokens`` over its minibatches; ``results.json`` keeps every
    minibatch's (sequences, steps, tokens, seconds).
@@ -129,6 +135,23 @@ def step_fit(per_mb: list) -> tuple[float, float]:
     return float(a), float(b)
 
 
+def strip_decode_times(run: Path, dst: Path) -> None:
+    """Copy run log ``run`` to ``dst`` as run log format 1.1 had it: sample parts without ``decode_time``."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(run, dst, ignore=shutil.ignore_patterns("*.lock", ".lock*"))
+    for part in (dst / "samples").glob("part-*.parquet"):
+        t = pq.read_table(part)
+        if "decode_time" in t.column_names:
+            pq.write_table(t.drop_columns(["decode_time"]), part)
+    meta = json.loads((dst / "meta.json").read_text())
+    meta["format_version"] = "1.1"
+    (dst / "meta.json").write_text(json.dumps(meta))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=96)
@@ -155,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="only prompts this short: on a CPU, attention over long padded prompts would dominate")
     ap.add_argument("--slack", type=int, default=None, help="asp minibatch size slack (compiler default if unset)")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "real_replay")
+    ap.add_argument("--without-decode-times", action="store_true",
+                    help="also fit every run log with its samples' decode_time removed (as format 1.1 logs had "
+                         "it) and report those cross-plan errors beside")
+    ap.add_argument("--refit", action="store_true",
+                    help="generate nothing: refit every run log of an earlier run of this benchmark in --out (its "
+                         "results.json) with this aspc's 'aspc calibrate' and redo the simulator comparisons")
     args = ap.parse_args(argv)
     if not DATA.exists():
         print(f"skipped: {DATA.name} not found next to the project (../shared/data/)")
@@ -194,10 +223,22 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {}
     kappa: float | None = None
     t_start = time.perf_counter()
+    if args.refit:
+        old = json.loads((out / "results.json").read_text())
+        results, kappa = old["runs"], old["kappa"]
+        plans = list(dict.fromkeys(r["plan"] for r in results.values()))
+        modes = list(dict.fromkeys(r["mode"] for r in results.values()))
+        args.repeats = 1 + max(r["rep"] for r in results.values())
+        for r in results.values():
+            fit = json.loads(sh([*aspc, "calibrate", out / f"run-{r['plan']}-{r['mode']}-{r['rep']}", "-o",
+                                 out / f"cost-{r['plan']}-{r['mode']}-{r['rep']}.json", "--json", "--quiet"],
+                                cwd=ROOT, env=env).stdout)
+            r.update(r2_generation=fit.get("r2_generation"), cost_model=fit["cost_model"],
+                     std_errors=fit.get("std_errors"), fit_rows=fit.get("fit_rows"))
     for p in plans:
-        if p != "asp-step":
+        if p != "asp-step" and not args.refit:
             compile_plan(p, [])
-    for rep in range(args.repeats):
+    for rep in range(0 if args.refit else args.repeats):
         for mi, mode in enumerate(modes):
             order = plans if (rep + mi) % 2 == 0 else plans[::-1]
             if rep == 0 and mi == 0:
@@ -216,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                                     cwd=ROOT, env=env).stdout)
                 r["r2_generation"] = fit.get("r2_generation")
                 r["cost_model"] = fit["cost_model"]
+                r["std_errors"] = fit.get("std_errors")
+                r["fit_rows"] = fit.get("fit_rows")
                 if kappa is None and p == "random" and "asp-step" in plans:
                     # a/b of the fit: the DP's per-minibatch term (|b| + κ)·max then ranks
                     # minibatches as a continuous-batching engine times them.
@@ -223,13 +266,22 @@ def main(argv: list[str] | None = None) -> int:
                     # Told the cap too: recorded lengths above it all cost the cap.
                     compile_plan("asp-step", ["--minibatch-overhead", f"{kappa:.4g}",
                                               "--max-response-length", args.max_new_tokens])
+    if args.without_decode_times:
+        # The same logs as format 1.1 wrote them (no decode_time): static ones fall back to minibatch rows.
+        for r in results.values():
+            name = f"{r['plan']}-{r['mode']}-{r['rep']}"
+            strip_decode_times(out / f"run-{name}", out / f"nodecode-run-{name}")
+            sh([*aspc, "calibrate", out / f"nodecode-run-{name}", "-o", out / f"nodecode-cost-{name}.json",
+                "--json", "--quiet"], cwd=ROOT, env=env)
+    fits = ["", "nodecode-"] if args.without_decode_times else [""]
     for r in results.values():
         for p in plans:
-            cal = out / f"cost-{p}-{r['mode']}-{r['rep']}.json"
-            sim = json.loads(sh([*aspc, "run", out / f"plan-{r['plan']}.parquet", "--backend", "sim",
-                                 "--cost-model", cal, "--reload-time", 0, "--return-mode", r["mode"], *common],
-                                cwd=ROOT, env=env).stdout)
-            r[f"sim_makespan_fit_{p}"] = sim["makespan"]
+            for tag in fits:
+                cal = out / f"{tag}cost-{p}-{r['mode']}-{r['rep']}.json"
+                sim = json.loads(sh([*aspc, "run", out / f"plan-{r['plan']}.parquet", "--backend", "sim",
+                                     "--cost-model", cal, "--reload-time", 0, "--return-mode", r["mode"], *common],
+                                    cwd=ROOT, env=env).stdout)
+                r[f"sim_makespan_{tag}fit_{p}"] = sim["makespan"]
     total = time.perf_counter() - t_start
 
     print()
@@ -258,6 +310,32 @@ def main(argv: list[str] | None = None) -> int:
             r[f"sim_error_fit_{p}"] = err
             errs.append(f"fit on {p}: {100 * err:+6.1f}%")
         print(f"  {key:24} " + "   ".join(errs))
+    for tag, what in ((t, "without decode times (format 1.1 logs)" if t else "") for t in fits):
+        for r in results.values():
+            for p in plans:
+                r[f"sim_error_{tag}fit_{p}"] = r[f"sim_makespan_{tag}fit_{p}"] / r["makespan"] - 1
+        if tag:
+            print(f"  the same logs {what}:")
+            for key, r in results.items():
+                print(f"    {key:22} " + "   ".join(f"fit on {p}: {100 * r[f'sim_error_{tag}fit_{p}']:+6.1f}%"
+                                                  for p in plans))
+        for mode in modes:
+            cross = [r[f"sim_error_{tag}fit_{p}"] for r in results.values() if r["mode"] == mode for p in plans
+                     if p != r["plan"]]
+            if cross:
+                worst = max(cross, key=abs)
+                print(f"  across plans, {mode}{', ' + what if what else ''}: {sum(abs(e) <= 0.2 for e in cross)} "
+                      f"of {len(cross)} pairs within 20%, largest {100 * worst:+.1f}%")
+    print("fitted step costs (aspc calibrate; ± standard error: bootstrap over minibatches for sample-row fits):")
+    for key, r in results.items():
+        cm, se = r["cost_model"], r.get("std_errors") or {}
+
+        def pm(k: str, cm: dict = cm, se: dict = se) -> str:
+            e = se.get(k)
+            return f"{1e3 * cm[k]:.1f}" + ("" if e is None else f" ± {1e3 * e:.1f}")
+
+        print(f"  {key:24} fitted on {r.get('fit_rows', '?'):11} a {pm('decode_base')} ms/step, "
+              f"b {pm('decode_per_seq')} ms/seq, prefill {pm('prefill_base')} ms")
     print("simulated makespan of each plan under each fit (what the fitted step model says a plan can gain):")
     for key, r in results.items():
         if r["plan"] != "random":

@@ -68,3 +68,36 @@ def test_cost_model_file_errors(tmp_path):
         load_sim_cost_model(p)
     p.write_text(json.dumps({"train_base": 3}))
     assert load_sim_cost_model(p) == SimCostModel(train_base=3.0)
+
+
+def test_resume_of_a_log_written_before_decode_times(tmp_path):
+    # A run log of format 1.1 (sample rows without decode_time), killed mid-run, resumes with this aspc:
+    # the old rows keep a null decode_time, the new ones get theirs, and calibrate reads the mix.
+    import pyarrow.parquet as pq
+
+    from aspc.runtime import read_run_log
+    from aspc.runtime.engines.virtual import TEST_DELAY_ENV
+    from tests.test_runtime_resume import _cli, _kill_mid_run, _plan_files, _sim_args, check_contract
+    from tests.test_vllm_calibrate import _make_old_format
+
+    data, plan, want = _plan_files(tmp_path, 120)
+    run_dir = tmp_path / "RUN"
+    for attempt in range(5):  # until a kill lands mid-run with some samples committed
+        p = _cli([*_sim_args(plan, data, run_dir), "--overwrite"], env={TEST_DELAY_ENV: "0.02"})
+        _kill_mid_run(p, run_dir, 0.3 + 0.2 * attempt)
+        log = read_run_log(run_dir, allow_incomplete=True)
+        if log.status == "running" and 0 < log.tables["samples"].num_rows < len(want):
+            break
+    else:
+        pytest.skip("no kill landed mid-run on this machine")
+    n_old = log.tables["samples"].num_rows
+    _make_old_format(run_dir)
+    assert all("decode_time" not in pq.read_schema(f).names for f in (run_dir / "samples").glob("*.parquet"))
+    p = _cli([*_sim_args(plan, data, run_dir), "--resume"])
+    _, err = p.communicate()
+    assert p.returncode == 0, err
+    check_contract(run_dir, want, 12)
+    dec = read_run_log(run_dir).tables["samples"].column("decode_time")
+    assert dec.null_count == n_old and len(dec) == len(want)
+    cal = calibrate(run_dir)  # the rows with decode times are fitted; the old ones are left out
+    assert cal.fit_rows == "samples" and cal.n_fit_rows == len(want) - n_old

@@ -124,5 +124,18 @@ def test_continuous_returns_samples_as_vllm_finishes_them(backend, replay_plan):
         assert got == want
         end = dict(zip(mb["minibatch"].tolist(), mb["end"].tolist(), strict=True))
         early[mode] = sum(t < end[m] - 1e-3 for t, m in zip(s["finish_time"], s["minibatch"], strict=True))
+        # Either mode records when each sample's decoding ended (seconds from its minibatch's start):
+        # within [0, duration], and a shorter sample of a minibatch ended before a longer one.
+        dur = {m: e - st for m, st, e in zip(mb["minibatch"].tolist(), mb["start"].tolist(), mb["end"].tolist(),
+                                             strict=True)}
+        dec = s["decode_time"]
+        assert np.all(np.isfinite(dec)) and all(0 < d <= dur[m] + 1e-9 for d, m in zip(dec, s["minibatch"], strict=True))
+        for m in dur:
+            mine = np.flatnonzero(s["minibatch"] == m)
+            ln, d = s["response_len"][mine], dec[mine]
+            # (a zero-length replay still runs one step, as a length of 1 does)
+            assert all(d[i] < d[j] for i in range(ln.size) for j in range(ln.size) if max(ln[i], 1) < ln[j]), (m, ln, d)
+        early["decode_" + mode] = sum(d < dur[m] - 1e-3 for d, m in zip(dec, s["minibatch"], strict=True))
     assert early["static"] == 0
     assert early["continuous"] >= 4  # samples shorter than their minibatch's longest came back before it ended
+    assert early["decode_static"] >= 4  # ... and in static mode the log still knows when they ended

@@ -23,7 +23,7 @@ from aspc.cli.common import emit_json, handle_errors, json_option, note, out_con
 @quiet_option
 @handle_errors
 def calibrate_cmd(run_dir: Path, output: str | Path | None, as_json: bool, quiet: bool) -> None:
-    """Fit decode, prefill and trainer coefficients from a run log's minibatch and step rows.
+    """Fit decode, prefill and trainer coefficients from a run log's sample, minibatch and step rows.
 
     \b
     aspc calibrate RUN -o cost.json
@@ -45,19 +45,23 @@ def calibrate_cmd(run_dir: Path, output: str | Path | None, as_json: bool, quiet
     fit = {
         "n_minibatches": cal.n_minibatches,
         "n_steps": cal.n_steps,
+        "fit_rows": cal.fit_rows,  # generation fitted on "samples" (decode / finish times) or "minibatches"
+        "n_fit_rows": cal.n_fit_rows,
         "r2_generation": cal.r2_generation,
         "r2_trainer": cal.r2_trainer,
         "generation_rel_error": cal.generation_rel_error,
         "minibatch_overhead": cal.minibatch_overhead,  # for aspc compile --minibatch-overhead
     }
     if as_json:
-        emit_json({"cost_model": cal.sim_cost_model.to_dict(), **fit})
+        emit_json({"cost_model": cal.sim_cost_model.to_dict(), "std_errors": cal.std_errors, **fit})
     elif not quiet:
         t = Table(title=f"cost model fitted from {run_dir.name}", header_style="bold")
         t.add_column("coefficient")
         t.add_column("value", justify="right")
+        t.add_column("std. error", justify="right")
         for k, v in cal.sim_cost_model.to_dict().items():
-            t.add_row(k, f"{v:.6g}")
+            se = cal.std_errors.get(k)
+            t.add_row(k, f"{v:.6g}", "-" if se is None else f"{se:.3g}")
         for k, v in fit.items():
-            t.add_row(k, "-" if v is None else f"{v:.6g}")
+            t.add_row(k, "-" if v is None else (v if isinstance(v, str) else f"{v:.6g}"), "")
         out_console.print(t)

@@ -82,6 +82,7 @@ class Recorder:
         # Per sample, indexed by global id.
         self.response_len = np.full(n, -1, dtype=np.int64)
         self.finish_time = np.full(n, np.nan)
+        self.decode_time = np.full(n, np.nan)  # seconds from its minibatch's start to its last token (calibration)
         self.consumed_step = np.full(n, -1, dtype=np.int32)
         self.generated = np.zeros(n, dtype=np.int32)  # times each sample was returned (must end at 1)
         self._arrivals: list[SamplesReturned] = []  # returned samples not yet written into the arrays
@@ -122,7 +123,7 @@ class Recorder:
         self.mb_prompt_tokens = np.add.reduceat(work.prompt_tokens, work.row_offsets[:-1]).astype(np.int64)
         self.sample_mb = np.repeat(np.arange(m, dtype=np.int32), work.minibatch_sizes)
         self.sample_ptok = work.sample_prompt_tokens()
-        for name in ("response_len", "finish_time", "consumed_step", "generated"):
+        for name in ("response_len", "finish_time", "decode_time", "consumed_step", "generated"):
             setattr(self, name, getattr(self, name)[new_to_old])
 
     # ---- decisions -------------------------------------------------------------
@@ -166,6 +167,7 @@ class Recorder:
         m = ev.minibatch
         self.mb_start[m] = ev.start
         self.mb_end[m] = ev.end
+        self.decode_time[self.work.sample_offsets[m] : self.work.sample_offsets[m + 1]] = ev.result.finish_offset
         self._new_mbs.append(m)
         self._unfeatured.append(m)
 
@@ -318,6 +320,7 @@ class Recorder:
             raise RunError(f"{where}: a sample appears twice in its samples parts")
         self.response_len[gid] = cols["response_len"]
         self.finish_time[gid] = cols["finish_time"]
+        self.decode_time[gid] = cols["decode_time"]  # NaN where a log before format 1.2 has none
         self.generated[gid] = 1
         self.consumed_step[gid] = cols["consumed_step"]
         mbc = R.to_columns(log.tables[R.MINIBATCHES])
@@ -384,6 +387,7 @@ class Recorder:
             "worker": self.mb_worker[mb],
             "weights_version": version,
             "finish_time": self.finish_time[ids],
+            "decode_time": self.decode_time[ids],
             "consumed_step": step,
             "policy_lag": np.where(step >= 0, step - version, -1).astype(np.int32),
         }

@@ -58,7 +58,8 @@ from aspc.errors import RunError, SchemaVersionError
 
 RUNLOG_FORMAT = "aspc.runlog"
 # Major.minor, as for plans: a reader refuses another major version.
-RUNLOG_VERSION = "1.1"  # 1.1: committed part ranges in meta.json, consumed/ parts (resume)
+# 1.1: committed part ranges in meta.json, consumed/ parts (resume); 1.2: samples' decode_time
+RUNLOG_VERSION = "1.2"
 RUNLOG_MAJOR = 1
 META_FILE = "meta.json"
 
@@ -81,6 +82,9 @@ SCHEMAS: dict[str, pa.Schema] = {
             pa.field("worker", pa.int32(), nullable=False),  # worker that generated it
             pa.field("weights_version", pa.int32(), nullable=False),  # version that generated it
             pa.field("finish_time", pa.float64(), nullable=False),  # seconds since start, entered the queue
+            # Seconds from its minibatch's generation start to its last token, as the backend saw it
+            # (in static return mode it enters the queue later, with the minibatch); null in logs before 1.2.
+            pa.field("decode_time", pa.float64()),
             pa.field("consumed_step", pa.int32()),  # trainer step that consumed it; null = left over
             pa.field("policy_lag", pa.int32()),  # consumed_step - weights_version; null = left over
         ]
@@ -138,6 +142,8 @@ SCHEMAS: dict[str, pa.Schema] = {
 KINDS = tuple(SCHEMAS)
 # Integer columns whose null means "not applicable"; in memory they hold -1.
 NULLABLE_INT = {"consumed_step", "policy_lag"}
+# Float columns whose null means "not recorded"; in memory they hold NaN.
+NULLABLE_FLOAT = {"decode_time"}
 
 
 def to_table(kind: str, columns: dict[str, np.ndarray]) -> pa.Table:
@@ -149,6 +155,9 @@ def to_table(kind: str, columns: dict[str, np.ndarray]) -> pa.Table:
         if f.name in NULLABLE_INT:
             v = np.asarray(v)
             arrays.append(pa.array(v, type=f.type, mask=v < 0))
+        elif f.name in NULLABLE_FLOAT:
+            v = np.asarray(v, dtype=np.float64)
+            arrays.append(pa.array(v, type=f.type, mask=np.isnan(v)))
         elif pa.types.is_string(f.type):
             arrays.append(pa.array(list(v), type=f.type))
         else:

@@ -191,7 +191,7 @@ def _prepare(
                 predictor = HistoryPredictor(predictor, observed[0])
             else:
                 predictor = HistoryPredictor.from_epochs(predictor, observed)
-        prediction = predictor.predict(table.texts, ids=table.ids)
+        prediction = predictor.predict(table.text_array, ids=table.id_array)
         identity = dict(predictor.identity())
         if observed is not None:
             identity["history"] = history_hashes(config.history)

@@ -233,9 +233,7 @@ def run_epochs(
 
 def _check_stored_plan(plan: Plan, path: Path, epoch: int) -> None:
     """Raise :class:`ConfigError` unless ``path`` holds ``plan``: its rows and its configuration."""
-    import json
-
-    from aspc.emit.plan import read_plan, rows_hash
+    from aspc.emit.plan import as_stored, read_plan, rows_hash
     from aspc.errors import PlanError
 
     try:
@@ -243,18 +241,8 @@ def _check_stored_plan(plan: Plan, path: Path, epoch: int) -> None:
     except PlanError as exc:
         raise ConfigError(f"cannot resume epoch {epoch}: {exc}") from None
     same_rows = stored.stored_rows_hash == rows_hash(plan.table.cast(S.PLAN_SCHEMA))
-    # The stored configuration went through JSON; compare it the same way.
-    same_config = stored.config == json.loads(json.dumps(plan.config, default=_plain))
-    if not (same_rows and same_config):
+    if not (same_rows and stored.config == as_stored(plan.config)):
         raise ConfigError(
             f"{path}: not the plan epoch {epoch} compiles from the run logs before it (edited, or other "
             "options); resume with the options the run started with, or pass --overwrite to start the epochs again"
         )
-
-
-def _plain(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, (tuple, set)):
-        return list(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")

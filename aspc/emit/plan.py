@@ -90,6 +90,11 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_json_default).encode("utf-8")
 
 
+def as_stored(obj: Any) -> Any:
+    """``obj`` (a config, metrics or predictor record) as a plan file stores and reads it back."""
+    return json.loads(_dumps(obj))
+
+
 def _json_default(o: Any) -> Any:
     if isinstance(o, np.generic):
         return o.item()

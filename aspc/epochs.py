@@ -23,6 +23,17 @@ recorded lengths per prompt for epochs whose samples differ from the
 history they are planned from; with fewer, later epochs replay some lengths
 an earlier epoch already saw.
 
+Real backends (hf, vllm; local engine). The backend and the trainer are
+built once and kept open across the epochs: the models load once, and the
+trainer goes on training from where the last epoch left it (its weights,
+optimiser state and baseline). Before each later epoch every worker loads
+the trainer's current weights (:meth:`Trainer.current_weights`) as that
+epoch's version 0, so no sample of epoch ``k`` comes from weights older than
+the end of epoch ``k - 1``. With ``--replay-lengths`` each epoch replays its
+own rotation of the recorded lengths, as the simulator does. A trainer that
+does not checkpoint restarts from its initial weights on ``--resume``, as a
+single run's does.
+
 Sits above both halves (it compiles and runs); the runtime never imports it.
 """
 
@@ -137,6 +148,8 @@ def run_epochs(
     compile_overrides: dict[str, Any] | None = None,
     replan_every: int | None = None,
     resume: bool = False,
+    backend: Any = None,
+    trainer: Any = None,
     **run_kwargs: Any,
 ) -> EpochsResult:
     """Run ``plan`` for ``n_epochs`` passes; epoch ``k >= 2`` is compiled from epochs ``1..k-1``.
@@ -164,6 +177,10 @@ def run_epochs(
     resume
         Continue the epochs at ``log_dir`` (see the module notes); with no
         epoch there yet it is a fresh run.
+    backend, trainer
+        Real components (:func:`aspc.runtime.registry.make_components`),
+        kept open across the epochs and closed at the end (see the module
+        notes); ``None`` lets each epoch's run build the sim ones.
     run_kwargs
         Passed to :func:`aspc.runtime.run` (cost model, lengths name, progress).
     """
@@ -173,6 +190,12 @@ def run_epochs(
         raise ConfigError(f"--length-drift must be a number > -1, got {length_drift}")
     if length_drift and actual_lengths is None:
         raise ConfigError("--length-drift scales replayed lengths: pass --actual-lengths too")
+    replays = backend is not None and bool(getattr(getattr(backend, "options", None), "replay", False))
+    if length_drift and backend is not None and not replays:
+        raise ConfigError("--length-drift scales replayed lengths: a real backend replays them only with --replay-lengths")
+    carry = backend is not None or trainer is not None
+    if carry and getattr(config, "engine", "local") != "local":
+        raise ConfigError("--epochs on a real backend keeps its workers across epochs: use the local engine (drop --engine ray)")
     root = Path(log_dir)
     plans_dir = root / "plans"
     if resume and overwrite:
@@ -186,49 +209,65 @@ def run_epochs(
     n = config.samples_per_prompt or int(plan.table.column(S.N_SAMPLES)[0].as_py())
     cfg: CompileConfig = compile_config_of(plan.config or {}, **(compile_overrides or {}))
     table = prompt_table_of(plan.table, plan.input_hash)
-    runs: list[RunResult] = []
-    plans: list[Plan] = []
-    current = plan
-    for k in range(1, n_epochs + 1):
-        if k > 1:
-            pred = epoch_prediction(plan, [root / f"epoch-{j}" for j in range(1, k)])
-            current = compile_plan(
-                table,
-                pred,
-                dataclasses.replace(cfg, seed=cfg.seed + k - 1),
-                predictor_identity={"kind": "epochs", "epoch": k, "base": plan.predictor},
+    replay_base = backend.options.replay_lengths if replays else None
+    try:
+        runs: list[RunResult] = []
+        plans: list[Plan] = []
+        current = plan
+        for k in range(1, n_epochs + 1):
+            if k > 1:
+                pred = epoch_prediction(plan, [root / f"epoch-{j}" for j in range(1, k)])
+                current = compile_plan(
+                    table,
+                    pred,
+                    dataclasses.replace(cfg, seed=cfg.seed + k - 1),
+                    predictor_identity={"kind": "epochs", "epoch": k, "base": plan.predictor},
+                )
+            plan_path = plans_dir / f"epoch-{k}.parquet"
+            if resume and plan_path.exists():
+                _check_stored_plan(current, plan_path, k)
+            else:
+                write_plan(current, plan_path)
+            plans.append(current)
+            lengths = None if actual_lengths is None else epoch_lengths(actual_lengths, k, n, length_drift)
+            if replay_base is not None:
+                # The real backend replays this epoch's rotation too (read when the run sets it up).
+                backend.options = dataclasses.replace(
+                    backend.options, replay_lengths=epoch_lengths(replay_base, k, n, length_drift)
+                )
+            replanner = None
+            if replan_every is not None:
+                replanner = OnlineReplanner(
+                    current.table,
+                    dataclasses.replace(cfg, seed=cfg.seed + k - 1, workers=config.workers),
+                    every_steps=replan_every,
+                    log_dir=root / f"epoch-{k}",
+                    input_hash=plan.input_hash,
+                )
+            runs.append(
+                run(
+                    current,
+                    config=dataclasses.replace(config, seed=config.seed + k - 1),
+                    actual_lengths=lengths,
+                    log_dir=root / f"epoch-{k}",
+                    overwrite=overwrite,
+                    resume=resume,
+                    replanner=replanner,
+                    backend=backend,
+                    trainer=trainer,
+                    keep_open=carry,
+                    start_weights=trainer.current_weights() if (k > 1 and trainer is not None) else None,
+                    **run_kwargs,
+                )
             )
-        plan_path = plans_dir / f"epoch-{k}.parquet"
-        if resume and plan_path.exists():
-            _check_stored_plan(current, plan_path, k)
-        else:
-            write_plan(current, plan_path)
-        plans.append(current)
-        lengths = None if actual_lengths is None else epoch_lengths(actual_lengths, k, n, length_drift)
-        replanner = None
-        if replan_every is not None:
-            replanner = OnlineReplanner(
-                current.table,
-                dataclasses.replace(cfg, seed=cfg.seed + k - 1, workers=config.workers),
-                every_steps=replan_every,
-                log_dir=root / f"epoch-{k}",
-                input_hash=plan.input_hash,
-            )
-        runs.append(
-            run(
-                current,
-                config=dataclasses.replace(config, seed=config.seed + k - 1),
-                actual_lengths=lengths,
-                log_dir=root / f"epoch-{k}",
-                overwrite=overwrite,
-                resume=resume,
-                replanner=replanner,
-                **run_kwargs,
-            )
-        )
-        # The plan's prompt texts let 'aspc predict train RUN/epoch-K' learn from the epoch.
-        keep_plan_in_log(plan_path, root / f"epoch-{k}")
-    return EpochsResult(runs, plans)
+            # The plan's prompt texts let 'aspc predict train RUN/epoch-K' learn from the epoch.
+            keep_plan_in_log(plan_path, root / f"epoch-{k}")
+        return EpochsResult(runs, plans)
+    finally:
+        if carry:  # kept open across the epochs; closed once, also after a failure
+            for part in (backend, trainer):
+                if part is not None:
+                    part.close()
 
 
 def _check_stored_plan(plan: Plan, path: Path, epoch: int) -> None:

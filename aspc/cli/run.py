@@ -379,7 +379,7 @@ def run_cmd(
 
             return run_epochs_cmd(
                 plan, epochs, log_dir, config, cost, lengths, actual_lengths, length_drift, replan, replan_every,
-                overwrite=overwrite, resume=resume, as_json=as_json, quiet=quiet,
+                overwrite=overwrite, resume=resume, as_json=as_json, quiet=quiet, backend=backend, trainer=trainer,
             )
         replanner = None
         if replan:

@@ -26,16 +26,20 @@ def run_epochs_cmd(
     resume: bool,
     as_json: bool,
     quiet: bool,
+    backend: Any = None,
+    trainer: Any = None,
 ) -> None:
-    """Run the epochs, print per-epoch metrics (or ``{"epochs": [...], totals}`` with --json)."""
+    """Run the epochs, print per-epoch metrics (or ``{"epochs": [...], totals}`` with --json).
+
+    ``backend`` and ``trainer``: the real components ``aspc run`` built (hf, vllm, a user trainer), kept
+    open across the epochs (:mod:`aspc.epochs`); ``None`` for the sim.
+    """
     from aspc.epochs import run_epochs
 
     if log_dir is None:
         raise click.ClickException("--epochs writes one plan and one run log per epoch: pass --log RUN")
     if replan and replan_every < 1:
         raise click.ClickException(f"--replan-every must be >= 1, got {replan_every}")
-    if config.backend != "sim":
-        raise click.ClickException("--epochs runs on the sim backend for now (use --backend sim)")
     with RichProgress(quiet) as progress:
         res = run_epochs(
             plan,
@@ -51,6 +55,8 @@ def run_epochs_cmd(
             sim_cost_model=cost,
             lengths_name=actual_lengths.name if actual_lengths else "",
             progress=progress,
+            backend=backend,
+            trainer=trainer,
         )
     out = res.to_dict()
     if as_json:

@@ -39,7 +39,15 @@ from aspc.runtime.record.metrics import RunSummary, summarize
 from aspc.runtime.record.recorder import Recorder
 from aspc.runtime.record.runlog import STATUS_COMPLETE, read_meta, read_run_log
 from aspc.runtime.record.runlog_writer import RunLogWriter
-from aspc.runtime.registry import BackendKind, make_backend, make_engine, make_trainer, parse_backend, parse_engine
+from aspc.runtime.registry import (
+    BackendKind,
+    EngineKind,
+    make_backend,
+    make_engine,
+    make_trainer,
+    parse_backend,
+    parse_engine,
+)
 from aspc.runtime.work import work_from_table
 
 __all__ = ["RunResult", "run"]
@@ -84,6 +92,8 @@ def run(
     resume: bool = False,
     replanner: Replanner | None = None,
     progress: Progress = NULL_PROGRESS,
+    keep_open: bool = False,
+    start_weights: Any = None,
 ) -> RunResult:
     """Execute ``plan`` and return its metrics.
 
@@ -131,6 +141,15 @@ def run(
         stored revisions are applied first (:meth:`Replanner.stored_revisions`).
     progress
         Progress sink (the CLI's bar).
+    keep_open
+        Leave ``backend`` and ``trainer`` open at the end (the caller closes
+        them): the next :func:`run` with the same instances reuses the loaded
+        models and continues training from the trainer's state
+        (:func:`aspc.epochs.run_epochs` on real backends).
+    start_weights
+        A weights handle (as :attr:`TrainResult.weights`) every worker loads
+        as its version 0 before the run's clock starts: the trainer's weights
+        at the end of the previous epoch. Local engines only.
 
     Raises
     ------
@@ -159,7 +178,9 @@ def run(
     capacity = resolve_queue_capacity(config, int(work.minibatch_sizes.max()))
     check_staleness(config, int(work.minibatch_sizes.max()))
     kind = parse_backend(config.backend)
-    parse_engine(config.engine)
+    if parse_engine(config.engine) is not EngineKind.LOCAL and start_weights is not None:
+        # Workers in Ray actors are not this process's backend object: nothing here could load them.
+        raise ConfigError("carrying a trainer's weights into the next run needs the local engine; drop --engine ray")
 
     lengths: SampleLengths | None = None
     if backend is None and kind is BackendKind.SIM:
@@ -175,6 +196,8 @@ def run(
         sim_cost_model=sim_cost_model,
         response_len=None if lengths is None else lengths.response_len,
     )
+    # What run() builds it closes; what the caller hands in with keep_open, the caller closes.
+    closes = (backend is None or not keep_open, trainer is None or not keep_open)
     backend = backend or make_backend(kind, context)
     trainer = trainer or make_trainer("sim", context)
     resume_log.check_log_options(log_dir, overwrite=overwrite, resume=resume)
@@ -189,7 +212,7 @@ def run(
             plan_info, work, capacity, config, mode, sim_cost_model, lengths, backend, trainer,
             writer, log_dir, resuming=writer is not None and writer.resuming, progress=progress,
             lengths_info=_lengths_info(actual_lengths, lengths, lengths_name, lengths_source),
-            replanner=replanner,
+            replanner=replanner, closes=closes, start_weights=start_weights,
         )
     finally:
         if writer is not None:
@@ -235,6 +258,8 @@ def _run_locked(
     progress: Progress,
     lengths_info: dict[str, Any],
     replanner: Replanner | None = None,
+    closes: tuple[bool, bool] = (True, True),
+    start_weights: Any = None,
 ) -> RunResult:
     """The body of :func:`run` once the log's writer lock is held."""
     run_info = {
@@ -271,6 +296,9 @@ def _run_locked(
 
     backend.setup(work, config.workers)
     trainer.setup(work)
+    if start_weights is not None:
+        for w in range(config.workers):
+            backend.load_weights(w, 0, start_weights)
     # The run's clock starts at the first dispatch: model loading in setup is
     # not generation time (a no-op on the virtual clock).
     engine.advance_clock(0.0)
@@ -336,8 +364,10 @@ def _run_locked(
         raise
     finally:
         engine.close()
-        backend.close()
-        trainer.close()
+        if closes[0]:
+            backend.close()
+        if closes[1]:
+            trainer.close()
     columns = recorder.all_columns()
     summary = summarize(
         columns, n_workers=config.workers, samples_planned=work.n_total_samples, queue_capacity=capacity

@@ -116,6 +116,15 @@ class Trainer(ABC):
         """
         return None
 
+    def current_weights(self) -> Any:
+        """A handle to the weights as trained so far (as :attr:`TrainResult.weights`), or ``None``.
+
+        Read between epochs (``aspc run --epochs`` on a real backend): every
+        worker loads it as the next epoch's version 0. ``None`` (the default)
+        leaves the workers with the weights they hold.
+        """
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Called once when the run ends."""
 

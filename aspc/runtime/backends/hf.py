@@ -113,6 +113,9 @@ class HFBackend(ModelBackend):
         self._state: dict[int, _WorkerState] = {}
 
     def start_worker(self, worker: int) -> None:
+        if worker in self._state:  # setup() again before close(): keep the loaded model
+            self._version[worker] = 0  # whatever it holds is the new run's version 0
+            return
         require_transformers()
         import torch
         from transformers.utils import logging as hf_logging

@@ -94,6 +94,10 @@ class GRPOTrainer(Trainer):
         self._baseline: float | None = None
 
     def setup(self, work: WorkPlan) -> None:
+        if self._model is not None:
+            # Set up again before close(): the next epoch of the same run, whose
+            # training goes on from these weights, optimiser state and baseline.
+            return
         import torch
 
         from aspc.runtime.backends.models import load_causal_lm
@@ -175,6 +179,11 @@ class GRPOTrainer(Trainer):
             )
         )
         return TrainResult(version=batch.step + 1, elapsed=elapsed, weights=weights)
+
+    def current_weights(self) -> dict[str, Any] | None:
+        if self._model is None:
+            return None
+        return {k: v.detach().to("cpu", copy=True) for k, v in self._model.state_dict().items()}
 
     def close(self) -> None:
         self._model = None

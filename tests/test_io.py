@@ -484,3 +484,17 @@ def test_bulk_readers_take_clean_data(tmp_path, ids, lengths):
         assert bulk.read_jsonl_bulk(jl.read_bytes(), **F) is not None
     pq.write_table(pa.Table.from_pylist([{**r, "prompt": [{"role": "user", "content": str(r["prompt"])}]} for r in recs]), tmp_path / "c.parquet")
     assert bulk.read_parquet_bulk(tmp_path / "c.parquet", **F) is not None
+
+
+_blank_chars = st.sampled_from(list(" \t\n\x85\xa0\u1680\u2000\u2028\u3000") + list("ab\u3042\u00e9\u00a9\u2603"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=st.lists(st.text(_blank_chars, max_size=4), min_size=1, max_size=12), start=st.integers(0, 3))
+def test_bulk_blank_check_matches_the_exact_one(texts, start):
+    # The byte prefilter must say what the exact check says, also on a sliced array
+    # (an offset into the buffers), for whitespace of every UTF-8 length.
+    from aspc.io.bulk import _has_blank, _has_blank_exact
+
+    arr = pa.array(["x"] * start + texts, pa.string()).slice(start)
+    assert _has_blank(arr) == _has_blank_exact(arr) == any(not t.strip() for t in texts)

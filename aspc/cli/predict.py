@@ -114,12 +114,13 @@ def _init_option(fn: F) -> F:
     type=click.Choice(PREDICTOR_KINDS),
     default="lexical",
     show_default=True,
-    help="lexical: hashed n-grams + ridge (NumPy); transformer: fine-tuned encoder (torch).",
+    help="lexical: hashed n-grams + ridge (NumPy); transformer: fine-tuned encoder (torch); "
+    "static: the encoder distilled into token vectors + ridge (fast on CPU; torch to train).",
 )
 @click.option(
     "--base-model",
     default=None,
-    help="Transformer: local Hugging Face model dir. [default: all-MiniLM-L6-v2]",
+    help="Transformer, static: local Hugging Face encoder dir (static distils it). [default: all-MiniLM-L6-v2]",
 )
 @_device_option
 @click.option(

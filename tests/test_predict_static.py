@@ -226,8 +226,10 @@ def test_cli_apply_eval_and_compile(files) -> None:
     res = run("compile", files["test"], "--predictor", files["pred"], "--batch-size", "8", "--slack", "4",
               "--group-size", "4", "--seed", "0", "-o", plan, "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
-    meta = pq.read_metadata(plan).metadata
-    assert b"static" in b"".join(meta.values())
+    ident = json.loads(pq.read_metadata(plan).metadata[b"aspc.predictor"])
+    from aspc.predict import load_predictor
+
+    assert ident["kind"] == "static" and ident["hash"] == load_predictor(files["pred"]).content_hash()
     res = run("simulate", files["test"], "--length-field", "length", "--predictor", files["pred"],
               "--strategies", "random,asp", "--json")  # fmt: skip
     assert res.exit_code == 0, res.output
@@ -269,7 +271,7 @@ def test_bad_input_one_line_no_output(tmp_path, tiny, n, lengths, args, match) -
     res = run("predict", "train", data, "--kind", "static", "--base-model", tiny, "-o", out, *args)
     assert res.exit_code == 2, res.output
     assert match in res.output and len(res.output.strip().splitlines()) == 1, res.output
-    assert not out.exists() and "Traceback" not in res.output
+    assert [p.name for p in tmp_path.iterdir()] == ["d.jsonl"] and "Traceback" not in res.output
 
 
 def test_corrupt_directory_is_one_clear_error(files, tmp_path) -> None:

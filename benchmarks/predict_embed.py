@@ -174,6 +174,8 @@ def bench_static(d, models, lexical, args) -> dict:
             runs = [("static", t16, None)]
             if args.static_f32:
                 runs.append(("static-f32", t32, None))
+            if args.static_sif:
+                runs.append(("static-sif", sif_table(tok, t32, t), None))
             if lexical is not None:
                 runs.append(("static+lexical", t16, lexical.with_target(m)))
             for key, table, init in runs:
@@ -185,3 +187,12 @@ def bench_static(d, models, lexical, args) -> dict:
     res: dict[str, dict] = {k: {"per_model": v, "ridge_lam": lams[k]} for k, v in out.items()}
     res["static-info"] = {"distil_s": distil_s, "seconds": time.perf_counter() - started, **info}
     return res
+
+
+def sif_table(tok: str, table: np.ndarray, texts: list[str], a: float = 1e-3) -> np.ndarray:
+    """Rows scaled by smooth inverse frequency ``a / (a + p(token))``, ``p`` from ``texts`` (exploratory)."""
+    from aspc.predict.static import StaticConfig, load_tokenizer_json, token_ids
+
+    flat, _ = token_ids(load_tokenizer_json(tok), texts, StaticConfig(), len(table))
+    p = np.bincount(flat, minlength=len(table)) / max(len(flat), 1)
+    return (table * (a / (a + p))[:, None]).astype(np.float16)

@@ -88,8 +88,17 @@ def tiny(tmp_path_factory, torch) -> Path:
     d = tmp_path_factory.mktemp("tiny-encoder")
     chars = list(string.ascii_lowercase + string.digits + ".,()")
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *chars, *("##" + c for c in chars)]
-    (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    transformers.BertTokenizerFast(vocab_file=str(d / "vocab.txt")).save_pretrained(str(d))
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    # Built with the tokenizers library itself: a BertTokenizerFast(vocab_file=...) keeps only the
+    # special tokens under transformers 5, and every word would be [UNK].
+    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
+                                                cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")  # fmt: skip
+    fast.save_pretrained(str(d))
     config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
                                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)  # fmt: skip
     torch.manual_seed(0)
@@ -301,11 +310,16 @@ def test_corrupt_directory_is_one_clear_error(files, tmp_path) -> None:
 
     bad = tmp_path / "bad"
     shutil.copytree(files["pred"], bad)
-    head = bytearray((bad / "head.npz").read_bytes())
-    head[len(head) // 2] ^= 0xFF
-    (bad / "head.npz").write_bytes(bytes(head))
-    with pytest.raises(PredictorError, match="corrupt|modified"):
+    table = bytearray((bad / "table.npy").read_bytes())
+    table[-7] ^= 0x40  # one weight changed: the recorded hash catches it
+    (bad / "table.npy").write_bytes(bytes(table))
+    with pytest.raises(PredictorError, match="modified or corrupt"):
         load_predictor(bad)
+    head = (bad / "head.npz").read_bytes()
+    (bad / "head.npz").write_bytes(head[: len(head) // 2])
+    with pytest.raises(PredictorError, match="corrupt"):
+        load_predictor(bad)
+    shutil.copy(files["pred"] / "head.npz", bad / "head.npz")
     (bad / "tokenizer.json").write_text("{not json")
     with pytest.raises(PredictorError, match="corrupt"):
         load_predictor(bad)

@@ -50,7 +50,8 @@ def segmented_mean(flat_ids: np.ndarray, offsets: np.ndarray, table: np.ndarray)
     Returns
     -------
     numpy.ndarray
-        ``(n, dim)`` float32; an empty segment (a prompt without tokens) gets zeros.
+        ``(n, dim)`` of the table's dtype (sums in float64 either way); an empty segment
+        (a prompt without tokens) gets zeros.
 
     Raises
     ------
@@ -69,6 +70,6 @@ def segmented_mean(flat_ids: np.ndarray, offsets: np.ndarray, table: np.ndarray)
         raise ValueError("offsets must rise from 0 to len(flat_ids)")
     if len(flat_ids) and (int(flat_ids.min()) < 0 or int(flat_ids.max()) >= len(table)):
         raise ValueError(f"token ids must be in [0, {len(table)})")
-    out = np.empty((len(offsets) - 1, table.shape[1]), dtype=np.float32)
+    out = np.empty((len(offsets) - 1, table.shape[1]), dtype=table.dtype)
     _segmented_mean_kernel(flat_ids, offsets, table, out)
     return out

@@ -215,8 +215,9 @@ def test_same_data_and_seed_give_identical_bytes(files, tiny) -> None:
     res = run("predict", "train", files["train"], "--length-field", "length", "--kind", "static", "--base-model", tiny,
               "-o", other, "--quiet")  # fmt: skip
     assert res.exit_code == 0, res.output
-    names = sorted(p.name for p in files["pred"].iterdir())
-    assert names == sorted(p.name for p in other.iterdir()) and "table.npy" in names
+    names = sorted(str(p.relative_to(files["pred"])) for p in files["pred"].rglob("*") if p.is_file())
+    assert names == sorted(str(p.relative_to(other)) for p in other.rglob("*") if p.is_file())
+    assert {"table.npy", "head.npz", "tokenizer.json", "prior/weights.npz"} <= set(names)
     for name in names:
         assert (files["pred"] / name).read_bytes() == (other / name).read_bytes(), name
 
@@ -253,13 +254,22 @@ def test_refits_static_lexical_and_bad_init(files, tmp_path, tiny) -> None:
     meta = json.loads((tmp_path / "refit" / "metadata.json").read_text())
     assert meta["training"]["init"]["kind"] == "static"
     assert (tmp_path / "refit" / "table.npy").read_bytes() == (files["pred"] / "table.npy").read_bytes()
-    # On top of the lexical default: its score is an offset, stored with the predictor.
+    # On top of a lexical predictor (here the default, as without --init): its score is an offset,
+    # stored with the predictor; --no-prior fits the static head alone.
     res = run("predict", "train", fresh, "--kind", "static", "--init", "default", "--base-model", tiny,
               "-o", tmp_path / "onlex", "--quiet")  # fmt: skip
     assert res.exit_code == 0, res.output
     assert (tmp_path / "onlex" / "prior" / "metadata.json").is_file()
     res = run("predict", tmp_path / "onlex", files["test"], "-o", tmp_path / "p.parquet")
     assert res.exit_code == 0, res.output
+    res = run("predict", "train", fresh, "--kind", "static", "--no-prior", "--base-model", tiny,
+              "-o", tmp_path / "alone", "--quiet")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    alone = json.loads((tmp_path / "alone" / "metadata.json").read_text())
+    assert alone["prior"] is None and not (tmp_path / "alone" / "prior").exists()
+    assert meta["prior"]["kind"] == "lexical"  # the refit kept the init's prior (the default)
+    res = run("predict", "train", fresh, "--kind", "lexical", "--no-prior", "-o", tmp_path / "y")
+    assert res.exit_code == 2 and "--no-prior applies to --kind static only" in res.output
     res = run("predict", "train", fresh, "--kind", "static", "--init", files["pred"], "--base-model", tiny,
               "-o", tmp_path / "x")  # fmt: skip
     assert res.exit_code == 2 and "give one" in res.output and not (tmp_path / "x").exists()

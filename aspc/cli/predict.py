@@ -129,6 +129,11 @@ def _init_option(fn: F) -> F:
 @click.option("--freeze-encoder", is_flag=True, help="Transformer: train only the head on fixed embeddings.")
 @_init_option
 @click.option(
+    "--no-prior",
+    is_flag=True,
+    help="Static: the head alone, not on top of the shipped default's text score (the default offset).",
+)
+@click.option(
     "--plan",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
@@ -158,6 +163,7 @@ def train_cmd(
     epochs: int | None,
     freeze_encoder: bool,
     init: str | None,
+    no_prior: bool,
     plan: Path | None,
     seed: int,
     validation_split: float,
@@ -204,6 +210,7 @@ def train_cmd(
             device=device,
             epochs=epochs,
             freeze_encoder=freeze_encoder,
+            static_prior=not no_prior,
             progress=progress,
         )
         progress.stage("write")

@@ -126,6 +126,7 @@ def train_predictor(
     epochs: int | None = None,
     freeze_encoder: bool = False,
     init: str | Path | Predictor | None = None,
+    static_prior: bool = True,
     progress: Progress = NULL_PROGRESS,
 ) -> Predictor:
     """Train a predictor of ``kind`` on (prompt text, observed lengths) pairs.
@@ -158,6 +159,11 @@ def train_predictor(
         (:mod:`aspc.predict.lexical_train`), transformer fine-tunes its weights;
         static takes a static predictor (refits its head), a transformer one
         (distils its fine-tuned encoder) or a lexical one (a fixed offset).
+    static_prior
+        Static: fit the head on top of the shipped default's text score (a
+        fixed offset) unless ``init`` brings its own. On CASTILLO validate this
+        ranked at least as well as the lexical predictor alone (README, Length
+        prediction); ``False``: the static head alone.
     progress
         Progress sink (the CLI passes a rich bar).
 
@@ -166,6 +172,8 @@ def train_predictor(
     Predictor
         Not yet saved; call ``.save(directory)``.
     """
+    if not static_prior and kind != "static":
+        raise ConfigError("--no-prior applies to --kind static only")
     if kind == "lexical":
         if base_model is not None or freeze_encoder or epochs is not None:
             raise ConfigError("--base-model, --epochs and --freeze-encoder apply to --kind transformer only")
@@ -202,13 +210,16 @@ def train_predictor(
             raise ConfigError("--epochs and --freeze-encoder apply to --kind transformer only")
         from aspc.predict.static_train import train_static
 
+        start = _init_predictor(init, ("static", "transformer", "lexical"), device)
+        prior = load_predictor(DEFAULT) if static_prior and getattr(start, "kind", None) in (None, "transformer") else None
         return train_static(
             texts,
             lengths,
             targets=targets,
             groups=groups,
             base_model=base_model,
-            init=_init_predictor(init, ("static", "transformer", "lexical"), device),
+            init=start,
+            prior=prior,
             seed=seed,
             validation_split=validation_split,
             progress=progress,

@@ -97,6 +97,7 @@ def train_static(
     config: StaticConfig | None = None,
     base_model: str | None = None,
     init: Any = None,
+    prior: Any = None,
     table: tuple[str, np.ndarray, dict] | None = None,
     seed: int = 0,
     validation_split: float = 0.1,
@@ -115,6 +116,11 @@ def train_static(
     init
         A ``static`` predictor (refit its head), a ``transformer`` predictor
         (distil its encoder) or a ``lexical`` one (its score is a fixed offset).
+    prior
+        A lexical predictor whose text score (without its level) is a fixed
+        offset of the head, for a fresh or transformer-``init`` fit (a lexical
+        ``init`` is its own prior; a static one keeps its prior).
+        ``aspc predict train --kind static`` passes the shipped default.
     table
         ``(tokenizer JSON, table, description)`` already distilled, to skip the
         distillation (benchmarks fitting many heads on one table).
@@ -145,7 +151,9 @@ def train_static(
         tok_json, tab, info = table
     else:
         tok_json, tab, info = _distil(base_model, init if kind == "transformer" else None, config, progress)
-    prior = init if kind == "lexical" else (init.prior if kind == "static" else None)
+    prior = init if kind == "lexical" else (init.prior if kind == "static" else prior)
+    if prior is not None and getattr(prior, "kind", None) != "lexical":
+        raise ConfigError(f"the prior of a static head must be a lexical predictor, not {getattr(prior, 'kind', prior)!r}")
 
     uniq, text_of_row = np.unique(np.array(texts, dtype=object), return_inverse=True)
     text_of_row = text_of_row.reshape(-1).astype(np.int64)

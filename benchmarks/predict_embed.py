@@ -163,6 +163,10 @@ def bench_static(d, models, lexical, args) -> dict:
     tok, t32, info = distilled(args)
     distil_s = time.perf_counter() - started
     t16 = t32.astype(np.float16)
+    from aspc.predict.static import StaticConfig
+
+    head, tail = (int(x) for x in args.static_cut.split(","))
+    config = StaticConfig(head_chars=head, tail_chars=tail)
     out: dict[str, dict] = {}
     lams: dict[str, list] = {}
     for m in models:
@@ -179,7 +183,8 @@ def bench_static(d, models, lexical, args) -> dict:
             if lexical is not None:
                 runs.append(("static+lexical", t16, lexical.with_target(m)))
             for key, table, init in runs:
-                p = train_static(t, lens, init=init, table=(tok, table, info), seed=args.seed, validation_split=0.0)
+                p = train_static(t, lens, init=init, table=(tok, table, info), config=config, seed=args.seed,
+                                 validation_split=0.0)  # fmt: skip
                 out.setdefault(f"{key}-{name}", {})[m] = evaluate(p.predict(vt), vl)
                 lams.setdefault(f"{key}-{name}", []).append(p.metadata["training"]["ridge_lam"])
         print(f"  static {m}: own {args.own_pairs} {out[f'static-{args.own_pairs}'][m]['kendall_tau']:.3f}, "

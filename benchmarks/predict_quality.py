@@ -355,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scratch", action="store_true", help="refit: also train from scratch on the own pairs")
     ap.add_argument("--embeddings", type=Path, default=None, help="minilm/static heads: embedding cache (.npz)")
     ap.add_argument("--static-f32", action="store_true", help="static: also with a float32 table")
+    ap.add_argument("--static-cut", default="512,128", help="static: head,tail characters tokenized")
     ap.add_argument("--static-sif", action="store_true", help="static: also with rows weighted by inverse token frequency")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args(argv)

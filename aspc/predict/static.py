@@ -62,8 +62,10 @@ class StaticConfig:
     # moving the mean of its first few hundred tokens' vectors very little. What the cut hides
     # (how long the prompt is) the length features still see, computed on the whole text; the
     # tail keeps a trailing instruction ("... explain the code above") that follows a long paste.
-    head_chars: int = 1536
-    tail_chars: int = 512
+    # On CASTILLO validate 512 + 128 ranked as well as 1536 + 512 (mean tau 0.199 / 0.212 against
+    # 0.194 / 0.205, own 4,000 / all rows) and tokenizes 2-3x fewer tokens.
+    head_chars: int = 512
+    tail_chars: int = 128
     folds: int = 5  # out-of-fold fits: honest residuals for the calibration and the penalty choice
     calibration_bins: int = 8
     lam_grid: tuple[float, ...] = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)

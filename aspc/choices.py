@@ -57,7 +57,7 @@ TARGETS = ("verl",)
 ON_BAD_LINE = ("error", "skip")
 
 # --kind: predictors that aspc.predict can train and load.
-PREDICTOR_KINDS = ("lexical", "transformer")
+PREDICTOR_KINDS = ("lexical", "transformer", "static")
 
 # aspc export --format.
 EXPORT_FORMATS = ("verl", "jsonl")

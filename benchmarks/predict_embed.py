@@ -1,4 +1,4 @@
-"""Encoder-embedding heads per model for ``benchmarks/predict_quality.py`` (kinds minilm-heads, static-heads).
+"""Encoder-embedding heads per model for ``benchmarks/predict_quality.py`` (kinds minilm-heads, static).
 
 An affordable, honest measurement of what the MiniLM encoder adds on a
 2-core CPU: embeddings are computed once for every distinct CASTILLO prompt
@@ -8,17 +8,25 @@ sample) pairs, and all rows), alone and on top of the lexical prior, and
 calibrated with out-of-fold residuals. This is *not* a fine-tune of the
 encoder: a fine-tune per model is 13 CPU-hours here.
 
-``static``: the encoder distilled to static token vectors (each vocabulary
-token encoded alone, the output at its position), a prompt being the mean of
-its tokens' vectors: no transformer at inference, so thousands of prompts/s.
+``static``: the library's static predictor (:mod:`aspc.predict.static`,
+what ``aspc predict train --kind static`` trains): the encoder distilled once
+into one vector per vocabulary token, then per model
+:func:`~aspc.predict.static_train.train_static` on that model's own train
+rows (its ridge penalty chosen by out-of-fold error, its bands calibrated as
+the lexical predictor's), alone and on top of the lexical prior; also with
+the table kept in float32 (the directory stores float16) to measure what
+the storage costs.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import numpy as np
+
+from aspc.progress import NULL_PROGRESS
 
 MAX_TOKENS = 128
 RIDGE = 30.0  # head penalty on standardised embeddings; 3-300 changed mean tau by < 0.01
@@ -48,36 +56,6 @@ def minilm_embeddings(texts: list[str], batch: int = 32) -> np.ndarray:
             m = e["attention_mask"].unsqueeze(-1).float()
             out[idx] = ((h * m).sum(1) / m.sum(1)).numpy()
     return out
-
-
-def static_table(batch: int = 1024) -> np.ndarray:
-    """One vector per vocabulary token: the encoder's output for ``[CLS] token [SEP]`` at the token."""
-    torch, tok, enc = _encoder()
-    n = tok.vocab_size
-    table = np.zeros((n, enc.config.hidden_size), np.float32)
-    with torch.inference_mode():
-        for s in range(0, n, batch):
-            ids = torch.arange(s, min(n, s + batch)).unsqueeze(1)
-            cls = torch.full_like(ids, tok.cls_token_id)
-            sep = torch.full_like(ids, tok.sep_token_id)
-            h = enc(input_ids=torch.cat([cls, ids, sep], 1), attention_mask=torch.ones(len(ids), 3, dtype=torch.long))
-            table[s : s + len(ids)] = h.last_hidden_state[:, 1].numpy()
-    return table
-
-
-class StaticEncoder:
-    """Mean of static token vectors: tokenizer + a gather, no transformer."""
-
-    def __init__(self, table: np.ndarray) -> None:
-        _, self.tok, _ = _encoder()
-        self.table = table
-
-    def __call__(self, texts: list[str]) -> np.ndarray:
-        ids = self.tok(texts, add_special_tokens=False, truncation=True, max_length=512)["input_ids"]
-        counts = np.array([max(len(x), 1) for x in ids])
-        flat = np.concatenate([x if x else [self.tok.unk_token_id] for x in ids]).astype(np.int64)
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        return np.add.reduceat(self.table[flat], starts, axis=0) / counts[:, None]
 
 
 def _features(emb: np.ndarray, texts: list[str], mu: np.ndarray, sd: np.ndarray) -> np.ndarray:
@@ -121,26 +99,16 @@ def bench_heads(d, models, lexical, args, static: bool) -> dict:
 
     from aspc.predict.metrics import evaluate
 
+    if static:
+        return bench_static(d, models, lexical, args)
     texts = sorted(set(d["prompt_text"]))
     cache = args.embeddings
-    key = "static" if static else "minilm"
+    key = "minilm"
     store = dict(np.load(cache, allow_pickle=False)) if cache is not None and Path(cache).is_file() else {}
     started = time.perf_counter()
-    speed = {}
-    if static:
-        if "static_table" not in store:
-            store["static_table"] = static_table()
-        enc = StaticEncoder(store["static_table"])
-        sample = texts[:2000]
-        enc(sample[:64])
-        t0 = time.perf_counter()
-        enc(sample)
-        speed["static_embed_prompts_per_s"] = len(sample) / (time.perf_counter() - t0)
-        emb = enc(texts)
-    else:
-        if "minilm" not in store:
-            store["minilm"] = minilm_embeddings(texts)
-        emb = store["minilm"]
+    if "minilm" not in store:
+        store["minilm"] = minilm_embeddings(texts)
+    emb = store["minilm"]
     if cache is not None:
         np.savez(cache, **store)
     row_of = {t: i for i, t in enumerate(texts)}
@@ -163,5 +131,73 @@ def bench_heads(d, models, lexical, args, static: bool) -> dict:
                 out[f"{key}+lexical-{name}"][m] = evaluate(head(vt), vl)
         print(f"  {key} {m}: {out[f'{key}-all'][m]['kendall_tau']:.3f}", flush=True)
     res: dict[str, dict] = {k: {"per_model": v} for k, v in out.items()}
-    res[f"{key}-info"] = {"seconds": time.perf_counter() - started, **speed}
+    res[f"{key}-info"] = {"seconds": time.perf_counter() - started}
     return res
+
+
+def distilled(args) -> tuple[str, np.ndarray, dict]:
+    """(tokenizer JSON, float32 table, description) of the base encoder, cached in ``--embeddings``."""
+    from aspc.predict.static import StaticConfig
+    from aspc.predict.static_train import _distil
+
+    cache = args.embeddings
+    store = dict(np.load(cache, allow_pickle=False)) if cache is not None and Path(cache).is_file() else {}
+    if "static_table32" not in store:
+        tok, table, info = _distil(args.base_model, None, StaticConfig(table_dtype="float32"), NULL_PROGRESS)
+        store["static_table32"] = table
+        store["static_tokenizer"] = np.frombuffer(tok.encode(), dtype=np.uint8)
+        store["static_info"] = np.frombuffer(json.dumps(info).encode(), dtype=np.uint8)
+        if cache is not None:
+            np.savez(cache, **store)
+    info = json.loads(store["static_info"].tobytes().decode())
+    return store["static_tokenizer"].tobytes().decode(), store["static_table32"], info
+
+
+def bench_static(d, models, lexical, args) -> dict:
+    from predict_quality import own_pairs, pick, rows_of
+
+    from aspc.predict.metrics import evaluate
+    from aspc.predict.static_train import train_static
+
+    started = time.perf_counter()
+    tok, t32, info = distilled(args)
+    distil_s = time.perf_counter() - started
+    t16 = t32.astype(np.float16)
+    from aspc.predict.static import StaticConfig
+
+    head, tail = (int(x) for x in args.static_cut.split(","))
+    config = StaticConfig(head_chars=head, tail_chars=tail)
+    out: dict[str, dict] = {}
+    lams: dict[str, list] = {}
+    for m in models:
+        tr, va = rows_of(d, "train", m), rows_of(d, "validate", m)
+        vt, vl = pick(d, "prompt_text", va), pick(d, "output_sizes", va)
+        few = own_pairs(d, tr, args.own_pairs, args.seed)
+        full = (pick(d, "prompt_text", tr), pick(d, "output_sizes", tr))
+        for name, (t, lens) in ((str(args.own_pairs), few), ("all", full)):
+            runs = [("static", t16, None)]
+            if args.static_f32:
+                runs.append(("static-f32", t32, None))
+            if args.static_sif:
+                runs.append(("static-sif", sif_table(tok, t32, t), None))
+            if lexical is not None:
+                runs.append(("static+lexical", t16, lexical.with_target(m)))
+            for key, table, init in runs:
+                p = train_static(t, lens, init=init, table=(tok, table, info), config=config, seed=args.seed,
+                                 validation_split=0.0)  # fmt: skip
+                out.setdefault(f"{key}-{name}", {})[m] = evaluate(p.predict(vt), vl)
+                lams.setdefault(f"{key}-{name}", []).append(p.metadata["training"]["ridge_lam"])
+        print(f"  static {m}: own {args.own_pairs} {out[f'static-{args.own_pairs}'][m]['kendall_tau']:.3f}, "
+              f"all {out['static-all'][m]['kendall_tau']:.3f}", flush=True)  # fmt: skip
+    res: dict[str, dict] = {k: {"per_model": v, "ridge_lam": lams[k]} for k, v in out.items()}
+    res["static-info"] = {"distil_s": distil_s, "seconds": time.perf_counter() - started, **info}
+    return res
+
+
+def sif_table(tok: str, table: np.ndarray, texts: list[str], a: float = 1e-3) -> np.ndarray:
+    """Rows scaled by smooth inverse frequency ``a / (a + p(token))``, ``p`` from ``texts`` (exploratory)."""
+    from aspc.predict.static import StaticConfig, load_tokenizer_json, token_ids
+
+    flat, _ = token_ids(load_tokenizer_json(tok), texts, StaticConfig(), len(table))
+    p = np.bincount(flat, minlength=len(table)) / max(len(flat), 1)
+    return (table * (a / (a + p))[:, None]).astype(np.float16)

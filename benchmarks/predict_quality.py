@@ -28,16 +28,21 @@ Predictors:
 - ``minilm-heads``: frozen all-MiniLM-L6-v2 embeddings (128 tokens, computed
   once for all prompts, cached with ``--embeddings``), then per model a ridge
   head on that model's own train rows, alone and on top of the lexical prior
-  (offset = prior score). ``static-heads``: the same heads on static token
-  embeddings distilled from the encoder (each vocabulary token encoded alone,
-  model2vec-style), with their CPU prompts/s.
+  (offset = prior score).
+- ``static`` (alias ``static-heads``): the static predictor
+  (``aspc predict train --kind static``: the encoder distilled into one vector
+  per vocabulary token, a ridge head on their mean) trained per model on the
+  same own rows, alone, on top of the lexical prior (after kind ``lexical``)
+  and, with ``--static-f32``, with a float32 table (the directory stores
+  float16). The distilled table is cached in ``--embeddings``.
 - ``speed``: prompts/s of the shipped default's ``predict`` on 200,000 prompts.
 
     .venv/bin/python benchmarks/predict_quality.py
     python benchmarks/predict_quality.py --kinds transformer --device cuda --transformer-pairs 4000
     python benchmarks/predict_quality.py --kinds transformer --device cuda --transformer-pairs 0
     .venv/bin/python benchmarks/predict_quality.py --kinds lexical,refit,history-epochs,speed
-    .venv/bin/python benchmarks/predict_quality.py --kinds minilm-heads,static-heads --embeddings emb.npz
+    .venv/bin/python benchmarks/predict_quality.py --kinds minilm-heads --embeddings emb.npz
+    .venv/bin/python benchmarks/predict_quality.py --kinds lexical,static --static-f32 --lexical-cache DIR --embeddings emb.npz
 
 (``--base-model DIR`` for a local copy of the encoder where the wheel is not
 installed; ``--data PATH`` for the parquet file elsewhere.)
@@ -349,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refit-all", action="store_true", help="refit: also on all the model's train rows")
     ap.add_argument("--scratch", action="store_true", help="refit: also train from scratch on the own pairs")
     ap.add_argument("--embeddings", type=Path, default=None, help="minilm/static heads: embedding cache (.npz)")
+    ap.add_argument("--static-f32", action="store_true", help="static: also with a float32 table")
+    ap.add_argument("--static-cut", default="512,128", help="static: head,tail characters tokenized")
+    ap.add_argument("--static-sif", action="store_true", help="static: also with rows weighted by inverse token frequency")
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args(argv)
     if not args.data.is_file():
@@ -395,11 +403,11 @@ def main(argv: list[str] | None = None) -> int:
                 from aspc.predict import load_predictor
 
                 results[kind] = bench_speed(load_predictor("default"), d)
-        elif kind in ("minilm-heads", "static-heads"):
+        elif kind in ("minilm-heads", "static", "static-heads"):
             from predict_embed import bench_heads
 
             # Heads on top of the lexical prior only when this run trains it (kind lexical first).
-            results.update(bench_heads(d, models, lexical, args, static=kind == "static-heads"))
+            results.update(bench_heads(d, models, lexical, args, static=kind != "minilm-heads"))
         else:
             ap.error(f"unknown kind {kind}")
         print(f"[{kind}: {time.perf_counter() - started:.0f} s]", flush=True)

@@ -114,12 +114,13 @@ def _init_option(fn: F) -> F:
     type=click.Choice(PREDICTOR_KINDS),
     default="lexical",
     show_default=True,
-    help="lexical: hashed n-grams + ridge (NumPy); transformer: fine-tuned encoder (torch).",
+    help="lexical: hashed n-grams + ridge (NumPy); transformer: fine-tuned encoder (torch); "
+    "static: the encoder distilled into token vectors + ridge (fast on CPU; torch to train).",
 )
 @click.option(
     "--base-model",
     default=None,
-    help="Transformer: local Hugging Face model dir. [default: all-MiniLM-L6-v2]",
+    help="Transformer, static: local Hugging Face encoder dir (static distils it). [default: all-MiniLM-L6-v2]",
 )
 @_device_option
 @click.option(
@@ -127,6 +128,11 @@ def _init_option(fn: F) -> F:
 )
 @click.option("--freeze-encoder", is_flag=True, help="Transformer: train only the head on fixed embeddings.")
 @_init_option
+@click.option(
+    "--no-prior",
+    is_flag=True,
+    help="Static: the head alone, not on top of the shipped default's text score (the default offset).",
+)
 @click.option(
     "--plan",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -157,6 +163,7 @@ def train_cmd(
     epochs: int | None,
     freeze_encoder: bool,
     init: str | None,
+    no_prior: bool,
     plan: Path | None,
     seed: int,
     validation_split: float,
@@ -203,6 +210,7 @@ def train_cmd(
             device=device,
             epochs=epochs,
             freeze_encoder=freeze_encoder,
+            static_prior=not no_prior,
             progress=progress,
         )
         progress.stage("write")

@@ -7,6 +7,9 @@ LengthPrediction`` with a mean and q10/q50/q90 per prompt, in tokens):
   NumPy only. The predictor shipped in the package (``"default"``) is one.
 - ``transformer``: a small pretrained encoder fine-tuned with regression and
   pinball heads (needs torch and transformers).
+- ``static``: that encoder distilled into one vector per vocabulary token and a
+  ridge head on their mean: NumPy, Numba and the Rust tokenizer at inference,
+  thousands of prompts/s on a CPU (training needs torch once, to distil).
 - ``history``: any of the above blended with lengths observed for the same
   prompt id in earlier runs (:class:`HistoryPredictor`).
 
@@ -95,6 +98,10 @@ def load_predictor(
         from aspc.predict.transformer import TransformerPredictor
 
         pred = TransformerPredictor.load(directory, target=target, device=device)
+    elif found == "static":
+        from aspc.predict.static import StaticPredictor
+
+        pred = StaticPredictor.load(directory, target=target)
     else:
         from aspc.errors import PredictorError
 
@@ -119,6 +126,7 @@ def train_predictor(
     epochs: int | None = None,
     freeze_encoder: bool = False,
     init: str | Path | Predictor | None = None,
+    static_prior: bool = True,
     progress: Progress = NULL_PROGRESS,
 ) -> Predictor:
     """Train a predictor of ``kind`` on (prompt text, observed lengths) pairs.
@@ -126,7 +134,7 @@ def train_predictor(
     Parameters
     ----------
     kind
-        ``lexical`` or ``transformer``.
+        ``lexical``, ``transformer`` or ``static``.
     texts
         Prompt texts.
     lengths
@@ -142,12 +150,20 @@ def train_predictor(
     validation_split
         Fraction of distinct prompts held out; their metrics go to the metadata.
     base_model, device, epochs, freeze_encoder
-        Transformer settings (ignored, and rejected when set, for lexical).
+        Transformer settings (rejected when set for lexical; static takes
+        ``base_model``, the encoder it distils).
     init
         Refit from this predictor (a directory, ``"default"``, or a loaded
         predictor of the same kind) instead of starting from scratch: lexical
         fits a penalised correction of its weights
-        (:mod:`aspc.predict.lexical_train`), transformer fine-tunes its weights.
+        (:mod:`aspc.predict.lexical_train`), transformer fine-tunes its weights;
+        static takes a static predictor (refits its head), a transformer one
+        (distils its fine-tuned encoder) or a lexical one (a fixed offset).
+    static_prior
+        Static: fit the head on top of the shipped default's text score (a
+        fixed offset) unless ``init`` brings its own. On CASTILLO validate this
+        ranked at least as well as the lexical predictor alone (README, Length
+        prediction); ``False``: the static head alone.
     progress
         Progress sink (the CLI passes a rich bar).
 
@@ -156,6 +172,8 @@ def train_predictor(
     Predictor
         Not yet saved; call ``.save(directory)``.
     """
+    if not static_prior and kind != "static":
+        raise ConfigError("--no-prior applies to --kind static only")
     if kind == "lexical":
         if base_model is not None or freeze_encoder or epochs is not None:
             raise ConfigError("--base-model, --epochs and --freeze-encoder apply to --kind transformer only")
@@ -187,11 +205,31 @@ def train_predictor(
             validation_split=validation_split,
             progress=progress,
         )
+    if kind == "static":
+        if freeze_encoder or epochs is not None:
+            raise ConfigError("--epochs and --freeze-encoder apply to --kind transformer only")
+        from aspc.predict.static_train import train_static
+
+        start = _init_predictor(init, ("static", "transformer", "lexical"), device)
+        prior = load_predictor(DEFAULT) if static_prior and getattr(start, "kind", None) in (None, "transformer") else None
+        return train_static(
+            texts,
+            lengths,
+            targets=targets,
+            groups=groups,
+            base_model=base_model,
+            init=start,
+            prior=prior,
+            seed=seed,
+            validation_split=validation_split,
+            progress=progress,
+        )
     raise ConfigError(f"unknown predictor kind {kind!r}; use one of {', '.join(KINDS)}")
 
 
-def _init_predictor(init: str | Path | Predictor | None, kind: str, device: str) -> Any:
-    """The predictor a refit starts from, checked to be of ``kind``."""
+def _init_predictor(init: str | Path | Predictor | None, kind: str | tuple[str, ...], device: str) -> Any:
+    """The predictor a refit starts from, checked to be of ``kind`` (or one of several)."""
+    kinds = (kind,) if isinstance(kind, str) else kind
     if init is None:
         return None
     if isinstance(init, Predictor):
@@ -200,10 +238,13 @@ def _init_predictor(init: str | Path | Predictor | None, kind: str, device: str)
         from aspc.errors import PredictorError
 
         try:
-            pred = load_predictor(init, device=device) if kind == "transformer" else load_predictor(init)
+            pred = load_predictor(init, device=device) if "transformer" in kinds else load_predictor(init)
         except PredictorError as exc:
             raise ConfigError(f"--init: {exc}") from None
-    if pred.kind != kind:
+    if pred.kind not in kinds:
+        if len(kinds) > 1:
+            raise ConfigError(f"--init {init}: holds a {pred.kind} predictor; --kind {kinds[0]} starts from "
+                              f"one of {', '.join(kinds)}")  # fmt: skip
         raise ConfigError(
             f"--init {init}: holds a {pred.kind} predictor, but --kind is {kind}; a refit keeps the kind"
         )

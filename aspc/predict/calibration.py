@@ -237,6 +237,37 @@ def target_band(
     return with_pooled_band(own, pooled, shift, f), f
 
 
+def fit_calibrations(oof, lengths, train_rows, target_of_row, target_names, icpt, intercepts, fold_of_row, by_group, bins):
+    """A trainer's calibrations from its out-of-fold log scores: one per target, then the pooled one.
+
+    Returns ``(calibrations, pooled band scale, per-target band scales)``.
+    With leave-one-group-out folds (``by_group``) the pooled band is widened
+    until groups count equally (:func:`balanced_band_scale`) and every target
+    starts from it, widened by its own groups (:func:`target_band`); random
+    folds are in-distribution, and plain conformal is right. The pooled
+    residuals are every target's around its own level, so the band is the
+    spread of one response, not the spread between models.
+    """
+    target_scales: dict[str, float] = {}
+    tr_lengths = [lengths[i] for i in train_rows]
+    if target_of_row is None:
+        scale = balanced_band_scale(oof[train_rows], tr_lengths, fold_of_row[train_rows], bins) if by_group else 1.0
+        cal = Calibration.fit(oof[train_rows], tr_lengths, bins, band_scale=scale)
+        return [cal, cal], float(scale), target_scales
+    row_groups = [train_rows[target_of_row[train_rows] == t] for t in range(len(target_names))]
+    cals = [Calibration.fit(oof[g], [lengths[i] for i in g], bins) for g in row_groups]
+    shift = icpt[target_of_row[train_rows]] - intercepts[-1]
+    pooled_y = oof[train_rows] - shift
+    pooled_l = [lengths[i] / np.exp(s) for i, s in zip(train_rows, shift, strict=True)]
+    scale = balanced_band_scale(pooled_y, pooled_l, fold_of_row[train_rows], bins) if by_group else 1.0
+    cals.append(Calibration.fit(pooled_y, pooled_l, bins, band_scale=scale))
+    for t, g in enumerate(row_groups if by_group else []):
+        cals[t], target_scales[target_names[t]] = target_band(
+            cals[t], cals[-1], float(icpt[t] - intercepts[-1]), oof[g], [lengths[i] for i in g],
+            fold_of_row[g], pooled_y, pooled_l, fold_of_row[train_rows])  # fmt: skip
+    return cals, float(scale), target_scales
+
+
 def with_pooled_band(own: Calibration, pooled: Calibration, shift: float, scale: float = 1.0) -> Calibration:
     """``own``'s mean and median curves with ``pooled``'s q10/q90 offsets (times ``scale``) about them.
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from aspc.errors import ConfigError
 from aspc.predict.base import check_training_pairs, hash_training_data
-from aspc.predict.calibration import Calibration, balanced_band_scale, estimate_history_prior, target_band
+from aspc.predict.calibration import estimate_history_prior, fit_calibrations
 from aspc.predict.features import N_DENSE, Features, featurize
 from aspc.predict.lexical import DEFAULT_KAPPA, LexicalConfig, LexicalPredictor, validation_metrics
 from aspc.predict.metrics import marginal_summary
@@ -213,35 +213,13 @@ def train_lexical(
     else:
         share = np.bincount(target_of_row[train_rows], weights=weight[train_rows], minlength=n_targets)
         intercepts = np.append(icpt, float(share @ icpt / share.sum()))
-    row_groups = (
-        [train_rows]
-        if target_of_row is None
-        else [train_rows[target_of_row[train_rows] == t] for t in range(n_targets)]
-    )
-    bins = config.calibration_bins
-    target_scales: dict[str, float] = {}
     # Leave-one-source-out residuals: widen the band until sources count equally (see
-    # balanced_band_scale); random folds are in-distribution and plain conformal is right.
+    # calibration.fit_calibrations); random folds are in-distribution and plain conformal is right.
     by_group = fold_mode == "leave one group out"
-    if target_of_row is None:
-        scale = balanced_band_scale(oof[train_rows], [lengths[i] for i in train_rows],
-                                    fold_of_row[train_rows], bins) if by_group else 1.0  # fmt: skip
-        cal = Calibration.fit(oof[train_rows], [lengths[i] for i in train_rows], bins, band_scale=scale)
-        cals = [cal, cal]
-    else:
-        cals = [Calibration.fit(oof[g], [lengths[i] for i in g], bins) for g in row_groups]
-        # Pooled: residuals of every target around its own level, so the band is the spread
-        # of one response, not the spread between models. With source folds, every target
-        # uses the pooled band, widened by its own sources (calibration.target_band).
-        shift = icpt[target_of_row[train_rows]] - intercepts[-1]
-        pooled_y = oof[train_rows] - shift
-        pooled_l = [lengths[i] / np.exp(s) for i, s in zip(train_rows, shift, strict=True)]
-        scale = balanced_band_scale(pooled_y, pooled_l, fold_of_row[train_rows], bins) if by_group else 1.0
-        cals.append(Calibration.fit(pooled_y, pooled_l, bins, band_scale=scale))
-        for t, g in enumerate(row_groups if by_group else []):  # the pooled band, widened per target
-            cals[t], target_scales[target_names[t]] = target_band(
-                cals[t], cals[-1], float(icpt[t] - intercepts[-1]), oof[g], [lengths[i] for i in g],
-                fold_of_row[g], pooled_y, pooled_l, fold_of_row[train_rows])  # fmt: skip
+    cals, scale, target_scales = fit_calibrations(
+        oof, lengths, train_rows, target_of_row, target_names, icpt, intercepts, fold_of_row, by_group,
+        config.calibration_bins,
+    )
 
     all_lengths = [lengths[i] for i in train_rows]
     meta: dict[str, Any] = {

@@ -26,7 +26,7 @@ import numpy as np
 
 from aspc.errors import ConfigError, PredictorError
 from aspc.predict.base import check_training_pairs, hash_training_data
-from aspc.predict.calibration import Calibration, balanced_band_scale, estimate_history_prior, target_band
+from aspc.predict.calibration import estimate_history_prior, fit_calibrations
 from aspc.predict.lexical import DEFAULT_KAPPA, validation_metrics
 from aspc.predict.metrics import marginal_summary
 from aspc.predict.static import StaticConfig, StaticPredictor, embed, load_tokenizer_json, prior_text_scores
@@ -236,8 +236,8 @@ def train_static(
     else:
         share = np.bincount(target_of_row[train_rows], weights=weight[train_rows], minlength=n_heads)
         intercepts = np.append(icpt, float(share @ icpt / share.sum()))
-    cals, band, target_scales = _calibrate(oof, lengths, train_rows, target_of_row, target_names, icpt,
-                                           intercepts, fold_of_row, by_group, config.calibration_bins)  # fmt: skip
+    cals, band, target_scales = fit_calibrations(oof, lengths, train_rows, target_of_row, target_names, icpt,
+                                                 intercepts, fold_of_row, by_group, config.calibration_bins)  # fmt: skip
     head = {"w": w[:dim], "mu": mu, "sd": sd, "w_len": w[dim : dim + 2], "intercepts": intercepts}
     all_lengths = [lengths[i] for i in train_rows]
     tr_targets = None if target_of_row is None else [target_names[t] for t in target_of_row[train_rows]]
@@ -269,26 +269,3 @@ def train_static(
             None if targets is None else [targets[i] for i in val_rows],
         )  # fmt: skip
     return pred
-
-
-def _calibrate(oof, lengths, train_rows, target_of_row, target_names, icpt, intercepts, fold_of_row, by_group, bins):
-    """Calibrations per target and pooled from out-of-fold scores, as the lexical predictor's."""
-    target_scales: dict[str, float] = {}
-    tr_lengths = [lengths[i] for i in train_rows]
-    if target_of_row is None:
-        scale = balanced_band_scale(oof[train_rows], tr_lengths, fold_of_row[train_rows], bins) if by_group else 1.0
-        cal = Calibration.fit(oof[train_rows], tr_lengths, bins, band_scale=scale)
-        return [cal, cal], float(scale), target_scales
-    row_groups = [train_rows[target_of_row[train_rows] == t] for t in range(len(target_names))]
-    cals = [Calibration.fit(oof[g], [lengths[i] for i in g], bins) for g in row_groups]
-    # Pooled: residuals of every target around its own level (the spread of one response).
-    shift = icpt[target_of_row[train_rows]] - intercepts[-1]
-    pooled_y = oof[train_rows] - shift
-    pooled_l = [lengths[i] / np.exp(s) for i, s in zip(train_rows, shift, strict=True)]
-    scale = balanced_band_scale(pooled_y, pooled_l, fold_of_row[train_rows], bins) if by_group else 1.0
-    cals.append(Calibration.fit(pooled_y, pooled_l, bins, band_scale=scale))
-    for t, g in enumerate(row_groups if by_group else []):
-        cals[t], target_scales[target_names[t]] = target_band(
-            cals[t], cals[-1], float(icpt[t] - intercepts[-1]), oof[g], [lengths[i] for i in g],
-            fold_of_row[g], pooled_y, pooled_l, fold_of_row[train_rows])  # fmt: skip
-    return cals, float(scale), target_scales

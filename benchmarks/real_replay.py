@@ -41,7 +41,12 @@ What it does (every step is an ``aspc`` command, printed before it runs):
    ``aspc calibrate`` fits the samples' own decode times with one speed
    factor per minibatch, and the fitted step costs are printed with their
    bootstrap standard errors. ``--refit`` redoes this step alone on the logs
-   of an earlier run in ``--out``. Prints, per run, the load
+   of an earlier run in ``--out``. Every run also times a fixed reference
+   minibatch before its first dispatch and after its last (``aspc run
+   --speed-probe``); the cross-plan errors are then reported a second time
+   at equal machine speed (the fit's prediction scaled by the predicted
+   run's probe over the fitted run's), which separates the cost model's
+   error across plans from a shared machine's drift between runs. Prints, per run, the load
    average before/after it and a least-squares ``seconds = a·steps +
    b·tokens`` over its minibatches; ``results.json`` keeps every
    minibatch's (sequences, steps, tokens, seconds).
@@ -111,7 +116,13 @@ def measured(run: Path) -> dict:
     padded = int(np.sum(mb["padded_tokens"]))
     makespan = max(mb["end"]) - t0
     order = np.argsort(mb["start"])
+    summary = json.loads((run / "meta.json").read_text()).get("summary") or {}
+    probes = summary.get("speed_probe_s") or {}
+    probe_values = [v for k in ("before", "after") for v in probes.get(k) or [] if v]
     return {
+        # Seconds of the fixed reference minibatch (aspc run --speed-probe), before and after, per worker.
+        "speed_probe_s": probes or None,
+        "speed_probe_mean": float(np.mean(probe_values)) if probe_values else None,
         "decode_steps": int(np.sum(mb["max_len"])),
         "makespan": makespan,
         "generation_seconds": float(gen.sum()),
@@ -123,6 +134,13 @@ def measured(run: Path) -> dict:
         "per_minibatch": [(int(mb["n_sequences"][i]), int(mb["max_len"][i]), int(mb["tokens"][i]), float(gen[i]))
                           for i in order],
     }
+
+
+def _probes(p: dict | None) -> str:
+    """'before/after' seconds of a run's speed probes (mean over workers), or '-'."""
+    if not p:
+        return "-"
+    return "/".join(f"{sum(p[k]) / len(p[k]):.2f}" for k in ("before", "after"))
 
 
 def step_fit(per_mb: list) -> tuple[float, float]:
@@ -178,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="only prompts this short: on a CPU, attention over long padded prompts would dominate")
     ap.add_argument("--slack", type=int, default=None, help="asp minibatch size slack (compiler default if unset)")
     ap.add_argument("--out", type=Path, default=ROOT / "out" / "real_replay")
+    ap.add_argument("--no-speed-probe", action="store_true",
+                    help="run without 'aspc run --speed-probe' (by default every run times a fixed reference "
+                         "minibatch before and after, and cross-plan errors are also reported at equal speed)")
     ap.add_argument("--without-decode-times", action="store_true",
                     help="also fit every run log with its samples' decode_time removed (as format 1.1 logs had "
                          "it) and report those cross-plan errors beside")
@@ -249,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                 load0 = os.getloadavg()[0]
                 sh([*aspc, "run", out / f"plan-{p}.parquet", "--backend", args.backend, "--model", args.model,
                     *device, "--replay-lengths", *common, "--return-mode", mode, "--reload-time", 0,
-                    "--log", run, "--overwrite"], cwd=ROOT, env=env)
+                    *([] if args.no_speed_probe else ["--speed-probe"]), "--log", run, "--overwrite"],
+                   cwd=ROOT, env=env)
                 r = results[key] = measured(run)
                 r.update(plan=p, mode=mode, rep=rep, load=(load0, os.getloadavg()[0]))
                 cal = out / f"cost-{p}-{mode}-{rep}.json"
@@ -288,13 +310,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"backend {args.backend}, W={args.workers}, model {args.model}"
           + (f", asp-step compiled with --minibatch-overhead {kappa:.3g}" if kappa is not None else ""))
     print(f"{'run':24} {'load':>9} {'mbs':>4} {'steps':>6} {'makespan s':>11} {'gen s':>7} "
-          f"{'tok/s':>6} {'padded':>7} {'a ms/step':>9} {'b ms/seq':>9}")
+          f"{'tok/s':>6} {'padded':>7} {'a ms/step':>9} {'b ms/seq':>9} {'probe s':>13}")
     for key, r in results.items():
         a, b = step_fit(r["per_minibatch"])
         r["step_fit"] = {"a": a, "b": b}
         print(f"{key:24} {r['load'][0]:4.1f}-{r['load'][1]:<4.1f} {r['minibatches']:4d} {r['decode_steps']:6d} "
               f"{r['makespan']:11.1f} {r['generation_seconds']:7.1f} {r['tokens_per_s']:6.1f} "
-              f"{100 * r['padded_fraction']:6.1f}% {1e3 * a:9.1f} {1e3 * b:9.1f}")
+              f"{100 * r['padded_fraction']:6.1f}% {1e3 * a:9.1f} {1e3 * b:9.1f} {_probes(r.get('speed_probe_s')):>13}")
     print()
     for p in plans[1:]:
         for mode in modes:
@@ -326,6 +348,25 @@ def main(argv: list[str] | None = None) -> int:
                 worst = max(cross, key=abs)
                 print(f"  across plans, {mode}{', ' + what if what else ''}: {sum(abs(e) <= 0.2 for e in cross)} "
                       f"of {len(cross)} pairs within 20%, largest {100 * worst:+.1f}%")
+            # The same comparison at equal machine speed: a fit from run A predicts run B's makespan
+            # scaled by B's speed probe over A's (the fixed reference minibatch timed in each run), so
+            # what is left is the cost model's error across plans, not how busy the machine was.
+            equal = []
+            for r in results.values():
+                for p in plans:
+                    fit_run = results[f"{p}/{r['mode']}/{r['rep']}"]
+                    if r["mode"] != mode or p == r["plan"] or not (r.get("speed_probe_mean")
+                                                                   and fit_run.get("speed_probe_mean")):
+                        continue
+                    scale = r["speed_probe_mean"] / fit_run["speed_probe_mean"]
+                    err = r[f"sim_makespan_{tag}fit_{p}"] * scale / r["makespan"] - 1
+                    r[f"sim_error_equal_speed_{tag}fit_{p}"] = err
+                    equal.append(err)
+            if equal:
+                worst = max(equal, key=abs)
+                print(f"  across plans, {mode}{', ' + what if what else ''}, at equal machine speed (scaled by "
+                      f"the runs' speed probes): {sum(abs(e) <= 0.2 for e in equal)} of {len(equal)} pairs "
+                      f"within 20%, largest {100 * worst:+.1f}%")
     print("fitted step costs (aspc calibrate; ± standard error: bootstrap over minibatches for sample-row fits):")
     for key, r in results.items():
         cm, se = r["cost_model"], r.get("std_errors") or {}

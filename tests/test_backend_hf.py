@@ -288,3 +288,51 @@ def test_replan_with_hf_keeps_every_replayed_length(tmp_path, model_dir):
         assert s["response_len"] == want[(s["prompt_id"], s["sample_index"])]
     mbs = read_run_log(run_dir).tables["minibatches"]
     assert max(v for v in mbs.column("plan_revision").to_pylist() if v is not None) >= 1
+
+
+def test_speed_probe_times_the_reference_minibatch_before_the_first_dispatch_and_after_the_last(tmp_path, model_dir):
+    from aspc.runtime.backends.base import PROBE_SEQUENCES, PROBE_TOKENS, probe_request
+
+    data, plan, want = _contract_files(tmp_path)
+    lengths = {d: v for d, v in ((json.loads(x)["id"], json.loads(x)["lengths"]) for x in data.read_text().splitlines())}
+    backend = _backend(model_dir, lengths)
+    calls: list[tuple[str, int, object]] = []
+    execute = backend._execute
+
+    def spy(worker, request):
+        res = execute(worker, request)
+        calls.append(("probe" if request.minibatch < 0 else "minibatch", worker, res))
+        return res
+
+    backend._execute = spy
+    from aspc.emit import read_plan
+
+    res = run(read_plan(plan), config=RunConfig(workers=2, global_batch=8, backend="hf", speed_probe=True),
+              backend=backend, trainer=VersionTrainer(model_dir))
+    kinds = [k for k, _, _ in calls]
+    n_mb = kinds.count("minibatch")
+    # Two probes per worker: all before the first minibatch, all after the last.
+    assert kinds == ["probe"] * 2 + ["minibatch"] * n_mb + ["probe"] * 2
+    assert [w for k, w, _ in calls if k == "probe"] == [0, 1, 0, 1]
+    for k, _, r in calls:
+        if k == "probe":  # the same fixed work every time: 8 sequences of exactly 32 tokens
+            assert r.response_len.tolist() == [PROBE_TOKENS] * PROBE_SEQUENCES
+    probes = res.summary.extra["speed_probe_s"]
+    assert probes["before"] == [r.elapsed for k, _, r in calls[:2]]
+    assert probes["after"] == [r.elapsed for k, _, r in calls[-2:]]
+    assert res.summary.samples_generated == len(want)  # the probes are not samples of the run
+    assert probe_request().n_total == PROBE_SEQUENCES
+
+    # The CLI: --json and the log report it, and aspc calibrate carries the mean.
+    (tmp_path / "cli").mkdir()
+    data, plan, _ = _contract_files(tmp_path / "cli", n=40)  # >= 8 minibatches: enough to calibrate on
+    run_dir = tmp_path / "RUN"
+    r = CliRunner().invoke(main, [*_contract_args(plan, model_dir, data, run_dir), "--speed-probe"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    got = summary["speed_probe_s"]
+    assert len(got["before"]) == len(got["after"]) == 2 and min(got["before"] + got["after"]) > 0
+    assert read_run_log(run_dir).meta["summary"]["speed_probe_s"] == got
+    r = CliRunner().invoke(main, ["calibrate", str(run_dir), "--json", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["speed_probe_s"] == pytest.approx(np.mean(got["before"] + got["after"]))

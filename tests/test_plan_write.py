@@ -8,9 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from aspc.emit import plan as plan_module
-from aspc.emit import read_plan, rows_hash, write_plan
+from aspc.emit import read_plan, rows_hash, stitch, write_plan
 from aspc.emit import schema as S
-from aspc.emit import stitch
 from aspc.io import gather
 from tests.test_compile import BYTE_IDENTITY_CASES, FIXTURES
 

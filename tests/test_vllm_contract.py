@@ -103,8 +103,11 @@ def test_vllm_cli_contract_tiny_model(tmp_path):
     run_dir = tmp_path / "RUN"
     # A queue of one trainer batch makes the worker wait for each step, so it must reload
     # (the tiny model generates a minibatch faster than the sim trainer steps).
-    args = [*contract_args(plan, str(model_dir), data, run_dir), "--queue-capacity", "8"]
-    check_contract(aspc_process(args), run_dir, want)
+    # --speed-probe: the reference minibatch runs through the engine before and after, apart from the run.
+    args = [*contract_args(plan, str(model_dir), data, run_dir), "--queue-capacity", "8", "--speed-probe"]
+    summary = check_contract(aspc_process(args), run_dir, want)
+    probes = summary["speed_probe_s"]
+    assert len(probes["before"]) == len(probes["after"]) == 1 and min(probes["before"] + probes["after"]) > 0
 
 
 @needs_vllm

@@ -51,6 +51,7 @@ def calibrate_cmd(run_dir: Path, output: str | Path | None, as_json: bool, quiet
         "r2_trainer": cal.r2_trainer,
         "generation_rel_error": cal.generation_rel_error,
         "minibatch_overhead": cal.minibatch_overhead,  # for aspc compile --minibatch-overhead
+        "speed_probe_s": cal.speed_probe_s,  # machine speed during the run (aspc run --speed-probe)
     }
     if as_json:
         emit_json({"cost_model": cal.sim_cost_model.to_dict(), "std_errors": cal.std_errors, **fit})

@@ -290,6 +290,13 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
     help="Commit finished work to the run log at least this often (wall seconds): what a crash can lose.",
 )
 @click.option(
+    "--speed-probe",
+    is_flag=True,
+    help="Time a fixed reference minibatch (8 sequences x 32 replayed tokens) on every worker before the "
+    "first dispatch and after the last; the JSON and the log report it as speed_probe_s, so runs of "
+    "different plans can be compared at equal machine speed (hf, vllm; local engine).",
+)
+@click.option(
     "--epochs",
     type=int,
     default=1,
@@ -327,6 +334,7 @@ def run_cmd(
     max_retries: int,
     worker_timeout: float | None,
     log_flush_seconds: float,
+    speed_probe: bool,
     epochs: int,
     length_drift: float,
     replan: bool,
@@ -359,6 +367,7 @@ def run_cmd(
         max_retries=max_retries,
         worker_timeout=worker_timeout,
         log_flush_seconds=log_flush_seconds,
+        speed_probe=speed_probe,
     )
     try:
         with runtime_loading(config.backend, plan_path):

@@ -28,7 +28,7 @@ from aspc.errors import ConfigError, OutputError, RunError
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.config import RunConfig, check_staleness, parse_return_mode, resolve_queue_capacity
-from aspc.runtime.contracts import BackendContext, GenerationBackend, Replanner, Trainer
+from aspc.runtime.contracts import BackendContext, Clock, GenerationBackend, Replanner, Trainer
 from aspc.runtime.core.batches import BatchBuilder
 from aspc.runtime.core.loop import drive
 from aspc.runtime.core.revise import revise_work
@@ -201,6 +201,9 @@ def run(
     backend = backend or make_backend(kind, context)
     trainer = trainer or make_trainer("sim", context)
     resume_log.check_log_options(log_dir, overwrite=overwrite, resume=resume)
+    if config.speed_probe and backend.clock is Clock.VIRTUAL:
+        raise ConfigError("--speed-probe times real generation; the sim backend has no machine speed to "
+                          "probe: drop it, or use --backend hf|vllm")
     if replanner is not None and not hasattr(backend, "on_revision"):
         raise ConfigError(f"--replan needs a backend that follows plan revisions; {config.backend} does not yet (use sim)")
     writer = RunLogWriter(log_dir, overwrite=overwrite, resume=resume) if log_dir is not None else None
@@ -299,6 +302,7 @@ def _run_locked(
     if start_weights is not None:
         for w in range(config.workers):
             backend.load_weights(w, 0, start_weights)
+    probes = _speed_probes(backend, config) if config.speed_probe else None
     # The run's clock starts at the first dispatch: model loading in setup is
     # not generation time (a no-op on the virtual clock).
     engine.advance_clock(0.0)
@@ -356,6 +360,8 @@ def _run_locked(
             steps_done=steps_done,
             revision=revision,
         )
+        if probes is not None:
+            probes = {"before": probes, "after": _speed_probes(backend, config)}
     except BaseException as exc:
         if writer is not None:
             writer.abort(exc, recorder.flush)
@@ -374,6 +380,8 @@ def _run_locked(
     )
     if lengths is not None:
         summary.extra["length_source"] = lengths.source
+    if probes is not None:
+        summary.extra["speed_probe_s"] = probes
     if recorder.n_faults:
         summary.extra["worker_faults"] = recorder.n_faults
         notes.append(f"{recorder.n_faults} worker faults: their minibatches were generated again")
@@ -392,6 +400,11 @@ def _run_locked(
         notes=(list(lengths.notes) if lengths is not None else []) + notes,
         log_dir=None if log_dir is None else Path(log_dir),
     )
+
+
+def _speed_probes(backend: GenerationBackend, config: RunConfig) -> list[float | None]:
+    """Seconds of the reference minibatch on each worker, one after another (the workers are idle)."""
+    return [backend.speed_probe(w) for w in range(config.workers)]
 
 
 def _disk_full(exc: OutputError, log_dir: str | os.PathLike | None) -> RunError:

@@ -95,6 +95,9 @@ class Calibration:
     std_errors: dict[str, float | None] = field(default_factory=dict)
     fit_rows: str = "minibatches"  # what the generation coefficients were fitted on: "samples" or "minibatches"
     n_fit_rows: int = 0  # rows of that fit
+    # Mean seconds of the log's speed probes (aspc run --speed-probe), None without: how fast the machine
+    # was while the fitted run ran; scale a prediction by probe_B / probe_A to compare at equal speed.
+    speed_probe_s: float | None = None
 
     @property
     def minibatch_overhead(self) -> float | None:
@@ -306,4 +309,12 @@ def calibrate(path: str | os.PathLike) -> Calibration:
                             samples=R.to_columns(log.tables[R.SAMPLES]), padded=backend in PADDED_BACKENDS)
     if log.status != R.STATUS_COMPLETE:
         cal.notes.append(f"run log status is {log.status!r}: fitted on the rows it holds")
+    cal.speed_probe_s = mean_speed_probe(log.meta)
     return cal
+
+
+def mean_speed_probe(meta: dict) -> float | None:
+    """Mean of a run log's speed probes (``summary.speed_probe_s``: before/after, per worker), or None."""
+    probes = ((meta.get("summary") or {}).get("speed_probe_s") or {}) if isinstance(meta, dict) else {}
+    values = [v for k in ("before", "after") for v in (probes.get(k) or []) if isinstance(v, (int, float)) and v > 0]
+    return float(np.mean(values)) if values else None

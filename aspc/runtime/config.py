@@ -76,6 +76,10 @@ class RunConfig:
     # Wall seconds a generation call may run before it is abandoned as hung
     # (wall-clock engines); None = no limit.
     worker_timeout: float | None = None
+    # Time a fixed reference minibatch on every worker before the first
+    # dispatch and after the last (real backends, local engine): the log then
+    # says how fast the machine was, apart from the plan.
+    speed_probe: bool = False
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` for a value no run could use."""
@@ -107,10 +111,13 @@ class RunConfig:
             raise ConfigError(f"--worker-timeout must be a finite number of seconds > 0, got {self.worker_timeout}")
         if not math.isfinite(self.log_flush_seconds) or self.log_flush_seconds < 0:
             raise ConfigError(f"--log-flush-seconds must be >= 0, got {self.log_flush_seconds}")
+        if self.speed_probe and self.engine != "local":
+            raise ConfigError("--speed-probe runs on this process's workers; Ray actors are not reachable from "
+                              "here: drop it, or use --engine local")
 
 
 # Options that change how a run copes, not what it computes: a resumed run may change them.
-OPERATIONAL_KEYS = ("log_flush_seconds", "max_retries", "worker_timeout")
+OPERATIONAL_KEYS = ("log_flush_seconds", "max_retries", "worker_timeout", "speed_probe")
 
 
 def resolve_queue_capacity(config: RunConfig, largest_minibatch: int) -> int:

@@ -86,6 +86,15 @@ class GenerationBackend(ABC):
         ``work.sample_start .. work.sample_end - 1``.
         """
 
+    def speed_probe(self, worker: int) -> float | None:
+        """Seconds ``worker`` takes for a fixed reference generation; ``None``: no such thing.
+
+        ``aspc run --speed-probe`` calls it before the first dispatch and after
+        the last, so a run log records how fast the machine was during the run
+        and runs of different plans can be compared at equal machine speed.
+        """
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Called once when the run ends, also after a failure."""
 

@@ -231,9 +231,36 @@ class ModelBackend(GenerationBackend):
             time.sleep(0.01)
         return False
 
+    def speed_probe(self, worker: int) -> float:
+        """Seconds ``worker`` takes to generate the fixed reference minibatch (:func:`probe_request`).
+
+        Runs through :meth:`execute`, the path every minibatch takes, with
+        replayed lengths: the same work on every machine, model and plan.
+        """
+        return float(self.execute(worker, probe_request()).elapsed)
+
     def weights_version(self, worker: int) -> int:
         """The weights version ``worker``'s model holds (0 until its first reload)."""
         return self._version.get(worker, 0)
+
+
+# The reference minibatch of speed_probe: sequences x tokens each (replayed
+# exactly), about one small minibatch of decode steps on a CPU.
+PROBE_SEQUENCES = 8
+PROBE_TOKENS = 32
+
+
+def probe_request() -> GenerationRequest:
+    """The fixed minibatch a speed probe generates: distinct short prompts, exact lengths."""
+    return GenerationRequest(
+        minibatch=-1,
+        sample_start=0,
+        prompt_ids=[f"speed-probe-{i}" for i in range(PROBE_SEQUENCES)],
+        prompts=[f"Reference prompt {i}: list the numbers from one to one hundred." for i in range(PROBE_SEQUENCES)],
+        n_samples=np.ones(PROBE_SEQUENCES, dtype=np.int64),
+        replay_len=np.full(PROBE_SEQUENCES, PROBE_TOKENS, dtype=np.int64),
+        max_new_tokens=PROBE_TOKENS + 1,
+    )
 
 
 def replay_total(request: GenerationRequest) -> np.ndarray | None:

@@ -17,6 +17,11 @@ Predictors:
 - ``transformer``: all-MiniLM-L6-v2 fine-tuned on ``--transformer-pairs``
   pairs sampled from train (4,000, the preprint's size; 0 = all), one model
   with per-model heads. Needs torch; slow on CPU, use ``--device cuda``.
+- ``transformer-own``: all-MiniLM-L6-v2 fine-tuned per model on that model's
+  own train pairs only (``--own-pairs``, 4,000, drawn as for ``refit``; with
+  ``--refit-all`` also all its rows): the issue's "MiniLM fine-tuned on the
+  policy's own pairs". One fine-tune per model, an accelerator job
+  (``--device cuda``; ``--models`` picks some).
 - ``transformer-speed``: CPU prompts/s of the transformer architecture
   (base encoder, untrained head: speed does not depend on the weights).
 - ``refit``: the policy workflow. The ``lexical`` predictor (train split,
@@ -40,6 +45,7 @@ Predictors:
     .venv/bin/python benchmarks/predict_quality.py
     python benchmarks/predict_quality.py --kinds transformer --device cuda --transformer-pairs 4000
     python benchmarks/predict_quality.py --kinds transformer --device cuda --transformer-pairs 0
+    python benchmarks/predict_quality.py --kinds transformer-own --device cuda --own-pairs 4000 --refit-all
     .venv/bin/python benchmarks/predict_quality.py --kinds lexical,refit,history-epochs,speed
     .venv/bin/python benchmarks/predict_quality.py --kinds minilm-heads --embeddings emb.npz
     .venv/bin/python benchmarks/predict_quality.py --kinds lexical,static --static-f32 --lexical-cache DIR --embeddings emb.npz
@@ -206,6 +212,44 @@ def bench_transformer(d, models, args):
     }
 
 
+def bench_transformer_own(d, models, args):
+    """Per model: MiniLM fine-tuned on that model's own train pairs only (the issue's "policy's own pairs").
+
+    ``--own-pairs`` (prompt, one sampled length) pairs drawn as for ``refit``,
+    and with ``--refit-all`` every train row of the model with its ten
+    lengths; evaluated on the model's validate rows. One fine-tune per model
+    and setting: an accelerator job (about 18 CPU-minutes per model at 4,000
+    pairs here), so ``--models`` can take a few.
+    """
+    from aspc.predict.metrics import evaluate
+    from aspc.predict.transformer import TransformerConfig
+    from aspc.predict.transformer_train import train_transformer
+
+    config = TransformerConfig(base_model=args.base_model, epochs=args.epochs, freeze_encoder=args.freeze_encoder)
+    sets = {f"transformer-own-{args.own_pairs}": args.own_pairs} | ({"transformer-own-all": 0} if args.refit_all else {})
+    out: dict[str, dict] = {name: {} for name in sets}
+    secs: dict[str, list[float]] = {name: [] for name in sets}
+    device = None
+    for m in models:
+        tr = rows_of(d, "train", m)
+        va = rows_of(d, "validate", m)
+        vt, vl = pick(d, "prompt_text", va), pick(d, "output_sizes", va)
+        for name, k in sets.items():
+            texts, lens = own_pairs(d, tr, k, args.seed) if k else (pick(d, "prompt_text", tr), pick(d, "output_sizes", tr))
+            started = time.perf_counter()
+            pred = train_transformer(texts, lens, config=config, device=args.device, seed=args.seed,
+                                     validation_split=0.1)
+            secs[name].append(time.perf_counter() - started)
+            device = str(pred.device)
+            out[name][m] = evaluate(pred.predict(vt), vl)
+            print(f"  {m}: {name} tau {out[name][m]['kendall_tau']:.3f} ({secs[name][-1]:.0f} s)", flush=True)
+            if args.json_out is not None:
+                partial = args.json_out.with_suffix(".transformer-own-partial.json")
+                partial.write_text(json.dumps({n: {"per_model": v} for n, v in out.items()}, indent=1, default=float))
+    return {name: {"per_model": out[name], "train_s_mean": float(np.mean(secs[name])) if secs[name] else None,
+                   "device": device, "epochs": config.n_epochs()} for name in sets}
+
+
 def bench_transformer_speed(d, args):
     import torch
 
@@ -358,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--static-cut", default="512,128", help="static: head,tail characters tokenized")
     ap.add_argument("--static-sif", action="store_true", help="static: also with rows weighted by inverse token frequency")
     ap.add_argument("--json-out", type=Path, default=None)
+    ap.add_argument("--models", default=None, help="comma-separated substrings: only the models matching one")
     args = ap.parse_args(argv)
     if not args.data.is_file():
         print(f"skipped: {args.data} not found (see ../shared/data/README.md)")
@@ -374,6 +419,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     d = load(args.data)
     models = sorted(set(d["model"]))
+    if args.models:
+        want = [w.strip() for w in args.models.split(",") if w.strip()]
+        models = [m for m in models if any(w in m for w in want)]
+        if not models:
+            ap.error(f"--models {args.models!r} matches none of the data's models")
     kinds = args.kinds.split(",")
     results: dict = {}
     lexical = None
@@ -392,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
             results[kind] = bench_transformer(d, models, args)
         elif kind == "transformer-speed":
             results[kind] = bench_transformer_speed(d, args)
+        elif kind == "transformer-own":
+            results.update(bench_transformer_own(d, models, args))
         elif kind in ("refit", "history-epochs", "speed"):
             if lexical is None:
                 _, lexical = bench_lexical(d, models, args)

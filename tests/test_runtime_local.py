@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aspc.errors import AspcError, ConfigError
+from aspc.errors import AspcError, BackendError, ConfigError
 from aspc.runtime import RunConfig, SimCostModel, run, work_from_table
 from aspc.runtime.backends.sim import SimBackend
 from aspc.runtime.config import ReturnMode
-from aspc.runtime.contracts import BackendContext
+from aspc.runtime.contracts import BackendContext, Clock, GenerationBackend, GenerationResult
 from aspc.runtime.core.loop import drive
 from aspc.runtime.core.scheduler import Scheduler
 from aspc.runtime.engines.threads import ThreadEngine
@@ -68,3 +68,45 @@ def test_backend_and_engine_names_are_checked_before_anything_runs():
         make_backend("tpu", BackendContext(n_workers=1))
     with pytest.raises(ConfigError, match="unknown engine"):
         make_engine("slurm", SimBackend(SimCostModel(), np.zeros(1)), SimTrainer(SimCostModel()), ReturnMode.STATIC)
+
+
+class _Probed(GenerationBackend):
+    """Wall-clock backend of fixed 1 ms minibatches whose speed probe is scripted per call."""
+
+    clock = Clock.WALL
+
+    def __init__(self, probes):
+        self.probes = list(probes)
+        self.generated = 0
+
+    def load_weights(self, worker, version, weights):
+        return 0.0
+
+    def generate(self, worker, work):
+        self.generated += 1
+        n = work.sample_end - work.sample_start
+        return GenerationResult(response_len=np.full(n, 3, np.int64), finish_offset=np.full(n, 1e-3), elapsed=1e-3)
+
+    def speed_probe(self, worker):
+        value = self.probes.pop(0)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+
+def test_speed_probes_before_and_after_and_a_probe_that_fails_after_the_run_keeps_the_run():
+    table = plan_table(np.arange(8) // 2, n_samples=2)
+    config = RunConfig(workers=2, global_batch=4, speed_probe=True)
+    backend = _Probed([0.5, 0.6, 0.7, BackendError("engine gone")])
+    res = run(table, config=config, backend=backend, sim_cost_model=SimCostModel())
+    assert res.summary.samples_generated == 16 and backend.generated == 4
+    assert res.summary.extra["speed_probe_s"] == {"before": [0.5, 0.6], "after": [0.7, None]}
+    assert any("speed probe after the run failed on worker 1" in n for n in res.notes)
+    # Before the run, a probe that fails fails the run: nothing is generated.
+    backend = _Probed([BackendError("no engine")])
+    with pytest.raises(BackendError, match="no engine"):
+        run(table, config=config, backend=backend, sim_cost_model=SimCostModel())
+    assert backend.generated == 0
+    # Without the option nothing is probed (the script would raise on the first call).
+    res = run(table, config=RunConfig(workers=2, global_batch=4), backend=_Probed([]), sim_cost_model=SimCostModel())
+    assert "speed_probe_s" not in res.summary.extra

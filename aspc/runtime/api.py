@@ -361,7 +361,7 @@ def _run_locked(
             revision=revision,
         )
         if probes is not None:
-            probes = {"before": probes, "after": _speed_probes(backend, config)}
+            probes = {"before": probes, "after": _speed_probes(backend, config, notes)}
     except BaseException as exc:
         if writer is not None:
             writer.abort(exc, recorder.flush)
@@ -402,9 +402,24 @@ def _run_locked(
     )
 
 
-def _speed_probes(backend: GenerationBackend, config: RunConfig) -> list[float | None]:
-    """Seconds of the reference minibatch on each worker, one after another (the workers are idle)."""
-    return [backend.speed_probe(w) for w in range(config.workers)]
+def _speed_probes(backend: GenerationBackend, config: RunConfig, notes: list[str] | None = None) -> list[float | None]:
+    """Seconds of the reference minibatch on each worker, one after another (the workers are idle).
+
+    Before the run a failing probe fails the run (that worker could not have
+    generated either). After it (``notes`` given) the work is done and
+    logged: a worker that cannot probe any more gets ``None`` and a note.
+    """
+    if notes is None:
+        return [backend.speed_probe(w) for w in range(config.workers)]
+    out: list[float | None] = []
+    for w in range(config.workers):
+        try:
+            out.append(backend.speed_probe(w))
+        except Exception as exc:  # noqa: BLE001 - a measurement after the run must not undo the run
+            out.append(None)
+            notes.append(f"the speed probe after the run failed on worker {w} ({type(exc).__name__}: "
+                         f"{' '.join(str(exc).split())[:200]}); its 'after' value is null")
+    return out
 
 
 def _disk_full(exc: OutputError, log_dir: str | os.PathLike | None) -> RunError:

@@ -272,6 +272,7 @@ def main() -> None:
         tmp = Path(t)
         cache = Path(args.predictors) if args.predictors else tmp / "pred"
         summary: dict[str, dict[str, list[float]]] = {}
+        own_taus: list[float] = []
         print(
             f"RL reference scenario: n={N} samples/prompt, cap {CAP}, W={W}, global batch {GB}, static returns, "
             f"sim defaults; {args.repeats} repeats (seeds 0..{args.repeats - 1}); ratios = mean ± std vs random"
@@ -285,7 +286,7 @@ def main() -> None:
             ]
             names = list(reps[0])
             tau = own_tau(pdir, model, rows)
-            summary.setdefault("_own_tau", {}).setdefault("ratio", []).append(tau)
+            own_taus.append(tau)
             print(
                 f"\n{model} ({reps[0]['random']['samples_planned'] // N} prompts, {time.perf_counter() - t0:.0f} s; "
                 f"own predictor Kendall tau {tau:.3f} vs mean length)"
@@ -335,8 +336,7 @@ def main() -> None:
                 )
             sys.stdout.flush()
         print("\nSummary over models (mean of per-model mean ratios; worst model; makespan/LB mean):")
-        own = summary.pop("_own_tau")["ratio"]
-        print(f"own predictors (asp, asp+replan): mean Kendall tau {np.mean(own):.3f} on the validate prompts")
+        print(f"own predictors (asp, asp+replan): mean Kendall tau {np.mean(own_taus):.3f} on the validate prompts")
         taus = {k.split(" ", 1)[1]: summary.pop(k) for k in [k for k in summary if k.startswith("_tau ")]}
         orc = np.array(summary["oracle"]["ratio"]) if "oracle" in summary else np.full(len(models), np.nan)
         print("| strategy | mean vs random | worst model | (random − x)/(random − oracle) | makespan/LB | lag max |")

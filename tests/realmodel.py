@@ -93,3 +93,21 @@ class VersionTrainer(Trainer):
 def make_version_trainer(context, delay: float = 0.0) -> VersionTrainer:
     """``--trainer tests.realmodel:make_version_trainer``: a VersionTrainer on the run's ``--model``."""
     return VersionTrainer(Path(context.options["model"]), delay=delay)
+
+
+def length_reward(prompt: str, response: str) -> float:
+    """Characters in the response: sibling samples that replay different recorded lengths always differ."""
+    return float(len(response))
+
+
+def make_length_grpo_trainer(context, lr: float = 0.05, seed: int = 0):
+    """``--trainer tests.realmodel:make_length_grpo_trainer``: the real GRPO trainer on the run's ``--model``.
+
+    Its reward is the response length, so with ``--replay-lengths`` every group of siblings has
+    non-zero advantages and each step moves the weights. The example's toy reward (a requested
+    character) is 0 for almost every response of an untrained tiny model: a run whose first
+    steps all score 0 trains nothing, and a test of "the weights changed" would fail by chance.
+    """
+    from aspc.runtime.trainers.grpo import GRPOConfig, GRPOTrainer
+
+    return GRPOTrainer(context.options["model"], length_reward, GRPOConfig(lr=lr, seed=seed), device="cpu")

@@ -53,7 +53,7 @@ def test_epochs_with_hf_and_grpo_carry_the_trainer_and_reload_its_weights(tmp_pa
     from aspc.runtime.backends.base import ModelBackend
     from aspc.runtime.trainers.grpo import GRPOTrainer
 
-    monkeypatch.chdir(ROOT)  # the examples package is importable from the repository root
+    monkeypatch.chdir(ROOT)  # --trainer imports tests.realmodel from the repository root
     records, data, plan = _files(tmp_path)
     loads, trainer_loads, pushed, ends = Counter(), Counter(), [], []
     real_load, real_weights = hf.load_causal_lm, ModelBackend.load_weights
@@ -83,7 +83,7 @@ def test_epochs_with_hf_and_grpo_carry_the_trainer_and_reload_its_weights(tmp_pa
     monkeypatch.setattr(GRPOTrainer, "current_weights", spy_current)
     run_dir = tmp_path / "RUN"
     r = CliRunner().invoke(main, _args(plan, model_dir, data, run_dir,
-                                       "--trainer", "examples.cpu_grpo.trainer:make_trainer",
+                                       "--trainer", "tests.realmodel:make_length_grpo_trainer",
                                        "--trainer-arg", "lr=0.05"))
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)

@@ -218,8 +218,9 @@ def bench_transformer_own(d, models, args):
     ``--own-pairs`` (prompt, one sampled length) pairs drawn as for ``refit``,
     and with ``--refit-all`` every train row of the model with its ten
     lengths; evaluated on the model's validate rows. One fine-tune per model
-    and setting: an accelerator job (about 18 CPU-minutes per model at 4,000
-    pairs here), so ``--models`` can take a few.
+    and setting: an accelerator job (on the 2-core development CPU, 320 pairs
+    x 1 epoch took 194 s on one torch thread: ~2 h per model at 4,000 pairs
+    x 3 epochs), so ``--models`` can take a few.
     """
     from aspc.predict.metrics import evaluate
     from aspc.predict.transformer import TransformerConfig

@@ -82,16 +82,16 @@ def main() -> None:
             y = np.log(np.maximum([x[: R.N].mean() for x in lens], 1.0))
             plan = load_predictor(pdir)
             offset = np.log(np.maximum(plan.predict(texts).mean, 1.0))
-            x = used_columns(featurize(texts, FeatureConfig()).compact())
+            feats = used_columns(featurize(texts, FeatureConfig()).compact())
             for share in shares:
                 got = np.random.default_rng([args.seed, int(share * 1000)]).random(len(va)) < share
                 o, r = np.nonzero(got)[0], np.nonzero(~got)[0]
                 pick = lambda seq, idx: [seq[i] for i in idx]  # noqa: E731
                 out = {"plan": kendall_tau(offset[r], truth[r])}
                 for lam in RIDGE_LAMBDAS:
-                    sol = ridge_fit(x.take_rows(o), y[o], lam, offset=offset[o], max_iter=60)
-                    out[f"ridge {lam:g}"] = kendall_tau(sol.predict(x.take_rows(r)) + offset[r], truth[r])
-                obs_lens = [x_[: R.N] for x_ in pick(lens, o)]
+                    sol = ridge_fit(feats.take_rows(o), y[o], lam, offset=offset[o], max_iter=60)
+                    out[f"ridge {lam:g}"] = kendall_tau(sol.predict(feats.take_rows(r)) + offset[r], truth[r])
+                obs_lens = [v[: R.N] for v in pick(lens, o)]
                 scratch = train_predictor("lexical", pick(texts, o), obs_lens, seed=args.seed)
                 out["scratch"] = kendall_tau(scratch.predict(pick(texts, r)).mean, truth[r])
                 refit = train_predictor("lexical", pick(texts, o), obs_lens, seed=args.seed, init=str(pdir))

@@ -28,6 +28,26 @@ Predictors:
   13 models) is the prior; for each model it is refitted (``--init``) on that
   model's own train rows only: ``--own-pairs`` (4,000) (prompt, one sampled
   length) pairs drawn at random, and all its rows with all ten samples.
+- ``refit-in-domain``: the ``refit`` workflow without the split's shift of
+  sources (``train`` is code and a little Alpaca, ``validate`` half chat),
+  i.e. the probe workflow: the policy's pairs come from the same prompts
+  it will be planned on. Per model a seeded half of its ``validate``
+  prompts is held out and every figure is measured on that half only; the
+  other half is the probe. Rows: ``prior`` (the ``lexical`` predictor with
+  the model's head, never trained on validate); ``probe-refit-1`` (refit on
+  one sampled length per probe prompt); ``probe-refit-K`` and
+  ``probe-scratch-K`` (``--own-pairs`` K pairs drawn from the probe
+  prompts' samples, refit and from scratch: the probe half holds ~730
+  prompts per model, so K = 4,000 is ~5.5 samples of each); ``mixed-refit-K``
+  (K pairs from train and the probe half together); ``train-only-refit-K``
+  (the ``refit`` row's pairs).
+- ``default-in-domain``: the shipped default's recipe (13 models, sources
+  as groups) trained on ``train`` plus a seeded half of the ``validate``
+  prompts (the same prompts held out for every model), evaluated per model
+  on the other half: new prompts from sources it has seen, beside the
+  ``lexical`` row's new prompts from two sources it has not (Dolly,
+  ShareGPT) and the leave-one-source-out figures of
+  ``scripts/cv_default_target.py``.
 - ``history-epochs``: ``lexical`` plus samples 0 and 1 as two earlier epochs
   (``HistoryPredictor.from_epochs``); target = mean of the other eight.
 - ``minilm-heads``: frozen all-MiniLM-L6-v2 embeddings (128 tokens, computed
@@ -47,6 +67,7 @@ Predictors:
     python benchmarks/predict_quality.py --kinds transformer --device cuda --transformer-pairs 0
     python benchmarks/predict_quality.py --kinds transformer-own --device cuda --own-pairs 4000 --refit-all
     .venv/bin/python benchmarks/predict_quality.py --kinds lexical,refit,history-epochs,speed
+    .venv/bin/python benchmarks/predict_quality.py --kinds refit-in-domain,default-in-domain --lexical-cache DIR
     .venv/bin/python benchmarks/predict_quality.py --kinds minilm-heads --embeddings emb.npz
     .venv/bin/python benchmarks/predict_quality.py --kinds lexical,static --static-f32 --lexical-cache DIR --embeddings emb.npz
 
@@ -74,7 +95,7 @@ KEYS = ("kendall_tau", "spearman", "mae", "coverage_q10_q90")
 def load(path: Path) -> dict[str, list]:
     import pyarrow.parquet as pq
 
-    cols = ["dataset", "model", "prompt_text", "output_sizes", "split"]
+    cols = ["dataset", "model", "prompt_id", "prompt_text", "output_sizes", "split"]
     d = pq.read_table(path, columns=cols).to_pydict()
     d["output_sizes"] = [np.asarray(o, dtype=np.float64) for o in d["output_sizes"]]
     return d
@@ -307,6 +328,59 @@ def bench_refit(d, models, base, args):
     return {k: {"per_model": v} for k, v in out.items()} | {"refit-seconds": {"mean_s": float(np.mean(list(secs.values())))}}
 
 
+def bench_refit_in_domain(d, models, base, args):
+    """Per model, on a held-out half of validate: own pairs with and without the shift of sources."""
+    from aspc.predict.lexical_train import train_lexical
+    from aspc.predict.metrics import evaluate
+
+    k = args.own_pairs
+    names = ("prior", "probe-refit-1", f"probe-refit-{k}", f"probe-scratch-{k}", f"mixed-refit-{k}",
+             f"train-only-refit-{k}")  # fmt: skip
+    out: dict[str, dict] = {n: {} for n in names}
+    for m in models:
+        tr = rows_of(d, "train", m)
+        va = rows_of(d, "validate", m)
+        perm = np.random.default_rng(args.seed).permutation(len(va))
+        held = sorted(va[i] for i in perm[: len(va) // 2])
+        probe = sorted(va[i] for i in perm[len(va) // 2 :])
+        ht, hl = pick(d, "prompt_text", held), pick(d, "output_sizes", held)
+        out["prior"][m] = evaluate(base.with_target(m).predict(ht), hl)
+        fits = {
+            "probe-refit-1": (own_pairs(d, probe, len(probe), args.seed), base),
+            f"probe-refit-{k}": (own_pairs(d, probe, k, args.seed), base),
+            f"probe-scratch-{k}": (own_pairs(d, probe, k, args.seed), None),
+            f"mixed-refit-{k}": (own_pairs(d, sorted(tr + probe), k, args.seed), base),
+            f"train-only-refit-{k}": (own_pairs(d, tr, k, args.seed), base),
+        }
+        for name, ((texts, lens), init) in fits.items():
+            fit = train_lexical(texts, lens, init=init, seed=args.seed, validation_split=0.0)
+            out[name][m] = evaluate(fit.predict(ht), hl)
+        print("  " + m + ": " + ", ".join(f"{n} {out[n][m]['kendall_tau']:.3f}" for n in names), flush=True)
+    return {n: {"per_model": v} for n, v in out.items()}
+
+
+def bench_default_in_domain(d, models, args):
+    """The default's recipe on train + half of validate's prompts, per model on the other half."""
+    from aspc.predict.lexical_train import train_lexical
+    from aspc.predict.metrics import evaluate
+
+    val_ids = sorted({p for p, s in zip(d["prompt_id"], d["split"], strict=True) if s == "validate"})
+    perm = np.random.default_rng(args.seed).permutation(len(val_ids))
+    held = {val_ids[i] for i in perm[: len(val_ids) // 2]}
+    fit = [i for i, p in enumerate(d["prompt_id"]) if p not in held]
+    started = time.perf_counter()
+    pred = train_lexical(pick(d, "prompt_text", fit), pick(d, "output_sizes", fit), targets=pick(d, "model", fit),
+                         groups=pick(d, "dataset", fit), seed=args.seed, validation_split=0.0)  # fmt: skip
+    secs = time.perf_counter() - started
+    heads: dict[str, dict] = {"default-in-domain": {}, "default-in-domain-pooled-head": {}}
+    for m in models:
+        idx = [i for i, (p, mm) in enumerate(zip(d["prompt_id"], d["model"], strict=True)) if p in held and mm == m]
+        texts, lens = pick(d, "prompt_text", idx), pick(d, "output_sizes", idx)
+        heads["default-in-domain"][m] = evaluate(pred.with_target(m).predict(texts), lens)
+        heads["default-in-domain-pooled-head"][m] = evaluate(pred.predict(texts), lens)
+    return {k: {"per_model": v} for k, v in heads.items()} | {"default-in-domain-train": {"train_s": secs}}
+
+
 def own_pairs(d, rows: list[int], k: int, seed: int) -> tuple[list[str], list[np.ndarray]]:
     """``k`` (prompt, one sampled length) pairs drawn without replacement from ``rows``' samples."""
     sizes = [len(d["output_sizes"][i]) for i in rows]
@@ -433,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "lexical":
             results[kind], lexical = bench_lexical(d, models, args)
             results["lexical-pooled-head"] = {"per_model": results[kind].pop("pooled_head")}
+        elif kind == "default-in-domain":
+            results.update(bench_default_in_domain(d, models, args))
         elif kind == "lexical-per-model":
             results[kind] = bench_lexical_per_model(d, models, args)
         elif kind == "history":
@@ -445,11 +521,13 @@ def main(argv: list[str] | None = None) -> int:
             results[kind] = bench_transformer_speed(d, args)
         elif kind == "transformer-own":
             results.update(bench_transformer_own(d, models, args))
-        elif kind in ("refit", "history-epochs", "speed"):
+        elif kind in ("refit", "refit-in-domain", "history-epochs", "speed"):
             if lexical is None:
                 _, lexical = bench_lexical(d, models, args)
             if kind == "refit":
                 results.update(bench_refit(d, models, lexical, args))
+            elif kind == "refit-in-domain":
+                results.update(bench_refit_in_domain(d, models, lexical, args))
             elif kind == "history-epochs":
                 results[kind] = bench_history_epochs(d, models, lexical)
             else:

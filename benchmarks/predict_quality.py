@@ -346,7 +346,7 @@ def bench_refit_in_domain(d, models, base, args):
         ht, hl = pick(d, "prompt_text", held), pick(d, "output_sizes", held)
         out["prior"][m] = evaluate(base.with_target(m).predict(ht), hl)
         fits = {
-            "probe-refit-1": (own_pairs(d, probe, len(probe), args.seed), base),
+            "probe-refit-1": (one_per_prompt(d, probe, args.seed), base),
             f"probe-refit-{k}": (own_pairs(d, probe, k, args.seed), base),
             f"probe-scratch-{k}": (own_pairs(d, probe, k, args.seed), None),
             f"mixed-refit-{k}": (own_pairs(d, sorted(tr + probe), k, args.seed), base),
@@ -379,6 +379,13 @@ def bench_default_in_domain(d, models, args):
         heads["default-in-domain"][m] = evaluate(pred.with_target(m).predict(texts), lens)
         heads["default-in-domain-pooled-head"][m] = evaluate(pred.predict(texts), lens)
     return {k: {"per_model": v} for k, v in heads.items()} | {"default-in-domain-train": {"train_s": secs}}
+
+
+def one_per_prompt(d, rows: list[int], seed: int) -> tuple[list[str], list[np.ndarray]]:
+    """One (prompt, sampled length) pair per row, the sample drawn at random: what a probe gives."""
+    rng = np.random.default_rng(seed)
+    picks = [d["output_sizes"][i][rng.integers(len(d["output_sizes"][i]))] for i in rows]
+    return pick(d, "prompt_text", rows), [np.asarray([float(x)]) for x in picks]
 
 
 def own_pairs(d, rows: list[int], k: int, seed: int) -> tuple[list[str], list[np.ndarray]]:

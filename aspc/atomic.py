@@ -24,6 +24,7 @@ from pathlib import Path
 
 from aspc.errors import OutputError
 from aspc.guards import check_replaceable
+from aspc.interrupt import deferred
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -142,22 +143,28 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     On any exception the temporary file is removed and ``target`` is untouched.
     """
     target = _resolve(target, "file")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temps(target)
-        fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=target.parent)
-    except OSError as exc:
-        err = _translate(exc, target, True, None)
-        if err is None:
-            raise
-        raise err from None
-    # mkstemp creates 0600; outputs are shared files (a trainer may run as
-    # another user), so give them the mode a plain open() would.
-    os.fchmod(fd, 0o666 & ~_umask())
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path: Path | None = None
     ours = False
     try:
+        # Held signals: SIGTERM between mkstemp and the cleanup below owning the
+        # file would leave the temporary behind (it arrives once tmp_path is set).
+        with deferred():
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                remove_stale_temps(target)
+                fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=target.parent)
+            except OSError as exc:
+                err = _translate(exc, target, True, None)
+                if err is None:
+                    raise
+                raise err from None
+            tmp_path = Path(tmp)
+            try:
+                # mkstemp creates 0600; outputs are shared files (a trainer may run
+                # as another user), so give them the mode a plain open() would.
+                os.fchmod(fd, 0o666 & ~_umask())
+            finally:
+                os.close(fd)
         yield tmp_path
         ours = True
         with open(tmp_path, "rb+") as fh:
@@ -166,8 +173,9 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
         os.replace(tmp_path, target)
         _fsync_dir(target.parent)
     except BaseException as exc:
-        with contextlib.suppress(FileNotFoundError):
-            tmp_path.unlink()
+        if tmp_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                tmp_path.unlink()
         if isinstance(exc, OSError):
             err = _translate(exc, target, ours, tmp_path)
             if err is not None:
@@ -184,18 +192,20 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     directory.
     """
     target = _resolve(target, "dir")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_temps(target)
-        tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=target.parent))
-    except OSError as exc:
-        err = _translate(exc, target, True, None)
-        if err is None:
-            raise
-        raise err from None
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
+    tmp: Path | None = None
     ours = False
     try:
+        with deferred():  # as in atomic_path: no signal between mkdtemp and owning its cleanup
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                remove_stale_temps(target)
+                tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=target.parent))
+            except OSError as exc:
+                err = _translate(exc, target, True, None)
+                if err is None:
+                    raise
+                raise err from None
+            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
         yield tmp
         ours = True
         for root, _dirs, files in os.walk(tmp):
@@ -212,7 +222,8 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
             err = _translate(exc, target, ours, None)
             if err is not None:

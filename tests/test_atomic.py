@@ -26,6 +26,33 @@ def test_atomic_path_leaves_nothing_on_error(tmp_path):
     assert target.read_bytes() == b"whole"
 
 
+@pytest.mark.parametrize("kind", ["file", "dir"])
+def test_signal_right_after_the_temporary_is_created_removes_it(tmp_path, monkeypatch, kind):
+    # SIGTERM delivered the instant mkstemp/mkdtemp has created the temporary, before the
+    # writer's cleanup owns it: the window a real SIGTERM hit in a CI run (a stray .tmp).
+    import tempfile
+
+    from aspc.errors import Interrupted
+    from aspc.interrupt import handlers
+
+    name = "mkstemp" if kind == "file" else "mkdtemp"
+    real = getattr(tempfile, name)
+
+    def create_then_signal(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return made
+
+    monkeypatch.setattr(tempfile, name, create_then_signal)
+    opener = atomic_path if kind == "file" else atomic_dir
+    entered = False
+    with handlers(), pytest.raises(Interrupted):
+        with opener(tmp_path / "out"):
+            entered = True
+    assert not entered
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_outputs_get_umask_permissions(tmp_path):
     old = os.umask(0o022)
     try:

@@ -345,10 +345,11 @@ def bench_refit_in_domain(d, models, base, args):
         probe = sorted(va[i] for i in perm[len(va) // 2 :])
         ht, hl = pick(d, "prompt_text", held), pick(d, "output_sizes", held)
         out["prior"][m] = evaluate(base.with_target(m).predict(ht), hl)
+        probe_k = own_pairs(d, probe, k, args.seed)
         fits = {
             "probe-refit-1": (one_per_prompt(d, probe, args.seed), base),
-            f"probe-refit-{k}": (own_pairs(d, probe, k, args.seed), base),
-            f"probe-scratch-{k}": (own_pairs(d, probe, k, args.seed), None),
+            f"probe-refit-{k}": (probe_k, base),
+            f"probe-scratch-{k}": (probe_k, None),
             f"mixed-refit-{k}": (own_pairs(d, sorted(tr + probe), k, args.seed), base),
             f"train-only-refit-{k}": (own_pairs(d, tr, k, args.seed), base),
         }

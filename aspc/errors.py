@@ -5,6 +5,24 @@ turns each into a one-line message and a non-zero exit code, so a user never
 sees a traceback for a mistake in their input.
 """
 
+import re
+
+# Arrow names the file again and adds a generic sentence; the message already
+# names the file and says what to do, so both are dropped.
+_ARROW_NOISE = re.compile(
+    r"Could not open Parquet input source '[^']*': |\s*Either the file is corrupted or this is not a parquet file\.?"
+)
+
+
+def short_reason(exc: BaseException, *, limit: int = 160, with_type: bool = False) -> str:
+    """A library's error text cut to fit one line of an aspc message, at a word, marked when cut."""
+    msg = _ARROW_NOISE.sub("", " ".join(str(exc).split())).strip().rstrip(".")
+    if len(msg) > limit:
+        msg = msg[:limit].rsplit(" ", 1)[0] + " …"
+    if with_type:
+        return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+    return msg or type(exc).__name__
+
 
 class AspcError(Exception):
     """Base class for every error aspc raises on purpose.

@@ -571,3 +571,45 @@ def test_export_refuses_the_source_it_found_by_hash(tmp_path, small, plan):
     r = _run("export", str(plan), "--format", "jsonl", "-o", str(small))
     assert r.exit_code == 2 and "is also an input" in r.output, r.output
     assert _digest(small) == before
+
+
+@pytest.mark.parametrize("damage", ["head", "tail", "empty", "footer"])
+def test_damaged_plan_is_one_line_that_says_how_to_fix_it(tmp_path, plan, damage):
+    data = plan.read_bytes()
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes({"head": data[:4000], "tail": data[:-10], "empty": b"", "footer": data[:-8] + b"\0" * 8}[damage])
+    for cmd in (["check"], ["inspect"], ["run", "--quiet"]):
+        r = _cli(*cmd, str(bad))
+        assert r.returncode == 2, (cmd, r.stderr)
+        line = _one_line_error(r.stderr)
+        assert "compile it again" in line and "Either the file" not in line and "input source" not in line, line
+
+
+def test_random_byte_damage_never_reads_as_another_plan(tmp_path, plan):
+    # Whatever bytes are hit, reading fails with an aspc error or yields the very same rows
+    # (bytes no reader looks at); never a different plan and never another exception.
+    import random
+
+    from aspc.emit.check import verify_integrity
+    from aspc.emit.plan import read_plan
+    from aspc.errors import AspcError
+
+    data = plan.read_bytes()
+    ref = read_plan(plan).table
+    rng = random.Random(0)
+    bad = tmp_path / "bad.parquet"
+    failed = 0
+    for _ in range(60):
+        b = bytearray(data)
+        at = rng.randrange(len(b))
+        for j in range(at, min(len(b), at + rng.choice([1, 4, 64]))):
+            b[j] = rng.randrange(256)
+        bad.write_bytes(bytes(b))
+        try:
+            got = read_plan(bad)
+            verify_integrity(got)
+        except AspcError:
+            failed += 1
+            continue
+        assert got.table.equals(ref), at
+    assert failed > 30  # the damage is real: most of it must be caught

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from aspc import __version__
 from aspc.atomic import atomic_path
 from aspc.emit import schema as S
-from aspc.errors import PlanError, SchemaVersionError
+from aspc.errors import PlanError, SchemaVersionError, short_reason
 from aspc.io.table import column_numpy
 
 
@@ -272,7 +272,10 @@ def read_plan(path: str | os.PathLike, *, verify: bool = True) -> Plan:
         table.column_names  # noqa: B018 - decodes field names; corrupt bytes fail here, not later
     except (pa.ArrowException, OSError, ValueError) as exc:
         # ValueError covers UnicodeDecodeError from corrupt field names.
-        raise PlanError(f"{path.name}: not a readable Parquet file ({' '.join(str(exc).split())[:100]})") from None
+        raise PlanError(
+            f"{path.name}: not a readable Parquet file ({short_reason(exc)}); "
+            "it is truncated or not a plan: compile it again with 'aspc compile'"
+        ) from None
     if S.META_SCHEMA_VERSION not in meta:
         raise PlanError(f"{path.name}: not an aspc plan (no aspc.schema_version); compile one with 'aspc compile'")
     version = meta[S.META_SCHEMA_VERSION].decode(errors="replace")

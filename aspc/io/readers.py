@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from aspc.errors import InputError
+from aspc.errors import InputError, short_reason
 
 
 class HugeInt:
@@ -209,7 +209,7 @@ def read_parquet_table(path: Path):
     try:
         return pq.read_table(path)
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"{path.name}: not a readable Parquet file ({_short(exc)}); check the file") from None
+        raise InputError(f"{path.name}: not a readable Parquet file ({short_reason(exc)}); check the file") from None
 
 
 def iter_parquet(path: Path) -> Iterator[tuple[int, int, Any]]:
@@ -224,12 +224,7 @@ def iter_parquet(path: Path) -> Iterator[tuple[int, int, Any]]:
                 yield row, row + 1, rec
                 row += 1
     except (pa.ArrowException, ValueError) as exc:
-        raise InputError(f"{path.name}: row {row + 1}: unreadable Parquet data ({_short(exc)})") from None
-
-
-def _short(exc: Exception) -> str:
-    msg = " ".join(str(exc).split())
-    return msg[:160]
+        raise InputError(f"{path.name}: row {row + 1}: unreadable Parquet data ({short_reason(exc)})") from None
 
 
 def iter_records(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:

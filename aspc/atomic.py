@@ -24,7 +24,7 @@ from pathlib import Path
 
 from aspc.errors import OutputError
 from aspc.guards import check_replaceable
-from aspc.interrupt import deferred
+from aspc.interrupt import deferred, note_written
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -171,6 +171,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
             os.fsync(fh.fileno())
         check_replaceable(target, "file")
         os.replace(tmp_path, target)
+        note_written(target)
         _fsync_dir(target.parent)
     except BaseException as exc:
         if tmp_path is not None:
@@ -218,6 +219,7 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
             old = target.parent / f".{target.name}.old-{os.getpid()}"
             os.replace(target, old)
         os.replace(tmp, target)
+        note_written(target)
         _fsync_dir(target.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from aspc.errors import ConfigError, InputError
+from aspc.errors import ConfigError, InputError, short_reason
 from aspc.predict.base import LengthPrediction
 
 # z-score of the 90th percentile: q90 = exp(mu + Z90 * sigma) for a lognormal.
@@ -134,7 +134,7 @@ def chat_tokenizer(spec: str | None) -> Any | None:
     try:
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as exc:  # transformers raises many types for a bad directory
-        raise ConfigError(f"--tokenizer {folder.name}: cannot load it with transformers ({str(exc)[:120]})") from None
+        raise ConfigError(f"--tokenizer {folder.name}: cannot load it with transformers ({short_reason(exc, limit=120)})") from None
 
 
 def prompt_token_counts(
@@ -165,7 +165,7 @@ def prompt_token_counts(
             ids = hf(rendered, add_special_tokens=False, return_attention_mask=False)["input_ids"]
         except Exception as exc:  # a user's template can raise anything (jinja errors, role checks)
             raise InputError(
-                f"--tokenizer: its chat template failed on a prompt ({' '.join(str(exc).split())[:120]}); "
+                f"--tokenizer: its chat template failed on a prompt ({short_reason(exc, limit=120)}); "
                 "check the tokenizer matches the model's chat format"
             ) from None
         return PromptCounts(np.array([len(x) for x in ids], dtype=np.int64), True, "chat template + tokenizer")

@@ -52,6 +52,7 @@ from aspc.emit import schema as S
 from aspc.emit.plan import Plan, write_plan
 from aspc.errors import ConfigError
 from aspc.io.history import read_history
+from aspc.io.rows import MAX_LENGTH
 from aspc.predict.base import LengthPrediction
 from aspc.predict.history import DEFAULT_KAPPA, blend_history
 from aspc.predict.pairs import keep_plan_in_log
@@ -59,6 +60,8 @@ from aspc.replan import OnlineReplanner, compile_config_of, prompt_table_of, use
 from aspc.runtime.api import RunResult, run
 
 MAX_EPOCHS = 1000
+# Drifted replay lengths stay within what a length file may hold (aspc.io.rows.MAX_LENGTH).
+MAX_REPLAYED_LENGTH = MAX_LENGTH
 
 
 def epoch_lengths(actual: dict[str, np.ndarray], epoch: int, n: int, drift: float = 0.0) -> dict[str, np.ndarray]:
@@ -190,6 +193,14 @@ def run_epochs(
         raise ConfigError(f"--length-drift must be a number > -1, got {length_drift}")
     if length_drift and actual_lengths is None:
         raise ConfigError("--length-drift scales replayed lengths: pass --actual-lengths too")
+    if length_drift:
+        top = max((float(np.max(v)) for v in actual_lengths.values() if len(v)), default=0.0)
+        grown = top * (1.0 + length_drift) ** (n_epochs - 1) if top else 0.0
+        if not np.isfinite(grown) or grown > MAX_REPLAYED_LENGTH:
+            raise ConfigError(
+                f"--length-drift {length_drift:g}: epoch {n_epochs}'s longest response would be {grown:.3g} tokens, "
+                f"above {MAX_REPLAYED_LENGTH:,.0f}; use a smaller drift or fewer --epochs"
+            )
     replays = backend is not None and bool(getattr(getattr(backend, "options", None), "replay", False))
     if length_drift and backend is not None and not replays:
         raise ConfigError("--length-drift scales replayed lengths: a real backend replays them only with --replay-lengths")

@@ -144,8 +144,11 @@ def _input_files(inputs: Iterable[str | os.PathLike | None]) -> list[tuple[Path,
     for p in inputs:
         if p is None or str(p) == "":
             continue
-        real = Path(os.path.realpath(p))
-        out.append((real, _identity(real), real.is_dir()))
+        try:
+            real = Path(os.path.realpath(p))
+            out.append((real, _identity(real), real.is_dir()))
+        except OSError:
+            continue  # a name the OS refuses (too long, a loop) is no file; its reader words the error
     return out
 
 
@@ -199,9 +202,14 @@ def check_output(
             f"{option} {raw} ends with '/', which names a directory; give a file path, e.g. {raw}plan.parquet"
         )
     path = Path(raw)
-    if path.is_symlink() and not path.exists():
-        raise OutputError(f"{option} {raw} is a dangling symlink; remove it or point it at a regular file")
-    real = Path(os.path.realpath(path))
+    try:
+        link = path.is_symlink()
+        if link and not path.exists():
+            raise OutputError(f"{option} {raw} is a dangling symlink; remove it or point it at a regular file")
+        real = Path(os.path.realpath(path))
+    except OSError as exc:
+        # ENAMETOOLONG, ELOOP: the OS refuses the name itself.
+        raise OutputError(f"{option} {raw}: cannot use this path ({exc.strerror}); choose another path") from None
     try:
         # stat the named path, following links: /dev/stdout -> /proc/self/fd/1
         # is a magic link whose realpath is no real file, but stat sees the pipe.
@@ -226,7 +234,7 @@ def check_output(
         elif kind == "dir":
             raise OutputError(f"{option} {raw} is a file; give a directory path")
     ident = None if st is None else (st.st_dev, st.st_ino)
-    for in_real, in_ident, _in_dir in _input_files(inputs):
+    for in_real, in_ident, in_dir in _input_files(inputs):
         same = real == in_real or (ident is not None and ident == in_ident)
         if same:
             raise OutputError(
@@ -238,7 +246,14 @@ def check_output(
                 f"{option} {raw} contains the input {in_real.name}; replacing the directory would delete it: "
                 "choose another output directory"
             )
-    return real if path.is_symlink() else path
+        if in_dir and _is_within(real, in_real):
+            # A predictor or run log is read as a whole: a file written into it
+            # (over metadata.json, the run's plan) would corrupt it for later commands.
+            raise OutputError(
+                f"{option} {raw} lies inside the input directory {in_real.name}; writing there would change "
+                "that input: choose a path outside it"
+            )
+    return real if link else path
 
 
 def check_replaceable(target: Path, kind: str = "file") -> None:

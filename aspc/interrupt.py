@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
+from types import FrameType
 
 from aspc.errors import Interrupted
 
@@ -26,29 +29,65 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _lock = threading.Lock()
 _depth = 0  # open deferred() blocks, any thread
 _pending: int | None = None  # a signal that arrived inside one
+_written: list[str] = []  # outputs put in place, whole, since handlers() was entered
 
 
-def _handler(signum: int, _frame: object) -> None:
+def _handler(signum: int, frame: FrameType | None) -> None:
     global _pending
     with _lock:
         if _depth > 0:
             _pending = signum
             return
+    if _in_finalizer(frame):
+        # Raised here it would be printed and dropped, or cut Numba's state in
+        # half (an llvmlite object stopped in its disposal is freed twice: a
+        # segfault). The signal is sent again in a moment, until it lands
+        # outside such code.
+        timer = threading.Timer(_RETRY_SECONDS, _thread.interrupt_main, (signum,))
+        timer.daemon = True
+        timer.start()
+        return
     raise Interrupted(signum)
 
 
+_RETRY_SECONDS = 0.005
+
+
+# Code an exception must not cut in half: finalizers (Python prints and drops
+# the exception) and Numba's compiler, loader and type registry (their weakref
+# callbacks and llvmlite object disposal are not exception-safe).
+_UNSAFE_DIRS = (f"{os.sep}numba{os.sep}", f"{os.sep}llvmlite{os.sep}")
+
+
+def _in_finalizer(frame: FrameType | None) -> bool:
+    """Whether the main thread is inside a ``__del__`` or Numba/llvmlite code."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or any(d in code.co_filename for d in _UNSAFE_DIRS):
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextlib.contextmanager
-def handlers() -> Iterator[None]:
-    """Install the policy for the duration of a command (main thread only)."""
+def handlers(restore: bool = True) -> Iterator[None]:
+    """Install the policy for the duration of a command (main thread only).
+
+    ``restore=False`` keeps whatever handler the block installed last (the
+    command-line process hands over to :func:`exit_on_signal`, with no moment
+    under the default action in between).
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {s: signal.signal(s, _handler) for s in SIGNALS}
+    _written.clear()
     try:
         yield
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        if restore:
+            for s, h in previous.items():
+                signal.signal(s, h)
 
 
 @contextlib.contextmanager
@@ -77,3 +116,68 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def note_written(path: str | os.PathLike) -> None:
+    """An output is in place, whole (called by :mod:`aspc.atomic` after its rename)."""
+    with _lock:
+        _written.append(os.fspath(path))
+
+
+def outcome() -> str:
+    """What an interrupted command left: nothing, or the outputs it had already written whole.
+
+    A signal can land after the last rename (the output complete, the command
+    not yet returned); the message must not then say nothing was written.
+    """
+    with _lock:
+        names = list(dict.fromkeys(_written))
+    if not names:
+        return "nothing was written"
+    return f"{', '.join(names)} had already been written in full"
+
+
+def exit_on_signal(code: int) -> None:
+    """From now on SIGTERM/SIGINT end the process at once with exit ``code``.
+
+    For the command-line process only, once its command has finished: every
+    output is already in place and synced, so a signal during the interpreter's
+    teardown (library thread pools, atexit hooks, which can also hang) exits
+    with the command's own code instead of a silent kill by signal.
+    """
+    global _exit_code
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _exit_code = code
+    for s in SIGNALS:
+        signal.signal(s, _exit_now)
+
+
+_exit_code: int | None = None
+
+
+def _exit_now(_signum: int = 0, _frame: object = None) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(_exit_code if _exit_code is not None else 1)
+
+
+def exit_at_teardown() -> None:
+    """Hold SIGTERM/SIGINT through the last of interpreter teardown, once :func:`exit_on_signal` ran.
+
+    Registered before anything else, so it runs after every other atexit hook
+    registered later (Ray's, vLLM's shutdowns). What teardown does after the
+    atexit hooks resets Python-level handlers to the default action, so a
+    SIGTERM there would kill the finished process with no message. Ignored
+    (the one disposition teardown keeps, and process-wide: library threads
+    would take a signal their own thread's mask lets through), it is dropped.
+    """
+    import atexit
+
+    def _hold() -> None:
+        if _exit_code is not None and threading.current_thread() is threading.main_thread():
+            for s in SIGNALS:
+                signal.signal(s, signal.SIG_IGN)
+
+    atexit.register(_hold)

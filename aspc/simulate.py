@@ -56,6 +56,10 @@ REPEAT_KEYS = (
 )
 
 
+# Every repeat's result is kept for the spread; a thousand already pins a mean down.
+MAX_REPEATS = 1000
+
+
 def parse_strategies(spec: str | list[str]) -> list[str]:
     """Strategy names from ``"random,sorted,asp,oracle"``; :class:`ConfigError` if unknown or empty."""
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
@@ -108,8 +112,8 @@ def simulate_strategies(
         strategy -> :class:`aspc.runtime.RunResult` (a list of one per repeat
         when ``repeats > 1``), in the order given.
     """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ConfigError(f"--repeats must be an integer >= 1, got {repeats!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+        raise ConfigError(f"--repeats must be an integer in 1..{MAX_REPEATS}, got {repeats!r}")
     if inputs.length_field is None and actual_lengths_path is None:
         raise InputError(
             "simulate needs actual response lengths: pass --length-field FIELD or --actual-lengths FILE"

@@ -613,3 +613,108 @@ def test_random_byte_damage_never_reads_as_another_plan(tmp_path, plan):
             continue
         assert got.table.equals(ref), at
     assert failed > 30  # the damage is real: most of it must be caught
+
+
+# --------------------------------------------------------------------------- outputs inside input directories
+
+
+def test_predictor_output_never_deletes_a_foreign_directory(tmp_path, small):
+    mine = tmp_path / "mydir"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    r = _cli("predict", "train", str(small), "--length-field", "lengths", "-o", str(mine), "-q")
+    assert r.returncode == 2 and "not an aspc predictor" in _one_line_error(r.stderr)
+    assert (mine / "notes.txt").read_text() == "precious"
+    # An earlier predictor there is replaced, as before.
+    pred = tmp_path / "pred"
+    for _ in range(2):
+        r = _cli("predict", "train", str(small), "--length-field", "lengths", "-o", str(pred), "-q")
+        assert r.returncode == 0, r.stderr
+    # Nor a directory holding the predictor it starts from.
+    r = _cli("predict", "train", str(small), "--length-field", "lengths", "--init", str(pred), "-o", str(tmp_path), "-q")
+    assert r.returncode == 2 and "contains the input" in _one_line_error(r.stderr)
+    assert (pred / "metadata.json").is_file()
+
+
+def test_a_file_output_inside_an_input_directory_is_refused(tmp_path, small, plan):
+    pred = tmp_path / "pred"
+    assert _cli("predict", "train", str(small), "--length-field", "lengths", "-o", str(pred), "-q").returncode == 0
+    meta = _digest(pred / "metadata.json")
+    run = tmp_path / "RUN"
+    r = _cli("run", str(plan), "--actual-lengths", str(small), "--length-field", "lengths", "--log", str(run), "-q")
+    assert r.returncode == 0, r.stderr
+    run_meta = _digest(run / "meta.json")
+    for args in (
+        ["compile", str(small), "--predictor", str(pred), "-o", str(pred / "metadata.json"), "-q"],
+        ["predict", str(pred), str(small), "-o", str(pred / "weights.npz"), "-q"],
+        ["calibrate", str(run), "-o", str(run / "meta.json"), "-q"],
+        ["compile", str(small), "--history", str(run), "-o", str(run / "plan.parquet"), "-q"],
+    ):
+        r = _cli(*args)
+        assert r.returncode == 2 and "inside the input directory" in _one_line_error(r.stderr), args
+    assert _digest(pred / "metadata.json") == meta and _digest(run / "meta.json") == run_meta
+
+
+def test_run_overwrite_keeps_a_cost_model_inside_the_log(tmp_path, small, plan):
+    run = tmp_path / "RUN"
+    assert _cli("run", str(plan), "--actual-lengths", str(small), "--length-field", "lengths", "--log", str(run),
+                "-q").returncode == 0
+    cost = run / "cost.json"
+    assert _cli("calibrate", str(run), "-o", str(tmp_path / "cost.json"), "-q").returncode == 0
+    cost.write_bytes((tmp_path / "cost.json").read_bytes())
+    r = _cli("run", str(plan), "--actual-lengths", str(small), "--length-field", "lengths", "--cost-model", str(cost),
+             "--log", str(run), "--overwrite", "-q")
+    assert r.returncode == 2 and "contains the input cost.json" in _one_line_error(r.stderr)
+    assert cost.is_file()
+
+
+# --------------------------------------------------------------------------- values and paths the OS or a kernel refuses
+
+
+def test_path_names_too_long_are_one_line(tmp_path, small):
+    long = "x" * 300
+    for args in (
+        ["compile", str(small), "--length-field", "lengths", "-o", str(tmp_path / f"{long}.parquet"), "-q"],
+        ["compile", str(tmp_path / f"{long}.jsonl"), "-o", str(tmp_path / "p.parquet"), "-q"],
+        ["predict", "train", str(small), "--length-field", "lengths", "-o", str(tmp_path / long), "-q"],
+    ):
+        r = _cli(*args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert "too long" in _one_line_error(r.stderr)
+    assert not any(tmp_path.glob("*.parquet"))
+
+
+@pytest.mark.parametrize("typ", ["int64", "uint64", "list"])
+def test_parquet_integer_lengths_past_float_precision_are_one_line(tmp_path, typ):
+    import pyarrow as pa
+
+    big = 2**64 - 1 if typ == "uint64" else 2**53 + 1
+    values = [[big]] + [[1]] * 49 if typ == "list" else [big] + [1] * 49
+    arrow_type = pa.list_(pa.int64()) if typ == "list" else getattr(pa, typ)()
+    src = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"id": [str(i) for i in range(50)], "prompt": [f"p {i}" for i in range(50)],
+                             "length": pa.array(values, arrow_type)}), src)
+    for cmd in (["compile", str(src), "--length-field", "length", "-o", str(tmp_path / "p.parquet"), "-q"],
+                ["simulate", str(src), "--length-field", "length", "--strategies", "asp", "-q"]):
+        r = _cli(*cmd)
+        assert r.returncode == 2, r.stderr
+        assert "above 10,000,000 tokens" in _one_line_error(r.stderr)
+    assert not (tmp_path / "p.parquet").exists()
+
+
+def test_run_options_past_what_the_kernels_hold_are_one_line(tmp_path, small, plan):
+    base = ["run", str(plan), "--actual-lengths", str(small), "--length-field", "lengths", "-q"]
+    for extra, words in (
+        (["--queue-capacity", "99999999999999999999"], "give a smaller count"),
+        (["--epochs", "2", "--length-drift", "1e7", "--log", str(tmp_path / "LD")], "use a smaller drift"),
+    ):
+        r = _cli(*base, *extra)
+        assert r.returncode == 2 and words in _one_line_error(r.stderr), r.stderr
+    assert not (tmp_path / "LD").exists()
+    r = _cli("simulate", str(small), "--length-field", "lengths", "--repeats", "100000", "-q")
+    assert r.returncode == 2 and "1..1000" in _one_line_error(r.stderr)
+
+
+def test_history_without_its_length_field_names_the_history_option(tmp_path, small):
+    r = _cli("compile", str(small), "--history", str(small), "-o", str(tmp_path / "p.parquet"), "-q")
+    assert r.returncode == 2 and "pass --history-length-field NAME" in _one_line_error(r.stderr)

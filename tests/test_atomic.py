@@ -102,3 +102,63 @@ def test_sigkill_during_compile_leaves_whole_plan_or_none(tmp_path, delay):
         assert check_plan(read_plan(out)).ok
     # Temporary siblings may remain after SIGKILL, but never under the target name.
     assert all(p.name.startswith(".") or p.name in ("in.jsonl", "plan.parquet") for p in tmp_path.iterdir())
+
+
+def test_a_signal_inside_a_finalizer_is_delivered_after_it(monkeypatch):
+    # Raised inside __del__, Python would print and drop it (and Numba's
+    # disposal code cut in half can crash): the policy sends it again instead.
+    from aspc import interrupt
+    from aspc.errors import Interrupted
+
+    seen = []
+
+    class Finalized:
+        def __del__(self):
+            seen.append(interrupt._in_finalizer(sys._getframe()))
+            interrupt._handler(signal.SIGTERM, sys._getframe())  # must not raise here
+
+    with pytest.raises(Interrupted):
+        with interrupt.handlers():
+            obj = Finalized()
+            del obj
+            time.sleep(2)  # the re-sent signal lands here
+    assert seen == [True]
+    assert not interrupt._in_finalizer(sys._getframe())
+
+
+def test_an_interrupt_after_the_output_is_in_place_says_so(tmp_path):
+    from aspc import interrupt
+
+    with interrupt.handlers():
+        assert interrupt.outcome() == "nothing was written"
+        atomic_write_bytes(tmp_path / "out.bin", b"x")
+        assert interrupt.outcome() == f"{tmp_path / 'out.bin'} had already been written in full"
+    with interrupt.handlers():
+        assert interrupt.outcome() == "nothing was written"  # per command
+
+
+def test_a_signal_during_teardown_keeps_the_commands_exit_code(tmp_path):
+    # After the command: an atexit hook registered later than the CLI's waits
+    # for a SIGTERM; the process must end with the command's code, not 143.
+    code = (
+        "import atexit, os, signal, sys, time\n"
+        "from aspc.cli import main\n"
+        "sys.argv = ['aspc', 'check', sys.argv[1]]\n"
+        "def late():\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    time.sleep(0.5)\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    atexit.register(late)\n"
+    )
+    plan = tmp_path / "p.parquet"
+    src = write_jsonl(tmp_path / "x.jsonl", lognormal_records(60))
+    from click.testing import CliRunner
+
+    from aspc.cli import main as cli_main
+
+    assert CliRunner().invoke(cli_main, ["compile", str(src), "--length-field", "lengths", "-o", str(plan), "-q"]).exit_code == 0
+    r = subprocess.run([sys.executable, "-c", code, str(plan)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr

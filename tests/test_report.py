@@ -222,7 +222,10 @@ def test_report_refuses_foreign_directory(inputs, tmp_path):
 def test_report_bad_inputs_fail_cleanly(inputs, tmp_path):
     r = _cli(["report", tmp_path / "missing.parquet", "-o", tmp_path / "a"])
     assert r.exit_code == 2 and "Traceback" not in r.output
-    r = _cli(["report", inputs["plan_asp"], tmp_path, "-o", tmp_path / "b"])  # not a run log
+    notarun = tmp_path / "notarun"
+    notarun.mkdir()
+    (notarun / "x.txt").write_text("x")
+    r = _cli(["report", inputs["plan_asp"], notarun, "-o", tmp_path / "b"])  # not a run log
     assert r.exit_code == 2 and "run log" in r.output
     assert not (tmp_path / "b").exists()
     # A run log of another plan (no shared prompt id) is refused.

@@ -49,7 +49,7 @@ class _InterruptLine(click.ClickException):
     def __init__(self, exc: Interrupted) -> None:
         from aspc import interrupt
 
-        super().__init__(f"interrupted by {interrupt.signal_name(exc.signum)}; nothing was written")
+        super().__init__(f"interrupted by {interrupt.signal_name(exc.signum)}; {interrupt.outcome()}")
         self.exit_code = exc.exit_code
 
 
@@ -59,11 +59,28 @@ class _LazyGroup(click.Group):
         # command: a SIGINT while the command module imports is one line too.
         from aspc import interrupt
 
+        # Reading sys.argv means this is the process's own command line (not an
+        # in-process caller such as click's test runner). Once its exit code is
+        # decided, a signal during teardown (library thread pools, atexit) ends
+        # the process at once with that code, not as a silent kill by signal.
+        process = (args[0] if args else kwargs.get("args")) is None
+        if process:
+            interrupt.exit_at_teardown()
         try:
-            with interrupt.handlers():
-                return super().main(*args, **kwargs)
+            with interrupt.handlers(restore=not process):
+                code = 1
+                try:
+                    value = super().main(*args, **kwargs)
+                    code = 0
+                    return value
+                except SystemExit as exc:
+                    code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+                    raise
+                finally:
+                    if process:
+                        interrupt.exit_on_signal(code)
         except Interrupted as exc:
-            click.echo(f"Error: interrupted by {interrupt.signal_name(exc.signum)}; nothing was written", err=True)
+            click.echo(f"Error: interrupted by {interrupt.signal_name(exc.signum)}; {interrupt.outcome()}", err=True)
             sys.exit(exc.exit_code)
 
     def make_context(self, info_name, args, parent=None, **extra):  # noqa: ANN001, ANN201 - click's signature

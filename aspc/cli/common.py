@@ -6,6 +6,7 @@ carries only the command's result (a table, or JSON with ``--json``).
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import sys
@@ -46,7 +47,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Interrupted as exc:
             # Temporary files are gone (atomic writes clean up on the way out).
             raise CliError(
-                f"interrupted by {interrupt.signal_name(exc.signum)}; nothing was written", exc.exit_code
+                f"interrupted by {interrupt.signal_name(exc.signum)}; {interrupt.outcome()}", exc.exit_code
             ) from None
         except AspcError as exc:
             raise CliError(_one_line(str(exc)), exc.exit_code) from None
@@ -58,8 +59,22 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise CliError(f"expected a file but got a directory: {exc.filename}", 2) from None
         except MemoryError:
             raise CliError("out of memory; try a smaller input or batch", 2) from None
+        except OSError as exc:
+            # Errors about the path itself, whatever call met them first.
+            fix = _PATH_FIXES.get(exc.errno)
+            if fix is None or exc.filename is None:
+                raise
+            raise CliError(f"{exc.filename}: {exc.strerror}; {fix}", 2) from None
 
     return wrapper
+
+
+_PATH_FIXES = {
+    errno.ENAMETOOLONG: "use a shorter path",
+    errno.ELOOP: "the path has a symlink loop: fix or remove the link",
+    errno.EROFS: "the file system is read-only: choose a writable path",
+    errno.ENOTDIR: "a part of the path is a file, not a directory: check the path",
+}
 
 
 def _one_line(msg: str) -> str:

@@ -180,9 +180,12 @@ def train_cmd(
     committed sample, prompt texts from the plan that was run).
     """
     from aspc.guards import check_output, check_seed
+    from aspc.predict.base import check_output_dir
 
     check_seed(seed)
-    output = check_output(output, inputs=[data], kind="dir")
+    reads = [data, plan, None if init in (None, "default") else init, base_model]
+    output = check_output(output, inputs=reads, kind="dir")
+    check_output_dir(output)
     if epochs is not None and epochs < 1:
         raise ConfigError(f"--epochs {epochs}: give at least 1")
     _check_device(device)
@@ -286,7 +289,12 @@ def eval_cmd(
     if not data.exists():
         raise InputError(f"{data}: no such file or run log directory")
     pairs = read_training_pairs(
-        data, length_field=length_field, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line
+        data,
+        length_field=length_field,
+        prompt_field=prompt_field,
+        id_field=id_field,
+        on_bad_line=on_bad_line,
+        for_training=False,
     )
     with RichProgress(quiet) as progress:
         progress.stage("predict", total=1)

@@ -114,6 +114,7 @@ def probe_cmd(
     from aspc.emit import write_plan
     from aspc.io import read_prompts
     from aspc.predict import MIN_PAIRS, load_predictor
+    from aspc.predict.base import check_output_dir
     from aspc.predict.pairs import PLAN_IN_LOG, read_run_log_pairs
     from aspc.runtime import run
 
@@ -125,6 +126,7 @@ def probe_cmd(
     init_arg = None if init.lower() == "none" else init
     reads = [prompts_path, actual_lengths, None if init_arg in (None, "default") else init_arg]
     output = check_output(output, inputs=reads, kind="dir")
+    check_output_dir(output)
     check_output(log_dir, inputs=[*reads, output], kind="dir", option="--log")
     config, cost = run_config_from_kwargs(kwargs, seed=seed, samples_per_prompt=1)
     table = read_prompts(prompts_path, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)

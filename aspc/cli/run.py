@@ -180,7 +180,10 @@ def _interrupted_message(exc: Interrupted, log_dir: Path | None) -> str:
     name = signal_name(exc.signum)
     if log_dir is None:
         return f"interrupted by {name}; the run had no --log, so there is nothing to resume"
-    if not (log_dir / "meta.json").is_file():
+    # The epochs layout (--epochs): the latest epoch's log is the one a signal stopped.
+    epochs = sorted(log_dir.glob("epoch-*/meta.json"), key=lambda m: int(m.parent.name[6:] or 0) if m.parent.name[6:].isdigit() else -1)
+    meta_file = epochs[-1] if epochs else log_dir / "meta.json"
+    if not meta_file.is_file():
         return f"interrupted by {name} before the run log was started; nothing was written to {log_dir}"
     argv = sys.argv[1:]
     if "run" in argv:
@@ -189,7 +192,7 @@ def _interrupted_message(exc: Interrupted, log_dir: Path | None) -> str:
     else:  # called as a library (tests); say it in words
         cmd = f"aspc run PLAN <the same options> --log {shlex.quote(str(log_dir))} --resume"
     try:
-        status = json.loads((log_dir / "meta.json").read_text(encoding="utf-8")).get("status", "?")
+        status = json.loads(meta_file.read_text(encoding="utf-8")).get("status", "?")
     except (OSError, ValueError, AttributeError):
         status = "?"
     return (
@@ -359,7 +362,8 @@ def run_cmd(
     if log_dir is not None:
         from aspc.guards import check_output
 
-        check_output(log_dir, inputs=[plan_path, actual_lengths], kind="dir", option="--log")
+        cost_file = kwargs.get("sim_cost_model")
+        check_output(log_dir, inputs=[plan_path, actual_lengths, cost_file], kind="dir", option="--log")
     config, cost = run_config_from_kwargs(
         kwargs,
         seed=seed,

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from aspc.emit import Plan
 from aspc.emit import schema as S
-from aspc.errors import InputError
+from aspc.errors import InputError, short_reason
 from aspc.io.prompts import file_hash
 from aspc.io.readers import SUPPORTED_SUFFIXES, BadRecord, detect_format, iter_records
 
@@ -105,7 +105,7 @@ def source_table(source: Path, rows: list[int]) -> pa.Table:
         return pa.Table.from_pylist(recs)
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise InputError(
-            f"{source.name}: a field mixes value types across rows ({' '.join(str(exc).split())[:100]}); "
+            f"{source.name}: a field mixes value types across rows ({short_reason(exc, limit=100)}); "
             "it cannot be a Parquet column: export --format jsonl, or fix the field"
         ) from None
 

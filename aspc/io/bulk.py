@@ -177,7 +177,8 @@ def _all_distinct(ids: pa.Array) -> bool:
 def _numbers(arr: pa.Array) -> np.ndarray:
     t = arr.type
     _check(arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)))
-    x = column_numpy(arr.cast(pa.float64()))
+    # Unchecked: integers past 2**53 are far above MAX_LENGTH and bail below either way.
+    x = column_numpy(arr.cast(pa.float64(), safe=False))
     # NaN fails every comparison, so it bails here too.
     _check(bool(np.all((x >= 0) & (x <= MAX_LENGTH))) if x.size else True)
     return x

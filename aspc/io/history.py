@@ -75,7 +75,7 @@ def read_history(
                 )
             found = got.lengths
         else:
-            found = read_lengths(path, id_field=id_field, length_field=length_field)
+            found = read_lengths(path, id_field=id_field, length_field=length_field, option="--history-length-field")
         for pid, lens in found.items():
             merged.setdefault(pid, []).append(lens)
     return {k: np.concatenate(v) for k, v in merged.items()}

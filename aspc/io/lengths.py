@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aspc.errors import InputError
+from aspc.errors import InputError, short_reason
 from aspc.io.prompts import check_field_names
 from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
 from aspc.io.rows import _RowError, parse_length
@@ -68,7 +68,10 @@ def _read_run_log(path: Path) -> dict[str, np.ndarray]:
     try:
         table = ds.dataset([str(f) for f in files], format="parquet").to_table(columns=["prompt_id", "response_len"])
     except (pa.ArrowInvalid, OSError, KeyError) as exc:
-        raise InputError(f"{path}: unreadable run log samples ({' '.join(str(exc).split())[:120]})") from None
+        raise InputError(
+            f"{path}: unreadable run log samples ({short_reason(exc, limit=120)}); the run log is damaged: "
+            "run the plan again with a new --log"
+        ) from None
     if table.num_rows == 0:
         return {}
     ids = np.asarray(table.column("prompt_id").to_pylist(), dtype=object)
@@ -81,9 +84,11 @@ def _read_run_log(path: Path) -> dict[str, np.ndarray]:
 
 
 def read_lengths(
-    path: str | os.PathLike, *, id_field: str = "id", length_field: str = "length"
+    path: str | os.PathLike, *, id_field: str = "id", length_field: str = "length", option: str = "--length-field"
 ) -> dict[str, np.ndarray]:
     """Map prompt id -> observed lengths (float64 array, one or more values).
+
+    ``option`` is the option that names ``length_field``, for the messages.
 
     A prompt id seen on several rows accumulates all its lengths.
     """
@@ -103,7 +108,7 @@ def read_lengths(
         if pid is None or isinstance(pid, bool) or not isinstance(pid, (str, int)):
             raise InputError(f"{where}: missing id field {id_field!r}; pass --id-field NAME")
         try:
-            lens = parse_length(rec.get(length_field), length_field, from_text)
+            lens = parse_length(rec.get(length_field), length_field, from_text, option)
         except _RowError as exc:
             raise InputError(f"{where}: {exc}") from None
         out.setdefault(str(pid), []).append(lens)

@@ -109,8 +109,8 @@ def _number(v: Any, where: str) -> float:
     return x
 
 
-def parse_length(value: Any, field_name: str, from_text: bool = False) -> np.ndarray:
-    """Validate a length value (a number or a non-empty list of numbers)."""
+def parse_length(value: Any, field_name: str, from_text: bool = False, option: str = "--length-field") -> np.ndarray:
+    """Validate a length value (a number or a non-empty list of numbers); ``option`` names the field's option."""
     if from_text and isinstance(value, str):
         # CSV cells are text: accept "412" and "[412, 388]".
         try:
@@ -124,7 +124,7 @@ def parse_length(value: Any, field_name: str, from_text: bool = False) -> np.nda
             raise _RowError(f"length field {field_name!r} is an empty list")
         return np.array([_number(v, f"length field {field_name!r}") for v in value], dtype=np.float64)
     if value is None:
-        raise _RowError(f"missing length field {field_name!r}; pass --length-field NAME")
+        raise _RowError(f"missing length field {field_name!r}; pass {option} NAME")
     return np.array([_number(value, f"length field {field_name!r}")], dtype=np.float64)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from aspc.errors import ConfigError
+from aspc.errors import ConfigError, short_reason
 
 QWEN = "qwen"
 # Texts per encode batch: bounds the token lists held at once (~ a few MB).
@@ -98,7 +98,7 @@ class _HFTokenizer(Tokenizer):
         try:
             self._tok = _Tok.from_file(str(path))
         except Exception as exc:  # tokenizers raises its own Exception type
-            raise ConfigError(f"--tokenizer {folder}: unreadable tokenizer.json ({str(exc)[:120]})") from None
+            raise ConfigError(f"--tokenizer {folder}: unreadable tokenizer.json ({short_reason(exc, limit=120)})") from None
         super().__init__(folder.name, _sha256(path))
 
     def _count(self, texts: list[str]) -> list[int]:

@@ -176,6 +176,27 @@ def _jsonable(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def check_output_dir(directory: str | Path, option: str = "-o") -> None:
+    """Refuse to replace a directory that is not an earlier aspc predictor (it would be deleted).
+
+    Saving replaces the directory whole; a new, empty or predictor directory is
+    fine, anything else (a user's folder, another tool's output) is never deleted.
+    """
+    directory = Path(directory)
+    try:
+        if not directory.is_dir() or not any(directory.iterdir()):
+            return
+        meta = json.loads((directory / METADATA_FILE).read_text(encoding="utf-8"))
+        ours = isinstance(meta, dict) and "aspc_predictor" in meta
+    except (OSError, ValueError):
+        ours = False
+    if not ours:
+        raise PredictorError(
+            f"{option} {directory}: directory exists and is not an aspc predictor; pick a new or empty directory "
+            "(an earlier predictor there would be replaced, anything else is never deleted)"
+        )
+
+
 def read_metadata(directory: str | Path, kind: str | None = None) -> dict[str, Any]:
     """Read and check ``metadata.json``; raise :class:`PredictorError` on any mismatch.
 

@@ -33,6 +33,7 @@ from aspc.errors import ConfigError, PredictorError
 from aspc.predict.base import (
     LengthPrediction,
     Predictor,
+    check_output_dir,
     hash_arrays,
     is_arrow,
     read_metadata,
@@ -179,6 +180,7 @@ class LexicalPredictor(Predictor):
         return self._hash
 
     def save(self, path: str | Path) -> None:
+        check_output_dir(path)
         with atomic_dir(path) as tmp:
             np.savez_compressed(tmp / WEIGHTS_FILE, **self._arrays())
             body = {k: v for k, v in self.metadata.items() if k != "target"}

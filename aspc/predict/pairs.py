@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from aspc.choices import ON_BAD_LINE
-from aspc.errors import InputError
+from aspc.errors import InputError, short_reason
 
 PLAN_IN_LOG = "plan.parquet"
 """Where ``aspc run --log`` and ``aspc probe`` keep a copy of the plan they ran."""
@@ -71,8 +71,13 @@ def plan_text(stored: str) -> str:
     return stored
 
 
-def read_run_log_pairs(path: str | os.PathLike, plan: str | os.PathLike | None = None) -> TrainingPairs:
+def read_run_log_pairs(
+    path: str | os.PathLike, plan: str | os.PathLike | None = None, *, for_training: bool = True
+) -> TrainingPairs:
     """Committed samples of run log ``path`` with their prompt texts.
+
+    ``for_training`` only words the error for a log without samples
+    (evaluating needs one pair, training a predictor's minimum).
 
     Raises
     ------
@@ -88,9 +93,10 @@ def read_run_log_pairs(path: str | os.PathLike, plan: str | os.PathLike | None =
     path = Path(path)
     samples = _committed_samples(path)
     if samples.num_rows == 0:
+        need = f"training needs at least {_min_pairs()}" if for_training else "evaluating needs at least 1"
         raise InputError(
-            f"{path}: the run log has 0 committed samples (0 pairs found); training needs at least "
-            f"{_min_pairs()} (prompt, length) pairs: let the run commit samples, or give a dataset"
+            f"{path}: the run log has 0 committed samples (0 pairs found); {need} "
+            "(prompt, length) pairs: let the run commit samples, or give a dataset"
         )
     plan_path = Path(plan) if plan is not None else path / PLAN_IN_LOG
     if not plan_path.is_file():
@@ -165,7 +171,10 @@ def _committed_samples(path: Path):
     try:
         return ds.dataset([str(f) for f in files], format="parquet").to_table(columns=cols)
     except (pa.ArrowInvalid, OSError, KeyError) as exc:
-        raise InputError(f"{path}: unreadable run log samples ({' '.join(str(exc).split())[:120]})") from None
+        raise InputError(
+            f"{path}: unreadable run log samples ({short_reason(exc, limit=120)}); the run log is damaged: "
+            "run the plan again with a new --log"
+        ) from None
 
 
 def read_dataset_pairs(
@@ -242,11 +251,12 @@ def read_training_pairs(
     id_field: str = "id",
     on_bad_line: str = "error",
     plan: str | os.PathLike | None = None,
+    for_training: bool = True,
 ) -> TrainingPairs:
     """Pairs from a run log directory or a dataset file (see the module notes)."""
     p = Path(path)
     if p.is_dir():
-        return read_run_log_pairs(p, plan=plan)
+        return read_run_log_pairs(p, plan=plan, for_training=for_training)
     if plan is not None:
         from aspc.errors import ConfigError
 

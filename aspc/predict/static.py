@@ -36,6 +36,7 @@ from aspc.errors import PredictorError
 from aspc.predict.base import (
     LengthPrediction,
     Predictor,
+    check_output_dir,
     hash_arrays,
     read_metadata,
     text_list,
@@ -241,6 +242,7 @@ class StaticPredictor(Predictor):
         return self._hash
 
     def save(self, path: str | Path) -> None:
+        check_output_dir(path)
         with atomic_dir(path) as tmp:
             np.save(tmp / TABLE_FILE, self.table, allow_pickle=False)
             np.savez(tmp / HEAD_FILE, **self._arrays())  # uncompressed zip: fixed timestamps, same bytes

@@ -25,6 +25,7 @@ from aspc.errors import PredictorError
 from aspc.predict.base import (
     LengthPrediction,
     Predictor,
+    check_output_dir,
     hash_arrays,
     read_metadata,
     text_list,
@@ -246,6 +247,7 @@ class TransformerPredictor(Predictor):
     def save(self, path: str | Path) -> None:
         from safetensors.torch import save_file
 
+        check_output_dir(path)
         with atomic_dir(path) as tmp:
             save_file(self._state(), str(tmp / WEIGHTS_FILE))
             (tmp / ENCODER_DIR).mkdir()

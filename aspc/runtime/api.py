@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from aspc.errors import ConfigError, OutputError, RunError
+from aspc.errors import ConfigError, OutputError, RunError, short_reason
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.config import RunConfig, check_staleness, parse_return_mode, resolve_queue_capacity
@@ -418,7 +418,7 @@ def _speed_probes(backend: GenerationBackend, config: RunConfig, notes: list[str
         except Exception as exc:  # noqa: BLE001 - a measurement after the run must not undo the run
             out.append(None)
             notes.append(f"the speed probe after the run failed on worker {w} ({type(exc).__name__}: "
-                         f"{' '.join(str(exc).split())[:200]}); its 'after' value is null")
+                         f"{short_reason(exc, limit=200)}); its 'after' value is null")
     return out
 
 

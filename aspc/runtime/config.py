@@ -120,6 +120,10 @@ class RunConfig:
 OPERATIONAL_KEYS = ("log_flush_seconds", "max_retries", "worker_timeout", "speed_probe")
 
 
+# The simulator's kernels count samples in int64; no queue holds 2**62 samples.
+_MAX_CAPACITY = 2**62
+
+
 def resolve_queue_capacity(config: RunConfig, largest_minibatch: int) -> int:
     """The queue's high-water mark in samples.
 
@@ -147,6 +151,11 @@ def resolve_queue_capacity(config: RunConfig, largest_minibatch: int) -> int:
         cap = int(samples)
     else:
         cap = int(math.floor(float(batches) * config.global_batch))
+    if cap > _MAX_CAPACITY:
+        raise ConfigError(
+            f"--queue-capacity {config.queue_capacity} ({cap} samples) is more than {_MAX_CAPACITY:,} samples; "
+            "give a smaller count, or 'auto'"
+        )
     if cap < config.global_batch:
         raise ConfigError(
             f"--queue-capacity {config.queue_capacity} ({cap} samples) is smaller than one global batch "

@@ -21,7 +21,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from aspc.errors import LockError
+from aspc.errors import LockError, RunError
 
 LOCK_FILE = ".lock"
 
@@ -43,11 +43,21 @@ class RunLogLock:
         """Take the lock (creating the directory if needed) or raise :class:`LockError` at once."""
         if self._fd is not None:
             return
-        if not self.path.exists():
-            self.path.mkdir(parents=True, exist_ok=True)
-            self._created_dir = True
+        try:
+            if not self.path.exists():
+                self.path.mkdir(parents=True, exist_ok=True)
+                self._created_dir = True
+        except OSError as exc:
+            raise RunError(
+                f"--log {self.path}: cannot create the run directory ({exc.strerror}); choose a writable path"
+            ) from None
         while True:
-            fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o666)
+            except OSError as exc:
+                raise RunError(
+                    f"--log {self.path}: cannot create its lock file ({exc.strerror}); choose a writable path"
+                ) from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -54,7 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from aspc import __version__
-from aspc.errors import RunError, SchemaVersionError
+from aspc.errors import RunError, SchemaVersionError, short_reason
 
 RUNLOG_FORMAT = "aspc.runlog"
 # Major.minor, as for plans: a reader refuses another major version.
@@ -256,7 +256,10 @@ def live_tables(p: Path, meta: dict[str, Any]) -> dict[str, pa.Table]:
 
             tables[kind] = ds.dataset([str(f) for f in files], format="parquet", schema=schema).to_table()
         except (pa.ArrowInvalid, OSError) as exc:
-            raise RunError(f"{p}: unreadable {kind} parts ({' '.join(str(exc).split())[:120]})") from None
+            raise RunError(
+                f"{p}: unreadable {kind} parts ({short_reason(exc, limit=120)}); the run log is damaged: "
+                "run the plan again with a new --log"
+            ) from None
     return tables
 
 

@@ -718,3 +718,13 @@ def test_run_options_past_what_the_kernels_hold_are_one_line(tmp_path, small, pl
 def test_history_without_its_length_field_names_the_history_option(tmp_path, small):
     r = _cli("compile", str(small), "--history", str(small), "-o", str(tmp_path / "p.parquet"), "-q")
     assert r.returncode == 2 and "pass --history-length-field NAME" in _one_line_error(r.stderr)
+
+
+@pytest.mark.parametrize("option, value", [("--top-p", "2"), ("--temperature", "-3"), ("--top-k", "-5")])
+def test_sim_rehearsal_checks_sampling_options_as_a_real_run_would(tmp_path, small, plan, option, value):
+    r = _cli("run", str(plan), option, value, "-q")
+    assert r.returncode == 2 and option in _one_line_error(r.stderr)
+    r = _cli("probe", str(small), "--backend", "sim", "--actual-lengths", str(small), "--length-field", "lengths",
+             "--prompts", "60", "--log", str(tmp_path / "L"), "-o", str(tmp_path / "P"), option, value, "-q")
+    assert r.returncode == 2 and option in _one_line_error(r.stderr)
+    assert not (tmp_path / "L").exists() and not (tmp_path / "P").exists()

@@ -109,3 +109,17 @@ def test_probe_guards_its_outputs(tmp_path) -> None:
         assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
     assert data.read_bytes() == before
     assert not any(p.name in ("same", "log", "pred") for p in tmp_path.iterdir())
+
+
+def test_a_probe_whose_training_fails_keeps_its_log_and_says_how_to_reuse_it(tmp_path):
+    from click.testing import CliRunner
+
+    from aspc.cli import main
+
+    src = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
+    log, out = tmp_path / "L", tmp_path / "P"
+    r = CliRunner().invoke(main, ["probe", str(src), "--backend", "sim", "--prompts", "100", "--log", str(log),
+                                  "-o", str(out), "--max-new-tokens", "1", "-q"])
+    assert r.exit_code == 2
+    assert "observed lengths equal 1" in r.output and f"aspc predict train {log}" in r.output, r.output
+    assert (log / "meta.json").is_file() and not out.exists()

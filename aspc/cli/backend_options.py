@@ -64,7 +64,10 @@ def build_real_components(
     ``None`` means "let :func:`aspc.runtime.run` build its default" (the sim
     backend with its replayed lengths, the sim trainer).
     """
+    from aspc.runtime.backends.options import check_sampling
+
     vals = {k: kwargs.pop(k) for k in _KEYS if k in kwargs}
+    check_sampling(vals.get("temperature"), vals.get("top_p"), vals.get("top_k"))
     trainer = vals.pop("trainer", None) or SIM_TRAINER
     trainer_pairs = vals.pop("trainer_arg", None) or ()
     vals["replay"] = bool(vals.pop("replay_lengths", False))

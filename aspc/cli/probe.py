@@ -25,7 +25,7 @@ from aspc.choices import ON_BAD_LINE, PREDICTOR_KINDS
 from aspc.cli.backend_options import build_real_components, real_backend_options
 from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, quiet_option
 from aspc.cli.run import run_config_from_kwargs, runtime_options
-from aspc.errors import ConfigError
+from aspc.errors import AspcError, ConfigError
 
 DEFAULT_PROBE_PROMPTS = 4000  # the preprint fine-tunes its predictor on 4,000 prompt-length pairs
 
@@ -173,8 +173,15 @@ def probe_cmd(
         )
         # The plan goes inside the log: it holds the prompt texts 'aspc predict train RUN' needs.
         write_plan(plan, log_dir / PLAN_IN_LOG)
-        pairs = read_run_log_pairs(log_dir)
-        pred = train_from_pairs(pairs, kind, where=str(log_dir), init=init_arg, seed=seed, progress=progress)
+        try:
+            pairs = read_run_log_pairs(log_dir)
+            pred = train_from_pairs(pairs, kind, where=str(log_dir), init=init_arg, seed=seed, progress=progress)
+        except AspcError as exc:
+            # The generations are the costly part (a real backend): keep them and say how to reuse them.
+            raise type(exc)(
+                f"{exc}; the probe's run log {log_dir} is kept: train from it with "
+                f"'aspc predict train {log_dir} -o {output}', or pass --overwrite to probe again"
+            ) from None
         progress.stage("write")
         pred.save(output)
         progress.done()

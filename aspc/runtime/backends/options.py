@@ -55,18 +55,27 @@ class GenerationOptions:
         """Raise :class:`ConfigError` for values no generation could use."""
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not (0 < self.top_p <= 1):
-            raise ConfigError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ConfigError(f"--top-k must be >= 0 (0 = off), got {self.top_k}")
+        check_sampling(self.temperature, self.top_p, self.top_k)
         if self.replay and self.replay_lengths is None:
             raise ConfigError("--replay-lengths needs the recorded lengths: pass --actual-lengths FILE --length-field F")
 
     def for_worker_process(self) -> GenerationOptions:
         """A copy without the replay table, which only the driver needs (requests carry the lengths)."""
         return GenerationOptions(**{**self.__dict__, "replay_lengths": None, "replay": False})
+
+
+def check_sampling(temperature: float | None, top_p: float | None, top_k: int | None) -> None:
+    """Sampling values no generation could use (``None``: left at the default).
+
+    Checked for every backend, the simulator too: a sim rehearsal must fail
+    where the real run with the same options would.
+    """
+    if temperature is not None and (not math.isfinite(temperature) or temperature < 0):
+        raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_p is not None and not (0 < top_p <= 1):
+        raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
+    if top_k is not None and top_k < 0:
+        raise ConfigError(f"--top-k must be >= 0 (0 = off), got {top_k}")
 
 
 DEFAULT_MAX_NEW_TOKENS = 256  # without replay or --max-new-tokens: long enough for short RL answers

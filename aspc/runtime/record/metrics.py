@@ -179,8 +179,9 @@ def summarize(
     t_last_dispatch = float(dispatch.max()) if dispatch.size else 0.0
     occupied_before = np.clip(np.minimum(end, t_last_dispatch) - dispatch, 0.0, None).sum()
     occupied_after = np.clip(end - np.maximum(dispatch, t_last_dispatch), 0.0, None).sum()
-    backpressure = w * t_last_dispatch - occupied_before
-    drain = w * (makespan - t_last_dispatch) - occupied_after
+    # Idle areas: a difference of sums can round to -1e-17, never below zero.
+    backpressure = max(0.0, w * t_last_dispatch - occupied_before)
+    drain = max(0.0, w * (makespan - t_last_dispatch) - occupied_after)
 
     # Trainer.
     order = np.argsort(stp["step"], kind="stable")

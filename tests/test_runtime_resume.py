@@ -419,3 +419,34 @@ def test_hf_contract_sigkill_then_resume(tmp_path):
     _out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
     check_contract(run_dir, want, 8)
+
+
+def test_resume_takes_the_lengths_file_by_contents_not_by_name(tmp_path):
+    data, plan, _want = _plan_files(tmp_path, 12)
+    run_dir = tmp_path / "RUN"
+
+    def args(lengths):
+        return ["run", str(plan), "--actual-lengths", str(lengths), "--length-field", "lengths", "--workers", "2",
+                "--global-batch", "4", "--log", str(run_dir), "--resume"]
+
+    assert CliRunner().invoke(main, args(data)).exit_code == 0
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(data.read_bytes())
+    r = CliRunner().invoke(main, args(copy))
+    assert r.exit_code == 0 and "already complete" in r.output, r.output
+    other = tmp_path / "other.jsonl"
+    other.write_bytes(data.read_bytes().replace(b"[", b"[1, ", 1))
+    r = CliRunner().invoke(main, args(other))
+    assert r.exit_code == 2 and "--actual-lengths" in r.output, r.output
+
+
+def test_resume_refuses_another_replan_setting(tmp_path):
+    data, plan, _want = _plan_files(tmp_path, 24)
+    run_dir = tmp_path / "RUN"
+    base = ["run", str(plan), "--actual-lengths", str(data), "--length-field", "lengths", "--workers", "2",
+            "--global-batch", "4", "--log", str(run_dir), "-q"]
+    assert CliRunner().invoke(main, [*base, "--replan", "--replan-every", "2"]).exit_code == 0
+    for extra, said in ((["--replan", "--replan-every", "3"], "--replan-every 3 now"), ([], "off now")):
+        r = CliRunner().invoke(main, [*base, *extra, "--resume"])
+        assert r.exit_code == 2 and "--replan (--replan-every 2 in the log" in r.output and said in r.output, r.output
+    assert CliRunner().invoke(main, [*base, "--replan", "--replan-every", "2", "--resume"]).exit_code == 0

@@ -271,6 +271,8 @@ def _run_locked(
         "queue_capacity": capacity,
         "length_source": None if lengths is None else lengths.source,
         "work_hash": resume_log.work_hash(work),
+        # Re-planning changes the schedule a resume must follow: None = off.
+        "replan_every": None if replanner is None else int(replanner.every_steps),
         **lengths_info,
     }
     new_meta = {

@@ -75,10 +75,17 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
         for k in sorted(set(oc) | set(nc))
         if k not in OPERATIONAL_KEYS and oc.get(k) != nc.get(k)
     ]
+    old_run = old.get("run") or {}
+    if "replan_every" in old_run and old_run["replan_every"] != new["run"].get("replan_every"):
+        # Logs written before the key existed carry none and are not compared.
+        def said(every: int | None) -> str:
+            return "off" if every is None else f"--replan-every {every}"
+
+        diffs.append(f"--replan ({said(old_run['replan_every'])} in the log, {said(new['run'].get('replan_every'))} now)")
     if (old.get("cost_model") or {}) != new["cost_model"]:
         diffs.append("the cost model")
     old_len = (old.get("run") or {}).get("lengths_name")
-    if old_len != new["run"]["lengths_name"]:
+    if old_len != new["run"]["lengths_name"] and not _same_contents(old.get("run") or {}, new["run"]):
         diffs.append(f"--actual-lengths ({old_len!r} in the log, {new['run']['lengths_name']!r} now)")
     else:
         diffs += _lengths_diffs(old.get("run") or {}, new["run"])
@@ -87,6 +94,12 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
             f"--resume {path}: this run differs from the logged one in {'; '.join(diffs)}; "
             "resume with the original options, or start a new run"
         )
+
+
+def _same_contents(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Both runs read lengths files with the same sha256: a copy or a link under another name is the same input."""
+    a, b = (old.get("lengths_file") or {}).get("sha256"), (new.get("lengths_file") or {}).get("sha256")
+    return bool(old.get("lengths_name")) and bool(new.get("lengths_name")) and a is not None and a == b
 
 
 def _lengths_diffs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:

@@ -728,3 +728,15 @@ def test_sim_rehearsal_checks_sampling_options_as_a_real_run_would(tmp_path, sma
              "--prompts", "60", "--log", str(tmp_path / "L"), "-o", str(tmp_path / "P"), option, value, "-q")
     assert r.returncode == 2 and option in _one_line_error(r.stderr)
     assert not (tmp_path / "L").exists() and not (tmp_path / "P").exists()
+
+
+def test_epoch_and_replan_option_errors_are_usage_errors(tmp_path, small, plan):
+    base = ["run", str(plan), "--actual-lengths", str(small), "--length-field", "lengths", "-q"]
+    for extra, words in (
+        (["--epochs", "2"], "pass --log RUN"),
+        (["--replan", "--replan-every", "0"], "--replan-every must be >= 1"),
+        (["--length-drift", "0.1", "--log", str(tmp_path / "LD")], "pass --epochs N with N >= 2"),
+    ):
+        r = _cli(*base, *extra)
+        assert r.returncode == 2 and words in _one_line_error(r.stderr), (extra, r.returncode, r.stderr)
+    assert not (tmp_path / "LD").exists()

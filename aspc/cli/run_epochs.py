@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import click
-
 from aspc.cli.common import RichProgress, emit_json, note, out_console
+from aspc.errors import ConfigError
 
 
 def run_epochs_cmd(
@@ -37,9 +36,9 @@ def run_epochs_cmd(
     from aspc.epochs import run_epochs
 
     if log_dir is None:
-        raise click.ClickException("--epochs writes one plan and one run log per epoch: pass --log RUN")
+        raise ConfigError("--epochs writes one plan and one run log per epoch: pass --log RUN")
     if replan and replan_every < 1:
-        raise click.ClickException(f"--replan-every must be >= 1, got {replan_every}")
+        raise ConfigError(f"--replan-every must be >= 1, got {replan_every}")
     with RichProgress(quiet) as progress:
         res = run_epochs(
             plan,

@@ -21,7 +21,8 @@ from aspc.cli.common import (
     quiet_option,
 )
 from aspc.cli.preload import runtime_loading
-from aspc.errors import ConfigError, Interrupted
+from aspc.cli.run_epochs import check_epoch_options
+from aspc.errors import Interrupted
 
 # Light modules (no numba, pyarrow or torch), so --help stays fast.
 from aspc.runtime.config import RETURN_MODES, ReturnMode, RunConfig
@@ -359,12 +360,7 @@ def run_cmd(
 
     # Before a real backend resolves its model or a history file is read.
     check_log_options(log_dir, overwrite=overwrite, resume=resume)
-    if length_drift and epochs < 2:
-        raise ConfigError("--length-drift scales the epochs after the first: pass --epochs N with N >= 2")
-    if epochs != 1 and log_dir is None:
-        raise ConfigError("--epochs writes one plan and one run log per epoch: pass --log RUN")
-    if replan and replan_every < 1:
-        raise ConfigError(f"--replan-every must be >= 1, got {replan_every}")
+    check_epoch_options(epochs, log_dir, length_drift, replan, replan_every)
     if log_dir is not None:
         from aspc.guards import check_output
 
@@ -404,8 +400,6 @@ def run_cmd(
         if replan:
             from aspc.replan import OnlineReplanner, compile_config_of
 
-            if replan_every < 1:
-                raise ConfigError(f"--replan-every must be >= 1, got {replan_every}")
             cfg = compile_config_of(
                 plan.config or {}, workers=config.workers, max_response_length=config.max_new_tokens
             )

@@ -9,6 +9,15 @@ from aspc.cli.common import RichProgress, emit_json, note, out_console
 from aspc.errors import ConfigError
 
 
+def check_epoch_options(epochs: int, log_dir: Path | None, length_drift: float, replan: bool, replan_every: int) -> None:
+    """Usage errors of --epochs, --length-drift and --replan-every, before any backend loads."""
+    if length_drift and epochs < 2:
+        raise ConfigError("--length-drift scales the epochs after the first: pass --epochs N with N >= 2")
+    if epochs != 1 and log_dir is None:
+        raise ConfigError("--epochs writes one plan and one run log per epoch: pass --log RUN")
+    if replan and replan_every < 1:
+        raise ConfigError(f"--replan-every must be >= 1, got {replan_every}")
+
 def run_epochs_cmd(
     plan: Any,
     epochs: int,
@@ -35,10 +44,7 @@ def run_epochs_cmd(
     """
     from aspc.epochs import run_epochs
 
-    if log_dir is None:
-        raise ConfigError("--epochs writes one plan and one run log per epoch: pass --log RUN")
-    if replan and replan_every < 1:
-        raise ConfigError(f"--replan-every must be >= 1, got {replan_every}")
+    check_epoch_options(epochs, log_dir, length_drift, replan, replan_every)
     with RichProgress(quiet) as progress:
         res = run_epochs(
             plan,

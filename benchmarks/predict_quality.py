@@ -240,7 +240,8 @@ def bench_transformer_own(d, models, args):
     and with ``--refit-all`` every train row of the model with its ten
     lengths; evaluated on the model's validate rows. One fine-tune per model
     and setting: an accelerator job (on the 2-core development CPU, 320 pairs
-    x 1 epoch took 194 s on one torch thread: ~2 h per model at 4,000 pairs
+    x 1 epoch took 194 s on one torch thread with random batches; 136 s on two,
+    92 s with length-grouped batches: still ~1 h per model at 4,000 pairs
     x 3 epochs), so ``--models`` can take a few.
     """
     from aspc.predict.metrics import evaluate

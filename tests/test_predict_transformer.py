@@ -162,3 +162,29 @@ def test_real_minilm_fine_tune(tmp_path) -> None:
     pred.save(tmp_path / "p")
     again = load_predictor(tmp_path / "p", device="cpu")
     np.testing.assert_allclose(again.predict(texts[100:]).mean, pred.predict(texts[100:]).mean, rtol=1e-5)
+
+
+def test_length_grouped_batches_cover_rows_once_and_pad_less() -> None:
+    from aspc.predict.transformer_train import length_grouped_batches
+
+    rng = np.random.default_rng(3)
+    n_tokens = rng.integers(5, 257, size=1000)
+    rows = np.arange(7, 1000, 2)  # the training rows: a subset of all pairs
+    batches = length_grouped_batches(np.random.default_rng(0), rows, n_tokens, 32, window=4)
+    # Every training row exactly once, no batch over size, as many batches as a plain shuffle.
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == rows.tolist()
+    assert max(len(b) for b in batches) <= 32 and len(batches) == -(-len(rows) // 32)
+    # Padded tokens (each batch padded to its longest prompt) well below a plain shuffle's.
+    plain = length_grouped_batches(np.random.default_rng(0), rows, None, 32)
+    assert sorted(np.concatenate(plain).tolist()) == rows.tolist()
+
+    def padded(bs: list[np.ndarray]) -> int:
+        return sum(int(n_tokens[b].max()) * len(b) for b in bs)
+
+    assert padded(batches) < 0.75 * padded(plain)
+    # Seeded: the same batches again; another seed, another order.
+    again = length_grouped_batches(np.random.default_rng(0), rows, n_tokens, 32, window=4)
+    assert all(np.array_equal(a, b) for a, b in zip(batches, again, strict=True))
+    other = length_grouped_batches(np.random.default_rng(1), rows, n_tokens, 32, window=4)
+    assert not all(np.array_equal(a, b) for a, b in zip(batches, other, strict=True))

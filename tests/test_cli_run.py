@@ -155,6 +155,26 @@ def test_run_refuses_a_plan_of_another_schema_version(plan, tmp_path):
     assert r.exit_code != 0 and "schema 9.0" in r.output
 
 
+def test_run_and_inspect_refuse_a_plan_that_check_refuses(plan, tmp_path):
+    import numpy as np
+    import pyarrow as pa
+
+    t = pq.read_table(plan)
+    pred = t.column("predicted_len").to_numpy().copy()
+    pred[3] *= 5  # the structure still holds; only the rows hash and the metrics tell
+    edited = tmp_path / "edited.parquet"
+    table = t.set_column(t.schema.get_field_index("predicted_len"), "predicted_len", pa.array(pred))
+    pq.write_table(table.replace_schema_metadata(t.schema.metadata), edited)
+    assert np.isclose(pq.read_table(edited).column("predicted_len").to_numpy()[3], pred[3])
+    for args in (("check", edited), ("run", edited, "--log", tmp_path / "RUN"), ("inspect", edited)):
+        r = invoke(*args)
+        assert r.exit_code != 0, args
+        assert "edited by hand?" in r.output and "recompile the plan" in r.output, (args, r.output)
+        assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "RUN").exists()
+    assert invoke("inspect", plan).exit_code == 0
+
+
 def test_simulate_contract_json(dataset):
     predict = pytest.importorskip("aspc.predict")
     try:

@@ -19,11 +19,12 @@ def inspect_cmd(plan_path: Path, as_json: bool) -> None:
     """Show a plan's metrics, config, per-group loads and minibatch size histogram."""
     import numpy as np
 
-    from aspc.emit import group_loads, read_plan
+    from aspc.emit import group_loads, read_plan, verify_integrity
     from aspc.emit import schema as S
     from aspc.emit.metrics import minibatch_starts
 
     plan = read_plan(plan_path)
+    verify_integrity(plan, plan_path.name)  # the metrics shown are the stored ones: they must be the rows'
     minibatch_cost = plan.metrics.get("cost_model", "padded")
     loads = group_loads(plan.table, minibatch_cost, plan.metrics.get("response_cap"))
     sizes = np.diff(minibatch_starts(plan.column(S.MINIBATCH)))

@@ -355,7 +355,7 @@ def run_cmd(
         --workers 8 --global-batch 64 --log RUN --json
     aspc run plan.parquet ...same options... --log RUN --resume   # after a crash
     """
-    from aspc.emit import read_plan
+    from aspc.emit import read_plan, verify_integrity
     from aspc.runtime.config import check_log_options
 
     # Before a real backend resolves its model or a history file is read.
@@ -378,6 +378,7 @@ def run_cmd(
     try:
         with runtime_loading(config.backend, plan_path):
             plan = read_plan(plan_path)
+        verify_integrity(plan, plan_path.name)  # a plan `aspc check` refuses is not run either
         from aspc.io.history import read_history
         from aspc.runtime.api import run
 

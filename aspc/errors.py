@@ -24,6 +24,25 @@ def short_reason(exc: BaseException, *, limit: int = 160, with_type: bool = Fals
     return msg or type(exc).__name__
 
 
+def epochs_root_hint(path: object) -> str:
+    """How to name one epoch's log when ``path`` is the root of an ``aspc run --epochs`` run, else "".
+
+    ``--epochs N`` writes one run log per pass under ``RUN/epoch-K``; the root
+    itself has no ``meta.json``, so a command given it would say only "not a run log".
+    """
+    from pathlib import Path
+
+    root = Path(str(path))
+    try:
+        ks = sorted(int(m.parent.name[6:]) for m in root.glob("epoch-*/meta.json") if m.parent.name[6:].isdigit())
+    except OSError:
+        return ""
+    if not ks:
+        return ""
+    last = f" … {root / f'epoch-{ks[-1]}'}" if len(ks) > 1 else ""
+    return f"; it holds the {len(ks)} epoch logs of 'aspc run --epochs': pass one, {root / f'epoch-{ks[0]}'}{last}"
+
+
 class AspcError(Exception):
     """Base class for every error aspc raises on purpose.
 

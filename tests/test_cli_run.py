@@ -175,6 +175,20 @@ def test_run_and_inspect_refuse_a_plan_that_check_refuses(plan, tmp_path):
     assert invoke("inspect", plan).exit_code == 0
 
 
+def test_run_says_when_the_global_batch_is_more_than_the_plan(plan):
+    n = pq.read_table(plan).num_rows * 4  # the fixture's samples_per_prompt
+    r = invoke("run", plan, "--global-batch", n + 1, "--json")
+    assert r.exit_code == 0
+    said = " ".join(r.stderr.split())  # rich wraps notes to the terminal's width
+    assert f"--global-batch {n + 1} is more than the plan's {n} samples: the trainer takes no step" in said
+    assert json.loads(r.stdout)["n_trainer_steps"] == 0
+    r = invoke("run", plan, "--global-batch", n, "--json")
+    assert "more than the plan" not in r.stderr and json.loads(r.stdout)["n_trainer_steps"] == 1
+    # With --samples-per-prompt the plan's samples are counted as overridden.
+    r = invoke("run", plan, "--global-batch", n, "--samples-per-prompt", 3, "--json")
+    assert f"the plan's {n // 4 * 3} samples" in " ".join(r.stderr.split())
+
+
 def test_simulate_contract_json(dataset):
     predict = pytest.importorskip("aspc.predict")
     try:

@@ -136,6 +136,30 @@ def test_epochs_write_checkable_plans_and_per_epoch_metrics(tmp_path):
     assert out["epochs"][1]["lower_bound"] < out["epochs"][0]["lower_bound"]
 
 
+def test_commands_given_an_epochs_root_name_its_epoch_logs(tmp_path):
+    from click.testing import CliRunner
+
+    from aspc.cli import main
+    from aspc.emit import write_plan
+
+    table, lens, flat = _data(120, 3)
+    plan = compile_plan(table, flat, CompileConfig(samples_per_prompt=2, batch_size=8))
+    root = tmp_path / "run"
+    run_epochs(plan, 2, root, config=RunConfig(workers=2, global_batch=16), actual_lengths=lens)
+    write_plan(plan, tmp_path / "plan.parquet")
+    want = f"epoch logs of 'aspc run --epochs': pass one, {root / 'epoch-1'} … {root / 'epoch-2'}"
+    for args in (
+        ["report", tmp_path / "plan.parquet", root, "-o", tmp_path / "rep"],
+        ["calibrate", root, "-o", tmp_path / "c.json"],
+        ["predict", "train", root, "-o", tmp_path / "pred"],
+        ["predict", "eval", "default", root],
+    ):
+        r = CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+        assert r.exit_code == 2 and want in r.output, (args, r.output)
+        assert len(r.output.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "rep").exists() and not (tmp_path / "c.json").exists() and not (tmp_path / "pred").exists()
+
+
 def test_epochs_with_replan_revise_each_epoch_and_keep_every_sample(tmp_path):
     table, lens, flat = _data(400, 2)
     cfg = CompileConfig(samples_per_prompt=4, batch_size=8, workers=4)

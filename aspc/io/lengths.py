@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aspc.errors import InputError, short_reason
+from aspc.errors import InputError, epochs_root_hint, short_reason
 from aspc.io.prompts import check_field_names
 from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
 from aspc.io.rows import _RowError, parse_length
@@ -38,7 +38,8 @@ def committed_sample_parts(path: str | os.PathLike) -> list[Path]:
     samples = path / "samples"
     meta_path = path / "meta.json"
     if not samples.is_dir():
-        raise InputError(f"{path}: a directory but not an aspc run log (no samples/); pass a run log or a dataset")
+        hint = epochs_root_hint(path) or "; pass a run log or a dataset"
+        raise InputError(f"{path}: a directory but not an aspc run log (no samples/){hint}")
     if not meta_path.is_file():
         return sorted(f for f in samples.iterdir() if f.suffix == ".parquet" and not f.name.startswith("."))
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from aspc.choices import ON_BAD_LINE
-from aspc.errors import InputError, short_reason
+from aspc.errors import InputError, epochs_root_hint, short_reason
 
 PLAN_IN_LOG = "plan.parquet"
 """Where ``aspc run --log`` and ``aspc probe`` keep a copy of the plan they ran."""
@@ -151,7 +151,8 @@ def _committed_samples(path: Path):
 
     meta_path = path / "meta.json"
     if not meta_path.is_file():
-        raise InputError(f"{path}: a directory but not an aspc run log (no meta.json); pass a run log or a dataset")
+        hint = epochs_root_hint(path) or "; pass a run log or a dataset"
+        raise InputError(f"{path}: a directory but not an aspc run log (no meta.json){hint}")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):

@@ -165,6 +165,28 @@ def resolve_queue_capacity(config: RunConfig, largest_minibatch: int) -> int:
     return cap
 
 
+def global_batch_note(config: RunConfig, plan_table: object) -> list[str]:
+    """A note when the global batch is larger than the whole plan: the trainer will take no step.
+
+    Not an error: a smoke test of generation on a few prompts with the default
+    batch is legitimate; but a run that exits 0 with no trainer step, no
+    iteration time and every sample left over must not read as a result.
+    """
+    import pyarrow.compute as pc
+
+    from aspc.emit import schema as S
+
+    rows = plan_table.num_rows  # type: ignore[attr-defined]
+    per = config.samples_per_prompt
+    n_samples = rows * per if per else int(pc.sum(plan_table.column(S.N_SAMPLES)).as_py() or 0)  # type: ignore[attr-defined]
+    if config.global_batch <= n_samples:
+        return []
+    return [
+        f"--global-batch {config.global_batch} is more than the plan's {n_samples} samples: the trainer takes no "
+        f"step and every sample is left over; pass --global-batch {n_samples} or less for trainer metrics"
+    ]
+
+
 def check_staleness(config: RunConfig, largest_minibatch: int) -> None:
     """Refuse a staleness bound that no dispatch could meet (the run would deadlock).
 

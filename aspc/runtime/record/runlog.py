@@ -54,7 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from aspc import __version__
-from aspc.errors import RunError, SchemaVersionError, short_reason
+from aspc.errors import RunError, SchemaVersionError, epochs_root_hint, short_reason
 
 RUNLOG_FORMAT = "aspc.runlog"
 # Major.minor, as for plans: a reader refuses another major version.
@@ -215,9 +215,8 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     meta_path = p / META_FILE
     if not meta_path.is_file():
-        raise RunError(
-            f"{p}: not an aspc run log (no {META_FILE}); pass the directory given to 'aspc run --log'"
-        )
+        hint = epochs_root_hint(p) or "; pass the directory given to 'aspc run --log'"
+        raise RunError(f"{p}: not an aspc run log (no {META_FILE}){hint}")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):

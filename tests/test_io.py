@@ -275,6 +275,23 @@ def test_unterminated_csv_quote_says_so(tmp_path):
     assert read_prompts(p).prompts == ["xy"]
 
 
+def test_two_columns_of_one_name_are_refused(tmp_path):
+    # Which of the two the user meant is unknown: a dict of the row would keep the last silently.
+    p = tmp_path / "d.csv"
+    p.write_text("id,prompt,len,len\na,x,3,500\n")
+    with pytest.raises(InputError, match="^d.csv: line 1: two columns are named 'len'; rename or drop one$"):
+        read_prompts(p, length_field="len")
+    p.write_text("id,prompt,len,prompt\na,x,3,y\n")
+    with pytest.raises(InputError, match="two columns are named 'prompt'"):
+        read_prompts(p, length_field="len")
+    q = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array(["a"]), pa.array(["x"]), pa.array([3]), pa.array([500])],
+                                        names=["id", "prompt", "len", "len"]), q)
+    for length_field in ("len", None):
+        with pytest.raises(InputError, match="^d.parquet: two columns are named 'len'; rename or drop one$"):
+            read_prompts(q, length_field=length_field)
+
+
 def test_fifo_is_refused_clearly(tmp_path):
     import os
 

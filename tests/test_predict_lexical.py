@@ -217,3 +217,31 @@ def test_default_predictor_needs_no_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_validation_split_that_leaves_too_few_to_train_is_refused(tmp_path) -> None:
+    from aspc.predict.base import validation_prompt_count
+
+    texts, lengths = synthetic(200)
+    n = len(set(texts))
+    with pytest.raises(ConfigError, match=rf"--validation-split 0.9 holds out {round(n * 0.9)} of {n} distinct prompts"):
+        train_predictor("lexical", texts, lengths, validation_split=0.9)
+    # What the message suggests is accepted, and a split too small to hold out 10 means none.
+    with pytest.raises(ConfigError) as info:
+        validation_prompt_count(200, 0.99)
+    suggested = float(str(info.value).split("use ")[1].split(" ")[0])
+    assert validation_prompt_count(200, suggested) == round(200 * suggested) > 0
+    assert validation_prompt_count(200, 0.04) == 0 and validation_prompt_count(45, 0.1) == 0
+    with pytest.raises(ConfigError, match="use 0 "):
+        validation_prompt_count(45, 0.5)
+    # The CLI says it in one line and writes nothing.
+    from click.testing import CliRunner
+
+    from aspc.cli import main
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": t, "length": float(np.mean(a))}) + "\n" for t, a in zip(texts, lengths, strict=True)))
+    r = CliRunner().invoke(main, ["predict", "train", str(data), "--length-field", "length", "--validation-split", "0.99",
+                                  "-o", str(tmp_path / "pred")])
+    assert r.exit_code == 2 and "--validation-split 0.99 holds out" in r.output and len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "pred").exists()

@@ -147,3 +147,15 @@ def test_reader_refuses_other_format_versions(tmp_path):
         read_run_log(tmp_path / "RUN")
     with pytest.raises(RunError, match="not an aspc run log"):
         read_run_log(tmp_path)
+    # Readers that do not load the runtime (history, actual lengths, training pairs) refuse it too.
+    from aspc.io.lengths import read_lengths
+    from aspc.predict.pairs import read_run_log_pairs
+
+    for read in (read_lengths, read_run_log_pairs):
+        with pytest.raises(SchemaVersionError, match="run log format 2.0 is newer than this aspc"):
+            read(tmp_path / "RUN")
+    meta["format_version"] = "x"
+    meta_path.write_text(json.dumps(meta))
+    for read in (read_lengths, read_run_log_pairs):
+        with pytest.raises(InputError, match="invalid run log format_version 'x'"):
+            read(tmp_path / "RUN")

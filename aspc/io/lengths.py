@@ -17,6 +17,7 @@ from aspc.errors import InputError, epochs_root_hint, short_reason
 from aspc.io.prompts import check_field_names
 from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
 from aspc.io.rows import _RowError, parse_length
+from aspc.io.runlog_meta import check_runlog_version, is_runlog_meta
 
 _PART_RE = re.compile(r"^part-(\d{6,})\.parquet$")
 
@@ -46,7 +47,10 @@ def committed_sample_parts(path: str | os.PathLike) -> list[Path]:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise InputError(f"{path}: corrupt run log meta.json; pass a readable run log") from None
-    ranges = meta.get("parts") if isinstance(meta, dict) else None
+    if not is_runlog_meta(meta):
+        raise InputError(f"{path}: meta.json is not an aspc run log's")
+    check_runlog_version(meta, path, InputError)
+    ranges = meta.get("parts")
     files = sorted(f for f in samples.iterdir() if _PART_RE.match(f.name))
     if isinstance(ranges, dict):
         try:

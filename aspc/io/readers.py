@@ -185,6 +185,10 @@ def iter_csv(path: Path) -> Iterator[tuple[int, int, Any]]:
         if header is None or not header[1]:
             raise InputError(f"{path.name}: CSV has no header row; add one naming the columns")
         names = header[1]
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:
+            # A dict of the row would keep the last of the two silently: which one the user meant is unknown.
+            raise InputError(f"{path.name}: line {header[0]}: two columns are named {twice!r}; rename or drop one")
         row = 0
         for line, cells in rows:
             if not cells:
@@ -207,9 +211,13 @@ def read_parquet_table(path: Path):
     import pyarrow.parquet as pq
 
     try:
-        return pq.read_table(path)
+        names = pq.read_schema(path).names
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is None:
+            return pq.read_table(path)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"{path.name}: not a readable Parquet file ({short_reason(exc)}); check the file") from None
+    raise InputError(f"{path.name}: two columns are named {twice!r}; rename or drop one")
 
 
 def iter_parquet(path: Path) -> Iterator[tuple[int, int, Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from aspc.errors import InputError, PredictorError
+from aspc.errors import ConfigError, InputError, PredictorError
 
 FORMAT_VERSION = 2
 """Version of the predictor directory layout; bump on any incompatible change."""
@@ -262,3 +263,36 @@ def check_training_pairs(texts: Sequence[str], lengths: Sequence[Any]) -> list[n
             )
         out.append(a)
     return out
+
+
+# A validation set under this many distinct prompts says nothing, and one that
+# leaves fewer than this many to train on starves the fit: below either, none.
+MIN_VALIDATION_PROMPTS = 10
+MIN_TRAINING_PROMPTS = 40
+
+
+def validation_prompt_count(n_prompts: int, split: float) -> int:
+    """How many of ``n_prompts`` distinct prompts to hold out for ``split`` (0: no validation).
+
+    A split that holds out too few is dropped (small data with the default
+    0.1); one that leaves too few to train on is what the caller asked for and
+    cannot be honoured, so it is refused rather than silently dropped.
+
+    Raises
+    ------
+    ConfigError
+        ``split`` outside [0, 1), or leaving under :data:`MIN_TRAINING_PROMPTS`.
+    """
+    if not 0 <= split < 1:
+        raise ConfigError(f"validation split {split} must be in [0, 1)")
+    n_val = int(round(n_prompts * split))
+    if n_val < MIN_VALIDATION_PROMPTS:
+        return 0
+    if n_prompts - n_val < MIN_TRAINING_PROMPTS:
+        most = math.floor((n_prompts - MIN_TRAINING_PROMPTS) / n_prompts * 100) / 100
+        fix = f"use {most:g} or less" if most * n_prompts >= MIN_VALIDATION_PROMPTS else "use 0"
+        raise ConfigError(
+            f"--validation-split {split:g} holds out {n_val} of {n_prompts} distinct prompts and leaves "
+            f"{n_prompts - n_val} to train on, under the {MIN_TRAINING_PROMPTS} needed; {fix} (0: no validation)"
+        )
+    return n_val

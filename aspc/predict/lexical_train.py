@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import ConfigError
-from aspc.predict.base import check_training_pairs, hash_training_data
+from aspc.predict.base import check_training_pairs, hash_training_data, validation_prompt_count
 from aspc.predict.calibration import estimate_history_prior, fit_calibrations
 from aspc.predict.features import N_DENSE, Features, featurize
 from aspc.predict.lexical import DEFAULT_KAPPA, LexicalConfig, LexicalPredictor, validation_metrics
@@ -117,8 +117,7 @@ def train_lexical(
         config = init.config
     config = config or LexicalConfig()
     lengths = check_training_pairs(texts, lengths)
-    if not 0 <= validation_split < 1:
-        raise ConfigError(f"validation split {validation_split} must be in [0, 1)")
+    validation_prompt_count(0, validation_split)  # a bad split fails before any work
     for name, extra in (("target", targets), ("group", groups)):
         if extra is not None and len(extra) != len(texts):
             raise ConfigError(f"{len(extra)} {name} names for {len(texts)} prompts; give one per prompt")
@@ -136,8 +135,7 @@ def train_lexical(
 
     rng = np.random.default_rng(seed)
     n_text = len(uniq)
-    n_val = int(round(n_text * validation_split))
-    n_val = n_val if n_val >= 10 and n_text - n_val >= 40 else 0
+    n_val = validation_prompt_count(n_text, validation_split)
     fold_of_text = rng.permutation(n_text)
     is_val_text = fold_of_text < n_val
     train_rows = np.flatnonzero(~is_val_text[text_of_row])

@@ -24,6 +24,7 @@ import numpy as np
 
 from aspc.choices import ON_BAD_LINE
 from aspc.errors import InputError, epochs_root_hint, short_reason
+from aspc.io.runlog_meta import check_runlog_version, is_runlog_meta
 
 PLAN_IN_LOG = "plan.parquet"
 """Where ``aspc run --log`` and ``aspc probe`` keep a copy of the plan they ran."""
@@ -157,8 +158,9 @@ def _committed_samples(path: Path):
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):
         raise InputError(f"{path}: corrupt meta.json; the run log cannot be read") from None
-    if not isinstance(meta, dict) or meta.get("format") != "aspc.runlog":
+    if not is_runlog_meta(meta):
         raise InputError(f"{path}: meta.json is not an aspc run log's")
+    check_runlog_version(meta, path, InputError)
     part = re.compile(r"^part-(\d{6,})\.parquet$")
     files = sorted((path / "samples").glob("part-*.parquet")) if (path / "samples").is_dir() else []
     ranges = meta.get("parts")

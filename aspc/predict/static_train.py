@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import ConfigError, PredictorError
-from aspc.predict.base import check_training_pairs, hash_training_data
+from aspc.predict.base import check_training_pairs, hash_training_data, validation_prompt_count
 from aspc.predict.calibration import estimate_history_prior, fit_calibrations
 from aspc.predict.lexical import DEFAULT_KAPPA, validation_metrics
 from aspc.predict.metrics import marginal_summary
@@ -139,8 +139,7 @@ def train_static(
     if base_model is not None and kind in ("static", "transformer"):
         raise ConfigError(f"--base-model and a {kind} --init both name the encoder; give one")
     lengths = check_training_pairs(texts, lengths)
-    if not 0 <= validation_split < 1:
-        raise ConfigError(f"validation split {validation_split} must be in [0, 1)")
+    validation_prompt_count(0, validation_split)  # a bad split fails before any work
     for name, extra in (("target", targets), ("group", groups)):
         if extra is not None and len(extra) != len(texts):
             raise ConfigError(f"{len(extra)} {name} names for {len(texts)} prompts; give one per prompt")
@@ -163,8 +162,7 @@ def train_static(
     n_heads = max(1, len(target_names))
 
     rng = np.random.default_rng(seed)
-    n_val = int(round(n_text * validation_split))
-    n_val = n_val if n_val >= 10 and n_text - n_val >= 40 else 0
+    n_val = validation_prompt_count(n_text, validation_split)
     fold_of_text = rng.permutation(n_text)
     is_val_text = fold_of_text < n_val
     train_rows = np.flatnonzero(~is_val_text[text_of_row])

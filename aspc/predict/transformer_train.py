@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import ConfigError
-from aspc.predict.base import check_training_pairs, hash_training_data
+from aspc.predict.base import check_training_pairs, hash_training_data, validation_prompt_count
 from aspc.predict.calibration import estimate_history_prior
 from aspc.predict.lexical import DEFAULT_KAPPA, validation_metrics
 from aspc.predict.metrics import marginal_summary
@@ -114,8 +114,7 @@ def train_transformer(
     # Validation split by distinct prompt text, as for the lexical predictor.
     uniq = sorted(set(texts))
     perm = rng.permutation(len(uniq))
-    n_val = int(round(len(uniq) * validation_split))
-    n_val = n_val if n_val >= 10 and len(uniq) - n_val >= 40 else 0
+    n_val = validation_prompt_count(len(uniq), validation_split)
     val_text = {uniq[i] for i in perm[:n_val]}
     train_rows = np.array([i for i, t in enumerate(texts) if t not in val_text])
     val_rows = np.array([i for i, t in enumerate(texts) if t in val_text], dtype=np.int64)

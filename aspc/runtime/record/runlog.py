@@ -53,14 +53,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aspc import __version__
-from aspc.errors import RunError, SchemaVersionError, epochs_root_hint, short_reason
+from aspc.errors import RunError, epochs_root_hint, short_reason
+from aspc.io.runlog_meta import check_runlog_version, is_runlog_meta
 
-RUNLOG_FORMAT = "aspc.runlog"
-# Major.minor, as for plans: a reader refuses another major version.
-# 1.1: committed part ranges in meta.json, consumed/ parts (resume); 1.2: samples' decode_time
-RUNLOG_VERSION = "1.2"
-RUNLOG_MAJOR = 1
 META_FILE = "meta.json"
 
 STATUS_RUNNING = "running"
@@ -221,19 +216,9 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise RunError(f"{p}: corrupt {META_FILE}; the run log cannot be read") from None
-    if not isinstance(meta, dict) or meta.get("format") != RUNLOG_FORMAT:
+    if not is_runlog_meta(meta):
         raise RunError(f"{p}: {META_FILE} is not an aspc run log's")
-    version = str(meta.get("format_version", "?"))
-    try:
-        major = int(version.split(".")[0])
-    except ValueError:
-        raise RunError(f"{p}: invalid run log format_version {version!r}") from None
-    if major != RUNLOG_MAJOR:
-        newer = "newer" if major > RUNLOG_MAJOR else "older"
-        raise SchemaVersionError(
-            f"{p}: run log format {version} is {newer} than this aspc {__version__} reads ({RUNLOG_VERSION}); "
-            f"use an aspc that reads run log format {major}.x"
-        )
+    check_runlog_version(meta, p, RunError)
     return meta
 
 

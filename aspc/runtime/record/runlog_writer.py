@@ -15,14 +15,13 @@ import pyarrow.parquet as pq
 from aspc import __version__, interrupt
 from aspc.atomic import atomic_path, atomic_write_bytes
 from aspc.errors import AspcError, ConfigError, Interrupted, OutputError
+from aspc.io.runlog_meta import RUNLOG_FORMAT, RUNLOG_VERSION
 from aspc.io.table import column_numpy
 from aspc.runtime.record.lock import LOCK_FILE, RunLogLock
 from aspc.runtime.record.runlog import (
     CONSUMED,
     KINDS,
     META_FILE,
-    RUNLOG_FORMAT,
-    RUNLOG_VERSION,
     SAMPLES,
     STATUS_COMPLETE,
     STATUS_FAILED,

@@ -182,7 +182,7 @@ def _interrupted_message(exc: Interrupted, log_dir: Path | None) -> str:
     if log_dir is None:
         return f"interrupted by {name}; the run had no --log, so there is nothing to resume"
     # The epochs layout (--epochs): the latest epoch's log is the one a signal stopped.
-    epochs = sorted(log_dir.glob("epoch-*/meta.json"), key=lambda m: int(m.parent.name[6:] or 0) if m.parent.name[6:].isdigit() else -1)
+    epochs = sorted(log_dir.glob("epoch-*/meta.json"), key=lambda m: int(k) if (k := m.parent.name[6:]).isdigit() else -1)
     meta_file = epochs[-1] if epochs else log_dir / "meta.json"
     if not meta_file.is_file():
         return f"interrupted by {name} before the run log was started; nothing was written to {log_dir}"

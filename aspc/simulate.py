@@ -9,7 +9,10 @@ same run configuration and seed, so differences come from the schedule alone.
 (each prompt's recorded length distribution: the realistic ceiling of a
 per-prompt predictor); ``oracle-exact`` with exactly the lengths each sample
 will replay. ``asp+replan`` is ``asp`` re-planned during the run
-(:mod:`aspc.replan`).
+(:mod:`aspc.replan`); ``asp+scout`` is ``asp`` planned from a length scout
+run first (:mod:`aspc.scout`: one response per prompt, cut at
+``scout_tokens``, replaying a recorded length the run itself does not), the
+scout's time included.
 
 Repeats. One simulation is one draw: which recorded lengths the samples
 replay, and the random baseline's shuffle, move a single ratio by several
@@ -28,13 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from aspc.caps import cap_lengths
+from aspc.caps import cap_lengths, cap_prediction
 from aspc.choices import STRATEGIES
 from aspc.compiler import compile_plan, prediction_from_lengths, prepare
 from aspc.emit import schema as S
 from aspc.errors import ConfigError, InputError
 from aspc.io.history import read_history
 from aspc.io.lengths_by_id import LengthsById
+from aspc.io.ragged import RaggedLengths
 from aspc.io.table import PromptTable, column_numpy
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.api import run
@@ -44,7 +48,10 @@ from aspc.runtime.config import RunConfig
 ORACLE = "oracle"
 ORACLE_EXACT = "oracle-exact"
 REPLAN = "asp+replan"
-EXTRA_STRATEGIES = (REPLAN, ORACLE, ORACLE_EXACT)
+SCOUT = "asp+scout"
+EXTRA_STRATEGIES = (REPLAN, SCOUT, ORACLE, ORACLE_EXACT)
+# Strategies that read every prompt's actual lengths before the run.
+NEEDS_ALL_LENGTHS = (SCOUT, ORACLE, ORACLE_EXACT)
 # Keys averaged over repeats (with their spread) in comparison_table.
 REPEAT_KEYS = (
     "mean_iteration_time",
@@ -82,6 +89,7 @@ def simulate_strategies(
     sim_cost_model: SimCostModel | None = None,
     actual_lengths_path: str | os.PathLike | None = None,
     repeats: int = 1,
+    scout_tokens: int | None = None,
     progress: Progress = NULL_PROGRESS,
 ) -> dict[str, Any]:
     """Compile ``input_path`` with each strategy and simulate every plan.
@@ -105,6 +113,9 @@ def simulate_strategies(
 
     repeats
         Simulations per strategy (see the module notes); ``>= 1``.
+    scout_tokens
+        ``asp+scout``'s cut T (default: the response cap / 4, see
+        :func:`aspc.scout.scout_tokens`).
 
     Returns
     -------
@@ -114,6 +125,12 @@ def simulate_strategies(
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
         raise ConfigError(f"--repeats must be an integer in 1..{MAX_REPEATS}, got {repeats!r}")
+    if scout_tokens is not None:
+        from aspc.scout import scout_tokens as check_tokens
+
+        if SCOUT not in strategies:
+            raise ConfigError(f"--scout-tokens applies to the {SCOUT} strategy; add it to --strategies or drop the option")
+        check_tokens(run_config.max_new_tokens, scout_tokens)
     if inputs.length_field is None and actual_lengths_path is None:
         raise InputError(
             "simulate needs actual response lengths: pass --length-field FIELD or --actual-lengths FILE"
@@ -147,7 +164,7 @@ def simulate_strategies(
         missing = [table.ids[i] for i in actual.join(table.id_array)[0].tolist()]
     else:
         missing = [pid for pid in table.ids if pid not in actual]
-    if missing and any(s in (ORACLE, ORACLE_EXACT) for s in strategies):
+    if missing and any(s in NEEDS_ALL_LENGTHS for s in strategies):
         raise InputError(
             f"{len(missing)} of {len(table.ids)} prompts have no actual length in {name}, "
             f"e.g. id {missing[0]!r}; check --length-field and --id-field"
@@ -163,7 +180,7 @@ def simulate_strategies(
         for strategy in strategies:
             res = _simulate_one(
                 strategy, table, prediction, identity, actual_r, name, inputs, cfg_r, run_r,
-                sim_cost_model, progress,
+                sim_cost_model, progress, scout_tokens,
             )
             results.setdefault(strategy, []).append(res)
     return {k: (v[0] if repeats == 1 else v) for k, v in results.items()}
@@ -260,34 +277,43 @@ def draw_lengths(actual: Mapping[str, np.ndarray], seed: int) -> dict[str, np.nd
     return {pid: np.asarray(v)[rng.permutation(len(v))] for pid, v in sorted(actual.items())}
 
 
-def _simulate_one(strategy, table, prediction, identity, actual, name, inputs, config, run_config, cost, progress):
+def _known(actual: Any, table: PromptTable) -> RaggedLengths:
+    """Every prompt's actual lengths, in table order (simulate_strategies checked that all have some)."""
+    rows = actual.rows_of(table.source_rows) if isinstance(actual, _RowAligned) else None
+    if rows is not None:
+        return actual.by_id.lengths.take(rows)
+    actual = _unaligned(actual)
+    if isinstance(actual, LengthsById):
+        return actual.lengths.take(actual.rows_of(table.id_array))
+    return RaggedLengths.from_arrays(np.asarray(actual[pid], dtype=np.float64) for pid in table.ids)
+
+
+def _simulate_one(
+    strategy, table, prediction, identity, actual, name, inputs, config, run_config, cost, progress, scout_tokens=None
+):
     from aspc.replan import OnlineReplanner
 
     no_lengths = dataclasses.replace(inputs, length_field=None)
     replanner = None
+    n = run_config.samples_per_prompt or config.samples_per_prompt
+    scout = None
     if strategy in (ORACLE, ORACLE_EXACT):
-        n = run_config.samples_per_prompt or config.samples_per_prompt
-        rows = actual.rows_of(table.source_rows) if isinstance(actual, _RowAligned) else None
-        if rows is not None:
-            known = actual.by_id.lengths.take(rows)
-            known = known if strategy == ORACLE else known.head(n)
-        elif isinstance(_unaligned(actual), LengthsById):  # every id has lengths: simulate_strategies checked
-            actual = _unaligned(actual)
-            known = actual.lengths.take(actual.rows_of(table.id_array))
-            known = known if strategy == ORACLE else known.head(n)
-        else:
-            take = (lambda v: v) if strategy == ORACLE else (lambda v: v[:n])
-            known = [np.asarray(take(actual[pid]), dtype=np.float64) for pid in table.ids]
+        known = _known(actual, table)
+        known = known if strategy == ORACLE else known.head(n)
         pred = prediction_from_lengths(cap_lengths(known, config.max_response_length))
         cfg = dataclasses.replace(config, strategy="asp", history=())
         ident: dict[str, Any] = {"kind": strategy, "field": inputs.length_field}
+    elif strategy == SCOUT:
+        scout, pred = _scout(table, prediction, actual, n, config, run_config, cost, scout_tokens)
+        cfg = dataclasses.replace(config, strategy="asp", history=())
+        ident = {"kind": SCOUT, "base": identity, "scout_tokens": scout.summary.extra["scout_tokens"]}
     else:
         base = "asp" if strategy == REPLAN else strategy
         pred, cfg, ident = prediction, dataclasses.replace(config, strategy=base), identity
     plan = compile_plan(table, pred, cfg, predictor_identity=ident, inputs=no_lengths, progress=progress)
     if strategy == REPLAN:
         replanner = OnlineReplanner(plan.table, cfg, input_hash=table.input_hash)
-    return run(
+    res = run(
         plan,
         config=run_config,
         sim_cost_model=cost,
@@ -296,6 +322,28 @@ def _simulate_one(strategy, table, prediction, identity, actual, name, inputs, c
         replanner=replanner,
         progress=progress,
     )
+    if scout is not None:
+        from aspc.scout import after_scout
+
+        res = after_scout(scout, res, run_config.workers, scout.summary.extra["scout_tokens"])
+    return res
+
+
+def _scout(table, prediction, actual, n, config, run_config, cost, tokens):
+    """Simulate the length scout and blend what it measured into the text prior (:mod:`aspc.scout`)."""
+    from aspc.predict import load_predictor
+    from aspc.scout import run_scout, scout_tokens, scouted_prediction, spare_lengths
+
+    if config.history:
+        raise ConfigError("asp+scout plans from its own scout of every prompt; drop --history")
+    t = scout_tokens(run_config.max_new_tokens, tokens)
+    lengths = spare_lengths(_known(actual, table), n, table.ids)
+    scout = run_scout(table, prediction, lengths, config, run_config, t, cost)
+    scout.summary.extra["scout_tokens"] = t
+    seen = np.minimum(lengths, t)  # what a response cut at T tokens shows
+    metadata = getattr(load_predictor(config.predictor or "default"), "metadata", {}) or {}
+    pred = cap_prediction(scouted_prediction(table, prediction, seen, metadata), config.max_response_length)
+    return scout, pred
 
 
 def comparison_table(results: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -11,7 +11,9 @@ batch of 256 samples, static returns, and the simulator's default cost model
 - the model's ``validate`` prompts (never seen by the predictor), each with
   its ten recorded lengths; repeat r draws (seed r) which 8 of the ten the
   samples replay, the other 2 are the ``asp+history`` history;
-- strategies: random, sorted, asp, asp+replan, asp+history (2 held-out
+- strategies: random, sorted, asp, asp+replan, asp+scout (a length scout
+  first: one response per prompt cut at 1,024 tokens, replaying the first
+  held-out length, :mod:`aspc.scout`; its time is counted), asp+history (2 held-out
   earlier samples per prompt), oracle (asp knowing each prompt's ten recorded
   lengths: the realistic ceiling), oracle-exact (the 8 replayed lengths);
   ``asp e2`` is the second epoch of ``aspc run --epochs`` (planned from the
@@ -74,7 +76,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / ".." / "shared" / "data" / "castillo-dev.parquet"
 N, W, GB, CAP = 8, 8, 256, 4096
-STRATS = ["random", "sorted", "asp", "asp+replan", "oracle", "oracle-exact"]
+STRATS = ["random", "sorted", "asp", "asp+replan", "asp+scout", "oracle", "oracle-exact"]
 PROBE_MAX = 4000  # aspc probe's default --prompts
 PROBE_SHARE = 0.25  # of the user's prompt set
 
@@ -174,7 +176,7 @@ def probe_predictor(
     return d, float(kendall_tau(got.mean, means)), float(kendall_tau(got.mean[rest], means[rest])), k
 
 
-def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt", only=None, default="default"):
+def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt", only=None, default="default", scout_tokens=None):
     from aspc.compiler import CompileConfig, InputOptions, compile_file
     from aspc.epochs import run_epochs
     from aspc.io.history import read_history
@@ -188,7 +190,10 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt", only=No
         samples_per_prompt=N, seed=seed, predictor=str(pred_dir), workers=W, max_response_length=CAP, order=order
     )
     rc = RunConfig(workers=W, global_batch=GB, seed=seed, max_new_tokens=CAP)
-    res = simulate_strategies(inp, inputs, cfg, rc, strategies=[s for s in STRATS if want(s)])
+    strats = [s for s in STRATS if want(s)]
+    res = simulate_strategies(
+        inp, inputs, cfg, rc, strategies=strats, scout_tokens=scout_tokens if "asp+scout" in strats else None
+    )
     out = {k: v.summary.to_dict() for k, v in res.items()}
     for name, init in (("asp+probe", default), ("asp+probe-scratch", None), ("asp+default", "")):
         if want(name) or (name == "asp+probe" and want("asp+probe+replan")):
@@ -245,6 +250,7 @@ def main() -> None:
     ap.add_argument("--predictors", default=None, help="directory of per-model predictors (trained here if absent)")
     ap.add_argument("--staleness", default="1,2,4")
     ap.add_argument("--order", choices=["lpt", "interleave"], default="lpt", help="asp's dispatch order")
+    ap.add_argument("--scout-tokens", type=int, default=None, help="asp+scout's cut T (default: the cap / 4)")
     ap.add_argument("--rows", default=None, help="comma list of rows to run (default: all; random always runs)")
     ap.add_argument(
         "--default",
@@ -281,7 +287,7 @@ def main() -> None:
             t0 = time.perf_counter()
             pdir = predictor_for(model, rows, cache, args.own_init)
             reps = [
-                one_repeat(model, rows, pdir, tmp, s, staleness, args.order, only, args.default)
+                one_repeat(model, rows, pdir, tmp, s, staleness, args.order, only, args.default, args.scout_tokens)
                 for s in range(args.repeats)
             ]
             names = list(reps[0])

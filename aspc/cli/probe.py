@@ -12,10 +12,16 @@ it is the offline rehearsal of the same workflow.
     aspc probe prompts.jsonl --backend hf --model DIR --prompts 4000 --log probe/ -o pred/
     aspc probe prompts.jsonl --backend sim --actual-lengths prompts.jsonl --length-field lengths \\
         --prompts 500 --seed 0 --log probe/ -o pred/
+
+With ``--prompts`` at least the dataset's size, ``--max-new-tokens T`` and
+wide minibatches (``--batch-size 256``) it is a length scout
+(:mod:`aspc.scout`): ``aspc compile PROMPTS --history probe/`` then plans the
+epoch from every prompt's scouted length.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +73,9 @@ def _subset(table: Any, k: int, seed: int) -> Any:
               help="Predictor directory to write (replaced atomically).")  # fmt: skip
 @click.option("--kind", type=click.Choice(PREDICTOR_KINDS), default="lexical", show_default=True,
               help="Predictor kind to train on the probe's pairs.")  # fmt: skip
+@click.option("--batch-size", type=int, default=None,
+              help="Prompts per probe minibatch [default: 16]. A length scout (aspc.scout) uses wide ones, "
+                   "e.g. 256: one response per prompt has no sibling to share its minibatch's longest one.")  # fmt: skip
 @click.option("--init", default="default", show_default=True, metavar="DIR|default|none",
               help="Predictor to refit (and to schedule the probe with); 'none' trains from scratch.")  # fmt: skip
 @runtime_options
@@ -90,6 +99,7 @@ def probe_cmd(
     log_dir: Path,
     output: Path,
     kind: str,
+    batch_size: int | None,
     init: str,
     actual_lengths: Path | None,
     length_field: str,
@@ -120,9 +130,11 @@ def probe_cmd(
 
     if n_prompts < MIN_PAIRS:
         raise ConfigError(f"--prompts {n_prompts}: a predictor needs at least {MIN_PAIRS} pairs; probe more prompts")
-    from aspc.guards import check_output, check_seed
+    from aspc.guards import check_compile_config, check_output, check_seed
 
     check_seed(seed)
+    compile_config = CompileConfig(samples_per_prompt=1, seed=seed, batch_size=batch_size)
+    check_compile_config(compile_config)
     init_arg = None if init.lower() == "none" else init
     reads = [prompts_path, actual_lengths, None if init_arg in (None, "default") else init_arg]
     output = check_output(output, inputs=reads, kind="dir")
@@ -155,7 +167,7 @@ def probe_cmd(
         plan = compile_plan(
             sample,
             prediction,
-            CompileConfig(samples_per_prompt=1, seed=seed, workers=config.workers),
+            dataclasses.replace(compile_config, workers=config.workers),
             predictor_identity=scheduler.identity(),
             progress=progress,
         )

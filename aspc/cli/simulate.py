@@ -66,7 +66,15 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
     default="random,sorted,asp,oracle",
     show_default=True,
     help="Comma list of strategies: random, sorted, asp, asp+replan (re-planned during the run), "
-    "oracle (asp knowing each prompt's recorded lengths), oracle-exact (the very lengths replayed).",
+    "asp+scout (asp planned from a length scout run first: one response per prompt cut at --scout-tokens, "
+    "its time included), oracle (asp knowing each prompt's recorded lengths), oracle-exact (the very "
+    "lengths replayed).",
+)
+@click.option(
+    "--scout-tokens",
+    type=int,
+    default=None,
+    help="asp+scout: cut each scout response at this many tokens [default: --max-new-tokens / 4, or 1024].",
 )
 @click.option(
     "--repeats",
@@ -94,6 +102,7 @@ def simulate_cmd(
     input_path: Path,
     strategies: str,
     repeats: int,
+    scout_tokens: int | None,
     actual_lengths: Path | None,
     as_json: bool,
     quiet: bool,
@@ -123,6 +132,7 @@ def simulate_cmd(
             sim_cost_model=cost,
             actual_lengths_path=actual_lengths,
             repeats=repeats,
+            scout_tokens=scout_tokens,
             progress=progress,
         )
     table = comparison_table(results)

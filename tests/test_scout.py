@@ -1,0 +1,183 @@
+"""The length scout (aspc.scout, ``simulate --strategies asp+scout``, ``probe --batch-size``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from aspc.cli import main
+from aspc.compiler import CompileConfig, InputOptions, compile_plan
+from aspc.errors import ConfigError, InputError
+from aspc.io.prompts import PromptTable
+from aspc.io.ragged import RaggedLengths
+from aspc.predict.base import LengthPrediction
+from aspc.predict.metrics import kendall_tau
+from aspc.runtime import RunConfig, run
+from aspc.scout import after_scout, run_scout, scout_batch_size, scout_tokens, scouted_prediction, spare_lengths
+from aspc.simulate import comparison_table, simulate_strategies
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _levels(n: int, seed: int, k: int, spread: float = 1.0, within: float = 0.25):
+    """Prompts whose lengths differ a lot between prompts (level) and little within one (k samples each)."""
+    rng = np.random.default_rng(seed)
+    level = rng.normal(5.5, spread, size=n)
+    ids = [f"p{i}" for i in range(n)]
+    lens = {p: np.maximum(1.0, np.round(np.exp(level[i] + within * rng.normal(size=k)))) for i, p in enumerate(ids)}
+    return ids, level, lens
+
+
+def _write(path: Path, ids, lens, texts=None) -> Path:
+    with open(path, "w") as f:
+        for i, p in enumerate(ids):
+            text = texts[i] if texts else f"question number {i}"
+            f.write(json.dumps({"id": p, "prompt": text, "lengths": [int(x) for x in lens[p]]}) + "\n")
+    return path
+
+
+def test_scout_tokens_and_width():
+    assert scout_tokens(4096) == 1024 and scout_tokens(None) == 1024 and scout_tokens(3) == 1
+    assert scout_tokens(4096, 700) == 700 and scout_tokens(512, 700) == 512  # never past the response cap
+    for bad in (0, -1, True, 1.5, 10**8):
+        with pytest.raises(ConfigError):
+            scout_tokens(4096, bad)
+    assert scout_batch_size(2218, 8) == 256 and scout_batch_size(600, 8) == 75 and scout_batch_size(3, 8) == 1
+
+
+def test_spare_lengths_take_the_first_length_the_run_does_not_replay():
+    known = RaggedLengths.from_arrays([np.array([1.0, 2, 3, 40]), np.array([5.0, 6, 7, 80, 9])])
+    assert spare_lengths(known, 3, ["a", "b"]).tolist() == [40.0, 80.0]
+    with pytest.raises(InputError, match="1 of 2 prompts have only 4 for 4 samples"):
+        spare_lengths(known, 4, ["a", "b"])
+
+
+def test_one_scouted_length_ranks_prompts_a_flat_prior_cannot():
+    ids, level, lens = _levels(400, 0, 5)
+    n = len(ids)
+    flat = LengthPrediction(*(np.full(n, 300.0) for _ in range(4)))
+    table = PromptTable(ids, ids, ids, np.arange(n), np.full(n, 20), None, "0" * 64)
+    scouted = spare_lengths(RaggedLengths.from_arrays([lens[p] for p in ids]), 4, ids)
+    got = scouted_prediction(table, flat, scouted, {})
+    assert kendall_tau(flat.mean, level) == 0.0
+    assert kendall_tau(got.mean, level) > 0.7
+    # What was never observed keeps the prior: an empty scout changes nothing.
+    assert np.all(got.q10 <= got.q50) and np.all(got.q50 <= got.q90)
+
+
+def test_after_scout_puts_the_epoch_behind_the_scout():
+    ids, _, lens = _levels(300, 1, 5)
+    n = len(ids)
+    table = PromptTable(ids, ids, ids, np.arange(n), np.full(n, 20), None, "0" * 64)
+    prior = LengthPrediction(*(np.full(n, 300.0) for _ in range(4)))
+    cfg = CompileConfig(samples_per_prompt=4, workers=4, seed=0)
+    rc = RunConfig(workers=4, global_batch=64, seed=0)
+    spare = spare_lengths(RaggedLengths.from_arrays([lens[p] for p in ids]), 4, ids)
+    scout = run_scout(table, prior, spare, cfg, rc, 128)
+    # The scout replays the spare lengths cut at T, in wide minibatches, and trains nothing.
+    got = np.sort(np.asarray(scout.columns["samples"]["response_len"]))
+    assert np.array_equal(got, np.sort(np.minimum(spare, 128)))
+    assert scout.summary.n_trainer_steps == 0 and scout.summary.n_reloads == 0
+    assert scout.summary.n_minibatches == 4  # 300 prompts / 4 workers: 75 per minibatch
+    epoch = run(compile_plan(table, prior, cfg), config=rc, actual_lengths={p: lens[p][:4] for p in ids})
+    both = after_scout(scout, epoch, 4, 128)
+    s, e, b = scout.summary, epoch.summary, both.summary
+    assert b.makespan == pytest.approx(s.makespan + e.makespan)
+    assert b.n_trainer_steps == e.n_trainer_steps and b.samples_consumed == e.samples_consumed
+    assert b.n_minibatches == s.n_minibatches + e.n_minibatches
+    last = float(np.max(epoch.columns["steps"]["end"]))
+    assert b.mean_iteration_time == pytest.approx((s.makespan + last) / e.n_trainer_steps)
+    assert b.mean_iteration_time > e.mean_iteration_time
+    assert b.trainer_wait_fraction > e.trainer_wait_fraction  # the trainer idles through the scout
+    assert b.policy_lag_max == e.policy_lag_max
+    assert b.extra["scout"] == {"tokens": 128, "makespan": s.makespan, "n_minibatches": 4,
+                                "responses_cut": int(np.count_nonzero(spare >= 128))}
+
+
+def test_asp_scout_beats_asp_where_the_text_says_nothing(tmp_path):
+    # Prompt texts carry no length information; prompts' lengths differ widely.
+    # The scout learns them; its cost (one response per prompt, cut at T) is
+    # counted; asp on the text prior is about random.
+    ids, _, lens = _levels(800, 2, 5, spread=1.0)
+    path = _write(tmp_path / "in.jsonl", ids, lens)
+    cfg = CompileConfig(samples_per_prompt=4, workers=4, max_response_length=4096)
+    rc = RunConfig(workers=4, global_batch=64, max_new_tokens=4096)
+    res = simulate_strategies(path, InputOptions(length_field="lengths"), cfg, rc,
+                              strategies=["random", "asp", "asp+scout"], repeats=3)
+    table = comparison_table(res)
+    asp, scout = (table[k]["mean_iteration_time_vs_random"] for k in ("asp", "asp+scout"))
+    assert scout < asp - 0.05, json.dumps({"asp": asp, "asp+scout": scout})
+    assert table["asp+scout"]["scout"]["tokens"] == 1024
+
+
+def test_simulate_cli_asp_scout_json_is_deterministic(tmp_path):
+    ids, _, lens = _levels(200, 3, 5)
+    path = _write(tmp_path / "in.jsonl", ids, lens)
+    args = ["simulate", str(path), "--length-field", "lengths", "--samples-per-prompt", "4", "--workers", "4",
+            "--global-batch", "32", "--strategies", "random,asp+scout", "--scout-tokens", "200", "--json"]
+    runner = CliRunner()
+    first = runner.invoke(main, args)
+    assert first.exit_code == 0, first.output
+    d = json.loads(first.stdout)["strategies"]["asp+scout"]
+    for key in ("mean_iteration_time", "makespan", "lower_bound", "policy_lag_max", "n_trainer_steps"):
+        assert d[key] is not None
+    assert d["scout"]["tokens"] == 200
+    assert runner.invoke(main, args).stdout == first.stdout
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--strategies", "random,asp", "--scout-tokens", "5"], "applies to the asp+scout strategy"),
+        (["--strategies", "asp+scout", "--scout-tokens", "0"], "--scout-tokens must be an integer"),
+        (["--strategies", "asp+scout", "--samples-per-prompt", "5"], "record more lengths per prompt"),
+    ],
+)
+def test_simulate_cli_asp_scout_bad_options_fail_in_one_line(tmp_path, extra, message):
+    ids, _, lens = _levels(60, 4, 5)
+    path = _write(tmp_path / "in.jsonl", ids, lens)
+    r = CliRunner().invoke(main, ["simulate", str(path), "--length-field", "lengths", *extra])
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_scout_refuses_history(tmp_path):
+    ids, _, lens = _levels(60, 5, 5)
+    path = _write(tmp_path / "in.jsonl", ids, lens)
+    cfg = CompileConfig(samples_per_prompt=4, history=(str(path),), history_length_field="lengths")
+    with pytest.raises(ConfigError, match="drop --history"):
+        simulate_strategies(path, InputOptions(length_field="lengths"), cfg, RunConfig(), strategies=["asp+scout"])
+
+
+def test_probe_as_a_scout_then_compile_with_its_history(tmp_path):
+    # The real-run workflow of aspc.scout: probe every prompt once, cut at T, in
+    # wide minibatches; compile the epoch with the probe's log as history.
+    ids, level, lens = _levels(300, 6, 5)
+    path = _write(tmp_path / "in.jsonl", ids, lens)
+    runner = CliRunner()
+    r = runner.invoke(main, ["probe", str(path), "--backend", "sim", "--actual-lengths", str(path), "--length-field",
+                             "lengths", "--prompts", "1000", "--max-new-tokens", "400", "--batch-size", "100",
+                             "--workers", "3", "--log", str(tmp_path / "scout"), "-o", str(tmp_path / "pred"),
+                             "--quiet"])
+    assert r.exit_code == 0, r.output
+    import pyarrow.parquet as pq
+
+    mbs = pq.read_table(tmp_path / "scout" / "plan.parquet").column("minibatch").to_numpy()
+    assert np.bincount(mbs).min() >= 75  # wide: 100 ± 25 prompts per minibatch
+    out = tmp_path / "plan.parquet"
+    r = runner.invoke(main, ["compile", str(path), "--history", str(tmp_path / "scout"), "--samples-per-prompt", "4",
+                             "-o", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    plan = pq.read_table(out)
+    meta = json.loads(pq.read_schema(out).metadata[b"aspc.predictor"])
+    assert meta["history_prompts_matched"] == 300
+    order = {p: i for i, p in enumerate(ids)}
+    pred = plan.column("predicted_len").to_numpy()
+    truth = level[[order[p] for p in plan.column("prompt_id").to_pylist()]]
+    assert kendall_tau(pred, truth) > 0.6
+    assert pred.max() <= 400 * 1.5  # scouted lengths were cut at 400

@@ -181,3 +181,29 @@ def test_probe_as_a_scout_then_compile_with_its_history(tmp_path):
     truth = level[[order[p] for p in plan.column("prompt_id").to_pylist()]]
     assert kendall_tau(pred, truth) > 0.6
     assert pred.max() <= 400 * 1.5  # scouted lengths were cut at 400
+
+
+def test_scout_on_a_real_model_then_compile_with_its_history(tmp_path):
+    # The same pair with real generation (hf backend, a tiny random causal LM),
+    # each response forced to its recorded length cut at T: the probe's wide
+    # minibatches and its cut reach a real backend, and the log plans the epoch.
+    from tests.realmodel import run_log_samples, tiny_model
+
+    ids, _, lens = _levels(60, 7, 5, spread=0.8)
+    lens = {p: np.maximum(1, np.round(v / 40)) for p, v in lens.items()}  # ~6 tokens: a fast real run
+    path = _write(tmp_path / "in.jsonl", ids, lens)
+    log = tmp_path / "scout"
+    r = CliRunner().invoke(main, ["probe", str(path), "--backend", "hf", "--model", str(tiny_model(tmp_path)),
+                                  "--replay-lengths", "--actual-lengths", str(path), "--length-field", "lengths",
+                                  "--max-new-tokens", "8", "--batch-size", "30", "--workers", "1",
+                                  "--log", str(log), "-o", str(tmp_path / "pred"), "--quiet"])
+    assert r.exit_code == 0, r.output
+    got = {(s["prompt_id"]): s["response_len"] for s in run_log_samples(log)}
+    assert got == {p: int(min(lens[p][0], 8)) for p in ids}
+    assert len({s["minibatch"] for s in run_log_samples(log)}) == 2  # 60 prompts, 30 per minibatch
+    out = tmp_path / "plan.parquet"
+    r = CliRunner().invoke(main, ["compile", str(path), "--history", str(log), "-o", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    import pyarrow.parquet as pq
+
+    assert json.loads(pq.read_schema(out).metadata[b"aspc.predictor"])["history_prompts_matched"] == 60

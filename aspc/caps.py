@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc import portable_math as pm
 from aspc.errors import ConfigError, InputError, short_reason
 from aspc.predict.base import LengthPrediction
 
@@ -70,15 +71,15 @@ def cap_prediction(pred: LengthPrediction, cap: int | None) -> LengthPrediction:
         return pred
     L = float(cap)
     q10, q50, q90 = (np.minimum(q, L) for q in (pred.q10, pred.q50, pred.q90))
-    mu = np.log(np.maximum(pred.q50, 1e-9))
-    spread = np.log(np.maximum(pred.q90, 1e-9)) - np.log(np.maximum(pred.q10, 1e-9))
+    mu = pm.log(np.maximum(pred.q50, 1e-9))
+    spread = pm.log(np.maximum(pred.q90, 1e-9)) - pm.log(np.maximum(pred.q10, 1e-9))
     sigma = np.clip(spread, 0.0, 20.0) / (2 * _Z90)
     mean = np.minimum(pred.mean, L)
     wide = sigma > 1e-9  # every spread-out prediction has a tail above the cap (for L >> q90 the factor is ~1)
     if wide.any():
         m, s = mu[wide], sigma[wide]
         lnl = math.log(L)
-        full = np.exp(m + s * s / 2)
+        full = pm.exp(m + s * s / 2)
         capped = full * _norm_cdf((lnl - m - s * s) / s) + L * (1.0 - _norm_cdf((lnl - m) / s))
         mean[wide] = np.minimum(pred.mean[wide] * capped / full, L)
     mean = np.maximum(mean, 1e-9)

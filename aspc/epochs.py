@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc import portable_math as pm
 from aspc.compiler import CompileConfig, compile_plan
 from aspc.emit import schema as S
 from aspc.emit.plan import Plan, write_plan
@@ -92,10 +93,10 @@ def epoch_prediction(plan: Plan, logs: list[Path]) -> LengthPrediction:
         # Refit of the per-run correction (see aspc.replan) on every observed prompt.
         x = used_columns(featurize(t.column(S.PROMPT).to_pylist(), FeatureConfig()).compact())
         obs = np.flatnonzero(seen)
-        y = np.log(np.maximum([float(np.mean(observed[i])) for i in obs], 1.0))
-        off = np.log(np.maximum(base.mean, 1.0))
+        y = pm.log(np.maximum([float(np.mean(observed[i])) for i in obs], 1.0))
+        off = pm.log(np.maximum(base.mean, 1.0))
         sol = ridge_fit(x.take_rows(obs), y, 10.0, offset=off[obs], max_iter=100)
-        f = np.exp(sol.predict(x))
+        f = pm.exp(sol.predict(x))
         base = LengthPrediction(base.mean * f, base.q10 * f, base.q50 * f, base.q90 * f)
     pred = blend_history(base, observed, DEFAULT_KAPPA)
     if len(per_epoch) >= 2:

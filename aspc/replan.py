@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from aspc import portable_math as pm
 from aspc.compiler import CompileConfig, compile_plan
 from aspc.emit import schema as S
 from aspc.emit.plan import write_plan
@@ -148,7 +149,7 @@ class OnlineReplanner(Replanner):
         self._base = LengthPrediction(
             col(S.PREDICTED_LEN), col(S.PREDICTED_Q10), col(S.PREDICTED_Q50), col(S.PREDICTED_Q90)
         )
-        self._offset = np.log(np.maximum(self._base.mean, 1.0))
+        self._offset = pm.log(np.maximum(self._base.mean, 1.0))
         self.revisions: list[dict[str, Any]] = []  # per revision: step, first minibatch, observed prompts
 
     def _observed(self, view: ReplanView) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -177,7 +178,7 @@ class OnlineReplanner(Replanner):
         for lam in RIDGE_LAMBDAS:
             sol = ridge_fit(fit_x, y[~held], lam, offset=self._offset[obs_g[~held]], max_iter=60)
             err = sol.predict(test_x) + self._offset[obs_g[held]] - y[held]
-            errors.append(float(err @ err))
+            errors.append(pm.dot(err, err))
         return RIDGE_LAMBDAS[int(np.argmin(errors))]
 
     def predict_remainder(self, view: ReplanView) -> tuple[np.ndarray, LengthPrediction] | None:
@@ -190,11 +191,11 @@ class OnlineReplanner(Replanner):
         r0 = int(w.row_offsets[view.first_undispatched])
         rest = np.arange(r0, len(w.prompt_ids))
         obs_g = glob[full]
-        y = np.log(np.maximum(s_got[full] / n_got[full], 1.0))
+        y = pm.log(np.maximum(s_got[full] / n_got[full], 1.0))
         lam = self._choose_lambda(obs_g, y, view.revision)
         sol = ridge_fit(self._features.take_rows(obs_g), y, lam, offset=self._offset[obs_g], max_iter=60)
         rest_g = glob[rest]
-        factor = np.exp(sol.predict(self._features.take_rows(rest_g)))
+        factor = pm.exp(sol.predict(self._features.take_rows(rest_g)))
         base = self._base.take(rest_g)
         mean = base.mean * factor
         # Siblings: returned samples of a remainder prompt pull its mean toward theirs.

@@ -25,6 +25,7 @@ import numbers
 
 import numpy as np
 
+from aspc import portable_math as pm
 from aspc.anneal.lpt_kernel import _lpt_group_order, _max_quantiles
 from aspc.errors import ConfigError, InputError
 
@@ -91,9 +92,9 @@ def max_quantiles(
     nseq = _floats("n_samples", n_samples, n)
     med = np.maximum(med, 1e-9)
     hi = np.maximum(hi, med)
-    spread = np.log(np.maximum(hi, 1e-9)) - np.log(np.maximum(lo, 1e-9))
+    spread = pm.log(np.maximum(hi, 1e-9)) - pm.log(np.maximum(lo, 1e-9))
     sigma = np.ascontiguousarray(np.where(hi - lo > 1e-9, np.clip(spread, 0.0, 20.0) / (2 * Z90), 0.0))
-    out = _max_quantiles(np.log(med), sigma, m_, nseq, b, float(q))
+    out = _max_quantiles(pm.log(med), sigma, m_, nseq, b, float(q))
     if not np.all(np.isfinite(out)) or np.any(out < 0):
         raise AssertionError("max_quantiles kernel returned a non-finite quantile; please report this bug")
     return out

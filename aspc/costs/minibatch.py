@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aspc import portable_math as pm
 from aspc.choices import MINIBATCH_COSTS
 from aspc.costs.kernel import Z90, _expected_max_costs, _padded_costs
 from aspc.errors import ConfigError
@@ -64,10 +65,10 @@ def minibatch_costs(
         q10 = np.maximum(np.asarray(q10, dtype=np.float64), 0.0)
         q50 = np.maximum(np.asarray(q50, dtype=np.float64), 1e-9)
         q90 = np.maximum(np.asarray(q90, dtype=np.float64), q50)
-        spread = np.log(np.maximum(q90, 1e-9)) - np.log(np.maximum(q10, 1e-9))
+        spread = pm.log(np.maximum(q90, 1e-9)) - pm.log(np.maximum(q10, 1e-9))
         # A prompt whose quantiles coincide is a point mass at its mean.
         sigma = np.where((q90 - q10) > 1e-9, np.clip(spread, 0.0, 20.0) / (2 * Z90), 0.0)
-        mu = np.log(q50)
+        mu = pm.log(q50)
         upper = np.inf if cap is None else float(cap)
         return _expected_max_costs(mu, np.ascontiguousarray(sigma), mean, nseq, starts, upper)
     raise ConfigError(f"unknown cost model {model!r}; use one of {', '.join(MINIBATCH_COSTS)}")

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from aspc import portable_math as pm
 from aspc.anneal.order import delivery_drift
 from aspc.costs import minibatch_costs
 from aspc.emit import schema as S
@@ -90,8 +91,8 @@ def plan_metrics(
     sizes = np.diff(starts)
     seq_per_mb = np.add.reduceat(nseq, starts[:-1])
     max_per_mb = np.maximum.reduceat(pred, starts[:-1])
-    total_len = float(np.dot(nseq, pred))
-    padded = float(np.dot(seq_per_mb, max_per_mb))
+    total_len = float(pm.dot(nseq, pred))
+    padded = float(pm.dot(seq_per_mb, max_per_mb))
     # The compiler passes the costs it already computed (same rows, same model).
     costs = table_costs(table, cost_model, cap) if costs is None else np.asarray(costs, dtype=np.float64)
     mb_group = grp[starts[:-1]]

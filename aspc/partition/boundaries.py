@@ -11,6 +11,7 @@ import numbers
 
 import numpy as np
 
+from aspc import portable_math as pm
 from aspc.errors import ConfigError, InputError
 from aspc.partition.kernel import _partition_kernel, _partition_tables
 
@@ -92,15 +93,15 @@ def _search(excess: dict[float, int], f0: int, scale: float, tol: float) -> floa
         return excess[lam]
 
     best = 0.0
-    x_lo, f_lo = np.log(scale * 1e-9), float(f0)  # lambda ~ 0: too many minibatches
-    x_hi = np.log(scale)
+    x_lo, f_lo = pm.log(scale * 1e-9), float(f0)  # lambda ~ 0: too many minibatches
+    x_hi = pm.log(scale)
     f_hi = solve(scale)
     lam_hi = scale
     solves = 2
     while f_hi > 0 and solves < _MAX_SOLVES:
         x_lo, f_lo = x_hi, float(f_hi)
-        x_hi += np.log(16.0)
-        lam_hi = float(np.exp(x_hi))
+        x_hi += pm.log(16.0)
+        lam_hi = float(pm.exp(x_hi))
         f_hi = solve(lam_hi)
         solves += 1
     best_err = abs(f0)
@@ -116,7 +117,7 @@ def _search(excess: dict[float, int], f0: int, scale: float, tol: float) -> floa
             x = 0.5 * (x_lo + x_hi)
         if not x_lo < x < x_hi:
             x = 0.5 * (x_lo + x_hi)
-        lam = float(np.exp(x))
+        lam = float(pm.exp(x))
         f = solve(lam)
         solves += 1
         if abs(f) < best_err:

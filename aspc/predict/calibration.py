@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc import portable_math as pm
 from aspc.predict.base import LengthPrediction
 
 QUANTILES = (0.1, 0.5, 0.9)
@@ -70,17 +71,17 @@ class Calibration:
         new data.
         """
         y_hat = np.asarray(y_hat, dtype=np.float64)
-        level = np.log(np.maximum([float(np.mean(a)) for a in lengths], 1.0))
+        level = pm.log(np.maximum([float(np.mean(a)) for a in lengths], 1.0))
         a, b = _level_map(y_hat, level)
         z = a + b * y_hat
         n_bins = int(max(1, min(n_bins, len(y_hat) // 50)))
         edges = np.quantile(y_hat, np.linspace(0, 1, n_bins + 1)[1:-1])
         bin_of = np.searchsorted(edges, y_hat, side="right")
         counts = np.fromiter((len(x) for x in lengths), dtype=np.int64, count=len(lengths))
-        flat = np.log(np.maximum(np.concatenate(lengths), 1.0))
+        flat = pm.log(np.maximum(np.concatenate(lengths), 1.0))
         sample_resid = flat - np.repeat(z, counts)
         sample_bin = np.repeat(bin_of, counts)
-        mean_ratio = np.exp(level - z)
+        mean_ratio = pm.exp(level - z)
         centers, curves = [], []
         for k in range(n_bins):
             in_bin = bin_of == k
@@ -89,7 +90,7 @@ class Calibration:
             c = float(np.median(y_hat[in_bin]))
             q = np.quantile(sample_resid[sample_bin == k], QUANTILES)
             q = q[1] + band_scale * (q - q[1])
-            smear = np.log(max(float(np.mean(mean_ratio[in_bin])), 1e-6))
+            smear = pm.log(max(float(np.mean(mean_ratio[in_bin])), 1e-6))
             zc = a + b * c
             centers.append(c)
             curves.append([zc + smear, zc + q[0], zc + q[1], zc + q[2]])
@@ -108,8 +109,8 @@ class Calibration:
         out += (self.slope * (np.minimum(y_hat - lo, 0.0) + np.maximum(y_hat - hi, 0.0)))[:, None]
         # Columns rise with y_hat; q10 <= q50 <= q90 keeps that (a max of increasing curves).
         q = np.maximum.accumulate(out[:, 1:], axis=1)
-        qt = np.exp(q)
-        return LengthPrediction(np.exp(out[:, 0]), qt[:, 0], qt[:, 1], qt[:, 2])
+        qt = pm.exp(q)
+        return LengthPrediction(pm.exp(out[:, 0]), qt[:, 0], qt[:, 1], qt[:, 2])
 
     def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
         return {
@@ -258,7 +259,7 @@ def fit_calibrations(oof, lengths, train_rows, target_of_row, target_names, icpt
     cals = [Calibration.fit(oof[g], [lengths[i] for i in g], bins) for g in row_groups]
     shift = icpt[target_of_row[train_rows]] - intercepts[-1]
     pooled_y = oof[train_rows] - shift
-    pooled_l = [lengths[i] / np.exp(s) for i, s in zip(train_rows, shift, strict=True)]
+    pooled_l = [lengths[i] / pm.exp(s) for i, s in zip(train_rows, shift, strict=True)]
     scale = balanced_band_scale(pooled_y, pooled_l, fold_of_row[train_rows], bins) if by_group else 1.0
     cals.append(Calibration.fit(pooled_y, pooled_l, bins, band_scale=scale))
     for t, g in enumerate(row_groups if by_group else []):
@@ -280,9 +281,9 @@ def with_pooled_band(own: Calibration, pooled: Calibration, shift: float, scale:
     centers = np.unique(np.concatenate([own.centers, pooled.centers + shift]))
     o = own.apply(centers)
     p = pooled.apply(centers - shift)
-    q50 = np.log(o.q50)
+    q50 = pm.log(o.q50)
     curves = np.column_stack(
-        [np.log(o.mean), q50 + scale * np.log(p.q10 / p.q50), q50, q50 + scale * np.log(p.q90 / p.q50)]
+        [pm.log(o.mean), q50 + scale * pm.log(p.q10 / p.q50), q50, q50 + scale * pm.log(p.q90 / p.q50)]
     )
     centers_a, curves_a = _strictly_increasing(centers, curves, own.slope)
     return Calibration(centers_a, curves_a, own.slope)
@@ -292,10 +293,10 @@ def _coverage_by_group(pooled, y_hat, lengths, groups, *, own, shift):
     """``f -> [coverage of each group]`` of the band ``q50 * (pooled offsets) ** f`` on ``lengths``."""
     groups = np.asarray(groups)
     counts = np.fromiter((len(a) for a in lengths), dtype=np.int64, count=len(lengths))
-    flat = np.log(np.maximum(np.concatenate([np.asarray(a, dtype=np.float64) for a in lengths]), 1.0))
+    flat = pm.log(np.maximum(np.concatenate([np.asarray(a, dtype=np.float64) for a in lengths]), 1.0))
     p = pooled.apply(y_hat - shift)
-    z = np.log(p.q50 if own is None else own.apply(y_hat).q50)
-    lo, hi = np.log(p.q10 / p.q50), np.log(p.q90 / p.q50)
+    z = pm.log(p.q50 if own is None else own.apply(y_hat).q50)
+    lo, hi = pm.log(p.q10 / p.q50), pm.log(p.q90 / p.q50)
     r = flat - np.repeat(z, counts)
     lo_s, hi_s = np.repeat(lo, counts), np.repeat(hi, counts)
     sample_group = np.repeat(groups, counts)
@@ -355,13 +356,13 @@ def estimate_history_prior(
         built on the pooled figure is too wide for one and too narrow for
         the other.
     """
-    logs = [np.log(np.maximum(np.asarray(a, dtype=np.float64), 1.0)) for a in lengths]
+    logs = [pm.log(np.maximum(np.asarray(a, dtype=np.float64), 1.0)) for a in lengths]
     multi = [a for a in logs if len(a) >= 2]
     if not multi:
         return {"history_kappa": default_kappa, "history_within_log_var": None}
     s_w = float(np.mean([np.var(a, ddof=1) for a in multi]))
     k = np.array([len(a) for a in logs], dtype=np.float64)
-    level = np.array([np.log(max(float(np.mean(a)), 1.0)) for a in lengths])
+    level = np.array([pm.log(max(float(np.mean(a)), 1.0)) for a in lengths])
     # The observed level is itself noisy by s_w / k; remove that from the residual variance.
     s_b = float(np.mean((level - y_hat) ** 2 - s_w / k))
     kappa = default_kappa if s_b <= 1e-6 else float(np.clip(s_w / s_b, 0.01, 100.0))

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aspc import portable_math as pm
+
 # Odd 64-bit constants: the polynomial base, its inverse modulo 2**64, and a
 # golden-ratio multiplier for the final multiply-shift into buckets.
 _P = np.uint64(0x100000001B3)
@@ -272,7 +274,7 @@ def featurize(texts: Sequence[str], config: FeatureConfig) -> Features:
     for k in config.char_ngrams:
         add(*_char_ngrams(buf, doc_of, k, bits))
     # A coarse length bin as a hashed token lets the model bend the (log) length effect.
-    lbin = np.minimum(np.log2(full_bytes + 1.0) * 2.0, 40).astype(np.uint64)
+    lbin = np.minimum(pm.log2(full_bytes + 1.0) * 2.0, 40).astype(np.uint64)
     add(_bucket(lbin, _SEED_LENBIN, bits), np.arange(n, dtype=np.int64))
 
     n_words = np.bincount(wdoc, minlength=n).astype(np.float64)
@@ -282,9 +284,9 @@ def featurize(texts: Sequence[str], config: FeatureConfig) -> Features:
 
 
 def _dense(n_bytes: np.ndarray, n_words: np.ndarray, n_lines: np.ndarray) -> np.ndarray:
-    lb = np.log1p(n_bytes)
-    lw = np.log1p(n_words)
-    ll = np.log1p(n_lines)
+    lb = pm.log1p(n_bytes)
+    lw = pm.log1p(n_words)
+    ll = pm.log1p(n_lines)
     # Centred near typical prompt sizes so the intercept and slopes decouple (faster solves).
     out = np.stack(
         [

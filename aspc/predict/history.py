@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc import portable_math as pm
 from aspc.errors import ConfigError, PredictorError
 from aspc.predict.base import LengthPrediction, Predictor, hash_arrays, text_list
 from aspc.predict.history_estimates import (
@@ -115,7 +116,7 @@ def blend_history(
         counts = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         flat = np.maximum(np.concatenate(arrays), 1.0)
-        logs = np.log(flat)
+        logs = pm.log(flat)
         wf = None if weights is None else flat_weights(weights, seen, arrays, starts)
         if wf is None:
             k[seen] = counts
@@ -128,21 +129,21 @@ def blend_history(
         multi = counts >= 2
         if multi.any():
             q10, q50, q90 = ragged_quantiles(flat, starts, counts, (0.1, 0.5, 0.9))
-            obs_lo[seen[multi]] = np.log(q10 / q50)[multi]
-            obs_hi[seen[multi]] = np.log(q90 / q50)[multi]
+            obs_lo[seen[multi]] = pm.log(q10 / q50)[multi]
+            obs_hi[seen[multi]] = pm.log(q90 / q50)[multi]
     w = k / (k + kappa)
-    shift = w * (np.log(obs_mean) - np.log(base.mean))
-    scale = np.exp(shift)
+    shift = w * (pm.log(obs_mean) - pm.log(base.mean))
+    scale = pm.exp(shift)
     mean = base.mean * scale
     # The median moves toward the observed *median* level (mean log), not by the mean's factor:
     # the base's mean/median gap is mostly its own uncertainty, which history removes; keeping it
     # put the band too low (CASTILLO: 15-25% of new samples above q90, 4-8% below q10).
-    q50 = base.q50 * np.exp(np.where(k > 0, w * (obs_log - np.log(base.q50)), 0.0))
+    q50 = base.q50 * pm.exp(np.where(k > 0, w * (obs_log - pm.log(base.q50)), 0.0))
     # Posterior log-sd of one response under the normal model behind kappa: the within-prompt
     # spread (its 10-90% range) plus the level's remaining uncertainty s_w**2 / (k + kappa). The base band is only
     # narrowed toward it, never widened, and a base band already narrower is kept.
-    base_lo = np.log(base.q10 / base.q50)
-    base_hi = np.log(base.q90 / base.q50)
+    base_lo = pm.log(base.q10 / base.q50)
+    base_hi = pm.log(base.q90 / base.q50)
     if within_log_var is not None and within_log_var > 0:
         band_var = within_log_var if within_band_var is None else within_band_var
         post_sd = np.sqrt(band_var + within_log_var / (k + kappa))
@@ -157,7 +158,7 @@ def blend_history(
     w2 = extra / (extra + BAND_KAPPA)
     lo = (1 - w2) * base_lo + w2 * obs_lo
     hi = (1 - w2) * base_hi + w2 * obs_hi
-    return LengthPrediction(mean, q50 * np.exp(np.minimum(lo, 0.0)), q50, q50 * np.exp(np.maximum(hi, 0.0)))
+    return LengthPrediction(mean, q50 * pm.exp(np.minimum(lo, 0.0)), q50, q50 * pm.exp(np.maximum(hi, 0.0)))
 
 
 class HistoryPredictor(Predictor):

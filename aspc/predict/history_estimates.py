@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc import portable_math as pm
 from aspc.predict.base import LengthPrediction
 
 EPOCH_DECAY = 0.7
@@ -76,7 +77,7 @@ def _multi_logs(observations) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
     if len(arrays) < MIN_PROMPTS:
         return None
     counts = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-    flat = np.log(np.maximum(np.concatenate(arrays).astype(np.float64), 1.0))
+    flat = pm.log(np.maximum(np.concatenate(arrays).astype(np.float64), 1.0))
     return flat, np.concatenate([[0], np.cumsum(counts)[:-1]]), counts
 
 
@@ -133,7 +134,7 @@ def estimate_kappa(
     )  # fmt: skip
     starts = np.cumsum([0] + [len(a) for a in arrays[:-1]])
     k = np.add.reduceat(w, starts)
-    r2 = (np.log(np.add.reduceat(w * flat, starts) / k) - np.log(base.mean[seen])) ** 2
+    r2 = (pm.log(np.add.reduceat(w * flat, starts) / k) - pm.log(base.mean[seen])) ** 2
     inv_k = 1.0 / k
     s_b = float(np.mean(r2) - within_log_var * np.mean(inv_k))
     return fallback if s_b <= 1e-6 else float(np.clip(within_log_var / s_b, 0.01, 100.0))
@@ -189,7 +190,7 @@ def epoch_alignment(epochs: Sequence[Mapping[str, np.ndarray]]) -> EpochAlignmen
     for e in epochs:
         keys = [k for k, a in e.items() if len(a)]
         n = np.fromiter((len(e[k]) for k in keys), dtype=np.int64, count=len(keys))
-        flat = np.log(np.maximum(np.concatenate([e[k] for k in keys]), 1.0)) if keys else np.empty(0)
+        flat = pm.log(np.maximum(np.concatenate([e[k] for k in keys]), 1.0)) if keys else np.empty(0)
         sums = np.add.reduceat(flat, np.concatenate([[0], np.cumsum(n)[:-1]])) if keys else np.empty(0)
         level.append(dict(zip(keys, (sums / np.maximum(n, 1)).tolist(), strict=True)))
         count.append(dict(zip(keys, n.tolist(), strict=True)))
@@ -202,7 +203,7 @@ def epoch_alignment(epochs: Sequence[Mapping[str, np.ndarray]]) -> EpochAlignmen
         diff = np.array([newest[k] - level[e][k] for k in common])
         c_hat, se2 = float(diff.mean()), float(diff.var(ddof=1) / len(diff))
         log_c[e] = c_hat * max(0.0, 1.0 - se2 / c_hat**2) if c_hat != 0 else 0.0
-        scale[e] = float(np.exp(log_c[e]))
+        scale[e] = float(pm.exp(log_c[e]))
     within = within_log_var_of([a for e in epochs for a in e.values()])
     # Pairs of epochs: mean squared difference after rescaling, noise factor h, lag L.
     rows = []
@@ -223,11 +224,18 @@ def epoch_alignment(epochs: Sequence[Mapping[str, np.ndarray]]) -> EpochAlignmen
     if len({r[2] for r in rows}) >= 2:
         x = np.array([[h, lag] for _, h, lag, _ in rows], dtype=np.float64)
         y = np.array([m for m, *_ in rows])
-        s_w, q = np.linalg.lstsq(x, y, rcond=None)[0]
+        # Least squares of y ~ s_w * h + q * lag by its 2x2 normal equations (no LAPACK:
+        # its rounding depends on the machine, and this feeds plans).
+        hh, hl, ll = pm.dot(x[:, 0], x[:, 0]), pm.dot(x[:, 0], x[:, 1]), pm.dot(x[:, 1], x[:, 1])
+        hy, ly = pm.dot(x[:, 0], y), pm.dot(x[:, 1], y)
+        det = hh * ll - hl * hl
+        if det <= 1e-12 * hh * ll:
+            return EpochAlignment(scale, None, None)
+        s_w, q = (ll * hy - hl * ly) / det, (hh * ly - hl * hy) / det
         if s_w <= 0:
             return EpochAlignment(scale, None, None)
         if q < 0:  # no growth of the error with age: pure noise
-            s_w, q = float(y @ x[:, 0] / (x[:, 0] @ x[:, 0])), 0.0
+            s_w, q = pm.dot(y, x[:, 0]) / pm.dot(x[:, 0], x[:, 0]), 0.0
         return EpochAlignment(scale, float(q), float(s_w))
     m, h, lag, _ = rows[0]
     c = log_c[0] / max(n_ep - 1, 1)

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc import portable_math as pm
 from aspc.atomic import atomic_dir
 from aspc.errors import ConfigError, PredictorError
 from aspc.predict.base import (
@@ -124,14 +125,14 @@ class LexicalPredictor(Predictor):
                 texts = texts if isinstance(texts, list) else list(texts)
             # The float32 weights as stored: the kernel widens each exactly, as _beta64 would.
             hashed, dense = hashed_scores(texts, self.config.features, self.beta)
-            return dense[:, 1:] @ self.alpha + hashed + self.intercepts[self._head]
+            return pm.matvec(dense[:, 1:], self.alpha) + hashed + self.intercepts[self._head]
         texts = text_list(texts)
         out = np.empty(len(texts))
         beta = self._beta64()
         for start in range(0, len(texts), _CHUNK):
             chunk = texts[start : start + _CHUNK]
             f = featurize(chunk, self.config.features)
-            out[start : start + len(chunk)] = f.dense[:, 1:] @ self.alpha + f.hashed_matvec(beta)
+            out[start : start + len(chunk)] = pm.matvec(f.dense[:, 1:], self.alpha) + f.hashed_matvec(beta)
         return out + self.intercepts[self._head]
 
     def _beta64(self) -> np.ndarray:

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 from numba import njit, prange
 
+from aspc import portable_math as pm
 from aspc.numba_config import NJIT_FLAGS, NJIT_PARALLEL_FLAGS
 from aspc.predict.features import _LOWER, _MIX, _P, _SEED_BIGRAM, _SEED_LENBIN, _SEED_WORD, _WORD, FeatureConfig
 
@@ -167,7 +168,7 @@ def hashed_scores(
     for buf, starts, ends in _arrow_chunks(texts) if arrow else _python_chunks(texts):
         k = starts.size
         full = (ends - starts).astype(np.float64)
-        lbins = np.minimum(np.log2(full + 1.0) * 2.0, 40).astype(np.uint64)
+        lbins = np.minimum(pm.log2(full + 1.0) * 2.0, 40).astype(np.uint64)
         out = np.empty(k)
         n_words = np.empty(k, dtype=np.int64)
         n_lines = np.empty(k, dtype=np.int64)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc import portable_math as pm
 from aspc.errors import ConfigError
 from aspc.predict.base import check_training_pairs, hash_training_data, validation_prompt_count
 from aspc.predict.calibration import estimate_history_prior, fit_calibrations
@@ -57,7 +58,7 @@ def _fit(f: Features, rows, text_of_row, target_of_row, n_targets, y, weight, co
 
 
 def _score(f: Features, text_of_row, target_of_row, alpha, intercepts, beta) -> np.ndarray:
-    base = f.dense[:, 1:] @ alpha + f.hashed_matvec(beta)
+    base = pm.matvec(f.dense[:, 1:], alpha) + f.hashed_matvec(beta)
     icpt = intercepts[0] if target_of_row is None else intercepts[target_of_row]
     return base[text_of_row] + icpt
 
@@ -141,7 +142,7 @@ def train_lexical(
     train_rows = np.flatnonzero(~is_val_text[text_of_row])
     val_rows = np.flatnonzero(is_val_text[text_of_row])
 
-    y = np.log(np.maximum([float(np.mean(a)) for a in lengths], 1.0))
+    y = pm.log(np.maximum([float(np.mean(a)) for a in lengths], 1.0))
     # Each distinct prompt weighs 1 in total however many targets measured it, so prompts
     # measured on many models (code, in CASTILLO) do not drown the others.
     per_text = np.bincount(text_of_row, minlength=n_text)
@@ -164,7 +165,7 @@ def train_lexical(
     if init is not None:
         # The prior's text score without its level: the refit learns a new level (dense
         # intercept or per-target intercepts) and a correction of the hashed weights.
-        prior_text = f.dense[:, 1:] @ init.alpha + f.hashed_matvec(init.beta.astype(np.float64))
+        prior_text = pm.matvec(f.dense[:, 1:], init.alpha) + f.hashed_matvec(init.beta.astype(np.float64))
         lams = [config.lam * g for g in INIT_LAM_GRID]
     y_fit = y - prior_text[text_of_row]
 
@@ -190,7 +191,7 @@ def train_lexical(
     beta0 = None
     for lam in lams:
         oof_l, beta0 = out_of_fold(lam, beta0)
-        err = float(weight[train_rows] @ (oof_l[train_rows] - y[train_rows]) ** 2)
+        err = pm.dot(weight[train_rows], (oof_l[train_rows] - y[train_rows]) ** 2)
         if best is None or err < best[0]:
             best = (err, lam, oof_l)
         progress.advance()
@@ -210,7 +211,7 @@ def train_lexical(
         intercepts = np.array([icpt[0], icpt[0]])
     else:
         share = np.bincount(target_of_row[train_rows], weights=weight[train_rows], minlength=n_targets)
-        intercepts = np.append(icpt, float(share @ icpt / share.sum()))
+        intercepts = np.append(icpt, pm.dot(share, icpt) / float(share.sum()))
     # Leave-one-source-out residuals: widen the band until sources count equally (see
     # calibration.fit_calibrations); random folds are in-distribution and plain conformal is right.
     by_group = fold_mode == "leave one group out"

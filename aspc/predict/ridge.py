@@ -1,6 +1,10 @@
 """Ridge regression on hashed sparse features plus a few unpenalised dense ones.
 
-Solved with NumPy only. The dense columns (intercept, length features) are
+Solved with NumPy only, and without BLAS or LAPACK: their kernels, and so
+their rounding, depend on the CPU and the thread count, and the predictions
+a fit makes end up in plans that must be byte-identical on every machine
+(:mod:`aspc.portable_math`). The few dense columns are orthonormalised by
+modified Gram-Schmidt in fixed order instead. The dense columns (intercept, length features) are
 unpenalised and projected out exactly; the hashed part is solved by
 preconditioned conjugate gradients on the projected normal equations. Each
 iteration costs two sparse products, so a 2**18-column problem over thousands
@@ -18,11 +22,17 @@ unpenalised block is the Frisch–Waugh–Lovell theorem.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from aspc import portable_math as pm
 from aspc.predict.features import Features
+
+# A dense column whose norm, after removing the columns before it, is below this share of the
+# largest column norm adds nothing to the span (constant or collinear length features).
+_RANK_TOL = 1e-10
 
 
 @dataclass
@@ -34,7 +44,7 @@ class RidgeSolution:
     iterations: int  # conjugate-gradient iterations used
 
     def predict(self, X: Features) -> np.ndarray:
-        return X.dense @ self.alpha + X.hashed_matvec(self.beta)
+        return pm.matvec(X.dense, self.alpha) + X.hashed_matvec(self.beta)
 
 
 def ridge_fit(
@@ -81,15 +91,14 @@ def ridge_fit(
         y = y - offset
     s = np.ones_like(y) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     sw = np.sqrt(s)
-    # Orthonormal basis of the span of the weighted dense columns (SVD, so that constant or
-    # collinear length features are simply dropped); P(v) = v - Q Q^T v removes that span
-    # so alpha never enters the iteration.
+    # Orthonormal basis of the span of the weighted dense columns (constant or collinear length
+    # features are dropped); P(v) = v - Q Q^T v removes that span so alpha never enters the
+    # iteration.
     dense_w = X.dense * sw[:, None]
-    u, sv, _ = np.linalg.svd(dense_w, full_matrices=False)
-    q = u[:, sv > 1e-10 * max(float(sv[0]) if len(sv) else 0.0, 1e-300)]
+    q, r, kept = _gram_schmidt(dense_w)
 
     def project(v: np.ndarray) -> np.ndarray:
-        return v - q @ (q.T @ v)
+        return v - pm.matvec(q, pm.matvec(q.T, v))
 
     def normal(beta: np.ndarray) -> np.ndarray:
         return X.hashed_rmatvec(sw * project(sw * X.hashed_matvec(beta))) + lam * beta
@@ -102,18 +111,65 @@ def ridge_fit(
     res = b - normal(beta) if beta0 is not None else b.copy()
     z = inv_diag * res
     p = z.copy()
-    rz = float(res @ z)
-    b_norm = float(np.linalg.norm(b)) or 1.0
+    rz = pm.dot(res, z)
+    b_norm = math.sqrt(pm.dot(b, b)) or 1.0
     it = 0
-    while it < max_iter and np.linalg.norm(res) > tol * b_norm:
+    while it < max_iter and math.sqrt(pm.dot(res, res)) > tol * b_norm:
         qv = normal(p)
-        step = rz / float(p @ qv)
+        step = rz / pm.dot(p, qv)
         beta += step * p
         res -= step * qv
         z = inv_diag * res
-        rz_new = float(res @ z)
+        rz_new = pm.dot(res, z)
         p = z + (rz_new / rz) * p
         rz = rz_new
         it += 1
-    alpha = np.linalg.lstsq(dense_w, yt - sw * X.hashed_matvec(beta), rcond=None)[0]
+    alpha = _least_squares(q, r, kept, dense_w.shape[1], yt - sw * X.hashed_matvec(beta))
     return RidgeSolution(alpha, beta, it)
+
+
+def _gram_schmidt(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """``a[:, kept] = q @ r``: orthonormal ``q``, upper-triangular ``r``, columns that add to the span.
+
+    Modified Gram-Schmidt, each column orthogonalised twice ("twice is
+    enough": Giraud et al., Numer. Math. 2005), so ``q`` is orthonormal to
+    working precision for the handful of dense columns here.
+    """
+    n, k = a.shape
+    norms = [math.sqrt(pm.dot(a[:, j], a[:, j])) for j in range(k)]
+    floor = _RANK_TOL * max(max(norms, default=0.0), 1e-300)
+    qs: list[np.ndarray] = []
+    r = np.zeros((k, k))
+    kept: list[int] = []
+    for j in range(k):
+        v = np.array(a[:, j], dtype=np.float64)
+        coef = np.zeros(len(qs))
+        for _ in range(2):
+            for i, qi in enumerate(qs):
+                c = pm.dot(qi, v)
+                coef[i] += c
+                v -= c * qi
+        norm = math.sqrt(pm.dot(v, v))
+        if norm <= floor:
+            continue
+        r[: len(qs), len(kept)] = coef
+        r[len(qs), len(kept)] = norm
+        qs.append(v / norm)
+        kept.append(j)
+    q = np.stack(qs, axis=1) if qs else np.zeros((n, 0))
+    return q, r[: len(kept), : len(kept)], kept
+
+
+def _least_squares(q: np.ndarray, r: np.ndarray, kept: list[int], k: int, y: np.ndarray) -> np.ndarray:
+    """Coefficients of the columns ``kept`` fitting ``y`` (back substitution on ``r``); the others 0."""
+    rhs = pm.matvec(q.T, y)
+    m = len(kept)
+    x = np.zeros(m)
+    for i in range(m - 1, -1, -1):
+        s = rhs[i]
+        for j in range(i + 1, m):
+            s -= r[i, j] * x[j]
+        x[i] = s / r[i, i]
+    out = np.zeros(k)
+    out[kept] = x
+    return out

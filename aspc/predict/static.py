@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc import portable_math as pm
 from aspc.atomic import atomic_dir
 from aspc.errors import PredictorError
 from aspc.predict.base import (
@@ -189,8 +190,8 @@ class StaticPredictor(Predictor):
         self._hash: str | None = None
         v = self.head["w"] / self.head["sd"]
         # Linear head: mean(table[ids]) @ v == mean(table[ids] @ v); one scalar per token.
-        self._token_score = (self.table.astype(np.float32) @ v.astype(np.float32)).astype(np.float64)[:, None]
-        self._offset = float(-(self.head["mu"] @ v))
+        self._token_score = pm.matvec(self.table.astype(np.float32), v)[:, None]
+        self._offset = -pm.dot(self.head["mu"], v)
 
     def with_target(self, name: str | None) -> StaticPredictor:
         """The same predictor answering for target ``name`` (``None``: pooled); substrings work."""
@@ -210,7 +211,7 @@ class StaticPredictor(Predictor):
             return np.empty(0)
         flat, offsets = token_ids(self.tokenizer, texts, self.config, len(self.table))
         emb = segmented_mean(flat, offsets, self._token_score)[:, 0]
-        return emb + self._offset + _length_features(texts).astype(np.float64) @ self.head["w_len"]
+        return emb + self._offset + pm.matvec(_length_features(texts), self.head["w_len"])
 
     def log_scores(self, texts: Sequence[str]) -> np.ndarray:
         """Predicted log mean length of the selected target (before calibration)."""

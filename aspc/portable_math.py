@@ -1,0 +1,82 @@
+"""Floating-point functions whose bits do not depend on the machine they run on.
+
+A plan must be byte-identical for the same input and seed on every machine
+(a plan compiled on a laptop is checked in CI, ``--resume`` recompiles epoch
+plans on whichever node resumes). NumPy breaks that in two places:
+
+- ``np.exp``, ``np.log``, ``np.log1p``, ``np.log2``, ``np.expm1`` and
+  ``np.power`` dispatch to SIMD code chosen by the CPU (AVX-512 builds differ
+  from the C library in the last bit for 0.1-5% of inputs; with
+  ``NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL"`` the same machine agrees
+  with the C library again);
+- ``np.dot`` and ``@`` call BLAS, whose kernel (and so its order of
+  additions) depends on the CPU and the thread count.
+
+These wrappers call the C math library element by element (Numba loops, see
+:mod:`aspc.portable_math_kernel`) and sum in one fixed order. ``np.sum``,
+``np.mean``, ``np.sqrt``, ``np.quantile`` and plain arithmetic are already
+the same everywhere and stay NumPy. Code on the compile path (predictions,
+costs, partition, ordering, plan metrics) uses these, never the NumPy ones;
+``tests/test_portable_math.py`` checks both the functions and that rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+__all__ = ["dot", "exp", "expm1", "log", "log1p", "log2", "matvec"]
+
+
+def _elementwise(name: str) -> Callable[[Any], Any]:
+    def apply(x: Any) -> Any:
+        from aspc import portable_math_kernel as K
+
+        a = np.asarray(x, dtype=np.float64)
+        flat = np.ascontiguousarray(a).reshape(-1)
+        out = np.empty(flat.size, dtype=np.float64)
+        if name in ("log", "log2"):
+            K.log_into(flat, out, name == "log2")
+        else:
+            getattr(K, f"{name}_into")(flat, out)
+        out = out.reshape(a.shape)
+        return out[()] if out.ndim == 0 else out
+
+    apply.__name__ = name
+    apply.__doc__ = f"``np.{name}`` with the C library's bits (float64; a scalar for a scalar)."
+    return apply
+
+
+exp = _elementwise("exp")
+expm1 = _elementwise("expm1")
+log = _elementwise("log")
+log1p = _elementwise("log1p")
+log2 = _elementwise("log2")
+
+
+def dot(a: Any, b: Any) -> float:
+    """``a . b`` of two 1-D arrays, summed as ``np.sum`` sums (pairwise; the same on every machine)."""
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.ndim != 1 or x.shape != y.shape:
+        raise ValueError(f"dot takes two 1-D arrays of one length, got shapes {x.shape} and {y.shape}")
+    return float(np.sum(x * y))
+
+
+def matvec(m: Any, v: Any) -> np.ndarray:
+    """``m @ v`` for a 2-D ``m``, each row summed left to right in float64 (no BLAS).
+
+    A float32 ``m`` is read as it is (each entry widened exactly), so a large
+    float32 table is not copied to float64 first.
+    """
+    from aspc.portable_math_kernel import matvec_into
+
+    a = np.asarray(m)
+    a = a if a.dtype in (np.float32, np.float64) else a.astype(np.float64)
+    x = np.ascontiguousarray(v, dtype=np.float64)
+    if a.ndim != 2 or x.ndim != 1 or a.shape[1] != x.shape[0]:
+        raise ValueError(f"matvec takes an (n, k) matrix and a k-vector, got shapes {a.shape} and {x.shape}")
+    out = np.empty(a.shape[0], dtype=np.float64)
+    matvec_into(a, x, out)
+    return out

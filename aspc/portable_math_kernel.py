@@ -1,0 +1,68 @@
+"""Numba loops over the C library's ``exp``/``log`` family (no validation here; see aspc.portable_math).
+
+Numba lowers ``math.exp`` and friends to calls into the process's C math
+library, the same functions ``math.exp`` calls in plain Python, so these
+loops give the same bits as Python's ``math`` module, with or without
+``NUMBA_DISABLE_JIT``. The branches give NumPy's results where ``math``
+would raise instead (log of zero or a negative number, exp overflow).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from aspc.numba_config import NJIT_FLAGS
+
+# math.exp overflows (raises, in plain Python) above log(max float64).
+_EXP_MAX = 709.782712893384
+
+
+@njit(**NJIT_FLAGS)
+def exp_into(x: np.ndarray, out: np.ndarray) -> None:
+    for i in range(x.size):
+        v = x[i]
+        out[i] = math.inf if v > _EXP_MAX else math.exp(v)
+
+
+@njit(**NJIT_FLAGS)
+def expm1_into(x: np.ndarray, out: np.ndarray) -> None:
+    for i in range(x.size):
+        v = x[i]
+        out[i] = math.inf if v > _EXP_MAX else math.expm1(v)
+
+
+@njit(**NJIT_FLAGS)
+def log_into(x: np.ndarray, out: np.ndarray, base2: bool) -> None:
+    for i in range(x.size):
+        v = x[i]
+        if v > 0.0:
+            out[i] = math.log2(v) if base2 else math.log(v)
+        elif v == 0.0:
+            out[i] = -math.inf
+        else:
+            out[i] = math.nan
+
+
+@njit(**NJIT_FLAGS)
+def log1p_into(x: np.ndarray, out: np.ndarray) -> None:
+    for i in range(x.size):
+        v = x[i]
+        if v > -1.0:
+            out[i] = math.log1p(v)
+        elif v == -1.0:
+            out[i] = -math.inf
+        else:
+            out[i] = math.nan
+
+
+@njit(**NJIT_FLAGS)
+def matvec_into(m: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
+    # Column by column, left to right: one fixed order of additions per row.
+    for i in range(m.shape[0]):
+        s = 0.0
+        for j in range(m.shape[1]):
+            s += m[i, j] * v[j]
+        out[i] = s

@@ -9,6 +9,17 @@ last two epochs (a policy whose responses grow keeps growing). Plans go to
 ``RUN/plans/epoch-K.parquet`` (valid plans: ``aspc check`` reads them), run
 logs to ``RUN/epoch-K/``.
 
+A length scout first (``--scout``, :mod:`aspc.scout`). Before epoch 1 every
+prompt generates one response with the starting policy, cut at ``T`` tokens,
+in wide minibatches and with no trainer step (its log: ``RUN/scout/``); epoch
+1 then runs the plan compiled from the given plan's predictions blended with
+those lengths (``RUN/plans/epoch-1.parquet``), not the given plan itself.
+The scout's own time counts in the run's totals. Later epochs plan from the
+epochs before them as without a scout (full-length samples say more than cut
+ones). The simulator, and a real backend with ``--replay-lengths``, replay
+each prompt's recorded length number ``n + 1`` in the scout (one epoch 1 does
+not replay).
+
 Resuming (``--resume``). Every epoch's plan is a function of the epochs
 before it, so an interrupted run continues exactly: epochs whose logs are
 complete are read back, the epoch that was running resumes its own log, and
@@ -48,6 +59,7 @@ from typing import Any
 import numpy as np
 
 from aspc import portable_math as pm
+from aspc.caps import cap_prediction
 from aspc.compiler import CompileConfig, compile_plan
 from aspc.emit import schema as S
 from aspc.emit.plan import Plan, write_plan
@@ -59,6 +71,9 @@ from aspc.predict.history import DEFAULT_KAPPA, blend_history
 from aspc.predict.pairs import keep_plan_in_log
 from aspc.replan import OnlineReplanner, compile_config_of, prompt_table_of, used_columns
 from aspc.runtime.api import RunResult, run
+from aspc.runtime.record import runlog as R
+from aspc.scout import scout_plan, scout_run_config, scouted_prediction, spare_length_map
+from aspc.scout import scout_tokens as scout_tokens_of
 
 MAX_EPOCHS = 1000
 # Drifted replay lengths stay within what a length file may hold (aspc.io.rows.MAX_LENGTH).
@@ -118,6 +133,7 @@ class EpochsResult:
     runs: list[RunResult]  # one per epoch
     plans: list[Plan]  # the plan each epoch ran
     notes: list[str] = field(default_factory=list)
+    scout: RunResult | None = None  # the length scout before epoch 1 (--scout)
 
     def to_dict(self) -> dict[str, Any]:
         """Per-epoch metrics under ``epochs`` and the run's totals."""
@@ -128,6 +144,14 @@ class EpochsResult:
             epochs.append(d)
         steps = sum(int(d["n_trainer_steps"]) for d in epochs)
         time = sum(float(d["run_time"]) for d in epochs)
+        scout: dict[str, Any] = {}
+        if self.scout is not None:
+            s = self.scout.summary.to_dict()
+            cut = int(np.count_nonzero(np.asarray(self.scout.columns[R.SAMPLES]["response_len"]) >= s["scout_tokens"]))
+            scout = {"scout": {"tokens": s["scout_tokens"], "run_time": s["run_time"], "makespan": s["makespan"],
+                               "n_minibatches": s["n_minibatches"], "responses": s["samples_generated"],
+                               "responses_cut": cut}}  # fmt: skip
+            time += float(s["run_time"])  # the epochs waited for it
         lags = [d["policy_lag_max"] for d in epochs if d.get("policy_lag_max") is not None]
         totals = {
             "n_epochs": len(epochs),
@@ -137,7 +161,7 @@ class EpochsResult:
             "samples_generated": sum(int(d["samples_generated"]) for d in epochs),
             "policy_lag_max": max(lags) if lags else None,
         }
-        return {"epochs": epochs, **totals}
+        return {"epochs": epochs, **scout, **totals}
 
 
 def run_epochs(
@@ -154,6 +178,8 @@ def run_epochs(
     resume: bool = False,
     backend: Any = None,
     trainer: Any = None,
+    scout: bool = False,
+    scout_tokens: int | None = None,
     **run_kwargs: Any,
 ) -> EpochsResult:
     """Run ``plan`` for ``n_epochs`` passes; epoch ``k >= 2`` is compiled from epochs ``1..k-1``.
@@ -185,11 +211,18 @@ def run_epochs(
         Real components (:func:`aspc.runtime.registry.make_components`),
         kept open across the epochs and closed at the end (see the module
         notes); ``None`` lets each epoch's run build the sim ones.
+    scout, scout_tokens
+        Run a length scout before epoch 1 and plan epoch 1 from it (see the
+        module notes); its cut ``T`` (default: the response cap / 4,
+        :func:`aspc.scout.scout_tokens`).
     run_kwargs
         Passed to :func:`aspc.runtime.run` (cost model, lengths name, progress).
     """
     if isinstance(n_epochs, bool) or not isinstance(n_epochs, int) or not 1 <= n_epochs <= MAX_EPOCHS:
         raise ConfigError(f"--epochs must be an integer in 1..{MAX_EPOCHS}, got {n_epochs!r}")
+    if scout_tokens is not None and not scout:
+        raise ConfigError("--scout-tokens sets the cut of the length scout: pass --scout too, or drop it")
+    tokens = scout_tokens_of(config.max_new_tokens, scout_tokens) if scout else None
     if not np.isfinite(length_drift) or length_drift <= -1:
         raise ConfigError(f"--length-drift must be a number > -1, got {length_drift}")
     if length_drift and actual_lengths is None:
@@ -217,15 +250,25 @@ def run_epochs(
             f"{root} already holds epoch plans; pass --resume to continue them, --overwrite to replace them, "
             "or another --log"
         )
-    plans_dir.mkdir(parents=True, exist_ok=True)
     n = config.samples_per_prompt or int(plan.table.column(S.N_SAMPLES)[0].as_py())
     cfg: CompileConfig = compile_config_of(plan.config or {}, **(compile_overrides or {}))
     table = prompt_table_of(plan.table, plan.input_hash)
     replay_base = backend.options.replay_lengths if replays else None
+    scout_lengths = scout_replay = None
+    if tokens is not None:  # refused before anything is written
+        ids = [str(p) for p in table.ids]
+        scout_lengths = None if actual_lengths is None else spare_length_map(actual_lengths, n, ids)
+        scout_replay = None if replay_base is None else spare_length_map(replay_base, n, ids)
+    plans_dir.mkdir(parents=True, exist_ok=True)
     try:
         runs: list[RunResult] = []
         plans: list[Plan] = []
         current = plan
+        scouted = None
+        if tokens is not None:
+            scout_kw = dict(lengths=scout_lengths, replay=scout_replay, backend=backend, trainer=trainer,
+                            overwrite=overwrite, resume=resume, carry=carry)  # fmt: skip
+            scouted, current = _scout_epoch(plan, table, cfg, config, root, tokens, scout_kw, run_kwargs)
         for k in range(1, n_epochs + 1):
             if k > 1:
                 pred = epoch_prediction(plan, [root / f"epoch-{j}" for j in range(1, k)])
@@ -274,12 +317,71 @@ def run_epochs(
             )
             # The plan's prompt texts let 'aspc predict train RUN/epoch-K' learn from the epoch.
             keep_plan_in_log(plan_path, root / f"epoch-{k}")
-        return EpochsResult(runs, plans)
+        return EpochsResult(runs, plans, scout=scouted)
     finally:
         if carry:  # kept open across the epochs; closed once, also after a failure
             for part in (backend, trainer):
                 if part is not None:
                     part.close()
+
+
+def _scout_epoch(
+    plan: Plan, table: Any, cfg: CompileConfig, config: Any, root: Path, tokens: int,
+    kw: dict[str, Any], run_kwargs: dict[str, Any],
+) -> tuple[RunResult, Plan]:  # fmt: skip
+    """Run the length scout into ``root/scout`` and compile epoch 1's plan from it."""
+    t = plan.table
+    ids = [str(p) for p in table.ids]
+    assert ids == [str(p) for p in t.column(S.PROMPT_ID).to_pylist()]
+    col = lambda name: t.column(name).to_numpy().astype(np.float64)  # noqa: E731
+    prior = LengthPrediction(col(S.PREDICTED_LEN), col(S.PREDICTED_Q10), col(S.PREDICTED_Q50), col(S.PREDICTED_Q90))
+    backend = kw["backend"]
+    saved = None
+    if backend is not None:  # the scout's cut, and its replayed lengths, for this run only
+        saved = backend.options
+        replay = {"replay_lengths": kw["replay"]} if kw["replay"] is not None else {}
+        backend.options = dataclasses.replace(saved, max_new_tokens=tokens, **replay)
+    splan = scout_plan(table, prior, cfg, config.workers, tokens)
+    try:
+        result = run(
+            splan,
+            config=scout_run_config(config, len(ids), tokens),
+            actual_lengths=kw["lengths"],
+            log_dir=root / "scout",
+            overwrite=kw["overwrite"],
+            resume=kw["resume"],
+            backend=backend,
+            trainer=kw["trainer"],
+            keep_open=kw["carry"],
+            **run_kwargs,
+        )
+    finally:
+        if saved is not None:
+            backend.options = saved
+    result.summary.extra["scout_tokens"] = tokens
+    observed = read_history(root / "scout")
+    seen = np.array([float(np.min(observed[p])) if p in observed and len(observed[p]) else np.nan for p in ids])
+    if np.isnan(seen).any():
+        raise ConfigError(f"the length scout in {root / 'scout'} has no response for some prompts; pass --overwrite")
+    pred = scouted_prediction(table, prior, np.minimum(seen, tokens), _predictor_metadata(cfg))
+    first = compile_plan(
+        table,
+        cap_prediction(pred, cfg.max_response_length),
+        cfg,
+        predictor_identity={"kind": "scout", "scout_tokens": tokens, "base": plan.predictor},
+    )
+    return result, first
+
+
+def _predictor_metadata(cfg: CompileConfig) -> dict[str, Any]:
+    """The plan's predictor's metadata (its history prior: within-prompt spread, kappa), if it still loads."""
+    from aspc.errors import PredictorError
+    from aspc.predict import load_predictor
+
+    try:
+        return dict(getattr(load_predictor(cfg.predictor or "default"), "metadata", {}) or {})
+    except (PredictorError, ConfigError, OSError):
+        return {}  # blended with the history defaults
 
 
 def _check_stored_plan(plan: Plan, path: Path, epoch: int) -> None:

@@ -23,9 +23,12 @@ figures: mean iteration time 0.89 x random over 13 policies with T = 1,024
 of a 4,096 cap, against 0.96 for asp on the text prior, the scout's
 generation included).
 
-This module sits above both halves, like :mod:`aspc.simulate`: it compiles
-and runs the scout in the simulator (``aspc simulate --strategies
-asp+scout``). A real run does the same with two commands::
+This module sits above both halves, like :mod:`aspc.simulate`: the scout's
+plan (:func:`scout_plan`) and run settings (:func:`scout_run_config`) serve
+``aspc simulate --strategies asp+scout`` (:func:`run_scout`, simulated) and
+``aspc run PLAN --scout`` on any backend (:mod:`aspc.epochs`: the scout's
+log in ``RUN/scout/``, epoch 1 planned from it). Outside aspc's runtime the
+same is two commands::
 
     aspc probe PROMPTS --prompts N --max-new-tokens T --batch-size 256 --log scout/ -o scout-pred/
     aspc compile PROMPTS --history scout/ -o plan.parquet
@@ -43,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from aspc.compiler import CompileConfig, compile_plan
+from aspc.emit.plan import Plan
 from aspc.errors import ConfigError, InputError
 from aspc.io.ragged import RaggedLengths
 from aspc.io.rows import MAX_LENGTH
@@ -95,14 +99,25 @@ def spare_lengths(known: RaggedLengths, n: int, ids: Sequence[str]) -> np.ndarra
         Some prompt has no more than ``n`` recorded lengths.
     """
     sizes = known.sizes()
+    _check_spare(sizes, n, ids)
+    return known.values[known.offsets[:-1] + n]
+
+
+def spare_length_map(known: dict[str, np.ndarray], n: int, ids: Sequence[str]) -> dict[str, np.ndarray]:
+    """:func:`spare_lengths` of recorded lengths by prompt id, as one-length arrays by id."""
+    sizes = np.array([len(known.get(str(p), ())) for p in ids], dtype=np.int64)
+    _check_spare(sizes, n, ids)
+    return {str(p): np.asarray(known[str(p)], dtype=np.float64)[n : n + 1] for p in ids}
+
+
+def _check_spare(sizes: np.ndarray, n: int, ids: Sequence[str]) -> None:
     short = np.flatnonzero(sizes <= n)
     if short.size:
         raise InputError(
-            f"asp+scout replays a recorded length the run does not: {short.size} of {sizes.size} prompts have "
+            f"the scout replays a recorded length the run does not: {short.size} of {sizes.size} prompts have "
             f"only {int(sizes[short[0]])} for {n} samples (e.g. id {ids[int(short[0])]!r}); record more lengths "
             "per prompt or lower --samples-per-prompt"
         )
-    return known.values[known.offsets[:-1] + n]
 
 
 class _Fixed:
@@ -135,6 +150,32 @@ def scouted_prediction(
     return history.predict(table.texts, ids=ids)
 
 
+def scout_plan(table: PromptTable, prior: LengthPrediction, config: CompileConfig, workers: int, tokens: int) -> Plan:
+    """The scout's own plan: asp over the prior, one sample per prompt, responses cut at ``tokens``, wide minibatches."""
+    b = scout_batch_size(len(table.ids), workers)
+    cfg = dataclasses.replace(
+        config, strategy="asp", samples_per_prompt=1, batch_size=b, slack=b // 4, max_response_length=tokens, history=()
+    )
+    return compile_plan(table, prior, cfg, predictor_identity={"kind": "scout"})
+
+
+def scout_run_config(run_config: RunConfig, n_prompts: int, tokens: int) -> RunConfig:
+    """The run settings of a scout: one sample per prompt, cut at ``tokens``, no trainer step, no reload.
+
+    The global batch (and the queue) is larger than the scout, so its
+    responses fill no trainer batch: no step is taken and no worker reloads
+    weights; the policy the epoch starts from is the one the scout measured.
+    """
+    return dataclasses.replace(
+        run_config,
+        samples_per_prompt=1,
+        max_new_tokens=tokens,
+        global_batch=n_prompts + 1,
+        queue_capacity=str(n_prompts + 1),
+        max_staleness=None,
+    )
+
+
 def run_scout(
     table: PromptTable,
     prior: LengthPrediction,
@@ -144,27 +185,12 @@ def run_scout(
     tokens: int,
     cost: SimCostModel | None = None,
 ) -> RunResult:
-    """Compile and simulate the scout: one response per prompt, cut at ``tokens``, wide minibatches.
-
-    Its responses feed no trainer: the run's global batch is larger than the
-    scout, so no trainer step is taken and no worker reloads weights.
-    """
+    """Compile and simulate the scout (:func:`scout_plan`, :func:`scout_run_config`)."""
     n = len(table.ids)
-    b = scout_batch_size(n, run_config.workers)
-    cfg = dataclasses.replace(
-        config, strategy="asp", samples_per_prompt=1, batch_size=b, slack=b // 4, max_response_length=tokens, history=()
-    )
-    plan = compile_plan(table, prior, cfg, predictor_identity={"kind": "scout"})
-    rc = dataclasses.replace(
-        run_config,
-        samples_per_prompt=1,
-        max_new_tokens=tokens,
-        global_batch=n + 1,
-        queue_capacity=str(n + 1),
-        max_staleness=None,
-    )
+    plan = scout_plan(table, prior, config, run_config.workers, tokens)
     lengths = {str(p): np.array([float(v)]) for p, v in zip(table.ids, scout_lengths.tolist(), strict=True)}
-    return run(plan, config=rc, sim_cost_model=cost, actual_lengths=lengths, lengths_name="scout")
+    return run(plan, config=scout_run_config(run_config, n, tokens), sim_cost_model=cost, actual_lengths=lengths,
+               lengths_name="scout")  # fmt: skip
 
 
 def after_scout(scout: RunResult, epoch: RunResult, n_workers: int, tokens: int) -> RunResult:

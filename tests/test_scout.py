@@ -207,3 +207,116 @@ def test_scout_on_a_real_model_then_compile_with_its_history(tmp_path):
     import pyarrow.parquet as pq
 
     assert json.loads(pq.read_schema(out).metadata[b"aspc.predictor"])["history_prompts_matched"] == 60
+
+
+def _run_scout_args(plan: Path, data: Path, log: Path, *extra: str) -> list[str]:
+    return ["run", str(plan), "--scout", "--samples-per-prompt", "4", "--workers", "4", "--global-batch", "32",
+            "--max-new-tokens", "2000", "--actual-lengths", str(data), "--length-field", "lengths", "--log", str(log),
+            "--json", "--quiet", *extra]  # fmt: skip
+
+
+def test_run_scout_is_simulate_asp_scout_and_resumes(tmp_path):
+    # `aspc run PLAN --scout` runs the same scout and epoch as `simulate --strategies asp+scout` (one
+    # machinery: aspc.scout's plan and run settings), writes them as logs, and resumes exactly.
+    import pyarrow.parquet as pq
+
+    ids, level, lens = _levels(240, 8, 5)
+    data = _write(tmp_path / "in.jsonl", ids, lens)
+    plan = tmp_path / "plan.parquet"
+    runner = CliRunner()
+    r = runner.invoke(main, ["compile", str(data), "--samples-per-prompt", "4", "--workers", "4", "-o", str(plan),
+                             "--quiet"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    log = tmp_path / "RUN"
+    first = runner.invoke(main, _run_scout_args(plan, data, log))
+    assert first.exit_code == 0, first.output
+    out = json.loads(first.stdout)
+    sc = out["scout"]
+    assert sc["tokens"] == 500 and sc["responses"] == 240  # the cap / 4, one response per prompt
+    assert out["run_time"] == pytest.approx(sc["run_time"] + out["epochs"][0]["run_time"])
+    # The scout took no trainer step and replayed each prompt's 5th recorded length, cut at T.
+    from tests.realmodel import run_log_samples
+
+    scouted = {s["prompt_id"]: s["response_len"] for s in run_log_samples(log / "scout")}
+    assert scouted == {p: int(min(lens[p][4], 500)) for p in ids}
+    assert pq.read_table(log / "scout" / "steps").num_rows == 0
+    # Epoch 1 ran the plan compiled from the scout: it ranks the prompts' levels as one sample can.
+    e1 = pq.read_table(log / "plans" / "epoch-1.parquet")
+    order = {p: i for i, p in enumerate(ids)}
+    assert kendall_tau(e1.column("predicted_len").to_numpy(), level[[order[p] for p in e1.column("prompt_id").to_pylist()]]) > 0.6
+    assert runner.invoke(main, ["check", str(log / "plans" / "epoch-1.parquet")]).exit_code == 0
+    sim = runner.invoke(main, ["simulate", str(data), "--length-field", "lengths", "--samples-per-prompt", "4",
+                               "--workers", "4", "--global-batch", "32", "--max-new-tokens", "2000",
+                               "--strategies", "asp+scout", "--json", "--quiet"])  # fmt: skip
+    assert sim.exit_code == 0, sim.output
+    s = json.loads(sim.stdout)["strategies"]["asp+scout"]
+    assert out["mean_iteration_time"] == pytest.approx(s["mean_iteration_time"], rel=1e-9)
+    # Resumed (whole, and after losing epoch 1's log): the same figures, the scout not run again.
+    assert runner.invoke(main, _run_scout_args(plan, data, log, "--resume")).stdout == first.stdout
+    import shutil
+
+    shutil.rmtree(log / "epoch-1")
+    again = runner.invoke(main, _run_scout_args(plan, data, log, "--resume"))
+    assert again.exit_code == 0, again.output
+    assert again.stdout == first.stdout
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--scout-tokens", "5"], "pass --scout too"),
+        (["--scout", "--scout-tokens", "0", "--log", "RUN"], "--scout-tokens must be an integer"),
+        (["--scout"], "pass --log RUN"),
+        (["--scout", "--samples-per-prompt", "5", "--log", "RUN"], "record more lengths per prompt"),
+    ],
+)
+def test_run_scout_bad_options_fail_in_one_line_and_write_nothing(tmp_path, extra, message, monkeypatch):
+    ids, _, lens = _levels(60, 9, 5)
+    data = _write(tmp_path / "in.jsonl", ids, lens)
+    plan = tmp_path / "plan.parquet"
+    assert CliRunner().invoke(main, ["compile", str(data), "-o", str(plan), "--quiet"]).exit_code == 0
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["run", str(plan), "--actual-lengths", str(data), "--length-field", "lengths", *extra])
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "RUN").exists()
+
+
+def test_run_scout_on_a_real_model_cuts_the_scout_only(tmp_path):
+    # hf backend, a tiny random causal LM, responses forced to their recorded lengths: the scout's
+    # responses stop at T, the epoch's at the run's cap again (the backend's options are restored).
+    from tests.realmodel import run_log_samples, tiny_model
+
+    ids, _, lens = _levels(24, 10, 5, spread=0.8)
+    lens = {p: np.maximum(1, np.round(v / 12)) for p, v in lens.items()}  # ~20 tokens: a fast real run
+    data = _write(tmp_path / "in.jsonl", ids, lens)
+    plan = tmp_path / "plan.parquet"
+    runner = CliRunner()
+    assert runner.invoke(main, ["compile", str(data), "--samples-per-prompt", "2", "-o", str(plan), "--quiet"]).exit_code == 0
+    log = tmp_path / "RUN"
+    r = runner.invoke(main, ["run", str(plan), "--backend", "hf", "--model", str(tiny_model(tmp_path)),
+                             "--replay-lengths", "--actual-lengths", str(data), "--length-field", "lengths",
+                             "--samples-per-prompt", "2", "--workers", "2", "--global-batch", "8",
+                             "--max-new-tokens", "40", "--scout", "--scout-tokens", "8", "--log", str(log),
+                             "--json", "--quiet"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["scout"]["tokens"] == 8
+    scouted = {s["prompt_id"]: s["response_len"] for s in run_log_samples(log / "scout")}
+    assert scouted == {p: int(min(lens[p][2], 8)) for p in ids}
+    epoch = run_log_samples(log / "epoch-1")
+    assert len(epoch) == 48
+    assert max(s["response_len"] for s in epoch) == int(min(max(max(v[:2]) for v in lens.values()), 40)) > 8
+
+
+def test_a_signal_during_the_scout_says_how_to_resume(tmp_path):
+    # The scout's log is the one a signal stops before epoch 1 starts; the message points at it.
+    import signal
+
+    from aspc.cli.run import _interrupted_message
+    from aspc.interrupt import Interrupted
+
+    (tmp_path / "scout").mkdir()
+    (tmp_path / "scout" / "meta.json").write_text(json.dumps({"status": "interrupted"}))
+    msg = _interrupted_message(Interrupted(signal.SIGTERM), tmp_path)
+    assert "marked interrupted" in msg and "--resume" in msg and "\n" not in msg

@@ -21,7 +21,7 @@ from aspc.cli.common import (
     quiet_option,
 )
 from aspc.cli.preload import runtime_loading
-from aspc.cli.run_epochs import check_epoch_options
+from aspc.cli.run_epochs import check_epoch_options, epoch_options
 from aspc.errors import Interrupted
 
 # Light modules (no numba, pyarrow or torch), so --help stays fast.
@@ -183,7 +183,8 @@ def _interrupted_message(exc: Interrupted, log_dir: Path | None) -> str:
         return f"interrupted by {name}; the run had no --log, so there is nothing to resume"
     # The epochs layout (--epochs): the latest epoch's log is the one a signal stopped.
     epochs = sorted(log_dir.glob("epoch-*/meta.json"), key=lambda m: int(k) if (k := m.parent.name[6:]).isdigit() else -1)
-    meta_file = epochs[-1] if epochs else log_dir / "meta.json"
+    scout = log_dir / "scout" / "meta.json"  # --scout: the scout runs before epoch 1
+    meta_file = epochs[-1] if epochs else (scout if scout.is_file() else log_dir / "meta.json")
     if not meta_file.is_file():
         return f"interrupted by {name} before the run log was started; nothing was written to {log_dir}"
     argv = sys.argv[1:]
@@ -300,28 +301,7 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
     "first dispatch and after the last; the JSON and the log report it as speed_probe_s, so runs of "
     "different plans can be compared at equal machine speed (hf, vllm; local engine).",
 )
-@click.option(
-    "--epochs",
-    type=int,
-    default=1,
-    show_default=True,
-    help="Passes over the prompts; each after the first is compiled from the run log so far "
-    "(RUN/plans/epoch-K.parquet, logs in RUN/epoch-K/). Needs --log.",
-)
-@click.option(
-    "--length-drift",
-    type=float,
-    default=0.0,
-    show_default=True,
-    help="Sim with --epochs: epoch k replays lengths scaled by (1+F)^(k-1) (a policy whose responses grow).",
-)
-@click.option(
-    "--replan",
-    is_flag=True,
-    help="Re-plan the undispatched remainder from the lengths returned so far, every --replan-every "
-    "trainer steps (any backend); revisions go to RUN/plans/revision-R.parquet.",
-)
-@click.option("--replan-every", type=int, default=8, show_default=True, help="Trainer steps per re-planning window.")
+@epoch_options
 @json_option
 @quiet_option
 @handle_errors
@@ -343,6 +323,8 @@ def run_cmd(
     length_drift: float,
     replan: bool,
     replan_every: int,
+    scout: bool,
+    scout_tokens: int | None,
     as_json: bool,
     quiet: bool,
     **kwargs: Any,
@@ -360,7 +342,7 @@ def run_cmd(
 
     # Before a real backend resolves its model or a history file is read.
     check_log_options(log_dir, overwrite=overwrite, resume=resume)
-    check_epoch_options(epochs, log_dir, length_drift, replan, replan_every)
+    check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens)
     if log_dir is not None:
         from aspc.guards import check_output
 
@@ -391,12 +373,13 @@ def run_cmd(
         )
         for msg in [*backend_notes, *global_batch_note(config, plan.table)]:
             note(msg, quiet)
-        if epochs != 1 or length_drift:
+        if epochs != 1 or length_drift or scout:
             from aspc.cli.run_epochs import run_epochs_cmd
 
             return run_epochs_cmd(
                 plan, epochs, log_dir, config, cost, lengths, actual_lengths, length_drift, replan, replan_every,
                 overwrite=overwrite, resume=resume, as_json=as_json, quiet=quiet, backend=backend, trainer=trainer,
+                scout=scout, scout_tokens=scout_tokens,
             )
         replanner = None
         if replan:

@@ -5,18 +5,74 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import click
+
 from aspc.cli.common import RichProgress, emit_json, note, out_console
 from aspc.errors import ConfigError
 
+# The options of the multi-epoch branch, applied to ``aspc run`` (kept here, beside what they drive).
+_EPOCH_OPTIONS = [
+    click.option(
+        "--epochs",
+        type=int,
+        default=1,
+        show_default=True,
+        help="Passes over the prompts; each after the first is compiled from the run log so far "
+        "(RUN/plans/epoch-K.parquet, logs in RUN/epoch-K/). Needs --log.",
+    ),
+    click.option(
+        "--length-drift",
+        type=float,
+        default=0.0,
+        show_default=True,
+        help="Sim with --epochs: epoch k replays lengths scaled by (1+F)^(k-1) (a policy whose responses grow).",
+    ),
+    click.option(
+        "--replan",
+        is_flag=True,
+        help="Re-plan the undispatched remainder from the lengths returned so far, every --replan-every "
+        "trainer steps (any backend); revisions go to RUN/plans/revision-R.parquet.",
+    ),
+    click.option("--replan-every", type=int, default=8, show_default=True, help="Trainer steps per re-planning window."),
+    click.option(
+        "--scout",
+        is_flag=True,
+        help="Before the first epoch, a length scout: one response per prompt cut at --scout-tokens, no trainer "
+        "step (RUN/scout/); epoch 1 runs the plan compiled from the plan's predictions blended with those "
+        "lengths (RUN/plans/epoch-1.parquet). Needs --log.",
+    ),
+    click.option(
+        "--scout-tokens", type=int, default=None, help="The scout's cut T.  [default: --max-new-tokens / 4, or 1024]"
+    ),
+]
 
-def check_epoch_options(epochs: int, log_dir: Path | None, length_drift: float, replan: bool, replan_every: int) -> None:
-    """Usage errors of --epochs, --length-drift and --replan-every, before any backend loads."""
+
+def epoch_options(f: Any) -> Any:
+    """``--epochs``, ``--length-drift``, ``--replan``, ``--replan-every``, ``--scout``, ``--scout-tokens``."""
+    for option in reversed(_EPOCH_OPTIONS):
+        f = option(f)
+    return f
+
+
+def check_epoch_options(
+    epochs: int, log_dir: Path | None, length_drift: float, replan: bool, replan_every: int, scout: bool = False,
+    scout_tokens: int | None = None,
+) -> None:  # fmt: skip
+    """Usage errors of --epochs, --length-drift, --replan-every and --scout, before any backend loads."""
     if length_drift and epochs < 2:
         raise ConfigError("--length-drift scales the epochs after the first: pass --epochs N with N >= 2")
     if epochs != 1 and log_dir is None:
         raise ConfigError("--epochs writes one plan and one run log per epoch: pass --log RUN")
     if replan and replan_every < 1:
         raise ConfigError(f"--replan-every must be >= 1, got {replan_every}")
+    if scout_tokens is not None and not scout:
+        raise ConfigError("--scout-tokens sets the cut of the length scout: pass --scout too, or drop it")
+    if scout and log_dir is None:
+        raise ConfigError("--scout writes the scout's log and epoch 1's plan: pass --log RUN")
+    if scout:
+        from aspc.scout import scout_tokens as check_tokens
+
+        check_tokens(None, scout_tokens)
 
 def run_epochs_cmd(
     plan: Any,
@@ -36,6 +92,8 @@ def run_epochs_cmd(
     quiet: bool,
     backend: Any = None,
     trainer: Any = None,
+    scout: bool = False,
+    scout_tokens: int | None = None,
 ) -> None:
     """Run the epochs, print per-epoch metrics (or ``{"epochs": [...], totals}`` with --json).
 
@@ -44,7 +102,7 @@ def run_epochs_cmd(
     """
     from aspc.epochs import run_epochs
 
-    check_epoch_options(epochs, log_dir, length_drift, replan, replan_every)
+    check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens)
     with RichProgress(quiet) as progress:
         res = run_epochs(
             plan,
@@ -62,12 +120,20 @@ def run_epochs_cmd(
             progress=progress,
             backend=backend,
             trainer=trainer,
+            scout=scout,
+            scout_tokens=scout_tokens,
         )
     out = res.to_dict()
     if as_json:
         emit_json(out)
         return
     note(f"{epochs} epochs: plans in {log_dir}/plans, run logs in {log_dir}/epoch-K", quiet)
+    if not quiet and "scout" in out:
+        sc = out["scout"]
+        out_console.print(
+            f"scout: {sc['responses']} responses cut at {sc['tokens']} tokens ({sc['responses_cut']} cut) in "
+            f"{sc['run_time']:.1f} s, log in {log_dir}/scout"
+        )
     if not quiet:
         for d in out["epochs"]:
             out_console.print(

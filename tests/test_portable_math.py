@@ -50,6 +50,7 @@ COMPILE_PATH = [
     "aspc/predict/lexical_train.py",
     "aspc/predict/ridge.py",
     "aspc/predict/static.py",
+    "aspc/runtime/lengths.py",  # lengths drawn from a plan's predictions (a run without --actual-lengths)
 ]
 MACHINE_DEPENDENT = {"exp", "log", "log1p", "log2", "log10", "expm1", "exp2", "power", "float_power", "dot",
                      "matmul", "inner", "vdot", "einsum", "tensordot", "cbrt", "sinh", "cosh", "arctan"}  # fmt: skip
@@ -158,12 +159,13 @@ OLD_CPU = {"NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR", "OPENBLAS
            "OPENBLAS_NUM_THREADS": "1"}  # fmt: skip
 
 
-def _aspc(args: list[str], env_extra: dict[str, str], cwd: Path) -> None:
+def _aspc(args: list[str], env_extra: dict[str, str], cwd: Path) -> str:
     # Without NUMBA_DISABLE_JIT (the no-JIT job runs this file too): this is about NumPy and BLAS.
     env = {k: v for k, v in os.environ.items() if k not in OLD_CPU and k != "NUMBA_DISABLE_JIT"}
     env.update(env_extra)
     res = subprocess.run([sys.executable, "-m", "aspc.cli", *args], cwd=cwd, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
+    return res.stdout
 
 
 @pytest.mark.skipif(not EXAMPLE.is_file(), reason="examples/prompts.jsonl is not in this checkout")
@@ -181,7 +183,11 @@ def test_plans_are_the_same_bits_on_an_older_cpu(tmp_path):
         _aspc(["predict", "train", str(EXAMPLE), "--length-field", "lengths", "--kind", "lexical", "-o", "pred",
                "--quiet"], env, d)  # fmt: skip
         _aspc(["predict", "pred", str(EXAMPLE), "-o", "preds.parquet", "--quiet"], env, d)
+        # A simulated run without recorded lengths draws them from the plan's predictions.
+        drawn = _aspc(["run", "plan.parquet", "-w", "4", "--global-batch", "64", "--json"], env, d)
         outputs[name] = [(d / p).read_bytes() for p in ("plan.parquet", "run/plans/epoch-2.parquet", "preds.parquet")]
+        outputs[name].append(drawn)
     assert outputs["native"][0] == outputs["old"][0], "the compiled plan differs on an older CPU"
     assert outputs["native"][1] == outputs["old"][1], "the second epoch's plan differs on an older CPU"
     assert outputs["native"][2] == outputs["old"][2], "a trained predictor predicts differently on an older CPU"
+    assert outputs["native"][3] == outputs["old"][3], "a run drawing lengths from the plan differs on an older CPU"

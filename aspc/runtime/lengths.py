@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from aspc import portable_math as pm
 from aspc.costs.kernel import Z90
 from aspc.emit import schema as S
 from aspc.errors import InputError
@@ -110,11 +111,11 @@ def sample_predicted_lengths(
     q10 = np.maximum(column_numpy(t.column(S.PREDICTED_Q10)), 1.0)
     q50 = np.maximum(column_numpy(t.column(S.PREDICTED_Q50)), 1.0)
     q90 = np.maximum(column_numpy(t.column(S.PREDICTED_Q90)), 1.0)
-    mu = np.log(q50)
-    sigma = np.maximum(np.log(q90) - np.log(q10), 0.0) / (2.0 * Z90)
+    mu = pm.log(q50)  # the C library's log and exp: the same draws on every machine (aspc.portable_math)
+    sigma = np.maximum(pm.log(q90) - pm.log(q10), 0.0) / (2.0 * Z90)
     rows = work.sample_row
     z = np.random.default_rng(seed).standard_normal(rows.size)
-    lengths = np.maximum(np.rint(np.exp(mu[rows] + sigma[rows] * z)), 1.0).astype(np.int64)
+    lengths = np.maximum(np.rint(pm.exp(mu[rows] + sigma[rows] * z)), 1.0).astype(np.int64)
     note = (
         f"no --actual-lengths: each sample's length is drawn (seed {seed}) from a lognormal fitted to the "
         "plan's predicted_q10..q90"

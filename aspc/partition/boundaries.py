@@ -145,9 +145,13 @@ def _nominal_count(arr: np.ndarray, b: int, d: int) -> tuple[np.ndarray, bool]:
     Each solve waits on the last one's count, so on a large input the DP for
     the lambda the search would ask next *if the count did not change* (the
     common case once the bracket is tight, and lambda = ``scale`` beside
-    lambda 0) runs on a second thread beside it. A guess that proves wrong
-    only costs that thread's work: which lambdas are solved, and the answer,
-    are exactly those of the one-at-a-time search (:func:`_search`).
+    lambda 0, and the search's floor beside its first interpolation) runs on
+    a second thread beside it. A guess that proves wrong only costs that
+    thread's work. A lambda between two solved ones with the same count has
+    that count (:func:`_between_equal`) and is not solved; the search walks
+    the same lambdas to the same answer as the one-at-a-time search
+    (:func:`_search`; ``tests/test_search_exact.py`` keeps that search as the
+    oracle).
     """
     target = max(1, round(arr.size / b))
     tol = max(1.0, _COUNT_TOL * target)
@@ -169,21 +173,51 @@ def _nominal_count(arr: np.ndarray, b: int, d: int) -> tuple[np.ndarray, bool]:
     if d == 0 or f0 <= tol:
         return results[0.0]
     excess = {lam: excess_of(lam) for lam in results}
+    # The lowest lambda the search can ask for (it interpolates strictly inside its bracket, whose low
+    # end starts here): solved beside the first interpolation, it anchors the inference below.
+    floor = float(pm.exp(pm.log(scale * 1e-9)))
     last = f0
     while True:
         try:
-            return results[_search(excess, f0, scale, tol)]
+            best = _search(excess, f0, scale, tol)
+            if best not in results:  # known by inference only: the answer itself is solved
+                run(best)
+            return results[best]
         except _Unsolved as need:
             lam = need.lam
+        if (known := _between_equal(lam, results, excess_of)) is not None:
+            excess[lam] = known
+            continue
         guess = None
         if threaded:
-            try:
-                _search({**excess, lam: last}, f0, scale, tol)
-            except _Unsolved as ahead:
-                guess = ahead.lam if ahead.lam not in results else None
+            if floor not in results and f0 > 0:
+                guess = floor
+            else:
+                try:
+                    _search({**excess, lam: last}, f0, scale, tol)
+                except _Unsolved as ahead:
+                    guess = ahead.lam if ahead.lam not in results else None
         _solve_pair(run, lam, guess, arr.size, b - d, b + d)
         excess.update({k: excess_of(k) for k in (lam, guess) if k is not None})
         last = excess[lam]
+
+
+def _between_equal(lam: float, results: dict, excess_of) -> int | None:
+    """The excess at ``lam`` when two solved lambdas around it have the same one, else None.
+
+    The optimal count is non-increasing in lambda (for lambda1 < lambda2 the two
+    optimality inequalities add up to (lambda2 - lambda1)(k2 - k1) <= 0), so an
+    integer equal at both ends of an interval is that value inside it: the DP
+    there would only repeat it. With tie-heavy lengths (lists of samples) the
+    count drops at lambda = 0+ and stays flat down to the search's floor, which
+    would otherwise cost ~20 solves that all return the same count.
+    """
+    below = [k for k in results if k <= lam]
+    above = [k for k in results if k >= lam]
+    if not below or not above:
+        return None
+    lo, hi = excess_of(max(below)), excess_of(min(above))
+    return lo if lo == hi else None
 
 
 def _tables(n: int, lo: int, hi: int) -> tuple:

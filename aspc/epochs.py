@@ -240,7 +240,8 @@ def run_epochs(
         raise ConfigError("--length-drift scales replayed lengths: a real backend replays them only with --replay-lengths")
     carry = backend is not None or trainer is not None
     if carry and getattr(config, "engine", "local") != "local":
-        raise ConfigError("--epochs on a real backend keeps its workers across epochs: use the local engine (drop --engine ray)")
+        what = "--scout" if scout and n_epochs == 1 else "--epochs"
+        raise ConfigError(f"{what} on a real backend keeps its workers across runs: use the local engine (drop --engine ray)")
     root = Path(log_dir)
     plans_dir = root / "plans"
     if resume and overwrite:

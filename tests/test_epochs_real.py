@@ -133,4 +133,7 @@ def test_epochs_on_a_real_backend_refuse_ray_and_drift_without_replay(tmp_path, 
         # One error line (a note about an unused option may come before it).
         errors = [line for line in r.output.strip().splitlines() if line.startswith("Error")]
         assert len(errors) == 1 and fragment in errors[0], r.output
-    assert not (tmp_path / "A").exists() and not (tmp_path / "B").exists()
+    # The scout alone (one epoch) keeps the workers across two runs too.
+    r = CliRunner().invoke(main, base[:-2] + ["--scout", "--engine", "ray", "--log", str(tmp_path / "C")])
+    assert r.exit_code == 2 and "--scout on a real backend" in r.output and "local engine" in r.output, r.output
+    assert not (tmp_path / "A").exists() and not (tmp_path / "B").exists() and not (tmp_path / "C").exists()

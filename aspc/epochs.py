@@ -69,10 +69,9 @@ from aspc.io.rows import MAX_LENGTH
 from aspc.predict.base import LengthPrediction
 from aspc.predict.history import DEFAULT_KAPPA, blend_history
 from aspc.predict.pairs import keep_plan_in_log
-from aspc.replan import OnlineReplanner, compile_config_of, prompt_table_of, used_columns
+from aspc.replan import OnlineReplanner, compile_config_of, prediction_of, prompt_table_of, used_columns
 from aspc.runtime.api import RunResult, run
-from aspc.runtime.record import runlog as R
-from aspc.scout import scout_plan, scout_run_config, scouted_prediction, spare_length_map
+from aspc.scout import scout_plan, scout_run_config, scout_summary, scouted_prediction, spare_length_map
 from aspc.scout import scout_tokens as scout_tokens_of
 
 MAX_EPOCHS = 1000
@@ -98,8 +97,7 @@ def epoch_prediction(plan: Plan, logs: list[Path]) -> LengthPrediction:
 
     t = plan.table
     ids = t.column(S.PROMPT_ID).to_pylist()
-    col = lambda name: t.column(name).to_numpy().astype(np.float64)  # noqa: E731
-    base = LengthPrediction(col(S.PREDICTED_LEN), col(S.PREDICTED_Q10), col(S.PREDICTED_Q50), col(S.PREDICTED_Q90))
+    base = prediction_of(t)
     per_epoch = [read_history(p) for p in logs]
     last = per_epoch[-1]
     observed = [last.get(pid) for pid in ids]
@@ -146,12 +144,10 @@ class EpochsResult:
         time = sum(float(d["run_time"]) for d in epochs)
         scout: dict[str, Any] = {}
         if self.scout is not None:
-            s = self.scout.summary.to_dict()
-            cut = int(np.count_nonzero(np.asarray(self.scout.columns[R.SAMPLES]["response_len"]) >= s["scout_tokens"]))
-            scout = {"scout": {"tokens": s["scout_tokens"], "run_time": s["run_time"], "makespan": s["makespan"],
-                               "n_minibatches": s["n_minibatches"], "responses": s["samples_generated"],
-                               "responses_cut": cut}}  # fmt: skip
-            time += float(s["run_time"])  # the epochs waited for it
+            s = self.scout.summary
+            scout = {"scout": {**scout_summary(self.scout, s.extra["scout_tokens"]), "run_time": s.run_time,
+                               "responses": s.samples_generated}}  # fmt: skip
+            time += float(s.run_time)  # the epochs waited for it
         lags = [d["policy_lag_max"] for d in epochs if d.get("policy_lag_max") is not None]
         totals = {
             "n_epochs": len(epochs),
@@ -334,8 +330,7 @@ def _scout_epoch(
     t = plan.table
     ids = [str(p) for p in table.ids]
     assert ids == [str(p) for p in t.column(S.PROMPT_ID).to_pylist()]
-    col = lambda name: t.column(name).to_numpy().astype(np.float64)  # noqa: E731
-    prior = LengthPrediction(col(S.PREDICTED_LEN), col(S.PREDICTED_Q10), col(S.PREDICTED_Q50), col(S.PREDICTED_Q90))
+    prior = prediction_of(t)
     backend = kw["backend"]
     saved = None
     if backend is not None:  # the scout's cut, and its replayed lengths, for this run only

@@ -94,6 +94,12 @@ def prompt_table_of(rows: pa.Table, input_hash: str) -> PromptTable:
     )
 
 
+def prediction_of(rows: pa.Table) -> LengthPrediction:
+    """The predictions stored in plan rows (``predicted_len``, ``predicted_q10/q50/q90``)."""
+    col = lambda name: rows.column(name).to_numpy().astype(np.float64)  # noqa: E731
+    return LengthPrediction(col(S.PREDICTED_LEN), col(S.PREDICTED_Q10), col(S.PREDICTED_Q50), col(S.PREDICTED_Q90))
+
+
 def compile_config_of(plan_config: dict[str, Any], **overrides: Any) -> CompileConfig:
     """The :class:`CompileConfig` a plan was compiled with (its stored record), for its remainder."""
     names = {f.name for f in dataclasses.fields(CompileConfig)}
@@ -145,10 +151,7 @@ class OnlineReplanner(Replanner):
         self._index = {pid: i for i, pid in enumerate(ids)}
         texts = plan_table.column(S.PROMPT).to_pylist()
         self._features = used_columns(featurize(texts, FeatureConfig()).compact())
-        col = lambda name: plan_table.column(name).to_numpy().astype(np.float64)  # noqa: E731
-        self._base = LengthPrediction(
-            col(S.PREDICTED_LEN), col(S.PREDICTED_Q10), col(S.PREDICTED_Q50), col(S.PREDICTED_Q90)
-        )
+        self._base = prediction_of(plan_table)
         self._offset = pm.log(np.maximum(self._base.mean, 1.0))
         self.revisions: list[dict[str, Any]] = []  # per revision: step, first minibatch, observed prompts
 

@@ -193,6 +193,16 @@ def run_scout(
                lengths_name="scout")  # fmt: skip
 
 
+def scout_summary(scout: RunResult, tokens: int) -> dict[str, Any]:
+    """What a report says of a scout run: its cut, makespan, minibatches and responses cut."""
+    return {
+        "tokens": int(tokens),
+        "makespan": float(scout.summary.makespan),
+        "n_minibatches": int(scout.summary.n_minibatches),
+        "responses_cut": int(np.count_nonzero(np.asarray(scout.columns[R.SAMPLES]["response_len"]) >= tokens)),
+    }
+
+
 def after_scout(scout: RunResult, epoch: RunResult, n_workers: int, tokens: int) -> RunResult:
     """The epoch's run as it happens after the scout: its clock starts when the scout's last minibatch ends.
 
@@ -234,10 +244,5 @@ def after_scout(scout: RunResult, epoch: RunResult, n_workers: int, tokens: int)
         queue_capacity=epoch.summary.queue_capacity,
     )
     summary.extra.update(epoch.summary.extra)
-    summary.extra["scout"] = {
-        "tokens": int(tokens),
-        "makespan": t0,
-        "n_minibatches": m0,
-        "responses_cut": int(np.count_nonzero(np.asarray(scout.columns[R.SAMPLES]["response_len"]) >= tokens)),
-    }
+    summary.extra["scout"] = scout_summary(scout, tokens)
     return RunResult(summary=summary, columns=columns, lengths=epoch.lengths, notes=list(epoch.notes))

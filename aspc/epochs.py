@@ -359,7 +359,7 @@ def _scout_epoch(
     seen = np.array([float(np.min(observed[p])) if p in observed and len(observed[p]) else np.nan for p in ids])
     if np.isnan(seen).any():
         raise ConfigError(f"the length scout in {root / 'scout'} has no response for some prompts; pass --overwrite")
-    pred = scouted_prediction(table, prior, np.minimum(seen, tokens), _predictor_metadata(cfg))
+    pred = scouted_prediction(table, prior, np.minimum(seen, tokens), _history_prior_metadata())
     first = compile_plan(
         table,
         cap_prediction(pred, cfg.max_response_length),
@@ -369,15 +369,16 @@ def _scout_epoch(
     return result, first
 
 
-def _predictor_metadata(cfg: CompileConfig) -> dict[str, Any]:
-    """The plan's predictor's metadata (its history prior: within-prompt spread, kappa), if it still loads."""
-    from aspc.errors import PredictorError
+def _history_prior_metadata() -> dict[str, Any]:
+    """The shipped default's metadata: the history prior (within-prompt spread, kappa) the scout's blend uses.
+
+    A plan records no predictor path (``"dir"`` at most), so the predictor
+    that made it is not found again; the default's CASTILLO figures stand in
+    for any plan.
+    """
     from aspc.predict import load_predictor
 
-    try:
-        return dict(getattr(load_predictor(cfg.predictor or "default"), "metadata", {}) or {})
-    except (PredictorError, ConfigError, OSError):
-        return {}  # blended with the history defaults
+    return dict(getattr(load_predictor("default"), "metadata", {}) or {})
 
 
 def _check_stored_plan(plan: Plan, path: Path, epoch: int) -> None:

@@ -237,7 +237,7 @@ def compile_plan(
     equal predicted work, and groups are dispatched in an interleaved order
     so the trainer sees a steady stream of samples.
     """
-    from aspc.anneal import balance, dispatch_order, lpt_order, max_quantiles
+    from aspc.anneal import balance, dispatch_order, lpt_keys, lpt_order
     from aspc.costs import MINIBATCH_COSTS, minibatch_costs
     from aspc.emit.metrics import plan_metrics
     from aspc.partition import partition
@@ -321,7 +321,7 @@ def compile_plan(
         mb_order = np.arange(m, dtype=np.int64)
         extra["order"] = "random (constant predictions)"
     elif strategy is Strategy.ASP and config.order == "lpt":
-        key = max_quantiles(bounds, nseq_r, mean_r, q_r["q10"], q_r["q50"], q_r["q90"])
+        key = lpt_keys(bounds, nseq_r, mean_r, q_r["q10"], q_r["q50"], q_r["q90"])
         mb_order = lpt_order(key, assignment, n_groups)
         extra["order"] = "lpt"
     elif strategy is Strategy.ASP:

@@ -222,3 +222,95 @@ def test_tables_know_when_the_band_alone_reaches_n(n):
             reaches = any(k * lo <= n <= k * hi for k in range(1, n + 1))
             _, g, _ = boundaries._tables(n, lo, hi)
             assert (g[0].size == 0) == reaches
+
+
+def _keys_inputs(seed: int, n: int, point_share: float, spread: float):
+    """Quantile inputs in q10/q50/q90 form, with some minibatches repeated, exactly and with one more sample.
+
+    The exact repeats make ties. The others add a sample to the row with the
+    smallest median: their bisection brackets start the same, and their
+    answers differ by far less than a coarse bracket's width, so only the
+    resumed bisection can order them.
+    """
+    mu, sigma, mean, nseq, starts = _quantile_inputs(seed, n, point_share, spread)
+    q50 = np.exp(mu)
+    rng = np.random.default_rng(seed)
+    parts, extra, bounds = [np.arange(n)], [np.zeros(n)], [starts]
+    for _ in range(int(rng.integers(1, 4))):
+        b = int(rng.integers(0, starts.size - 1))
+        rows = np.arange(starts[b], starts[b + 1])
+        for add in (0.0, 0.0, 1.0, 2.0):
+            bounds.append(bounds[-1][-1] + np.cumsum([rows.size]))
+            parts.append(rows)
+            more = np.zeros(rows.size)
+            more[np.argmin(q50[rows])] = add
+            extra.append(more)
+    idx = np.concatenate(parts)
+    starts = np.concatenate(bounds).astype(np.int64)
+    q50, sigma = q50[idx], sigma[idx]
+    return starts, nseq[idx] + np.concatenate(extra), mean[idx], q50 * np.exp(-Z90 * sigma), q50, q50 * np.exp(Z90 * sigma)
+
+
+@settings(max_examples=120 if JIT else 25, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 400 if JIT else 100),
+    point_share=st.sampled_from([0.0, 0.3, 1.0]),
+    spread=st.sampled_from([1e-6, 0.05, 1.0, 6.0]),
+    q=st.sampled_from([0.1, 0.9, 0.999]),
+    groups=st.integers(1, 5),
+)
+def test_lpt_keys_compare_as_the_exact_quantiles(seed, n, point_share, spread, q, groups):
+    from aspc.anneal import lpt_keys, lpt_order, max_quantiles
+
+    args = _keys_inputs(seed, n, point_share, spread)
+    exact = max_quantiles(*args, q=q)
+    keys = lpt_keys(*args, q=q)
+    # Every pair compares the same way (<, ==, >), so any comparison sort orders them alike ...
+    assert np.array_equal(np.sign(exact[:, None] - exact[None, :]), np.sign(keys[:, None] - keys[None, :]))
+    # ... and each key is the exact quantile, or within the bracket the bisection had narrowed it to.
+    assert np.allclose(keys, exact, rtol=1e-6, atol=0.0)
+    m = exact.size
+    g = min(groups, m)
+    assignment = np.r_[np.arange(g), np.random.default_rng(seed).integers(0, g, m - g)]
+    tie = np.random.default_rng(seed + 1).permutation(m)
+    assert np.array_equal(lpt_order(exact, assignment, g, tie), lpt_order(keys, assignment, g, tie))
+
+
+@needs_jit
+def test_lpt_keys_at_scale_skip_most_of_the_bisection():
+    from aspc.anneal import lpt_keys, lpt_order, max_quantiles
+
+    args = _keys_inputs(3, 200_000, 0.1, 1.2)
+    exact, keys = max_quantiles(*args), lpt_keys(*args)
+    assignment = np.arange(exact.size) % 64
+    assert np.array_equal(lpt_order(exact, assignment, 64), lpt_order(keys, assignment, 64))
+    # Most keys are an upper bracket end, not the exact value: the refinement is the exception.
+    assert np.mean(keys == exact) < 0.1
+
+
+def test_lpt_keys_refine_a_bracket_that_only_touches_a_known_answer():
+    # A one-row point-mass minibatch whose answer is exactly the upper end of another's
+    # coarse bracket: the two keys would tie unless that bracket is resumed to the end.
+    from aspc.anneal import lpt_keys, max_quantiles
+    from aspc.anneal.lpt import _lognormal_rows
+    from aspc.anneal.lpt_kernel import _coarse_quantiles, _exp_bounds
+
+    starts, nseq, mean, q10, q50, q90 = _keys_inputs(11, 200, 0.0, 1.0)
+    args = _lognormal_rows(starts, nseq, mean, q10, q50, q90, 0.9)
+    m = starts.size - 1
+    lo, hi, seen, exact = np.empty(m), np.empty(m), np.empty(m, np.int8), np.empty(m, np.int8)
+    _coarse_quantiles(*args, lo, hi, seen, exact)
+    _, ehi = _exp_bounds(lo, hi, exact)
+    b = int(np.flatnonzero(exact == 0)[0])
+    point = ehi[b]
+    for _ in range(64):  # a length whose log and back lands on ehi[b] exactly
+        if math.exp(math.log(point)) == ehi[b]:
+            break
+        point = np.nextafter(point, 0.0 if math.exp(math.log(point)) > ehi[b] else np.inf)
+    assert math.exp(math.log(point)) == ehi[b]
+    grow = lambda a, v: np.r_[a, v]  # noqa: E731
+    args2 = (np.r_[starts, starts[-1] + 1], grow(nseq, 1.0), *(grow(a, point) for a in (mean, q10, q50, q90)))
+    exact2, keys2 = max_quantiles(*args2), lpt_keys(*args2)
+    assert exact2[-1] == ehi[b] and exact2[b] != ehi[b]
+    assert np.sign(exact2[b] - exact2[-1]) == np.sign(keys2[b] - keys2[-1])

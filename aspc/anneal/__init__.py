@@ -7,7 +7,7 @@ sends them group by group so cumulative work tracks cumulative samples.
 """
 
 from aspc.anneal.balance import BalanceResult, balance, default_iterations
-from aspc.anneal.lpt import lpt_order, max_quantiles
+from aspc.anneal.lpt import lpt_keys, lpt_order, max_quantiles
 from aspc.anneal.order import delivery_drift, dispatch_order, group_order
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "delivery_drift",
     "dispatch_order",
     "group_order",
+    "lpt_keys",
     "lpt_order",
     "max_quantiles",
 ]

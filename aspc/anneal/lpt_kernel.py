@@ -62,6 +62,49 @@ def _cdf_max_below(x, logq, mu, sigma, point, nseq, lo, hi):
     return acc < logq
 
 
+@njit(**NJIT_FLAGS)
+def _initial_bracket(mu, sigma, point, lo_i, hi_i):
+    """Bisection bracket (log tokens) of one minibatch's quantile: below every row's 8-sigma band, above all."""
+    lo = math.inf
+    hi = -math.inf
+    for i in range(lo_i, hi_i):
+        if sigma[i] > 0.0:
+            a, c = mu[i] - 8.0 * sigma[i], mu[i] + 8.0 * sigma[i]
+        else:
+            a = c = math.log(max(point[i], 1e-9))
+        lo = min(lo, a)
+        hi = max(hi, c)
+    # The maximum is at least the largest point mass: start the bracket there.
+    for i in range(lo_i, hi_i):
+        if sigma[i] == 0.0:
+            lo = max(lo, math.log(max(point[i], 1e-9)))
+    return lo, hi
+
+
+@njit(**NJIT_FLAGS)
+def _bisect(logq, mu, sigma, point, nseq, lo_i, hi_i, lo, hi, lo_seen, hi_seen, steps):
+    """``steps`` more bisection steps from the state ``(lo, hi, lo_seen, hi_seen)``; the state after, and whether it stopped.
+
+    Once the bracket is two adjacent floats, the midpoint is one of its
+    ends; if that end was itself a midpoint, its answer is known and every
+    remaining step repeats it, leaving (lo, hi) unchanged: stop. (The
+    initial ends were never evaluated, so they do not count.) Running ``k``
+    steps and then the rest from the returned state is the same computation
+    as running them all at once.
+    """
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        if (mid == lo and lo_seen) or (mid == hi and hi_seen):
+            return lo, hi, lo_seen, hi_seen, True
+        if _cdf_max_below(mid, logq, mu, sigma, point, nseq, lo_i, hi_i):
+            lo = mid
+            lo_seen = True
+        else:
+            hi = mid
+            hi_seen = True
+    return lo, hi, lo_seen, hi_seen, False
+
+
 @njit(**NJIT_PARALLEL_FLAGS)
 def _max_quantiles(mu, sigma, point, nseq, starts, q):
     """Per minibatch, the ``q``-quantile of its longest sampled response (tokens).
@@ -73,40 +116,75 @@ def _max_quantiles(mu, sigma, point, nseq, starts, q):
     logq = math.log(q)
     for b in prange(m):
         lo_i, hi_i = starts[b], starts[b + 1]
-        lo = math.inf
-        hi = -math.inf
-        for i in range(lo_i, hi_i):
-            if sigma[i] > 0.0:
-                a, c = mu[i] - 8.0 * sigma[i], mu[i] + 8.0 * sigma[i]
-            else:
-                a = c = math.log(max(point[i], 1e-9))
-            lo = min(lo, a)
-            hi = max(hi, c)
-        # The maximum is at least the largest point mass: start the bracket there.
-        for i in range(lo_i, hi_i):
-            if sigma[i] == 0.0:
-                lo = max(lo, math.log(max(point[i], 1e-9)))
+        lo, hi = _initial_bracket(mu, sigma, point, lo_i, hi_i)
         if hi <= lo:
             out[b] = math.exp(lo)
             continue
-        # Once the bracket is two adjacent floats, the midpoint is one of its
-        # ends; if that end was itself a midpoint, its answer is known and
-        # every remaining step repeats it, leaving (lo, hi) unchanged: stop.
-        # (The initial ends were never evaluated, so they do not count.)
-        lo_seen = False
-        hi_seen = False
-        for _ in range(_BISECT_STEPS):
-            mid = 0.5 * (lo + hi)
-            if (mid == lo and lo_seen) or (mid == hi and hi_seen):
-                break
-            if _cdf_max_below(mid, logq, mu, sigma, point, nseq, lo_i, hi_i):
-                lo = mid
-                lo_seen = True
-            else:
-                hi = mid
-                hi_seen = True
+        lo, hi, _, _, _ = _bisect(logq, mu, sigma, point, nseq, lo_i, hi_i, lo, hi, False, False, _BISECT_STEPS)
         out[b] = math.exp(hi)
     return out
+
+
+# Bisection steps every minibatch takes before the order is checked: a bracket
+# ~40 wide in log space is then ~4e-8 wide, so few minibatches' brackets meet.
+_COARSE_STEPS = 30
+
+
+@njit(**NJIT_PARALLEL_FLAGS)
+def _coarse_quantiles(mu, sigma, point, nseq, starts, q, lo, hi, seen, exact):
+    """:func:`_max_quantiles` stopped after :data:`_COARSE_STEPS` steps, its state kept.
+
+    Fills, per minibatch, the bracket ``(lo, hi]`` (log tokens) that holds
+    the exact answer's log, ``seen`` (bit 0: lo was a midpoint, bit 1: hi
+    was) and ``exact`` (1 when the bisection already stopped: then
+    ``exp(hi)`` is :func:`_max_quantiles`' answer; 2 when there was no
+    bracket: then ``exp(lo)`` is).
+    """
+    logq = math.log(q)
+    for b in prange(starts.size - 1):
+        lo_i, hi_i = starts[b], starts[b + 1]
+        a, c = _initial_bracket(mu, sigma, point, lo_i, hi_i)
+        if c <= a:
+            lo[b], hi[b], seen[b], exact[b] = a, a, 0, 2
+            continue
+        a, c, ls, hs, stopped = _bisect(logq, mu, sigma, point, nseq, lo_i, hi_i, a, c, False, False, _COARSE_STEPS)
+        lo[b], hi[b] = a, c
+        seen[b] = (1 if ls else 0) + (2 if hs else 0)
+        exact[b] = 1 if stopped else 0
+
+
+@njit(**NJIT_PARALLEL_FLAGS)
+def _finish_quantiles(mu, sigma, point, nseq, starts, q, lo, hi, seen, which):
+    """The exact answers of minibatches ``which``: their bisections resumed from :func:`_coarse_quantiles`' state."""
+    out = np.empty(which.size, dtype=np.float64)
+    logq = math.log(q)
+    for k in prange(which.size):
+        b = which[k]
+        _, c, _, _, _ = _bisect(
+            logq, mu, sigma, point, nseq, starts[b], starts[b + 1], lo[b], hi[b],
+            (seen[b] & 1) != 0, (seen[b] & 2) != 0, _BISECT_STEPS - _COARSE_STEPS,
+        )  # fmt: skip
+        out[k] = math.exp(c)
+    return out
+
+
+@njit(**NJIT_FLAGS)
+def _exp_bounds(lo, hi, exact):
+    """Closed intervals (tokens) holding each minibatch's exact answer (a point where it is known)."""
+    m = lo.size
+    elo = np.empty(m, dtype=np.float64)
+    ehi = np.empty(m, dtype=np.float64)
+    for b in range(m):
+        if exact[b] == 2:
+            elo[b] = ehi[b] = math.exp(lo[b])
+        elif exact[b] == 1:
+            elo[b] = ehi[b] = math.exp(hi[b])
+        else:
+            # The answer's log is in (lo, hi] and exp never decreases (rounding
+            # included), so the answer is in [exp(lo), exp(hi)].
+            elo[b] = math.exp(lo[b])
+            ehi[b] = math.exp(hi[b])
+    return elo, ehi
 
 
 @njit(**NJIT_FLAGS)

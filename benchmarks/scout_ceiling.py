@@ -106,7 +106,7 @@ def last_step_end(res) -> float:
     return float(np.max(res.columns["steps"]["end"])) if res.summary.n_trainer_steps else 0.0
 
 
-def one_repeat(model, rows, pdir, tmp, seed) -> dict[str, float]:
+def one_repeat(model, rows, pdir, tmp, seed, scout_tokens=None) -> dict[str, float]:
     from aspc.compiler import CompileConfig, InputOptions
     from aspc.predict import load_predictor
     from aspc.predict.history import HistoryPredictor
@@ -145,11 +145,11 @@ def one_repeat(model, rows, pdir, tmp, seed) -> dict[str, float]:
         "scout pass": t1 / end_r,
         "scout": (t1 + end2) / end_r,
         "scout, trainer after": (t1 + end2 + extra * step_s) / end_r,
-        **cut_scout_kept(recs, pred, cfg, rc, end_r),
+        **cut_scout_kept(recs, pred, cfg, rc, end_r, scout_tokens),
     }
 
 
-def cut_scout_kept(recs, pred, cfg, rc, end_r: float) -> dict[str, float]:
+def cut_scout_kept(recs, pred, cfg, rc, end_r: float, tokens: int | None = None) -> dict[str, float]:
     """The product's scout (``aspc.scout``: cut at the cap / 4, wide minibatches), its finished responses kept.
 
     The scout replays each prompt's 9th recorded length (one the epoch does
@@ -169,7 +169,7 @@ def cut_scout_kept(recs, pred, cfg, rc, end_r: float) -> dict[str, float]:
 
     table = prompt_table(recs, "")
     text = pred.predict(table.texts)
-    t = SC.scout_tokens(R.CAP)
+    t = SC.scout_tokens(R.CAP, tokens)
     spare = np.array([float(r["lengths"][R.N]) for r in recs])
     scout = SC.run_scout(table, text, spare, cfg, rc, t)
     plan = compile_plan(table, SC.scouted_prediction(table, text, np.minimum(spare, t), pred.metadata), cfg)
@@ -197,6 +197,7 @@ def main() -> None:
     ap.add_argument("--models", default=None, help="comma list (default: every model of the validate split)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--predictors", default=None, help="directory of per-model predictors (trained here if absent)")
+    ap.add_argument("--scout-tokens", type=int, default=None, help="the cut scout's T (default: the cap / 4)")
     args = ap.parse_args()
     if not R.DATA.exists():
         print(f"skipped: {R.DATA.name} not found under ../shared/data (only on development machines)")
@@ -219,7 +220,7 @@ def main() -> None:
         for model in models:
             t0 = time.perf_counter()
             pdir = R.predictor_for(model, rows, cache)
-            reps = [one_repeat(model, rows, pdir, tmp, s) for s in range(args.repeats)]
+            reps = [one_repeat(model, rows, pdir, tmp, s, args.scout_tokens) for s in range(args.repeats)]
             cells = []
             for c in cols:
                 v = np.array([r[c] for r in reps])

@@ -70,6 +70,7 @@ from aspc.predict.base import LengthPrediction
 from aspc.predict.history import DEFAULT_KAPPA, blend_history
 from aspc.predict.pairs import keep_plan_in_log
 from aspc.replan import OnlineReplanner, compile_config_of, prediction_of, prompt_table_of, used_columns
+from aspc.run_layout import check_log_layout, clear_run_dir
 from aspc.runtime.api import RunResult, run
 from aspc.scout import scout_plan, scout_run_config, scout_summary, scouted_prediction, spare_length_map
 from aspc.scout import scout_tokens as scout_tokens_of
@@ -242,6 +243,7 @@ def run_epochs(
     plans_dir = root / "plans"
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other; pass one of them")
+    layout = check_log_layout(root, epochs=True, scout=scout, resume=resume, overwrite=overwrite)
     if plans_dir.exists() and any(plans_dir.iterdir()) and not (overwrite or resume):
         raise ConfigError(
             f"{root} already holds epoch plans; pass --resume to continue them, --overwrite to replace them, "
@@ -256,6 +258,9 @@ def run_epochs(
         ids = [str(p) for p in table.ids]
         scout_lengths = None if actual_lengths is None else spare_length_map(actual_lengths, n, ids)
         scout_replay = None if replay_base is None else spare_length_map(replay_base, n, ids)
+    if overwrite and layout is not None:
+        # Another kind of run, or more epochs than this one will write: none of it may survive.
+        clear_run_dir(root)
     plans_dir.mkdir(parents=True, exist_ok=True)
     try:
         runs: list[RunResult] = []

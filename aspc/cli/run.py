@@ -348,6 +348,11 @@ def run_cmd(
 
         cost_file = kwargs.get("sim_cost_model")
         check_output(log_dir, inputs=[plan_path, actual_lengths, cost_file], kind="dir", option="--log")
+    from aspc.run_layout import SINGLE, check_log_layout, clear_run_dir
+
+    layout = check_log_layout(
+        log_dir, epochs=epochs != 1 or bool(length_drift) or scout, scout=scout, resume=resume, overwrite=overwrite
+    )
     config, cost = run_config_from_kwargs(
         kwargs,
         seed=seed,
@@ -391,6 +396,8 @@ def run_cmd(
             replanner = OnlineReplanner(
                 plan.table, cfg, every_steps=replan_every, log_dir=log_dir, input_hash=plan.input_hash
             )
+        if overwrite and layout not in (None, SINGLE):  # epochs replaced by one run: none of them may survive
+            clear_run_dir(log_dir)
         source = None
         if actual_lengths is not None:
             from aspc.io.history import source_hash

@@ -1,0 +1,135 @@
+"""What a ``--log`` directory holds, checked before a run writes there.
+
+Three kinds of run write a run directory: one run (its log at the root:
+``RUN/meta.json``, ...), epochs (``aspc run --epochs N``: ``RUN/epoch-K/``
+logs and ``RUN/plans/epoch-K.parquet``), and epochs after a length scout
+(``--scout``: also ``RUN/scout/``). Each kind's writer only looked for its
+own files, so a run of another kind went into the same directory: ``--epochs
+2`` without ``--overwrite`` wrote its epochs beside a finished single run;
+``--resume --epochs 2`` on a single run's log started epochs inside it;
+``--resume --scout`` on epochs ran a scout and only then failed; and
+resuming epochs without ``--epochs`` said "not an aspc run log".
+:func:`check_log_layout` refuses all of these in one line before anything
+is written, and :func:`clear_run_dir` is what ``--overwrite`` does to a
+directory of another kind (or to stale epochs beyond the new count).
+
+This module sits above the runtime (it reads run-log markers) and below the
+CLI and :mod:`aspc.epochs`, which call it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from aspc.errors import ConfigError
+from aspc.runtime.record.lock import LOCK_FILE, RunLogLock
+from aspc.runtime.record.runlog import is_run_log
+
+SINGLE, EPOCHS, SCOUT = "single", "epochs", "scout"
+_EPOCH_DIR = re.compile(r"^epoch-\d+$")
+# How each kind is resumed, for the message that names the other kind.
+_STARTED = {
+    SINGLE: "without --epochs or --scout",
+    EPOCHS: "with --epochs and without --scout",
+    SCOUT: "with --scout",
+}
+
+
+def log_layout(root: str | os.PathLike) -> str | None:
+    """The kind of run ``root`` holds (:data:`SINGLE`, :data:`EPOCHS`, :data:`SCOUT`), or None for none of aspc's."""
+    p = Path(root)
+    if not p.is_dir():
+        return None
+    if (p / "scout").is_dir():
+        return SCOUT
+    if any(e.is_dir() and _EPOCH_DIR.match(e.name) for e in p.iterdir()) or any((p / "plans").glob("epoch-*.parquet")):
+        return EPOCHS
+    return SINGLE if is_run_log(p) else None
+
+
+def check_log_layout(
+    root: str | os.PathLike | None, *, epochs: bool, scout: bool, resume: bool, overwrite: bool
+) -> str | None:
+    """Refuse a ``--log`` that holds another kind of run than this one (``epochs``: the epochs layout).
+
+    Returns the layout found (None for an absent, empty or foreign
+    directory: the run log writers word those cases).
+
+    Raises
+    ------
+    ConfigError
+        ``--resume`` on another kind of run; or, without ``--resume`` and
+        ``--overwrite``, a directory that already holds a run.
+    """
+    if root is None:
+        return None
+    p = Path(root)
+    layout = log_layout(p)
+    if layout is None:
+        if _holds_files(p):  # the run log writers' own words, for every kind of run
+            if resume:
+                raise ConfigError(f"--log {p}: not an aspc run log, nothing to resume; pick the run's directory")
+            if overwrite:
+                raise ConfigError(f"--log {p}: not an aspc run log, refusing to overwrite it; pick a new path")
+            raise ConfigError(
+                f"--log {p}: directory exists and is not empty; pick a new path, pass --overwrite, "
+                "or --resume to continue it"
+            )
+        return None
+    want = SCOUT if scout else (EPOCHS if epochs else SINGLE)
+    if resume and layout != want:
+        raise ConfigError(
+            f"--log {p} holds a run started {_STARTED[layout]}: resume it the same way, or pick a new --log"
+        )
+    if not (resume or overwrite):
+        if layout == want and layout != SINGLE:
+            what = "epoch plans" if any((p / "plans").glob("epoch-*.parquet")) else "a length scout"
+            raise ConfigError(
+                f"{p} already holds {what}; pass --resume to continue them, --overwrite to replace them, "
+                "or another --log"
+            )
+        raise ConfigError(
+            f"--log {p}: directory exists and is not empty; pick a new path, pass --overwrite, "
+            "or --resume to continue it"
+        )
+    return layout
+
+
+def _holds_files(p: Path) -> bool:
+    """Anything in ``p`` but a lock file and an empty ``plans/`` (what an epochs run makes first)."""
+    if not p.is_dir():
+        return False
+    for e in p.iterdir():
+        if e.name == LOCK_FILE or (e.name == "plans" and e.is_dir() and not any(e.iterdir())):
+            continue
+        return True
+    return False
+
+
+def clear_run_dir(root: str | os.PathLike) -> None:
+    """Empty a run directory for ``--overwrite``, taking each of its logs' writer locks first.
+
+    Raises :class:`~aspc.errors.LockError` (nothing removed) when another
+    aspc run is writing any of them.
+    """
+    p = Path(root)
+    logs = [e for e in sorted(p.iterdir()) if e.is_dir() and not e.is_symlink() and (e.name == "scout" or _EPOCH_DIR.match(e.name))]
+    locks = [RunLogLock(d) for d in [p, *logs]]
+    held: list[RunLogLock] = []
+    try:
+        for lock in locks:
+            lock.acquire()
+            held.append(lock)
+        for entry in p.iterdir():
+            if entry.name == LOCK_FILE:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    finally:
+        for lock in reversed(held):
+            lock.release()

@@ -1,0 +1,156 @@
+"""A ``--log`` directory holds one kind of run: one run, epochs, or epochs after a scout (``aspc.run_layout``).
+
+Before these checks, each kind's writer only looked for its own files:
+``--epochs 2`` without ``--overwrite`` wrote its epochs beside a finished
+single run, ``--resume --epochs`` started epochs inside one, ``--resume
+--scout`` ran a whole scout before failing, and resuming epochs as a single
+run said "not an aspc run log". Every refusal here is one line, exit 2, and
+leaves every file of the directory as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from aspc.cli import main
+from aspc.run_layout import EPOCHS, SCOUT, SINGLE, log_layout
+from tests.conftest import lognormal_records, write_jsonl
+
+# The scout replays a recorded length the epoch does not: 5 lengths for 4 samples.
+N = 4
+
+
+def _run(*args: str):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("layout")
+    data = write_jsonl(tmp / "x.jsonl", lognormal_records(96, n_lengths=N + 1))
+    plan = tmp / "p.parquet"
+    assert _run("compile", data, "--length-field", "lengths", "-n", N, "-o", plan, "-q").exit_code == 0
+    return tmp, data, plan
+
+
+def _run_plan(setup, log: Path, *extra: str):
+    tmp, data, plan = setup
+    return _run("run", plan, "--actual-lengths", data, "--length-field", "lengths", "--global-batch", 32,
+                "--log", log, "--json", "-q", *extra)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def logs(setup):
+    tmp = setup[0]
+    made = {SINGLE: tmp / "single", EPOCHS: tmp / "epochs", SCOUT: tmp / "scout"}
+    for kind, extra in ((SINGLE, ()), (EPOCHS, ("--epochs", "2")), (SCOUT, ("--scout",))):
+        r = _run_plan(setup, made[kind], *extra)
+        assert r.exit_code == 0, r.output
+        assert log_layout(made[kind]) == kind
+    return made
+
+
+# (log kind, options of the second command, words of the refusal)
+REFUSED = [
+    (SINGLE, ("--epochs", "2"), "directory exists and is not empty"),
+    (SINGLE, ("--scout",), "directory exists and is not empty"),
+    (SINGLE, ("--epochs", "2", "--resume"), "holds a run started without --epochs or --scout"),
+    (SINGLE, ("--scout", "--resume"), "holds a run started without --epochs or --scout"),
+    (EPOCHS, ("--resume",), "holds a run started with --epochs and without --scout"),
+    (EPOCHS, ("--epochs", "2", "--scout", "--resume"), "holds a run started with --epochs and without --scout"),
+    (EPOCHS, (), "directory exists and is not empty"),
+    (EPOCHS, ("--epochs", "3"), "already holds epoch plans; pass --resume to continue them"),
+    (SCOUT, ("--resume",), "holds a run started with --scout"),
+    (SCOUT, ("--epochs", "2", "--resume"), "holds a run started with --scout"),
+    (SCOUT, ("--epochs", "2"), "directory exists and is not empty"),
+    (SCOUT, ("--scout", "--epochs", "2"), "already holds epoch plans; pass --resume to continue them"),
+]
+
+
+@pytest.mark.parametrize(("kind", "extra", "words"), REFUSED)
+def test_another_kind_of_run_is_refused_before_anything_is_written(setup, logs, kind, extra, words):
+    before = _snapshot(logs[kind])
+    r = _run_plan(setup, logs[kind], *extra)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and words in lines[0], r.output
+    assert _snapshot(logs[kind]) == before
+
+
+def test_the_same_kind_resumes(setup, logs, tmp_path):
+    import shutil
+
+    for kind, extra in ((SINGLE, ()), (EPOCHS, ("--epochs", "2")), (SCOUT, ("--scout",))):
+        copy = tmp_path / kind
+        shutil.copytree(logs[kind], copy)
+        r = _run_plan(setup, copy, *extra, "--resume")
+        assert r.exit_code == 0, r.output
+        assert log_layout(copy) == kind
+
+
+@pytest.mark.parametrize(("kind", "extra", "after"), [
+    (SINGLE, ("--epochs", "2"), EPOCHS),
+    (SINGLE, ("--scout",), SCOUT),
+    (EPOCHS, (), SINGLE),
+    (SCOUT, ("--epochs", "2"), EPOCHS),
+    (EPOCHS, ("--epochs", "1"), SINGLE),  # --epochs 1 is one run
+])  # fmt: skip
+def test_overwrite_replaces_a_run_of_another_kind_whole(setup, logs, tmp_path, kind, extra, after):
+    import shutil
+
+    copy = tmp_path / kind
+    shutil.copytree(logs[kind], copy)
+    r = _run_plan(setup, copy, *extra, "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert log_layout(copy) == after
+    names = {p.name for p in copy.iterdir()}
+    if after == SINGLE:
+        assert not any(n.startswith("epoch-") or n == "scout" for n in names), names
+    else:
+        assert "meta.json" not in names and (after == SCOUT) == ("scout" in names), names
+
+
+def test_overwrite_with_fewer_epochs_leaves_no_stale_epoch(setup, tmp_path):
+    log = tmp_path / "three"
+    assert _run_plan(setup, log, "--epochs", "3").exit_code == 0
+    r = _run_plan(setup, log, "--epochs", "2", "--overwrite")
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in log.iterdir()) == ["epoch-1", "epoch-2", "plans"]
+    assert sorted(p.name for p in (log / "plans").iterdir()) == ["epoch-1.parquet", "epoch-2.parquet"]
+
+
+@pytest.mark.parametrize("extra", [("--epochs", "2"), ("--scout",), ()])
+@pytest.mark.parametrize(("mode", "words"), [
+    ("--overwrite", "not an aspc run log, refusing to overwrite it"),
+    ("--resume", "not an aspc run log, nothing to resume"),
+    (None, "directory exists and is not empty"),
+])  # fmt: skip
+def test_a_foreign_directory_is_never_written(setup, tmp_path, extra, mode, words):
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not a run\n")
+    r = _run_plan(setup, foreign, *extra, *([mode] if mode else []))
+    assert r.exit_code == 2, r.output
+    assert words in r.output
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+
+
+def test_an_epochs_run_stopped_before_its_first_plan_resumes(setup, tmp_path):
+    # An epochs run makes RUN/plans/ first: a crash right after leaves only that, which is no foreign file.
+    log = tmp_path / "early"
+    (log / "plans").mkdir(parents=True)
+    r = _run_plan(setup, log, "--epochs", "2", "--resume")
+    assert r.exit_code == 0, r.output
+    assert log_layout(log) == EPOCHS

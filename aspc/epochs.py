@@ -72,6 +72,7 @@ from aspc.predict.pairs import keep_plan_in_log
 from aspc.replan import OnlineReplanner, compile_config_of, prediction_of, prompt_table_of, used_columns
 from aspc.run_layout import check_log_layout, clear_run_dir
 from aspc.runtime.api import RunResult, run
+from aspc.runtime.record.lock import RunLogLock
 from aspc.scout import scout_plan, scout_run_config, scout_summary, scouted_prediction, spare_length_map
 from aspc.scout import scout_tokens as scout_tokens_of
 
@@ -258,11 +259,15 @@ def run_epochs(
         ids = [str(p) for p in table.ids]
         scout_lengths = None if actual_lengths is None else spare_length_map(actual_lengths, n, ids)
         scout_replay = None if replay_base is None else spare_length_map(replay_base, n, ids)
-    if overwrite and layout is not None:
-        # Another kind of run, or more epochs than this one will write: none of it may survive.
-        clear_run_dir(root)
-    plans_dir.mkdir(parents=True, exist_ok=True)
+    # One epochs run per directory: a second one (two --resume at once, an --overwrite of a live
+    # run) stops here, before it writes anything; each epoch's log has its own lock as well.
+    root_lock = RunLogLock(root)
     try:
+        root_lock.acquire()
+        if overwrite and layout is not None:
+            # Another kind of run, or more epochs than this one will write: none of it may survive.
+            clear_run_dir(root, root_held=True)
+        plans_dir.mkdir(parents=True, exist_ok=True)
         runs: list[RunResult] = []
         plans: list[Plan] = []
         current = plan
@@ -321,6 +326,7 @@ def run_epochs(
             keep_plan_in_log(plan_path, root / f"epoch-{k}")
         return EpochsResult(runs, plans, scout=scouted)
     finally:
+        root_lock.release()
         if carry:  # kept open across the epochs; closed once, also after a failure
             for part in (backend, trainer):
                 if part is not None:

@@ -109,15 +109,16 @@ def _holds_files(p: Path) -> bool:
     return False
 
 
-def clear_run_dir(root: str | os.PathLike) -> None:
+def clear_run_dir(root: str | os.PathLike, *, root_held: bool = False) -> None:
     """Empty a run directory for ``--overwrite``, taking each of its logs' writer locks first.
 
-    Raises :class:`~aspc.errors.LockError` (nothing removed) when another
-    aspc run is writing any of them.
+    ``root_held``: the caller holds ``root``'s own lock (an epochs run does,
+    for its whole length). Raises :class:`~aspc.errors.LockError` (nothing
+    removed) when another aspc run is writing any of them.
     """
     p = Path(root)
     logs = [e for e in sorted(p.iterdir()) if e.is_dir() and not e.is_symlink() and (e.name == "scout" or _EPOCH_DIR.match(e.name))]
-    locks = [RunLogLock(d) for d in [p, *logs]]
+    locks = [RunLogLock(d) for d in ([] if root_held else [p]) + logs]
     held: list[RunLogLock] = []
     try:
         for lock in locks:

@@ -154,3 +154,20 @@ def test_an_epochs_run_stopped_before_its_first_plan_resumes(setup, tmp_path):
     r = _run_plan(setup, log, "--epochs", "2", "--resume")
     assert r.exit_code == 0, r.output
     assert log_layout(log) == EPOCHS
+
+
+def test_a_second_epochs_run_on_a_live_one_writes_nothing(setup, tmp_path):
+    # Two --resume at once, or an --overwrite of a running one: the first holds RUN/.lock.
+    from aspc.runtime.record.lock import RunLogLock
+
+    log = tmp_path / "live"
+    assert _run_plan(setup, log, "--epochs", "2").exit_code == 0
+    before = _snapshot(log)
+    with RunLogLock(log):
+        for extra in (("--resume",), ("--overwrite",)):
+            r = _run_plan(setup, log, "--epochs", "3", *extra)
+            assert r.exit_code == 2 and "is locked by another aspc run" in r.output, r.output
+            assert {k: v for k, v in _snapshot(log).items() if k != ".lock"} == before
+    r = _run_plan(setup, log, "--epochs", "3", "--resume")
+    assert r.exit_code == 0, r.output
+    assert not (log / ".lock").exists()  # released at the end

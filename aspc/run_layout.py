@@ -55,14 +55,15 @@ def check_log_layout(
 ) -> str | None:
     """Refuse a ``--log`` that holds another kind of run than this one (``epochs``: the epochs layout).
 
-    Returns the layout found (None for an absent, empty or foreign
-    directory: the run log writers word those cases).
+    Returns the layout found (None for an absent or empty directory).
 
     Raises
     ------
     ConfigError
-        ``--resume`` on another kind of run; or, without ``--resume`` and
-        ``--overwrite``, a directory that already holds a run.
+        ``--resume`` on another kind of run; without ``--resume`` and
+        ``--overwrite``, a directory that already holds anything; and a
+        directory of files that are not an aspc run (resumed, overwritten or
+        not), in the single-run writer's words.
     """
     if root is None:
         return None

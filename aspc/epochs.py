@@ -245,6 +245,8 @@ def run_epochs(
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other; pass one of them")
     layout = check_log_layout(root, epochs=True, scout=scout, resume=resume, overwrite=overwrite)
+    if resume and tokens is not None:
+        _check_scout_cut(root, tokens)
     if plans_dir.exists() and any(plans_dir.iterdir()) and not (overwrite or resume):
         raise ConfigError(
             f"{root} already holds epoch plans; pass --resume to continue them, --overwrite to replace them, "
@@ -331,6 +333,21 @@ def run_epochs(
             for part in (backend, trainer):
                 if part is not None:
                     part.close()
+
+
+def _check_scout_cut(root: Path, tokens: int) -> None:
+    """Refuse to resume a scout cut at another T (its log would otherwise name only --max-new-tokens)."""
+    from aspc.runtime.record.runlog import is_run_log, read_meta
+
+    if not is_run_log(root / "scout"):
+        return
+    old = (read_meta(root / "scout").get("config") or {}).get("max_new_tokens")
+    if old is not None and int(old) != tokens:
+        raise ConfigError(
+            f"--resume {root}: its length scout was cut at {old} tokens, this run would cut at {tokens} "
+            "(--scout-tokens, or the --max-new-tokens it defaults from); resume with the original options, "
+            "or start a new run"
+        )
 
 
 def _scout_epoch(

@@ -171,3 +171,13 @@ def test_a_second_epochs_run_on_a_live_one_writes_nothing(setup, tmp_path):
     r = _run_plan(setup, log, "--epochs", "3", "--resume")
     assert r.exit_code == 0, r.output
     assert not (log / ".lock").exists()  # released at the end
+
+
+@pytest.mark.parametrize("extra", [("--scout-tokens", "200"), ("--max-new-tokens", "2000")])
+def test_a_scout_resumed_with_another_cut_names_the_cut(setup, logs, extra):
+    # The scout's log stores its cut as its --max-new-tokens; the message names the scout's options.
+    before = _snapshot(logs[SCOUT])
+    r = _run_plan(setup, logs[SCOUT], "--scout", "--resume", *extra)
+    assert r.exit_code == 2, r.output
+    assert "its length scout was cut at 1024 tokens" in r.output and "--scout-tokens" in r.output, r.output
+    assert _snapshot(logs[SCOUT]) == before

@@ -247,11 +247,6 @@ def run_epochs(
     layout = check_log_layout(root, epochs=True, scout=scout, resume=resume, overwrite=overwrite)
     if resume and tokens is not None:
         _check_scout_cut(root, tokens)
-    if plans_dir.exists() and any(plans_dir.iterdir()) and not (overwrite or resume):
-        raise ConfigError(
-            f"{root} already holds epoch plans; pass --resume to continue them, --overwrite to replace them, "
-            "or another --log"
-        )
     n = config.samples_per_prompt or int(plan.table.column(S.N_SAMPLES)[0].as_py())
     cfg: CompileConfig = compile_config_of(plan.config or {}, **(compile_overrides or {}))
     table = prompt_table_of(plan.table, plan.input_hash)

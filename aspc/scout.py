@@ -14,7 +14,11 @@ from that.
 
 The scout's responses are then thrown away, so every GRPO group is still
 generated whole by the epoch's own run: the trainer, the staleness bound,
-resume and the plan schema are untouched. The price is the scout's own
+resume and the plan schema are untouched. ``simulate --strategies
+asp+scout+keep`` keeps instead each response that finished under the cut as
+its prompt's last sample (:func:`aspc.runtime.carry.carry`): the epoch
+generates one sample fewer of that prompt, at the price of that sample's
+policy lag, which counts from the epoch's first weights. The price is the scout's own
 generation: about ``T / cap`` of a full-length pass at one sample per
 prompt, paid before the epoch's first dispatch, with the trainer idle. It
 pays for itself when prompt lengths vary widely and the text predictor

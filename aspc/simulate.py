@@ -12,7 +12,10 @@ will replay. ``asp+replan`` is ``asp`` re-planned during the run
 (:mod:`aspc.replan`); ``asp+scout`` is ``asp`` planned from a length scout
 run first (:mod:`aspc.scout`: one response per prompt, cut at
 ``scout_tokens``, replaying a recorded length the run itself does not), the
-scout's time included.
+scout's time included; ``asp+scout+keep`` also keeps every scouted response
+that finished under the cut as its prompt's last sample, so the run generates
+one sample fewer of that prompt (the kept sample's weights version is the
+run's first, so its policy lag grows with how late its group is consumed).
 
 Repeats. One simulation is one draw: which recorded lengths the samples
 replay, and the random baseline's shuffle, move a single ratio by several
@@ -49,9 +52,11 @@ ORACLE = "oracle"
 ORACLE_EXACT = "oracle-exact"
 REPLAN = "asp+replan"
 SCOUT = "asp+scout"
-EXTRA_STRATEGIES = (REPLAN, SCOUT, ORACLE, ORACLE_EXACT)
+SCOUT_KEEP = "asp+scout+keep"
+SCOUTS = (SCOUT, SCOUT_KEEP)
+EXTRA_STRATEGIES = (REPLAN, SCOUT, SCOUT_KEEP, ORACLE, ORACLE_EXACT)
 # Strategies that read every prompt's actual lengths before the run.
-NEEDS_ALL_LENGTHS = (SCOUT, ORACLE, ORACLE_EXACT)
+NEEDS_ALL_LENGTHS = (SCOUT, SCOUT_KEEP, ORACLE, ORACLE_EXACT)
 # Keys averaged over repeats (with their spread) in comparison_table.
 REPEAT_KEYS = (
     "mean_iteration_time",
@@ -90,6 +95,7 @@ def simulate_strategies(
     actual_lengths_path: str | os.PathLike | None = None,
     repeats: int = 1,
     scout_tokens: int | None = None,
+    keep_through: int | None = None,
     progress: Progress = NULL_PROGRESS,
 ) -> dict[str, Any]:
     """Compile ``input_path`` with each strategy and simulate every plan.
@@ -116,6 +122,11 @@ def simulate_strategies(
     scout_tokens
         ``asp+scout``'s cut T (default: the response cap / 4, see
         :func:`aspc.scout.scout_tokens`).
+    keep_through
+        ``asp+scout+keep``: keep a scout response only where its minibatch is
+        dispatched with weights version <= this (older dispatches generate
+        that sample afresh), which bounds how much older than its group a
+        kept sample is; ``None`` keeps every finished one.
 
     Returns
     -------
@@ -128,9 +139,14 @@ def simulate_strategies(
     if scout_tokens is not None:
         from aspc.scout import scout_tokens as check_tokens
 
-        if SCOUT not in strategies:
+        if not any(s in SCOUTS for s in strategies):
             raise ConfigError(f"--scout-tokens applies to the {SCOUT} strategy; add it to --strategies or drop the option")
         check_tokens(run_config.max_new_tokens, scout_tokens)
+    if keep_through is not None:
+        if SCOUT_KEEP not in strategies:
+            raise ConfigError(f"--scout-keep-through applies to the {SCOUT_KEEP} strategy; add it to --strategies or drop the option")
+        if isinstance(keep_through, bool) or not isinstance(keep_through, int) or keep_through < 0:
+            raise ConfigError(f"--scout-keep-through must be an integer >= 0 (a weights version), got {keep_through!r}")
     if inputs.length_field is None and actual_lengths_path is None:
         raise InputError(
             "simulate needs actual response lengths: pass --length-field FIELD or --actual-lengths FILE"
@@ -180,7 +196,7 @@ def simulate_strategies(
         for strategy in strategies:
             res = _simulate_one(
                 strategy, table, prediction, identity, actual_r, name, inputs, cfg_r, run_r,
-                sim_cost_model, progress, scout_tokens,
+                sim_cost_model, progress, scout_tokens, keep_through,
             )
             results.setdefault(strategy, []).append(res)
     return {k: (v[0] if repeats == 1 else v) for k, v in results.items()}
@@ -289,7 +305,8 @@ def _known(actual: Any, table: PromptTable) -> RaggedLengths:
 
 
 def _simulate_one(
-    strategy, table, prediction, identity, actual, name, inputs, config, run_config, cost, progress, scout_tokens=None
+    strategy, table, prediction, identity, actual, name, inputs, config, run_config, cost, progress, scout_tokens=None,
+    keep_through=None,
 ):
     from aspc.replan import OnlineReplanner
 
@@ -303,16 +320,19 @@ def _simulate_one(
         pred = prediction_from_lengths(cap_lengths(known, config.max_response_length))
         cfg = dataclasses.replace(config, strategy="asp", history=())
         ident: dict[str, Any] = {"kind": strategy, "field": inputs.length_field}
-    elif strategy == SCOUT:
-        scout, pred = _scout(table, prediction, actual, n, config, run_config, cost, scout_tokens)
+    elif strategy in SCOUTS:
+        scout, pred, scouted = _scout(table, prediction, actual, n, config, run_config, cost, scout_tokens)
         cfg = dataclasses.replace(config, strategy="asp", history=())
-        ident = {"kind": SCOUT, "base": identity, "scout_tokens": scout.summary.extra["scout_tokens"]}
+        ident = {"kind": strategy, "base": identity, "scout_tokens": scout.summary.extra["scout_tokens"]}
     else:
         base = "asp" if strategy == REPLAN else strategy
         pred, cfg, ident = prediction, dataclasses.replace(config, strategy=base), identity
     plan = compile_plan(table, pred, cfg, predictor_identity=ident, inputs=no_lengths, progress=progress)
     if strategy == REPLAN:
         replanner = OnlineReplanner(plan.table, cfg, input_hash=table.input_hash)
+    carried = None
+    if strategy == SCOUT_KEEP:
+        carried = _kept(table, plan.table, scouted, scout.summary.extra["scout_tokens"])
     res = run(
         plan,
         config=run_config,
@@ -321,11 +341,15 @@ def _simulate_one(
         lengths_name=name,
         replanner=replanner,
         progress=progress,
+        carried=carried,
+        carry_through=keep_through if strategy == SCOUT_KEEP else None,
     )
     if scout is not None:
         from aspc.scout import after_scout
 
         res = after_scout(scout, res, run_config.workers, scout.summary.extra["scout_tokens"])
+        if carried is not None:
+            res.summary.extra["scout"]["responses_kept"] = res.summary.extra.pop("samples_carried")
     return res
 
 
@@ -343,7 +367,19 @@ def _scout(table, prediction, actual, n, config, run_config, cost, tokens):
     seen = np.minimum(lengths, t)  # what a response cut at T tokens shows
     metadata = getattr(load_predictor(config.predictor or "default"), "metadata", {}) or {}
     pred = cap_prediction(scouted_prediction(table, prediction, seen, metadata), config.max_response_length)
-    return scout, pred
+    return scout, pred, lengths
+
+
+def _kept(table: PromptTable, plan_table: Any, scouted: np.ndarray, tokens: int) -> np.ndarray:
+    """Per plan row, the scouted length where the scout's response finished under its cut ``tokens``, else -1.
+
+    A response cut at the cap is unfinished: its prompt's group gets all its
+    samples from the run.
+    """
+    row = {str(p): i for i, p in enumerate(table.ids)}
+    order = np.array([row[str(p)] for p in plan_table.column(S.PROMPT_ID).to_pylist()], dtype=np.int64)
+    s = np.asarray(scouted, dtype=np.float64)[order]
+    return np.where(s < tokens, np.rint(s), -1).astype(np.int64)
 
 
 def comparison_table(results: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -67,14 +67,24 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
     show_default=True,
     help="Comma list of strategies: random, sorted, asp, asp+replan (re-planned during the run), "
     "asp+scout (asp planned from a length scout run first: one response per prompt cut at --scout-tokens, "
-    "its time included), oracle (asp knowing each prompt's recorded lengths), oracle-exact (the very "
-    "lengths replayed).",
+    "its time included), asp+scout+keep (the same, each scout response that finished under the cut kept as "
+    "its prompt's last sample, not generated again), oracle (asp knowing each prompt's recorded lengths), "
+    "oracle-exact (the very lengths replayed).",
 )
 @click.option(
     "--scout-tokens",
     type=int,
     default=None,
-    help="asp+scout: cut each scout response at this many tokens [default: --max-new-tokens / 4, or 1024].",
+    help="asp+scout, asp+scout+keep: cut each scout response at this many tokens "
+    "[default: --max-new-tokens / 4, or 1024].",
+)
+@click.option(
+    "--scout-keep-through",
+    type=int,
+    default=None,
+    help="asp+scout+keep: keep a scout response only in minibatches dispatched with weights version <= V "
+    "(later ones generate it afresh): bounds how much older than its group a kept sample is "
+    "[default: keep every finished one; 0 under --max-staleness].",
 )
 @click.option(
     "--repeats",
@@ -103,6 +113,7 @@ def simulate_cmd(
     strategies: str,
     repeats: int,
     scout_tokens: int | None,
+    scout_keep_through: int | None,
     actual_lengths: Path | None,
     as_json: bool,
     quiet: bool,
@@ -133,6 +144,7 @@ def simulate_cmd(
             actual_lengths_path=actual_lengths,
             repeats=repeats,
             scout_tokens=scout_tokens,
+            keep_through=scout_keep_through,
             progress=progress,
         )
     table = comparison_table(results)

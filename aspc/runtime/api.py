@@ -27,6 +27,7 @@ import pyarrow as pa
 from aspc.errors import ConfigError, OutputError, RunError, short_reason
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.backends.sim_cost import SimCostModel
+from aspc.runtime.carry import carry_into, check_carried
 from aspc.runtime.config import RunConfig, check_staleness, parse_return_mode, resolve_queue_capacity
 from aspc.runtime.contracts import BackendContext, Clock, GenerationBackend, Replanner, Trainer
 from aspc.runtime.core.batches import BatchBuilder
@@ -94,6 +95,8 @@ def run(
     progress: Progress = NULL_PROGRESS,
     keep_open: bool = False,
     start_weights: Any = None,
+    carried: np.ndarray | None = None,
+    carry_through: int | None = None,
 ) -> RunResult:
     """Execute ``plan`` and return its metrics.
 
@@ -150,6 +153,11 @@ def run(
         A weights handle (as :attr:`TrainResult.weights`) every worker loads
         as its version 0 before the run's clock starts: the trainer's weights
         at the end of the previous epoch. Local engines only.
+    carried, carry_through
+        Per plan row, the length of a response generated before the run by
+        its first weights (-1: none), kept as the row's last sample; and the
+        newest weights version whose dispatches keep theirs (``None``: any;
+        0 under ``max_staleness``). See :mod:`aspc.runtime.carry`.
 
     Raises
     ------
@@ -182,6 +190,8 @@ def run(
         # Workers in Ray actors are not this process's backend object: nothing here could load them.
         raise ConfigError("carrying a trainer's weights into the next run needs the local engine; drop --engine ray")
 
+    if carried is not None:
+        check_carried(config, backend is None and kind is BackendKind.SIM, log_dir, replanner)
     lengths: SampleLengths | None = None
     if backend is None and kind is BackendKind.SIM:
         if actual_lengths is not None:
@@ -190,6 +200,8 @@ def run(
             )
         else:
             lengths = sample_predicted_lengths(work, seed=config.seed, max_new_tokens=config.max_new_tokens)
+    if carried is not None:
+        carry_into(work, carried, config.max_new_tokens, config.max_staleness, carry_through)
     context = BackendContext(
         n_workers=config.workers,
         reload_time=config.reload_time,
@@ -211,12 +223,15 @@ def run(
         # Before the log's status is read: a second writer stops here.
         writer.acquire()
     try:
-        return _run_locked(
+        result = _run_locked(
             plan_info, work, capacity, config, mode, sim_cost_model, lengths, backend, trainer,
             writer, log_dir, resuming=writer is not None and writer.resuming, progress=progress,
             lengths_info=_lengths_info(actual_lengths, lengths, lengths_name, lengths_source),
             replanner=replanner, closes=closes, start_weights=start_weights,
         )
+        if work.carried is not None:  # those not generated afresh at dispatch (carry_through)
+            result.summary.extra["samples_carried"] = int(np.count_nonzero(work.carried))
+        return result
     finally:
         if writer is not None:
             writer.release()

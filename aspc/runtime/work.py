@@ -46,6 +46,13 @@ class WorkPlan:
     sample_row: np.ndarray  # int64 per sample: its plan row
     sample_index: np.ndarray  # int32 per sample: 0..n_samples[row]-1
     group: np.ndarray  # int32 per minibatch: its dispatch group
+    # bool per sample, or None: responses generated before the run by the weights it starts
+    # from (a length scout's kept responses, :func:`carry`); nothing generates them again.
+    carried: np.ndarray | None = None
+    carried_len: np.ndarray | None = None  # int64 per sample: a carried response's tokens (where carried)
+    # The newest weights version that may dispatch a minibatch and keep its carried samples;
+    # a later dispatch generates them afresh (:func:`drop_stale_carries`). None: any version.
+    carry_through: int | None = None
     _bounds: tuple[list[int], list[int]] | None = field(default=None, repr=False)  # offsets as lists (cache)
     _prompt_ids: np.ndarray | None = field(default=None, repr=False)  # cache of prompt_ids
 
@@ -138,3 +145,4 @@ def work_from_table(table: pa.Table, *, samples_per_prompt: int | None = None) -
         sample_index=sample_index,
         group=group,
     )
+

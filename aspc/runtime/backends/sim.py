@@ -72,11 +72,20 @@ class SimBackend(GenerationBackend):
         self.reload_time = float(reload_time)  # seconds per weight reload
         self._duration: np.ndarray | None = None  # per minibatch, seconds (set by setup)
         self._finish: np.ndarray | None = None  # per sample, seconds from generation start
+        # With carried samples (set by setup): timing and lengths of each minibatch with its
+        # carried samples kept (no decode step spent on them: they finish at prefill).
+        self._carried: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._work: WorkPlan | None = None
 
     def setup(self, work: WorkPlan, n_workers: int) -> None:
         # All lengths are known up front, so every minibatch is timed in one
         # vectorised pass instead of once per dispatch.
         self._duration, self._finish = minibatch_times(work, self.response_len, self.cost)
+        self._work, self._carried = work, None
+        if work.carried is not None:
+            assert work.carried_len is not None
+            duration, finish = minibatch_times(work, np.where(work.carried, 0, self.response_len), self.cost)
+            self._carried = (duration, finish, np.where(work.carried, work.carried_len, self.response_len))
 
     def on_revision(self, work: WorkPlan, first: int, new_to_old: np.ndarray) -> None:
         """The undispatched remainder was revised: lengths follow their (prompt, sample) pairs."""
@@ -97,6 +106,8 @@ class SimBackend(GenerationBackend):
         cls = type(self)
         if self._duration is None or self._finish is None:
             return None
+        if self._carried is not None:
+            return None  # the one-call kernel knows no per-sample weights version; the event loop does
         if (cls.generate, cls.load_weights) != _AS_DEFINED:
             return None
         return self._duration, self._finish, self.response_len, self.reload_time
@@ -104,10 +115,15 @@ class SimBackend(GenerationBackend):
     def generate(self, worker: int, work: MinibatchWork) -> GenerationResult:
         assert self._duration is not None and self._finish is not None, "setup() not called"
         s0, s1 = work.sample_start, work.sample_end
+        duration, finish, lens = self._duration, self._finish, self.response_len
+        if self._carried is not None:
+            carried = self._work.carried if self._work is not None else None
+            if carried is not None and carried[s0:s1].any():  # kept (not dropped at dispatch)
+                duration, finish, lens = self._carried
         return GenerationResult(
-            response_len=self.response_len[s0:s1],
-            finish_offset=self._finish[s0:s1],
-            elapsed=float(self._duration[work.index]),
+            response_len=lens[s0:s1],
+            finish_offset=finish[s0:s1],
+            elapsed=float(duration[work.index]),
         )
 
 

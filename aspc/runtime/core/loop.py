@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from aspc.progress import NULL_PROGRESS, Progress
+from aspc.runtime.carry import drop_stale_carries
 from aspc.runtime.contracts import ReplanView
 from aspc.runtime.core.batches import BatchBuilder
 from aspc.runtime.core.events import (
@@ -113,6 +114,7 @@ def drive(
         now = engine.now()
         for action in scheduler.decide():
             if isinstance(action, Dispatch):
+                drop_stale_carries(work, action.minibatch, action.weights_version)
                 batches.on_dispatch(action)
                 observer.on_dispatch(action, now)
                 engine.start_generation(action, work.minibatch(action.minibatch), weights)

@@ -378,6 +378,8 @@ class Recorder:
         """
         mb = self.sample_mb[ids]
         version = self.mb_version[mb]
+        if self.work.carried is not None:
+            version = np.where(self.work.carried[ids], 0, version).astype(np.int32)
         step = self.consumed_step[ids] if consumed else np.full(ids.size, -1, dtype=np.int32)
         cols = {
             "sample_index": self.work.sample_index[ids],

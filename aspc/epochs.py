@@ -73,7 +73,7 @@ from aspc.replan import OnlineReplanner, compile_config_of, prediction_of, promp
 from aspc.run_layout import check_log_layout, clear_run_dir
 from aspc.runtime.api import RunResult, run
 from aspc.runtime.record.lock import RunLogLock
-from aspc.scout import scout_plan, scout_run_config, scout_summary, scouted_prediction, spare_length_map
+from aspc.scout import check_keep, scout_plan, scout_run_config, scout_summary, scouted_prediction, spare_length_map
 from aspc.scout import scout_tokens as scout_tokens_of
 
 MAX_EPOCHS = 1000
@@ -149,6 +149,8 @@ class EpochsResult:
             s = self.scout.summary
             scout = {"scout": {**scout_summary(self.scout, s.extra["scout_tokens"]), "run_time": s.run_time,
                                "responses": s.samples_generated}}  # fmt: skip
+            if self.runs and "samples_carried" in self.runs[0].summary.extra:  # --scout-keep
+                scout["scout"]["responses_kept"] = int(self.runs[0].summary.extra["samples_carried"])
             time += float(s.run_time)  # the epochs waited for it
         lags = [d["policy_lag_max"] for d in epochs if d.get("policy_lag_max") is not None]
         totals = {
@@ -178,6 +180,8 @@ def run_epochs(
     trainer: Any = None,
     scout: bool = False,
     scout_tokens: int | None = None,
+    scout_keep: bool = False,
+    scout_keep_through: int | None = None,
     **run_kwargs: Any,
 ) -> EpochsResult:
     """Run ``plan`` for ``n_epochs`` passes; epoch ``k >= 2`` is compiled from epochs ``1..k-1``.
@@ -213,6 +217,11 @@ def run_epochs(
         Run a length scout before epoch 1 and plan epoch 1 from it (see the
         module notes); its cut ``T`` (default: the response cap / 4,
         :func:`aspc.scout.scout_tokens`).
+    scout_keep, scout_keep_through
+        Keep each scout response that finished under the cut as its
+        prompt's last sample of epoch 1 (:mod:`aspc.runtime.carry`; the sim
+        backend only), only in minibatches dispatched with weights version
+        ``<= scout_keep_through`` (``None``: all).
     run_kwargs
         Passed to :func:`aspc.runtime.run` (cost model, lengths name, progress).
     """
@@ -221,6 +230,8 @@ def run_epochs(
     if scout_tokens is not None and not scout:
         raise ConfigError("--scout-tokens sets the cut of the length scout: pass --scout too, or drop it")
     tokens = scout_tokens_of(config.max_new_tokens, scout_tokens) if scout else None
+    check_keep(scout, scout_keep, scout_keep_through, real=backend is not None or trainer is not None,
+               replan=replan_every is not None)  # fmt: skip
     if not np.isfinite(length_drift) or length_drift <= -1:
         raise ConfigError(f"--length-drift must be a number > -1, got {length_drift}")
     if length_drift and actual_lengths is None:
@@ -268,11 +279,15 @@ def run_epochs(
         runs: list[RunResult] = []
         plans: list[Plan] = []
         current = plan
-        scouted = None
+        scouted = carried = None
         if tokens is not None:
             scout_kw = dict(lengths=scout_lengths, replay=scout_replay, backend=backend, trainer=trainer,
                             overwrite=overwrite, resume=resume, carry=carry)  # fmt: skip
-            scouted, current = _scout_epoch(plan, table, cfg, config, root, tokens, scout_kw, run_kwargs)
+            scouted, current, seen = _scout_epoch(plan, table, cfg, config, root, tokens, scout_kw, run_kwargs)
+            if scout_keep:
+                kept = dict(zip(table.ids, np.where(seen < tokens, np.rint(seen), -1).astype(np.int64).tolist(),
+                                strict=True))  # fmt: skip
+                carried = np.array([kept[p] for p in current.table.column(S.PROMPT_ID).to_pylist()], dtype=np.int64)
         for k in range(1, n_epochs + 1):
             if k > 1:
                 pred = epoch_prediction(plan, [root / f"epoch-{j}" for j in range(1, k)])
@@ -316,6 +331,8 @@ def run_epochs(
                     trainer=trainer,
                     keep_open=carry,
                     start_weights=trainer.current_weights() if (k > 1 and trainer is not None) else None,
+                    carried=carried if k == 1 else None,
+                    carry_through=scout_keep_through,
                     **run_kwargs,
                 )
             )
@@ -348,8 +365,8 @@ def _check_scout_cut(root: Path, tokens: int) -> None:
 def _scout_epoch(
     plan: Plan, table: Any, cfg: CompileConfig, config: Any, root: Path, tokens: int,
     kw: dict[str, Any], run_kwargs: dict[str, Any],
-) -> tuple[RunResult, Plan]:  # fmt: skip
-    """Run the length scout into ``root/scout`` and compile epoch 1's plan from it."""
+) -> tuple[RunResult, Plan, np.ndarray]:  # fmt: skip
+    """Run the length scout into ``root/scout`` and compile epoch 1's plan from it; also each prompt's scouted length."""
     t = plan.table
     ids = [str(p) for p in table.ids]
     assert ids == [str(p) for p in t.column(S.PROMPT_ID).to_pylist()]
@@ -389,7 +406,7 @@ def _scout_epoch(
         cfg,
         predictor_identity={"kind": "scout", "scout_tokens": tokens, "base": plan.predictor},
     )
-    return result, first
+    return result, first, seen
 
 
 def _history_prior_metadata() -> dict[str, Any]:

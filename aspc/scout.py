@@ -31,7 +31,8 @@ This module sits above both halves, like :mod:`aspc.simulate`: the scout's
 plan (:func:`scout_plan`) and run settings (:func:`scout_run_config`) serve
 ``aspc simulate --strategies asp+scout`` (:func:`run_scout`, simulated) and
 ``aspc run PLAN --scout`` on any backend (:mod:`aspc.epochs`: the scout's
-log in ``RUN/scout/``, epoch 1 planned from it). Outside aspc's runtime the
+log in ``RUN/scout/``, epoch 1 planned from it; ``--scout-keep`` on the sim
+backend, :func:`check_keep`). Outside aspc's runtime the
 same is two commands::
 
     aspc probe PROMPTS --prompts N --max-new-tokens T --batch-size 256 --log scout/ -o scout-pred/
@@ -250,3 +251,18 @@ def after_scout(scout: RunResult, epoch: RunResult, n_workers: int, tokens: int)
     summary.extra.update(epoch.summary.extra)
     summary.extra["scout"] = scout_summary(scout, tokens)
     return RunResult(summary=summary, columns=columns, lengths=epoch.lengths, notes=list(epoch.notes))
+
+
+def check_keep(scout: bool, keep: bool, through: int | None, *, real: bool, replan: bool) -> None:
+    """Usage errors of --scout-keep and --scout-keep-through (one line each), before anything is written."""
+    if through is not None and not keep:
+        raise ConfigError("--scout-keep-through bounds --scout-keep: pass --scout-keep too, or drop it")
+    if keep and not scout:
+        raise ConfigError("--scout-keep keeps the length scout's finished responses: pass --scout too")
+    if through is not None and (isinstance(through, bool) or not isinstance(through, int) or through < 0):
+        raise ConfigError(f"--scout-keep-through must be an integer >= 0 (a weights version), got {through!r}")
+    if keep and real:
+        raise ConfigError("--scout-keep is simulated only so far (a real trainer would need the scout's tokens); "
+                          "use --backend sim, or drop --scout-keep")  # fmt: skip
+    if keep and replan:
+        raise ConfigError("--scout-keep does not combine with --replan yet; drop one of the two")

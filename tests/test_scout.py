@@ -482,3 +482,97 @@ def test_simulate_cli_scout_keep_bad_options_fail_in_one_line(tmp_path, extra, m
     assert r.exit_code == 2, r.output
     assert message in r.output and "Traceback" not in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+def _keep_args(plan: Path, data: Path, log: Path, *extra: str) -> list[str]:
+    return ["run", str(plan), "--actual-lengths", str(data), "--length-field", "lengths", "--samples-per-prompt", "2",
+            "--workers", "3", "--global-batch", "12", "--scout", "--scout-tokens", "60", "--scout-keep",
+            "--scout-keep-through", "2", "--log", str(log), "--log-flush-seconds", "0.02", "--quiet", *extra]
+
+
+def _keep_rows(log: Path, lens: dict, through: int) -> dict:
+    """Epoch 1's sample rows by (prompt, sample index), checked against the keep rules."""
+    import pyarrow.dataset as ds
+
+    scouted = {r["prompt_id"]: r["response_len"] for r in ds.dataset(str(log / "scout" / "samples")).to_table().to_pylist()}
+    rows = ds.dataset(str(log / "epoch-1" / "samples")).to_table().to_pylist()
+    mbs = ds.dataset(str(log / "epoch-1" / "minibatches")).to_table().to_pydict()
+    mb_version = dict(zip(mbs["minibatch"], mbs["weights_version"], strict=True))
+    by_key = {(r["prompt_id"], r["sample_index"]): r for r in rows}
+    assert len(by_key) == len(rows) == 2 * len(lens)  # every sample once
+    for (p, i), r in by_key.items():
+        kept = i == 1 and scouted[p] < 60 and mb_version[r["minibatch"]] <= through
+        want_len, want_version = (scouted[p], 0) if kept else (int(lens[p][i]), mb_version[r["minibatch"]])
+        assert (r["response_len"], r["weights_version"]) == (want_len, want_version), (p, i, r)
+        if r["consumed_step"] is not None:
+            assert r["policy_lag"] == r["consumed_step"] - r["weights_version"]
+    return by_key
+
+
+def test_run_scout_keep_is_simulate_and_resumes_after_sigkill(tmp_path):
+    # `aspc run --scout --scout-keep` replays what `simulate --strategies asp+scout+keep` does, logs each
+    # kept response as its group's sample (weights version 0), and after a SIGKILL mid-epoch resumes to
+    # the same samples: what the log shows was dispatched past --scout-keep-through stays generated afresh.
+    from aspc.runtime.engines.virtual import TEST_DELAY_ENV
+    from tests.test_runtime_resume import _cli, _kill_mid_run
+
+    ids, _, lens = _levels(120, 11, 3, spread=0.6)
+    lens = {p: np.maximum(1, np.round(v / 4)) for p, v in lens.items()}  # ~60 tokens: some scouts cut at 60
+    data = _write(tmp_path / "in.jsonl", ids, lens)
+    plan = tmp_path / "plan.parquet"
+    runner = CliRunner()
+    assert runner.invoke(main, ["compile", str(data), "--samples-per-prompt", "2", "--workers", "3", "-o", str(plan),
+                                "--quiet"]).exit_code == 0  # fmt: skip
+    ref = tmp_path / "REF"
+    first = runner.invoke(main, [*_keep_args(plan, data, ref), "--json"])
+    assert first.exit_code == 0, first.output
+    out = json.loads(first.stdout)
+    ref_rows = _keep_rows(ref, lens, 2)
+    assert 0 < out["scout"]["responses_kept"] < 120 - out["scout"]["responses_cut"]  # some kept, some aged out
+    sim = runner.invoke(main, ["simulate", str(data), "--length-field", "lengths", "--samples-per-prompt", "2",
+                               "--workers", "3", "--global-batch", "12", "--strategies", "asp+scout+keep",
+                               "--scout-tokens", "60", "--scout-keep-through", "2", "--json", "--quiet"])  # fmt: skip
+    assert sim.exit_code == 0, sim.output
+    s = json.loads(sim.stdout)["strategies"]["asp+scout+keep"]
+    assert out["mean_iteration_time"] == pytest.approx(s["mean_iteration_time"], rel=1e-9)
+    assert out["scout"]["responses_kept"] == s["scout"]["responses_kept"]
+    assert runner.invoke(main, [*_keep_args(plan, data, ref, "--resume"), "--json"]).stdout == first.stdout
+    killed = 0
+    for seed in range(2):
+        log = tmp_path / f"RUN{seed}"
+        p = _cli(_keep_args(plan, data, log), env={TEST_DELAY_ENV: "0.02"})
+        killed += _kill_mid_run(p, log / "epoch-1", float(np.random.default_rng(seed).uniform(0.0, 0.8)))
+        p = _cli(_keep_args(plan, data, log, "--resume"))
+        _, err = p.communicate()
+        assert p.returncode == 0, err
+        rows = _keep_rows(log, lens, 2)
+        assert {k: r["response_len"] for k, r in rows.items()} == {k: r["response_len"] for k, r in ref_rows.items()}
+    assert killed >= 1  # else this proves nothing
+    # Another keep setting cannot resume this log (one line).
+    other = _keep_args(plan, data, ref, "--resume")
+    i = other.index("--scout-keep-through")
+    r = runner.invoke(main, other[:i] + other[i + 2 :])  # keep every finished one this time
+    assert r.exit_code == 2 and "--scout-keep (" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--scout-keep"], "pass --scout too"),
+        (["--scout", "--scout-keep-through", "1", "--log", "RUN"], "pass --scout-keep too"),
+        (["--scout", "--scout-keep", "--scout-keep-through", "-2", "--log", "RUN"], "must be an integer >= 0"),
+        (["--scout", "--scout-keep", "--replan", "--log", "RUN"], "does not combine with --replan"),
+        (["--scout", "--scout-keep", "--backend", "hf", "--log", "RUN"], "simulated only so far"),
+    ],
+)
+def test_run_scout_keep_bad_options_fail_in_one_line_and_write_nothing(tmp_path, extra, message, monkeypatch):
+    ids, _, lens = _levels(60, 9, 5)
+    data = _write(tmp_path / "in.jsonl", ids, lens)
+    plan = tmp_path / "plan.parquet"
+    assert CliRunner().invoke(main, ["compile", str(data), "-o", str(plan), "--quiet"]).exit_code == 0
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["run", str(plan), "--actual-lengths", str(data), "--length-field", "lengths", *extra])
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "RUN").exists()

@@ -325,6 +325,8 @@ def run_cmd(
     replan_every: int,
     scout: bool,
     scout_tokens: int | None,
+    scout_keep: bool,
+    scout_keep_through: int | None,
     as_json: bool,
     quiet: bool,
     **kwargs: Any,
@@ -342,7 +344,8 @@ def run_cmd(
 
     # Before a real backend resolves its model or a history file is read.
     check_log_options(log_dir, overwrite=overwrite, resume=resume)
-    check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens)
+    check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens, scout_keep,
+                        scout_keep_through, kwargs.get("backend") or "sim")  # fmt: skip
     if log_dir is not None:
         from aspc.guards import check_output
 
@@ -384,7 +387,7 @@ def run_cmd(
             return run_epochs_cmd(
                 plan, epochs, log_dir, config, cost, lengths, actual_lengths, length_drift, replan, replan_every,
                 overwrite=overwrite, resume=resume, as_json=as_json, quiet=quiet, backend=backend, trainer=trainer,
-                scout=scout, scout_tokens=scout_tokens,
+                scout=scout, scout_tokens=scout_tokens, scout_keep=scout_keep, scout_keep_through=scout_keep_through,
             )
         replanner = None
         if replan:

@@ -44,11 +44,24 @@ _EPOCH_OPTIONS = [
     click.option(
         "--scout-tokens", type=int, default=None, help="The scout's cut T.  [default: --max-new-tokens / 4, or 1024]"
     ),
+    click.option(
+        "--scout-keep",
+        is_flag=True,
+        help="Keep each scout response that finished under the cut as its prompt's last sample of epoch 1 "
+        "(not generated again; weights version 0, so its policy lag counts from the epoch's start). Sim only.",
+    ),
+    click.option(
+        "--scout-keep-through",
+        type=int,
+        default=None,
+        help="With --scout-keep: keep them only in minibatches dispatched with weights version <= V.  "
+        "[default: all; 0 under --max-staleness]",
+    ),
 ]
 
 
 def epoch_options(f: Any) -> Any:
-    """``--epochs``, ``--length-drift``, ``--replan``, ``--replan-every``, ``--scout``, ``--scout-tokens``."""
+    """``--epochs``, ``--length-drift``, ``--replan``, ``--replan-every``, ``--scout`` and its options."""
     for option in reversed(_EPOCH_OPTIONS):
         f = option(f)
     return f
@@ -56,7 +69,8 @@ def epoch_options(f: Any) -> Any:
 
 def check_epoch_options(
     epochs: int, log_dir: Path | None, length_drift: float, replan: bool, replan_every: int, scout: bool = False,
-    scout_tokens: int | None = None,
+    scout_tokens: int | None = None, scout_keep: bool = False, scout_keep_through: int | None = None,
+    backend: str = "sim",
 ) -> None:  # fmt: skip
     """Usage errors of --epochs, --length-drift, --replan-every and --scout, before any backend loads."""
     if length_drift and epochs < 2:
@@ -73,6 +87,9 @@ def check_epoch_options(
         from aspc.scout import scout_tokens as check_tokens
 
         check_tokens(None, scout_tokens)
+    from aspc.scout import check_keep
+
+    check_keep(scout, scout_keep, scout_keep_through, real=backend != "sim", replan=replan)
 
 def run_epochs_cmd(
     plan: Any,
@@ -94,6 +111,8 @@ def run_epochs_cmd(
     trainer: Any = None,
     scout: bool = False,
     scout_tokens: int | None = None,
+    scout_keep: bool = False,
+    scout_keep_through: int | None = None,
 ) -> None:
     """Run the epochs, print per-epoch metrics (or ``{"epochs": [...], totals}`` with --json).
 
@@ -102,7 +121,8 @@ def run_epochs_cmd(
     """
     from aspc.epochs import run_epochs
 
-    check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens)
+    check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens, scout_keep,
+                        scout_keep_through, config.backend)  # fmt: skip
     with RichProgress(quiet) as progress:
         res = run_epochs(
             plan,
@@ -122,6 +142,8 @@ def run_epochs_cmd(
             trainer=trainer,
             scout=scout,
             scout_tokens=scout_tokens,
+            scout_keep=scout_keep,
+            scout_keep_through=scout_keep_through,
         )
     out = res.to_dict()
     if as_json:
@@ -131,8 +153,9 @@ def run_epochs_cmd(
     if not quiet and "scout" in out:
         sc = out["scout"]
         out_console.print(
-            f"scout: {sc['responses']} responses cut at {sc['tokens']} tokens ({sc['responses_cut']} cut) in "
-            f"{sc['run_time']:.1f} s, log in {log_dir}/scout"
+            f"scout: {sc['responses']} responses cut at {sc['tokens']} tokens ({sc['responses_cut']} cut"
+            + (f", {sc['responses_kept']} kept for epoch 1" if "responses_kept" in sc else "")
+            + f") in {sc['run_time']:.1f} s, log in {log_dir}/scout"
         )
     if not quiet:
         for d in out["epochs"]:

@@ -27,7 +27,7 @@ import pyarrow as pa
 from aspc.errors import ConfigError, OutputError, RunError, short_reason
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.backends.sim_cost import SimCostModel
-from aspc.runtime.carry import carry_into, check_carried
+from aspc.runtime.carry import carry_into, carry_record, check_carried, logged_versions, restore_carries
 from aspc.runtime.config import RunConfig, check_staleness, parse_return_mode, resolve_queue_capacity
 from aspc.runtime.contracts import BackendContext, Clock, GenerationBackend, Replanner, Trainer
 from aspc.runtime.core.batches import BatchBuilder
@@ -156,8 +156,8 @@ def run(
     carried, carry_through
         Per plan row, the length of a response generated before the run by
         its first weights (-1: none), kept as the row's last sample; and the
-        newest weights version whose dispatches keep theirs (``None``: any;
-        0 under ``max_staleness``). See :mod:`aspc.runtime.carry`.
+        newest weights version whose dispatches keep theirs (``None``: any; 0 under
+        ``max_staleness``). Sim backend, no replanner: :mod:`aspc.runtime.carry`.
 
     Raises
     ------
@@ -191,7 +191,7 @@ def run(
         raise ConfigError("carrying a trainer's weights into the next run needs the local engine; drop --engine ray")
 
     if carried is not None:
-        check_carried(config, backend is None and kind is BackendKind.SIM, log_dir, replanner)
+        check_carried(backend is None and kind is BackendKind.SIM, replanner)
     lengths: SampleLengths | None = None
     if backend is None and kind is BackendKind.SIM:
         if actual_lengths is not None:
@@ -290,6 +290,8 @@ def _run_locked(
         "replan_every": None if replanner is None else int(replanner.every_steps),
         **lengths_info,
     }
+    if work.carried is not None:  # absent otherwise: earlier logs compare equal
+        run_info["carried"] = carry_record(work)
     new_meta = {
         "config": resume_log.config_record(config),
         "cost_model": sim_cost_model.to_dict(),  # the key run logs have always used
@@ -303,6 +305,7 @@ def _run_locked(
         if old.get("status") == STATUS_COMPLETE:
             writer.tidy()
             summary, columns = resume_log.completed_run(Path(log_dir))
+            restore_carries(work, logged_versions(work, columns["minibatches"]))
             if lengths is not None:  # as the run that completed it reported
                 summary.extra["length_source"] = lengths.source
             return RunResult(
@@ -352,6 +355,7 @@ def _run_locked(
             state = recorder.restore(read_run_log(log_dir, allow_incomplete=True))
             scheduler.restore(state.done, state.queued, state.next_step)
             batches.restore(state.response_len, state.minibatch_version)
+            restore_carries(work, state.minibatch_version)
             engine.advance_clock(state.clock)
             weights = trainer.restore(state.next_step)
             steps_done = state.next_step

@@ -7,13 +7,16 @@ prompt's last sample (:func:`carry`): the sim backend spends no decode step
 on it, the trainer consumes it with its group, and its weights version is 0,
 so its policy lag is the step that consumes it. :func:`drop_stale_carries`
 bounds that age: a minibatch dispatched with a newer version than the bound
-generates its carried samples afresh. The simulator only so far: a run log
-and the real backends would need the scout's tokens (refused by
-:func:`check_carried`).
+generates its carried samples afresh. A run log records them
+(:func:`carry_record`; a kept sample's row has weights version 0) and a
+resumed run ages out again what its log shows (:func:`restore_carries`). The
+simulator only so far: the real backends would need the scout's tokens for
+the trainer (refused by :func:`check_carried`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -64,14 +67,12 @@ def drop_stale_carries(work: WorkPlan, minibatch: int, version: int) -> None:
     work.carried[mb.sample_start : mb.sample_end] = False
 
 
-def check_carried(config: Any, simulated: bool, log_dir: Any, replanner: Any) -> None:
+def check_carried(simulated: bool, replanner: Any) -> None:
     """Refuse carried responses where the runtime cannot honour them yet (one line each)."""
     if not simulated:
         raise ConfigError("keeping scout responses is simulated only so far; use --backend sim, or drop the keep option")
     if replanner is not None:
         raise ConfigError("keeping scout responses does not combine with re-planning yet; drop one of the two")
-    if log_dir is not None:
-        raise ConfigError("a run log cannot record kept scout responses yet; drop --log or the keep option")
 
 
 def carry_into(work: WorkPlan, lengths: np.ndarray, max_new_tokens: int | None, max_staleness: int | None,
@@ -85,3 +86,35 @@ def carry_into(work: WorkPlan, lengths: np.ndarray, max_new_tokens: int | None, 
     if max_new_tokens is not None:
         kept = np.where(kept >= 0, np.minimum(kept, max_new_tokens), -1)
     carry(work, kept, 0 if max_staleness is not None else through)
+
+
+def carry_record(work: WorkPlan) -> dict[str, Any] | None:
+    """What a run log records of the carried responses (before any is aged out): a resume must carry the same."""
+    if work.carried is None:
+        return None
+    assert work.carried_len is not None
+    kept = np.where(work.carried, work.carried_len, -1).astype(np.int64)
+    return {
+        "samples": int(np.count_nonzero(work.carried)),
+        "through": work.carry_through,
+        "sha256": hashlib.sha256(np.ascontiguousarray(kept).tobytes()).hexdigest(),
+    }
+
+
+def restore_carries(work: WorkPlan, minibatch_version: np.ndarray) -> None:
+    """A resumed run: minibatches its log holds as generated past the bound generated their carried samples afresh.
+
+    ``minibatch_version``: per minibatch id, the weights version that
+    generated it (-1: not in the log, decided again at its dispatch).
+    """
+    if work.carried is None or work.carry_through is None:
+        return
+    late = np.asarray(minibatch_version) > work.carry_through
+    work.carried &= ~np.repeat(late, work.minibatch_sizes)  # in place: the batch builder and recorder share it
+
+
+def logged_versions(work: WorkPlan, minibatches: dict[str, np.ndarray]) -> np.ndarray:
+    """Per minibatch id, the weights version a run log's minibatch rows record (-1 where none)."""
+    version = np.full(work.n_minibatches, -1, dtype=np.int64)
+    version[np.asarray(minibatches["minibatch"], dtype=np.int64)] = minibatches["weights_version"]
+    return version

@@ -82,6 +82,8 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
             return "off" if every is None else f"--replan-every {every}"
 
         diffs.append(f"--replan ({said(old_run['replan_every'])} in the log, {said(new['run'].get('replan_every'))} now)")
+    if old_run.get("carried") != new["run"].get("carried"):
+        diffs.append(f"--scout-keep ({_kept(old_run.get('carried'))} in the log, {_kept(new['run'].get('carried'))} now)")
     if (old.get("cost_model") or {}) != new["cost_model"]:
         diffs.append("the cost model")
     old_len = (old.get("run") or {}).get("lengths_name")
@@ -94,6 +96,13 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
             f"--resume {path}: this run differs from the logged one in {'; '.join(diffs)}; "
             "resume with the original options, or start a new run"
         )
+
+
+def _kept(record: dict[str, Any] | None) -> str:
+    if record is None:
+        return "off"
+    through = "" if record.get("through") is None else f" through version {record['through']}"
+    return f"{record.get('samples')} scout responses kept{through}"
 
 
 def _same_contents(old: dict[str, Any], new: dict[str, Any]) -> bool:

@@ -98,17 +98,22 @@ def test_after_scout_puts_the_epoch_behind_the_scout():
                                 "responses_cut": int(np.count_nonzero(spare >= 128))}
 
 
-def test_asp_scout_beats_asp_where_the_text_says_nothing(tmp_path):
-    # Prompt texts carry no length information; prompts' lengths differ widely.
-    # The scout learns them; its cost (one response per prompt, cut at T) is
-    # counted; asp on the text prior is about random.
+def _wide_levels(tmp_path: Path, strategies: list[str], repeats: int):
+    """800 prompts whose lengths differ widely, texts that say nothing of them: simulated results and table."""
     ids, _, lens = _levels(800, 2, 5, spread=1.0)
     path = _write(tmp_path / "in.jsonl", ids, lens)
     cfg = CompileConfig(samples_per_prompt=4, workers=4, max_response_length=4096)
     rc = RunConfig(workers=4, global_batch=64, max_new_tokens=4096)
-    res = simulate_strategies(path, InputOptions(length_field="lengths"), cfg, rc,
-                              strategies=["random", "asp", "asp+scout"], repeats=3)
-    table = comparison_table(res)
+    res = simulate_strategies(path, InputOptions(length_field="lengths"), cfg, rc, strategies=strategies,
+                              repeats=repeats)  # fmt: skip
+    return res, comparison_table(res)
+
+
+def test_asp_scout_beats_asp_where_the_text_says_nothing(tmp_path):
+    # Prompt texts carry no length information; prompts' lengths differ widely.
+    # The scout learns them; its cost (one response per prompt, cut at T) is
+    # counted; asp on the text prior is about random.
+    res, table = _wide_levels(tmp_path, ["random", "asp", "asp+scout"], 3)
     asp, scout = (table[k]["mean_iteration_time_vs_random"] for k in ("asp", "asp+scout"))
     assert scout < asp - 0.05, json.dumps({"asp": asp, "asp+scout": scout})
     assert table["asp+scout"]["scout"]["tokens"] == 1024
@@ -135,6 +140,8 @@ def test_simulate_cli_asp_scout_json_is_deterministic(tmp_path):
         (["--strategies", "random,asp", "--scout-tokens", "5"], "applies to the asp+scout strategy"),
         (["--strategies", "asp+scout", "--scout-tokens", "0"], "--scout-tokens must be an integer"),
         (["--strategies", "asp+scout", "--samples-per-prompt", "5"], "record more lengths per prompt"),
+        (["--strategies", "random,asp+scout", "--scout-keep-through", "2"], "applies to the asp+scout+keep strategy"),
+        (["--strategies", "asp+scout+keep", "--scout-keep-through", "-1"], "must be an integer >= 0"),
     ],
 )
 def test_simulate_cli_asp_scout_bad_options_fail_in_one_line(tmp_path, extra, message):
@@ -268,6 +275,11 @@ def test_run_scout_is_simulate_asp_scout_and_resumes(tmp_path):
         (["--scout", "--scout-tokens", "0", "--log", "RUN"], "--scout-tokens must be an integer"),
         (["--scout"], "pass --log RUN"),
         (["--scout", "--samples-per-prompt", "5", "--log", "RUN"], "record more lengths per prompt"),
+        (["--scout-keep"], "pass --scout too"),
+        (["--scout", "--scout-keep-through", "1", "--log", "RUN"], "pass --scout-keep too"),
+        (["--scout", "--scout-keep", "--scout-keep-through", "-2", "--log", "RUN"], "must be an integer >= 0"),
+        (["--scout", "--scout-keep", "--replan", "--log", "RUN"], "does not combine with --replan"),
+        (["--scout", "--scout-keep", "--backend", "hf", "--log", "RUN"], "simulated only so far"),
     ],
 )
 def test_run_scout_bad_options_fail_in_one_line_and_write_nothing(tmp_path, extra, message, monkeypatch):
@@ -428,13 +440,7 @@ def test_kept_responses_meet_the_staleness_bound(seed):
 
 
 def test_asp_scout_keep_beats_asp_scout(tmp_path):
-    ids, _, lens = _levels(800, 2, 5, spread=1.0)
-    path = _write(tmp_path / "in.jsonl", ids, lens)
-    cfg = CompileConfig(samples_per_prompt=4, workers=4, max_response_length=4096)
-    rc = RunConfig(workers=4, global_batch=64, max_new_tokens=4096)
-    res = simulate_strategies(path, InputOptions(length_field="lengths"), cfg, rc,
-                              strategies=["random", "asp+scout", "asp+scout+keep"], repeats=2)
-    table = comparison_table(res)
+    res, table = _wide_levels(tmp_path, ["random", "asp+scout", "asp+scout+keep"], 2)
     scout, keep = (table[k]["mean_iteration_time_vs_random"] for k in ("asp+scout", "asp+scout+keep"))
     # Most responses here finish under the 1,024-token cut, so a quarter of the
     # epoch's sequences are not generated; a decode step's cost is mostly per
@@ -468,20 +474,6 @@ def test_simulate_cli_scout_keep_json(tmp_path):
     assert again.stdout == stdout["--scout-keep-through 1"]  # same input and seed, same report
 
 
-@pytest.mark.parametrize(
-    "extra, message",
-    [
-        (["--strategies", "random,asp+scout", "--scout-keep-through", "2"], "applies to the asp+scout+keep strategy"),
-        (["--strategies", "asp+scout+keep", "--scout-keep-through", "-1"], "must be an integer >= 0"),
-    ],
-)
-def test_simulate_cli_scout_keep_bad_options_fail_in_one_line(tmp_path, extra, message):
-    ids, _, lens = _levels(60, 4, 5)
-    path = _write(tmp_path / "in.jsonl", ids, lens)
-    r = CliRunner().invoke(main, ["simulate", str(path), "--length-field", "lengths", *extra])
-    assert r.exit_code == 2, r.output
-    assert message in r.output and "Traceback" not in r.output
-    assert len(r.output.strip().splitlines()) == 1
 
 
 def _keep_args(plan: Path, data: Path, log: Path, *extra: str) -> list[str]:
@@ -553,26 +545,3 @@ def test_run_scout_keep_is_simulate_and_resumes_after_sigkill(tmp_path):
     i = other.index("--scout-keep-through")
     r = runner.invoke(main, other[:i] + other[i + 2 :])  # keep every finished one this time
     assert r.exit_code == 2 and "--scout-keep (" in r.output and len(r.output.strip().splitlines()) == 1, r.output
-
-
-@pytest.mark.parametrize(
-    "extra, message",
-    [
-        (["--scout-keep"], "pass --scout too"),
-        (["--scout", "--scout-keep-through", "1", "--log", "RUN"], "pass --scout-keep too"),
-        (["--scout", "--scout-keep", "--scout-keep-through", "-2", "--log", "RUN"], "must be an integer >= 0"),
-        (["--scout", "--scout-keep", "--replan", "--log", "RUN"], "does not combine with --replan"),
-        (["--scout", "--scout-keep", "--backend", "hf", "--log", "RUN"], "simulated only so far"),
-    ],
-)
-def test_run_scout_keep_bad_options_fail_in_one_line_and_write_nothing(tmp_path, extra, message, monkeypatch):
-    ids, _, lens = _levels(60, 9, 5)
-    data = _write(tmp_path / "in.jsonl", ids, lens)
-    plan = tmp_path / "plan.parquet"
-    assert CliRunner().invoke(main, ["compile", str(data), "-o", str(plan), "--quiet"]).exit_code == 0
-    monkeypatch.chdir(tmp_path)
-    r = CliRunner().invoke(main, ["run", str(plan), "--actual-lengths", str(data), "--length-field", "lengths", *extra])
-    assert r.exit_code == 2, r.output
-    assert message in r.output and "Traceback" not in r.output
-    assert len(r.output.strip().splitlines()) == 1
-    assert not (tmp_path / "RUN").exists()

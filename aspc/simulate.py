@@ -16,6 +16,8 @@ scout's time included; ``asp+scout+keep`` also keeps every scouted response
 that finished under the cut as its prompt's last sample, so the run generates
 one sample fewer of that prompt (the kept sample's weights version is the
 run's first, so its policy lag grows with how late its group is consumed).
+``asp+scout+roll`` scouts window by window inside the run and keeps the same
+way, a window or two old (:mod:`aspc.rolling_scout`).
 
 Repeats. One simulation is one draw: which recorded lengths the samples
 replay, and the random baseline's shuffle, move a single ratio by several
@@ -53,10 +55,11 @@ ORACLE_EXACT = "oracle-exact"
 REPLAN = "asp+replan"
 SCOUT = "asp+scout"
 SCOUT_KEEP = "asp+scout+keep"
-SCOUTS = (SCOUT, SCOUT_KEEP)
-EXTRA_STRATEGIES = (REPLAN, SCOUT, SCOUT_KEEP, ORACLE, ORACLE_EXACT)
+SCOUT_ROLL = "asp+scout+roll"
+SCOUTS = (SCOUT, SCOUT_KEEP, SCOUT_ROLL)
+EXTRA_STRATEGIES = (REPLAN, SCOUT, SCOUT_KEEP, SCOUT_ROLL, ORACLE, ORACLE_EXACT)
 # Strategies that read every prompt's actual lengths before the run.
-NEEDS_ALL_LENGTHS = (SCOUT, SCOUT_KEEP, ORACLE, ORACLE_EXACT)
+NEEDS_ALL_LENGTHS = (SCOUT, SCOUT_KEEP, SCOUT_ROLL, ORACLE, ORACLE_EXACT)
 # Keys averaged over repeats (with their spread) in comparison_table.
 REPEAT_KEYS = (
     "mean_iteration_time",
@@ -96,6 +99,7 @@ def simulate_strategies(
     repeats: int = 1,
     scout_tokens: int | None = None,
     keep_through: int | None = None,
+    scout_windows: int | None = None,
     progress: Progress = NULL_PROGRESS,
 ) -> dict[str, Any]:
     """Compile ``input_path`` with each strategy and simulate every plan.
@@ -127,6 +131,9 @@ def simulate_strategies(
         dispatched with weights version <= this (older dispatches generate
         that sample afresh), which bounds how much older than its group a
         kept sample is; ``None`` keeps every finished one.
+    scout_windows
+        ``asp+scout+roll``'s window count (default
+        :data:`aspc.scout.DEFAULT_WINDOWS`).
 
     Returns
     -------
@@ -147,6 +154,10 @@ def simulate_strategies(
             raise ConfigError(f"--scout-keep-through applies to the {SCOUT_KEEP} strategy; add it to --strategies or drop the option")
         if isinstance(keep_through, bool) or not isinstance(keep_through, int) or keep_through < 0:
             raise ConfigError(f"--scout-keep-through must be an integer >= 0 (a weights version), got {keep_through!r}")
+    if scout_windows is not None or SCOUT_ROLL in strategies:
+        from aspc.rolling_scout import check_rolling
+
+        check_rolling(SCOUT_ROLL in strategies, scout_windows, run_config.max_staleness)
     if inputs.length_field is None and actual_lengths_path is None:
         raise InputError(
             "simulate needs actual response lengths: pass --length-field FIELD or --actual-lengths FILE"
@@ -196,7 +207,7 @@ def simulate_strategies(
         for strategy in strategies:
             res = _simulate_one(
                 strategy, table, prediction, identity, actual_r, name, inputs, cfg_r, run_r,
-                sim_cost_model, progress, scout_tokens, keep_through,
+                sim_cost_model, progress, scout_tokens, keep_through, scout_windows,
             )
             results.setdefault(strategy, []).append(res)
     return {k: (v[0] if repeats == 1 else v) for k, v in results.items()}
@@ -306,10 +317,12 @@ def _known(actual: Any, table: PromptTable) -> RaggedLengths:
 
 def _simulate_one(
     strategy, table, prediction, identity, actual, name, inputs, config, run_config, cost, progress, scout_tokens=None,
-    keep_through=None,
+    keep_through=None, scout_windows=None,
 ):
     from aspc.replan import OnlineReplanner
 
+    if strategy == SCOUT_ROLL:
+        return _rolling(table, prediction, actual, name, config, run_config, cost, progress, scout_tokens, scout_windows)
     no_lengths = dataclasses.replace(inputs, length_field=None)
     replanner = None
     n = run_config.samples_per_prompt or config.samples_per_prompt
@@ -368,6 +381,22 @@ def _scout(table, prediction, actual, n, config, run_config, cost, tokens):
     metadata = getattr(load_predictor(config.predictor or "default"), "metadata", {}) or {}
     pred = cap_prediction(scouted_prediction(table, prediction, seen, metadata), config.max_response_length)
     return scout, pred, lengths
+
+
+def _rolling(table, prediction, actual, name, config, run_config, cost, progress, tokens, windows):
+    """``asp+scout+roll``: the rolling scout (:mod:`aspc.rolling_scout`) in one simulated run."""
+    from aspc.predict import load_predictor
+    from aspc.rolling_scout import simulate_rolling
+    from aspc.scout import scout_tokens, spare_lengths
+
+    if config.history:
+        raise ConfigError(f"{SCOUT_ROLL} plans from its own scouts of every prompt; drop --history")
+    known = _known(actual, table)
+    spare = spare_lengths(known, run_config.samples_per_prompt or config.samples_per_prompt, table.ids)
+    metadata = getattr(load_predictor(config.predictor or "default"), "metadata", {}) or {}
+    t = scout_tokens(run_config.max_new_tokens, tokens)
+    return simulate_rolling(table, prediction, known, spare, name, config, run_config, cost, progress, t, windows,
+                            metadata)  # fmt: skip
 
 
 def _kept(table: PromptTable, plan_table: Any, scouted: np.ndarray, tokens: int) -> np.ndarray:

@@ -55,6 +55,10 @@ policy lag (a window's own, plus the earlier steps still pending when its
 scout ran). A rolling scout, scouting window k+1 while window k's rest runs,
 would hide the scouts' time that this sequential form pays.
 
+The rolling form, scouts overlapping the previous window, is the
+``asp+scout+roll`` strategy (``benchmarks/rl_reference.py --rows
+asp+scout+roll``).
+
     nice .venv/bin/python benchmarks/scout_ceiling.py --repeats 2 [--predictors DIR] [--models M1,M2] [--windows 2,4]
 
 Prints one line per model and a mean. Skips with a message when the data
@@ -258,7 +262,8 @@ def main() -> None:
     cols = (
         "asp", "scout pass", "scout", "scout, trainer after",
         "cut scout", "cut scout, keep", "cut scout, keep, trainer after", "kept share",
-        *(f"{c}, {w} windows" for w in windows for c in ("keep", "lag")), "oracle",
+        *(f"{c}, {w} windows" for w in windows for c in ("keep", "lag")),
+        "oracle",
     )  # fmt: skip
     print(
         f"Scout pass then n-1 from its history: n={R.N}, cap {R.CAP}, W={R.W}, global batch {R.GB}, static returns; "

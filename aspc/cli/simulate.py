@@ -68,14 +68,16 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
     help="Comma list of strategies: random, sorted, asp, asp+replan (re-planned during the run), "
     "asp+scout (asp planned from a length scout run first: one response per prompt cut at --scout-tokens, "
     "its time included), asp+scout+keep (the same, each scout response that finished under the cut kept as "
-    "its prompt's last sample, not generated again), oracle (asp knowing each prompt's recorded lengths), "
+    "its prompt's last sample, not generated again), asp+scout+roll (the scout in --scout-windows windows inside "
+    "the run, each window's scout part-way through the previous window's rest, finished responses kept the same "
+    "way: a kept sample is a window or two old, not an epoch), oracle (asp knowing each prompt's recorded lengths), "
     "oracle-exact (the very lengths replayed).",
 )
 @click.option(
     "--scout-tokens",
     type=int,
     default=None,
-    help="asp+scout, asp+scout+keep: cut each scout response at this many tokens "
+    help="asp+scout, asp+scout+keep, asp+scout+roll: cut each scout response at this many tokens "
     "[default: --max-new-tokens / 4, or 1024].",
 )
 @click.option(
@@ -85,6 +87,13 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
     help="asp+scout+keep: keep a scout response only in minibatches dispatched with weights version <= V "
     "(later ones generate it afresh): bounds how much older than its group a kept sample is "
     "[default: keep every finished one; 0 under --max-staleness].",
+)
+@click.option(
+    "--scout-windows",
+    type=int,
+    default=None,
+    help="asp+scout+roll: split the prompts into this many seeded windows, each scouted inside the run "
+    "[default: 8].",
 )
 @click.option(
     "--repeats",
@@ -114,6 +123,7 @@ def simulate_cmd(
     repeats: int,
     scout_tokens: int | None,
     scout_keep_through: int | None,
+    scout_windows: int | None,
     actual_lengths: Path | None,
     as_json: bool,
     quiet: bool,
@@ -145,6 +155,7 @@ def simulate_cmd(
             repeats=repeats,
             scout_tokens=scout_tokens,
             keep_through=scout_keep_through,
+            scout_windows=scout_windows,
             progress=progress,
         )
     table = comparison_table(results)

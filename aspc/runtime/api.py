@@ -34,7 +34,8 @@ from aspc.runtime.core.batches import BatchBuilder
 from aspc.runtime.core.loop import drive
 from aspc.runtime.core.revise import revise_work
 from aspc.runtime.core.scheduler import Scheduler
-from aspc.runtime.lengths import SampleLengths, join_actual_lengths, sample_predicted_lengths
+from aspc.runtime.hold import attach_holds, held_summary
+from aspc.runtime.lengths import SampleLengths, join_actual_lengths, lengths_info, sample_predicted_lengths
 from aspc.runtime.record import resume as resume_log
 from aspc.runtime.record.metrics import RunSummary, summarize
 from aspc.runtime.record.recorder import Recorder
@@ -97,6 +98,8 @@ def run(
     start_weights: Any = None,
     carried: np.ndarray | None = None,
     carry_through: int | None = None,
+    scout_rows: np.ndarray | None = None,
+    keep_for: np.ndarray | None = None,
 ) -> RunResult:
     """Execute ``plan`` and return its metrics.
 
@@ -158,6 +161,9 @@ def run(
         its first weights (-1: none), kept as the row's last sample; and the
         newest weights version whose dispatches keep theirs (``None``: any; 0 under
         ``max_staleness``). Sim backend, no replanner: :mod:`aspc.runtime.carry`.
+    scout_rows, keep_for
+        The rolling scout's held samples: per plan row, a scout row, and the
+        row that keeps its response (:func:`aspc.runtime.hold.holds_for`).
 
     Raises
     ------
@@ -192,6 +198,8 @@ def run(
 
     if carried is not None:
         check_carried(backend is None and kind is BackendKind.SIM, replanner)
+    attach_holds(work, scout_rows, keep_for, simulated=backend is None and kind is BackendKind.SIM,
+                 replanner=replanner, carried=carried, max_staleness=config.max_staleness, log_dir=log_dir)  # fmt: skip
     lengths: SampleLengths | None = None
     if backend is None and kind is BackendKind.SIM:
         if actual_lengths is not None:
@@ -226,37 +234,17 @@ def run(
         result = _run_locked(
             plan_info, work, capacity, config, mode, sim_cost_model, lengths, backend, trainer,
             writer, log_dir, resuming=writer is not None and writer.resuming, progress=progress,
-            lengths_info=_lengths_info(actual_lengths, lengths, lengths_name, lengths_source),
+            lengths_info=lengths_info(actual_lengths, lengths, lengths_name, lengths_source),
             replanner=replanner, closes=closes, start_weights=start_weights,
         )
         if work.carried is not None:  # those not generated afresh at dispatch (carry_through)
             result.summary.extra["samples_carried"] = int(np.count_nonzero(work.carried))
+        if work.holds is not None:
+            result.summary.extra["samples_held"] = held_summary(work)
         return result
     finally:
         if writer is not None:
             writer.release()
-
-
-def _lengths_info(
-    actual: dict[str, np.ndarray] | None, lengths: SampleLengths | None, name: str, source: dict[str, Any] | None
-) -> dict[str, Any]:
-    """Identity of the lengths a run replays, for the log and ``--resume``."""
-    import hashlib
-
-    info: dict[str, Any] = {"lengths_name": name or None}
-    if actual is None:
-        return info
-    h = hashlib.sha256()
-    if lengths is not None:
-        h.update(np.ascontiguousarray(lengths.response_len, dtype=np.int64).tobytes())
-    else:
-        for pid in sorted(actual):
-            h.update(str(pid).encode() + b"\x00")
-            h.update(np.ascontiguousarray(actual[pid], dtype=np.float64).tobytes())
-    info["lengths_hash"] = h.hexdigest()
-    if source:
-        info["lengths_file"] = dict(source)
-    return info
 
 
 def _run_locked(
@@ -344,6 +332,7 @@ def _run_locked(
         capacity,
         max_retries=config.max_retries,
         max_staleness=config.max_staleness,
+        holds=work.holds,
     )
     batches = BatchBuilder(work)
     weights = None

@@ -8,6 +8,7 @@ sample's length is drawn, seeded, from the plan's predictive distribution.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -121,3 +122,25 @@ def sample_predicted_lengths(
         "plan's predicted_q10..q90"
     )
     return SampleLengths(_cap(lengths, max_new_tokens), "sampled", [note])
+
+
+def lengths_info(
+    actual: dict[str, np.ndarray] | None, lengths: SampleLengths | None, name: str, source: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Identity of the lengths a run replays, for the log and ``--resume``."""
+    import hashlib
+
+    info: dict[str, Any] = {"lengths_name": name or None}
+    if actual is None:
+        return info
+    h = hashlib.sha256()
+    if lengths is not None:
+        h.update(np.ascontiguousarray(lengths.response_len, dtype=np.int64).tobytes())
+    else:
+        for pid in sorted(actual):
+            h.update(str(pid).encode() + b"\x00")
+            h.update(np.ascontiguousarray(actual[pid], dtype=np.float64).tobytes())
+    info["lengths_hash"] = h.hexdigest()
+    if source:
+        info["lengths_file"] = dict(source)
+    return info

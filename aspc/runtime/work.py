@@ -34,6 +34,21 @@ class MinibatchWork:
         return self.sample_end - self.sample_start
 
 
+@dataclass(frozen=True)
+class Holds:
+    """Held scout samples and the dispatches gated on them (:mod:`aspc.runtime.hold` builds them)."""
+
+    held: np.ndarray  # bool per sample id: a scout's response, never queued on its own
+    release_with: np.ndarray  # int64 per sample id: the held sample queued just before it (-1: none)
+    after: np.ndarray  # int64 per minibatch: the last scout minibatch it needs finished (-1: none)
+    scout_minibatches: np.ndarray  # int64, ascending: the minibatches that hold samples
+
+    @property
+    def n_released(self) -> int:
+        """Held samples that join a group (the rest are cut scouts, never consumed)."""
+        return int(np.count_nonzero(self.release_with >= 0))
+
+
 @dataclass
 class WorkPlan:
     """A plan as the runtime sees it: arrays only, in dispatch order."""
@@ -53,6 +68,9 @@ class WorkPlan:
     # The newest weights version that may dispatch a minibatch and keep its carried samples;
     # a later dispatch generates them afresh (:func:`drop_stale_carries`). None: any version.
     carry_through: int | None = None
+    # Scout samples generated inside the run and held for their groups (the rolling scout,
+    # :mod:`aspc.runtime.hold`), or None.
+    holds: Holds | None = None
     _bounds: tuple[list[int], list[int]] | None = field(default=None, repr=False)  # offsets as lists (cache)
     _prompt_ids: np.ndarray | None = field(default=None, repr=False)  # cache of prompt_ids
 

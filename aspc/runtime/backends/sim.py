@@ -108,6 +108,8 @@ class SimBackend(GenerationBackend):
             return None
         if self._carried is not None:
             return None  # the one-call kernel knows no per-sample weights version; the event loop does
+        if self._work is not None and self._work.holds is not None:
+            return None  # nor held samples and dispatches gated on scouts
         if (cls.generate, cls.load_weights) != _AS_DEFINED:
             return None
         return self._duration, self._finish, self.response_len, self.reload_time

@@ -19,6 +19,11 @@ real engine's wall clock, so every backend follows one logic:
   dispatcher ahead of every undispatched one; after ``max_retries`` failures
   of one minibatch the run stops (:class:`~aspc.errors.RunError`). A worker
   reported *lost* (hung past its timeout) gets no work until it is restored;
+- held samples (a rolling scout's responses, :mod:`aspc.runtime.hold`) do
+  not enter the queue when they return; each is queued just before the
+  first sample of the row it was kept for, and a minibatch that needs scouted
+  lengths is not dispatched before the scout minibatches up to its ``after``
+  have finished;
 - a resumed run (:meth:`Scheduler.restore`) starts from what its log holds:
   the minibatches not yet generated, the samples generated but not consumed
   (queued oldest first), the next trainer step and its weights version.
@@ -29,10 +34,14 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from aspc.errors import RunError
+
+if TYPE_CHECKING:
+    from aspc.runtime.work import Holds
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,7 @@ class Scheduler:
         *,
         max_retries: int = 0,
         max_staleness: int | None = None,
+        holds: Holds | None = None,
     ):
         if n_workers < 1 or global_batch < 1 or queue_capacity < global_batch or max_retries < 0:
             raise ValueError(
@@ -108,12 +118,32 @@ class Scheduler:
         self.in_flight = 0  # samples dispatched but not yet returned
         self.trainer_busy = False
         self.next_step = 0  # index of the next trainer step
+        self.holds = holds
+        self._finished = np.zeros(len(self.sizes), dtype=bool)  # per minibatch, with holds only
+        self._scouts_done = 0  # leading scout minibatches (holds.scout_minibatches) all finished
+        # Per minibatch: how many leading scout minibatches must be finished before it is dispatched.
+        self._needs = (
+            None
+            if holds is None
+            else np.where(holds.after >= 0, np.searchsorted(holds.scout_minibatches, holds.after, "right"), 0)
+        )
 
     # ---- events reported by the engine ----------------------------------------
 
     def on_samples(self, samples: np.ndarray) -> None:
         """Samples finished generating and enter the queue (call in return order)."""
-        if samples.size:
+        if samples.size and self.holds is not None:
+            self.in_flight -= int(samples.size)
+            kept = samples[~self.holds.held[samples]]
+            released = self.holds.release_with[kept]
+            released = released[released >= 0]
+            if released.size:  # each just before its group's first sample: in its group's trainer step
+                at = np.flatnonzero(self.holds.release_with[kept] >= 0)
+                kept = np.insert(kept, at, released)
+            if kept.size:
+                self._queue.append(kept)
+                self.queued += int(kept.size)
+        elif samples.size:
             self._queue.append(samples)
             self.queued += int(samples.size)
             self.in_flight -= int(samples.size)
@@ -121,7 +151,9 @@ class Scheduler:
     def on_minibatch_done(self, worker: int) -> None:
         """``worker`` finished its minibatch; all its samples were reported first."""
         self.busy_workers -= 1
-        self._running.pop(worker, None)
+        done = self._running.pop(worker, None)
+        if self.holds is not None and done is not None:
+            self._finished[done[0]] = True
         heapq.heappush(self._idle, worker)
 
     def on_minibatch_failed(self, worker: int, minibatch: int, error: str = "", *, lost: bool = False) -> None:
@@ -175,6 +207,8 @@ class Scheduler:
             from version 0 (fresh processes) and reload before their first
             minibatch.
         """
+        if self.holds is not None:
+            raise ValueError("a run with held scout samples cannot be restored from a log")
         self._order = np.flatnonzero(~np.asarray(done, dtype=bool)).tolist()
         self.restored_minibatches = len(self.sizes) - len(self._order)
         self._pos = 0
@@ -203,7 +237,7 @@ class Scheduler:
             self.trainer_busy = True
             self.next_step += 1
         while self._idle and self.work_remaining and self.queued + self.in_flight < self.capacity:
-            if not self._fresh_enough(self.next_minibatch):
+            if not self._fresh_enough(self.next_minibatch) or not self._scouted(self.next_minibatch):
                 break
             worker = heapq.heappop(self._idle)
             reload = self.latest_version if self.worker_version[worker] < self.latest_version else None
@@ -239,6 +273,16 @@ class Scheduler:
         newest = self.latest_version
         last_step = self.next_step + (self.queued + self.in_flight + self.sizes[m] - 1) // self.global_batch
         return last_step <= min(oldest, newest) + k
+
+    def _scouted(self, m: int) -> bool:
+        """Whether every scout minibatch ``m`` was planned from has finished (always, without holds)."""
+        if self._needs is None:
+            return True
+        assert self.holds is not None
+        scouts = self.holds.scout_minibatches
+        while self._scouts_done < scouts.size and self._finished[scouts[self._scouts_done]]:
+            self._scouts_done += 1
+        return self._scouts_done >= self._needs[m]
 
     @property
     def pristine(self) -> bool:
@@ -276,6 +320,8 @@ class Scheduler:
         """Minibatches ``>= first`` (never dispatched) are replaced by ones of ``sizes`` samples."""
         if self.first_undispatched != first:
             raise ValueError("revise() only replaces minibatches never dispatched")
+        if self.holds is not None:
+            raise ValueError("a run with held scout samples cannot be revised")
         self.sizes = self.sizes[:first] + [int(x) for x in sizes]
         self._order = list(range(len(self.sizes)))
         self._pos = first

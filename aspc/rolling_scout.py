@@ -134,22 +134,14 @@ def rolling_plan(
 
 
 def _subset(table: PromptTable, rows: np.ndarray, suffix: str = "") -> PromptTable:
-    """Rows ``rows`` of ``table`` as a table of their own (ids suffixed), for one window's plan."""
+    """Rows ``rows`` of ``table`` as a table of their own, their ids suffixed (a window's scout rows)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    idx = pa.array(rows)
-    ids = table.id_array.take(idx)
-    return PromptTable(
-        ids=pc.binary_join_element_wise(ids, pa.scalar(suffix), "") if suffix else ids,
-        prompts=table.prompt_array.take(idx),
-        texts=table.text_array.take(idx),
-        source_rows=table.source_rows[rows],
-        prompt_tokens=table.prompt_tokens[rows],
-        lengths=None,
-        input_hash=table.input_hash,
-        token_counter=table.token_counter,
-    )
+    sub = table.take(rows)
+    if suffix:  # before anything reads the ids: the table's id list is built on first use
+        sub.id_array = pc.binary_join_element_wise(sub.id_array, pa.scalar(suffix), "")
+    return sub
 
 
 def _tagged(plan: Any, row_of: dict[str, int], suffix: str = "") -> Any:

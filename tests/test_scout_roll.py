@@ -16,10 +16,10 @@ from aspc.cli import main
 from aspc.compiler import CompileConfig, InputOptions
 from aspc.emit import schema as S
 from aspc.errors import ConfigError, PlanError
+from aspc.rolling_scout import SCOUT_ID_SUFFIX
 from aspc.runtime import RunConfig, run
 from aspc.runtime.hold import holds_for
 from aspc.runtime.work import work_from_table
-from aspc.rolling_scout import SCOUT_ID_SUFFIX
 from aspc.simulate import comparison_table, simulate_strategies
 
 

@@ -40,21 +40,8 @@ def _subset(table: Any, k: int, seed: int) -> Any:
     """A seeded sample of ``k`` prompts of ``table``, kept in input order."""
     import numpy as np
 
-    from aspc.io.table import PromptTable
-
     n = len(table)
-    idx = np.sort(np.random.default_rng(seed).choice(n, size=min(k, n), replace=False))
-    return PromptTable(
-        ids=table.id_array.take(idx),
-        prompts=table.prompt_array.take(idx),
-        texts=table.text_array.take(idx),
-        source_rows=table.source_rows[idx],
-        prompt_tokens=table.prompt_tokens[idx],
-        lengths=None,
-        input_hash=table.input_hash,
-        skipped=[],
-        token_counter=table.token_counter,
-    )
+    return table.take(np.sort(np.random.default_rng(seed).choice(n, size=min(k, n), replace=False)))
 
 
 @click.command("probe")

@@ -116,6 +116,21 @@ class PromptTable:
     def __len__(self) -> int:
         return len(self.id_array)
 
+    def take(self, rows: np.ndarray) -> PromptTable:
+        """The prompts at ``rows`` (int positions) as a table of their own, without known lengths or skips."""
+        idx = pa.array(np.asarray(rows, dtype=np.int64))
+        prompts = self.prompt_array.take(idx)
+        return PromptTable(
+            ids=self.id_array.take(idx),
+            prompts=prompts,
+            texts=prompts if self.text_array is self.prompt_array else self.text_array.take(idx),
+            source_rows=self.source_rows[rows],
+            prompt_tokens=self.prompt_tokens[rows],
+            lengths=None,
+            input_hash=self.input_hash,
+            token_counter=self.token_counter,
+        )
+
     def _list(self, name: str, arr: pa.Array | pa.ChunkedArray) -> list[str]:
         if name not in self._lists:
             self._lists[name] = arr.to_pylist()

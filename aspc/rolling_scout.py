@@ -194,6 +194,9 @@ def simulate_rolling(table, prediction, known, spare, name, config, run_config, 
     from aspc.runtime.api import run
 
     n = run_config.samples_per_prompt or config.samples_per_prompt
+    if n < 2:
+        raise ConfigError("asp+scout+roll keeps a scout response as one of its prompt's samples, so it needs "
+                          f"--samples-per-prompt >= 2 (got {n}); use asp+scout+keep or asp+scout")  # fmt: skip
     cfg = dataclasses.replace(config, samples_per_prompt=n)
     rolled = rolling_plan(table, prediction, spare, cfg, run_config.workers, tokens, scout_windows(windows, len(table)),
                           metadata)  # fmt: skip

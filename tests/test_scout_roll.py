@@ -234,6 +234,7 @@ def test_simulate_cli_scout_roll(tmp_path):
     for extra, message in (
         (["--scout-windows", "0"], "--scout-windows must be an integer >= 1, got 0"),
         (["--max-staleness", "2"], "does not combine with --max-staleness"),
+        (["--samples-per-prompt", "1"], "needs --samples-per-prompt >= 2 (got 1)"),
     ):
         bad = runner.invoke(main, [*args, *extra])
         assert bad.exit_code != 0 and message in bad.output and "Traceback" not in bad.output, bad.output

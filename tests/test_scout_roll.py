@@ -18,7 +18,9 @@ from aspc.emit import schema as S
 from aspc.errors import ConfigError, PlanError
 from aspc.rolling_scout import SCOUT_ID_SUFFIX
 from aspc.runtime import RunConfig, run
+from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.hold import holds_for
+from aspc.runtime.trainers.sim import SimTrainer
 from aspc.runtime.work import work_from_table
 from aspc.simulate import comparison_table, simulate_strategies
 
@@ -105,7 +107,6 @@ def test_bad_marks_are_plan_errors():
     ("changes", "message"),
     [
         ({"config": RunConfig(workers=2, global_batch=3, max_staleness=2)}, "--max-staleness"),
-        ({"log_dir": "LOG"}, "does not write a run log"),
         ({"carried": np.array([-1, -1, -1, 5, -1])}, "drop the carried responses"),
         ({"keep_for": None}, "needs both"),
         ({"config": RunConfig(workers=2, global_batch=3, backend="hf")}, "simulated only"),
@@ -114,10 +115,8 @@ def test_bad_marks_are_plan_errors():
 def test_the_runtime_refuses_what_it_cannot_hold(tmp_path, changes, message):
     kwargs = {"config": RunConfig(workers=2, global_batch=3), "actual_lengths": _LENGTHS, "scout_rows": _SCOUT,
               "keep_for": _KEEP_FOR, **changes}  # fmt: skip
-    if kwargs.get("log_dir") == "LOG":
-        kwargs["log_dir"] = tmp_path / "log"
     with pytest.raises(ConfigError, match=message):
-        run(_plan(_ROWS), **kwargs)
+        run(_plan(_ROWS), **kwargs, log_dir=tmp_path / "log")
     assert not (tmp_path / "log").exists()
 
 
@@ -141,8 +140,8 @@ def _roll(path: Path, n: int, workers: int, gb: int, windows: int, seed: int, mo
                                scout_windows=windows, scout_tokens=256, repeats=repeats)  # fmt: skip
 
 
-def _checked_roll(tmp_path: Path, n_prompts: int, n: int, workers: int, gb: int, windows: int, mode: str, seed: int):
-    """The rolling plan run on its own, every gate and hold checked against the run's columns."""
+def _rolled(tmp_path: Path, n_prompts: int, n: int, workers: int, windows: int, seed: int):
+    """A rolling plan of a generated dataset, the lengths its rows replay, and whether each prompt's scout is kept."""
     from aspc.compiler import prepare
     from aspc.rolling_scout import rolling_plan
 
@@ -160,9 +159,13 @@ def _checked_roll(tmp_path: Path, n_prompts: int, n: int, workers: int, gb: int,
     assert np.array_equal(n_rows[~rolled.scout_rows], np.where(kept[rolled.source[~rolled.scout_rows]], n - 1, n))
     lens = {p: [min(spare[src], 256)] if rolled.scout_rows[i] else recs[src]["lengths"][:k]
             for i, (p, src, k) in enumerate(zip(ids, rolled.source.tolist(), n_rows.tolist(), strict=True))}  # fmt: skip
-    rc = RunConfig(workers=workers, global_batch=gb, seed=seed, max_new_tokens=1024, return_mode=mode)
-    res = run(plan, config=rc, actual_lengths=lens, scout_rows=rolled.scout_rows, keep_for=rolled.keep_for)
-    smp, _, by_mb = _columns(res, plan)
+    return rolled, lens, kept
+
+
+def _check_holds(rolled, kept, smp, by_mb) -> None:
+    """Every hold and gate of ``rolled`` against a run's sample columns (plan order) and minibatch rows."""
+    plan = rolled.table
+    n_rows = plan.column(S.N_SAMPLES).to_numpy()
     row_mb = plan.column(S.MINIBATCH).to_numpy()
     first = np.r_[0, np.cumsum(n_rows)[:-1]]
     step, version = np.asarray(smp["consumed_step"]), np.asarray(smp["weights_version"])
@@ -178,6 +181,16 @@ def _checked_roll(tmp_path: Path, n_prompts: int, n: int, workers: int, gb: int,
         assert by_mb[int(row_mb[target])][0] >= by_mb[int(row_mb[r])][1]  # planned from it: starts after it ends
         if step[first[target]] >= 0:  # consumed with its group: in its first sample's step or the one before
             assert step[first[target]] - 1 <= step[first[r]] <= step[first[target]]
+
+
+def _checked_roll(tmp_path: Path, n_prompts: int, n: int, workers: int, gb: int, windows: int, mode: str, seed: int):
+    """The rolling plan run on its own, every gate and hold checked against the run's columns."""
+    rolled, lens, kept = _rolled(tmp_path, n_prompts, n, workers, windows, seed)
+    plan = rolled.table
+    rc = RunConfig(workers=workers, global_batch=gb, seed=seed, max_new_tokens=1024, return_mode=mode)
+    res = run(plan, config=rc, actual_lengths=lens, scout_rows=rolled.scout_rows, keep_for=rolled.keep_for)
+    smp, _, by_mb = _columns(res, plan)
+    _check_holds(rolled, kept, smp, by_mb)
     # n samples of every prompt reach the queue (cut scouts never): the trainer steps of a plain run.
     assert res.summary.n_trainer_steps == n * n_prompts // gb
     assert res.summary.extra["samples_held"] == {"kept": int(kept.sum()), "cut": int((~kept).sum())}
@@ -196,6 +209,48 @@ def _checked_roll(tmp_path: Path, n_prompts: int, n: int, workers: int, gb: int,
 )
 def test_rolling_scout_invariants(tmp_path, n_prompts, n, workers, gb, windows, mode, seed):
     _checked_roll(tmp_path, n_prompts, n, workers, gb, windows, mode, seed)
+
+
+class _StopAt(SimTrainer):
+    """The sim trainer, failing at one step: the run stops part-way with a resumable log."""
+
+    def __init__(self, at: int):
+        super().__init__(SimCostModel())
+        self.at = at
+
+    def step(self, batch):
+        if batch.step == self.at:
+            raise RuntimeError("trainer lost")
+        return super().step(batch)
+
+
+@pytest.mark.parametrize(("mode", "at"), [("static", 3), ("static", 11), ("continuous", 7)])
+def test_a_failed_rolling_run_resumes_with_its_holds(tmp_path, mode, at):
+    import pyarrow.dataset as ds
+
+    rolled, lens, kept = _rolled(tmp_path, 90, 4, 3, 4, 1)
+    rc = RunConfig(workers=3, global_batch=8, seed=1, max_new_tokens=1024, return_mode=mode, log_flush_seconds=0.0)
+    args = {"config": rc, "actual_lengths": lens, "scout_rows": rolled.scout_rows, "keep_for": rolled.keep_for,
+            "log_dir": tmp_path / "RUN"}  # fmt: skip
+    with pytest.raises(RuntimeError, match="trainer lost"):
+        run(rolled.table, **args, trainer=_StopAt(at))
+    assert json.loads((tmp_path / "RUN" / "meta.json").read_text())["status"] == "failed"
+    with pytest.raises(ConfigError, match="the rolling scout"):  # another hold setting: refused, log kept
+        run(rolled.table, **{**args, "keep_for": np.where(rolled.keep_for >= 0, -1, -1)}, resume=True)
+    res = run(rolled.table, **args, resume=True)
+    assert res.summary.n_trainer_steps == 4 * 90 // 8
+    rows = ds.dataset(str(tmp_path / "RUN" / "samples")).to_table().to_pydict()
+    ids = rolled.table.column(S.PROMPT_ID).to_pylist()
+    n_rows = rolled.table.column(S.N_SAMPLES).to_numpy()
+    gid = {(p, i): g for g, (p, i) in enumerate((p, i) for p, k in zip(ids, n_rows, strict=True) for i in range(k))}
+    order = np.array([gid[(p, i)] for p, i in zip(rows["prompt_id"], rows["sample_index"], strict=True)])
+    assert np.array_equal(np.sort(order), np.arange(len(gid)))  # every sample once
+    smp = {k: np.asarray([-1 if v is None else v for v in rows[k]])[np.argsort(order)]
+           for k in ("consumed_step", "weights_version", "policy_lag")}  # fmt: skip
+    mbs = ds.dataset(str(tmp_path / "RUN" / "minibatches")).to_table().to_pydict()
+    by_mb = {int(m): (float(s), float(e), int(v)) for m, s, e, v in
+             zip(mbs["minibatch"], mbs["start"], mbs["end"], mbs["weights_version"], strict=True)}  # fmt: skip
+    _check_holds(rolled, kept, smp, by_mb)
 
 
 def test_later_scouts_run_inside_the_epoch(tmp_path):

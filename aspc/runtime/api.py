@@ -34,7 +34,7 @@ from aspc.runtime.core.batches import BatchBuilder
 from aspc.runtime.core.loop import drive
 from aspc.runtime.core.revise import revise_work
 from aspc.runtime.core.scheduler import Scheduler
-from aspc.runtime.hold import attach_holds, held_summary
+from aspc.runtime.hold import attach_holds, held_record, held_summary
 from aspc.runtime.lengths import SampleLengths, join_actual_lengths, lengths_info, sample_predicted_lengths
 from aspc.runtime.record import resume as resume_log
 from aspc.runtime.record.metrics import RunSummary, summarize
@@ -199,7 +199,7 @@ def run(
     if carried is not None:
         check_carried(backend is None and kind is BackendKind.SIM, replanner)
     attach_holds(work, scout_rows, keep_for, simulated=backend is None and kind is BackendKind.SIM,
-                 replanner=replanner, carried=carried, max_staleness=config.max_staleness, log_dir=log_dir)  # fmt: skip
+                 replanner=replanner, carried=carried, max_staleness=config.max_staleness)  # fmt: skip
     lengths: SampleLengths | None = None
     if backend is None and kind is BackendKind.SIM:
         if actual_lengths is not None:
@@ -280,6 +280,8 @@ def _run_locked(
     }
     if work.carried is not None:  # absent otherwise: earlier logs compare equal
         run_info["carried"] = carry_record(work)
+    if work.holds is not None:
+        run_info["held"] = held_record(work)
     new_meta = {
         "config": resume_log.config_record(config),
         "cost_model": sim_cost_model.to_dict(),  # the key run logs have always used

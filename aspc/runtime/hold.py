@@ -21,12 +21,14 @@ scheduler:
 A scout response cut at the scout's limit is not a sample: it is held and
 never released, and its prompt's row generates the whole group. The
 simulator only so far: a real run would plan each window's rest when its
-scout returns, and its log would have to record the held samples for
-``--resume`` (refused by :func:`check_holds`).
+scout returns (refused by :func:`check_holds`). A run log records which
+samples are held (:func:`held_record`), and a resumed run queues exactly the
+ones its log shows released, where they were (:func:`queued_on_resume`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -81,13 +83,13 @@ def holds_for(work: WorkPlan, scout_rows: np.ndarray, keep_for: np.ndarray) -> H
 
 
 def attach_holds(work: WorkPlan, scout_rows: np.ndarray | None, keep_for: np.ndarray | None, *, simulated: bool,
-                 replanner: object, carried: object, max_staleness: int | None, log_dir: object) -> None:  # fmt: skip
+                 replanner: object, carried: object, max_staleness: int | None) -> None:  # fmt: skip
     """Set ``work.holds`` from :func:`aspc.runtime.run`'s ``scout_rows`` / ``keep_for``, after :func:`check_holds`."""
     if (scout_rows is None) != (keep_for is None):
         raise ConfigError("the rolling scout needs both its scout rows and the rows they are kept for")
     if scout_rows is None or keep_for is None:
         return
-    check_holds(simulated=simulated, replanner=replanner, carried=carried, max_staleness=max_staleness, log_dir=log_dir)
+    check_holds(simulated=simulated, replanner=replanner, carried=carried, max_staleness=max_staleness)
     work.holds = holds_for(work, scout_rows, keep_for)
 
 
@@ -99,8 +101,38 @@ def held_summary(work: WorkPlan) -> dict[str, Any] | None:
     return {"kept": kept, "cut": int(np.count_nonzero(work.holds.held)) - kept}
 
 
-def check_holds(*, simulated: bool, replanner: object, carried: object, max_staleness: int | None,
-                log_dir: object) -> None:  # fmt: skip
+def held_record(work: WorkPlan) -> dict[str, Any] | None:
+    """What a run log records of its held samples: a resume must hold and release the same ones."""
+    if work.holds is None:
+        return None
+    h = hashlib.sha256(np.packbits(work.holds.held).tobytes())
+    h.update(np.ascontiguousarray(work.holds.release_with).tobytes())
+    return {**(held_summary(work) or {}), "sha256": h.hexdigest()}
+
+
+def queued_on_resume(work: WorkPlan, waiting: np.ndarray, generated: np.ndarray, finish_time: np.ndarray) -> np.ndarray:
+    """The samples a resumed run queues (generated, not consumed: ``waiting``), in the order the run queued them.
+
+    Without holds: by finish time, then sample id. A held sample is queued
+    only if the first sample of the row that keeps it has returned, and then
+    just before that sample, as :meth:`Scheduler.on_samples` queued it; the
+    others (not yet released, or cut) stay out of the queue.
+    """
+    key = finish_time.astype(np.float64, copy=True)
+    pos = np.arange(finish_time.size, dtype=np.float64)
+    if work.holds is not None:
+        first = np.flatnonzero(work.holds.release_with >= 0)
+        held = work.holds.release_with[first]
+        out = (generated[first] == 1) & (generated[held] == 1)
+        key[held[out]] = finish_time[first[out]]
+        pos[held[out]] = first[out] - 0.5
+        released = np.zeros(finish_time.size, dtype=bool)
+        released[held[out]] = True
+        waiting = waiting[~work.holds.held[waiting] | released[waiting]]
+    return waiting[np.lexsort((pos[waiting], key[waiting]))]
+
+
+def check_holds(*, simulated: bool, replanner: object, carried: object, max_staleness: int | None) -> None:
     """Refuse held scout samples where the runtime cannot honour them yet (one line each)."""
     if not simulated:
         raise ConfigError("the rolling scout is simulated only so far; use the sim backend")
@@ -111,6 +143,3 @@ def check_holds(*, simulated: bool, replanner: object, carried: object, max_stal
     if max_staleness is not None:
         raise ConfigError("the rolling scout does not combine with --max-staleness yet (a held response's lag "
                           "is not bounded by it); drop one of the two")  # fmt: skip
-    if log_dir is not None:
-        raise ConfigError("the rolling scout does not write a run log yet (resume could not restore the held "
-                          "responses); drop the log directory")  # fmt: skip

@@ -208,7 +208,7 @@ class Scheduler:
             minibatch.
         """
         if self.holds is not None:
-            raise ValueError("a run with held scout samples cannot be restored from a log")
+            self._finished[:] = np.asarray(done, dtype=bool)  # the gates see what the log holds as generated
         self._order = np.flatnonzero(~np.asarray(done, dtype=bool)).tolist()
         self.restored_minibatches = len(self.sizes) - len(self._order)
         self._pos = 0

@@ -27,6 +27,7 @@ from aspc.runtime.contracts import TrainBatch
 from aspc.runtime.core.events import MinibatchFailed, MinibatchFinished, SamplesReturned, TrainFinished
 from aspc.runtime.core.scheduler import Dispatch
 from aspc.runtime.core.timeline import Timeline
+from aspc.runtime.hold import queued_on_resume
 from aspc.runtime.record import runlog as R
 from aspc.runtime.record.runlog_writer import RunLogWriter
 from aspc.runtime.record.timeline import record_timeline
@@ -356,8 +357,7 @@ class Recorder:
         q = R.to_columns(log.tables[R.QUEUE])
         self.queue_rows = list(zip(q["time"].tolist(), q["depth"].tolist(), q["in_flight"].tolist(), strict=True))
         self._new_queue_from = len(self.queue_rows)
-        waiting = gid[consumed < 0]
-        waiting = waiting[np.lexsort((waiting, self.finish_time[waiting]))]
+        waiting = queued_on_resume(work, gid[consumed < 0], self.generated, self.finish_time)
         times = [0.0, *st["end"].tolist(), *mbc["end"].tolist(), *q["time"].tolist()]
         return ResumeState(
             done=done,

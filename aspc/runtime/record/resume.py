@@ -84,6 +84,8 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
         diffs.append(f"--replan ({said(old_run['replan_every'])} in the log, {said(new['run'].get('replan_every'))} now)")
     if old_run.get("carried") != new["run"].get("carried"):
         diffs.append(f"--scout-keep ({_kept(old_run.get('carried'))} in the log, {_kept(new['run'].get('carried'))} now)")
+    if old_run.get("held") != new["run"].get("held"):
+        diffs.append(f"the rolling scout ({_held(old_run.get('held'))} in the log, {_held(new['run'].get('held'))} now)")
     if (old.get("cost_model") or {}) != new["cost_model"]:
         diffs.append("the cost model")
     old_len = (old.get("run") or {}).get("lengths_name")
@@ -96,6 +98,10 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
             f"--resume {path}: this run differs from the logged one in {'; '.join(diffs)}; "
             "resume with the original options, or start a new run"
         )
+
+
+def _held(record: dict[str, Any] | None) -> str:
+    return "off" if not record else f"{record['kept']} responses held for their groups"
 
 
 def _kept(record: dict[str, Any] | None) -> str:

@@ -133,7 +133,7 @@ def simulate_strategies(
         kept sample is; ``None`` keeps every finished one.
     scout_windows
         ``asp+scout+roll``'s window count (default
-        :data:`aspc.scout.DEFAULT_WINDOWS`).
+        :data:`aspc.rolling_scout.DEFAULT_WINDOWS`).
 
     Returns
     -------

@@ -52,10 +52,8 @@ a window's scout starts when the previous window's last minibatch ends,
 while the trainer finishes that window's steps. ``keep, R windows`` is the
 mean iteration time vs random of the whole, ``lag, R windows`` the largest
 policy lag (a window's own, plus the earlier steps still pending when its
-scout ran). A rolling scout, scouting window k+1 while window k's rest runs,
-would hide the scouts' time that this sequential form pays.
-
-The rolling form, scouts overlapping the previous window, is the
+scout ran). The rolling form, which scouts window k+1 while window k's rest
+runs and so hides the scouts' time this sequential form pays, is the
 ``asp+scout+roll`` strategy (``benchmarks/rl_reference.py --rows
 asp+scout+roll``).
 

@@ -119,7 +119,7 @@ class Scheduler:
         self.trainer_busy = False
         self.next_step = 0  # index of the next trainer step
         self.holds = holds
-        self._finished = np.zeros(len(self.sizes), dtype=bool)  # per minibatch, with holds only
+        self._finished = np.zeros(len(self.sizes) if holds is not None else 0, dtype=bool)  # per minibatch
         self._scouts_done = 0  # leading scout minibatches (holds.scout_minibatches) all finished
         # Per minibatch: how many leading scout minibatches must be finished before it is dispatched.
         self._needs = (
@@ -132,21 +132,18 @@ class Scheduler:
 
     def on_samples(self, samples: np.ndarray) -> None:
         """Samples finished generating and enter the queue (call in return order)."""
-        if samples.size and self.holds is not None:
-            self.in_flight -= int(samples.size)
-            kept = samples[~self.holds.held[samples]]
-            released = self.holds.release_with[kept]
-            released = released[released >= 0]
-            if released.size:  # each just before its group's first sample: in its group's trainer step
-                at = np.flatnonzero(self.holds.release_with[kept] >= 0)
-                kept = np.insert(kept, at, released)
-            if kept.size:
-                self._queue.append(kept)
-                self.queued += int(kept.size)
-        elif samples.size:
+        if not samples.size:
+            return
+        self.in_flight -= int(samples.size)
+        if self.holds is not None:
+            samples = samples[~self.holds.held[samples]]
+            release = self.holds.release_with[samples]
+            at = np.flatnonzero(release >= 0)
+            if at.size:  # each just before its group's first sample: in its group's trainer step
+                samples = np.insert(samples, at, release[at])
+        if samples.size:
             self._queue.append(samples)
             self.queued += int(samples.size)
-            self.in_flight -= int(samples.size)
 
     def on_minibatch_done(self, worker: int) -> None:
         """``worker`` finished its minibatch; all its samples were reported first."""

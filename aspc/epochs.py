@@ -70,10 +70,21 @@ from aspc.predict.base import LengthPrediction
 from aspc.predict.history import DEFAULT_KAPPA, blend_history
 from aspc.predict.pairs import keep_plan_in_log
 from aspc.replan import OnlineReplanner, compile_config_of, prediction_of, prompt_table_of, used_columns
+from aspc.rolling_scout import check_roll_run, rolling_epoch
+from aspc.rolling_scout import scout_lengths as scout_lengths_of
 from aspc.run_layout import check_log_layout, clear_run_dir
 from aspc.runtime.api import RunResult, run
 from aspc.runtime.record.lock import RunLogLock
-from aspc.scout import check_keep, scout_plan, scout_run_config, scout_summary, scouted_prediction, spare_length_map
+from aspc.scout import (
+    check_keep,
+    check_scout_cut,
+    history_prior_metadata,
+    scout_plan,
+    scout_run_config,
+    scout_summary,
+    scouted_prediction,
+    spare_length_map,
+)
 from aspc.scout import scout_tokens as scout_tokens_of
 
 MAX_EPOCHS = 1000
@@ -182,6 +193,8 @@ def run_epochs(
     scout_tokens: int | None = None,
     scout_keep: bool = False,
     scout_keep_through: int | None = None,
+    scout_roll: bool = False,
+    scout_windows: int | None = None,
     **run_kwargs: Any,
 ) -> EpochsResult:
     """Run ``plan`` for ``n_epochs`` passes; epoch ``k >= 2`` is compiled from epochs ``1..k-1``.
@@ -222,6 +235,11 @@ def run_epochs(
         prompt's last sample of epoch 1 (:mod:`aspc.runtime.carry`; the sim
         backend only), only in minibatches dispatched with weights version
         ``<= scout_keep_through`` (``None``: all).
+    scout_roll, scout_windows
+        Scout inside epoch 1 instead, window by window (``--scout-roll``,
+        :mod:`aspc.rolling_scout`; sim only): no ``RUN/scout/``, epoch 1's
+        plan holds the scout rows and each window's revision is in
+        ``RUN/epoch-1/plans/``.
     run_kwargs
         Passed to :func:`aspc.runtime.run` (cost model, lengths name, progress).
     """
@@ -232,6 +250,9 @@ def run_epochs(
     tokens = scout_tokens_of(config.max_new_tokens, scout_tokens) if scout else None
     check_keep(scout, scout_keep, scout_keep_through, real=backend is not None or trainer is not None,
                replan=replan_every is not None)  # fmt: skip
+    check_roll_run(scout, scout_roll, scout_windows, keep=scout_keep, real=backend is not None or trainer is not None,
+                   replan=replan_every is not None, max_staleness=config.max_staleness,
+                   replays=actual_lengths is not None)  # fmt: skip
     if not np.isfinite(length_drift) or length_drift <= -1:
         raise ConfigError(f"--length-drift must be a number > -1, got {length_drift}")
     if length_drift and actual_lengths is None:
@@ -255,10 +276,13 @@ def run_epochs(
     plans_dir = root / "plans"
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other; pass one of them")
-    layout = check_log_layout(root, epochs=True, scout=scout, resume=resume, overwrite=overwrite)
-    if resume and tokens is not None:
-        _check_scout_cut(root, tokens)
+    layout = check_log_layout(root, epochs=True, scout=scout and not scout_roll, resume=resume, overwrite=overwrite)
+    if resume and tokens is not None and not scout_roll:
+        check_scout_cut(root, tokens)
     n = config.samples_per_prompt or int(plan.table.column(S.N_SAMPLES)[0].as_py())
+    if scout_roll and n < 2:
+        raise ConfigError(f"--scout-roll keeps a scout response as one of its prompt's samples, so it needs "
+                          f"--samples-per-prompt >= 2 (got {n}); use --scout or --scout --scout-keep")  # fmt: skip
     cfg: CompileConfig = compile_config_of(plan.config or {}, **(compile_overrides or {}))
     table = prompt_table_of(plan.table, plan.input_hash)
     replay_base = backend.options.replay_lengths if replays else None
@@ -280,7 +304,7 @@ def run_epochs(
         plans: list[Plan] = []
         current = plan
         scouted = carried = None
-        if tokens is not None:
+        if tokens is not None and not scout_roll:
             scout_kw = dict(lengths=scout_lengths, replay=scout_replay, backend=backend, trainer=trainer,
                             overwrite=overwrite, resume=resume, carry=carry)  # fmt: skip
             scouted, current, seen = _scout_epoch(plan, table, cfg, config, root, tokens, scout_kw, run_kwargs)
@@ -289,6 +313,11 @@ def run_epochs(
                                 strict=True))  # fmt: skip
                 carried = np.array([kept[p] for p in current.table.column(S.PROMPT_ID).to_pylist()], dtype=np.int64)
         for k in range(1, n_epochs + 1):
+            roll = None
+            if k == 1 and scout_roll:
+                assert tokens is not None and scout_lengths is not None
+                current, roll = rolling_epoch(plan, table, dataclasses.replace(cfg, samples_per_prompt=n), config.workers,
+                                              tokens, scout_windows, history_prior_metadata(), root / "epoch-1")  # fmt: skip
             if k > 1:
                 pred = epoch_prediction(plan, [root / f"epoch-{j}" for j in range(1, k)])
                 current = compile_plan(
@@ -309,7 +338,9 @@ def run_epochs(
                 backend.options = dataclasses.replace(
                     backend.options, replay_lengths=epoch_lengths(replay_base, k, n, length_drift)
                 )
-            replanner = None
+            if roll is not None:
+                lengths = {**(lengths or {}), **scout_lengths_of(scout_lengths, tokens)}
+            replanner = roll
             if replan_every is not None:
                 replanner = OnlineReplanner(
                     current.table,
@@ -321,7 +352,9 @@ def run_epochs(
             runs.append(
                 run(
                     current,
-                    config=dataclasses.replace(config, seed=config.seed + k - 1),
+                    # A rolling scout's plan holds its own counts (its scout rows one sample each).
+                    config=dataclasses.replace(config, seed=config.seed + k - 1,
+                                               samples_per_prompt=None if roll else config.samples_per_prompt),
                     actual_lengths=lengths,
                     log_dir=root / f"epoch-{k}",
                     overwrite=overwrite,
@@ -345,21 +378,6 @@ def run_epochs(
             for part in (backend, trainer):
                 if part is not None:
                     part.close()
-
-
-def _check_scout_cut(root: Path, tokens: int) -> None:
-    """Refuse to resume a scout cut at another T (its log would otherwise name only --max-new-tokens)."""
-    from aspc.runtime.record.runlog import is_run_log, read_meta
-
-    if not is_run_log(root / "scout"):
-        return
-    old = (read_meta(root / "scout").get("config") or {}).get("max_new_tokens")
-    if old is not None and int(old) != tokens:
-        raise ConfigError(
-            f"--resume {root}: its length scout was cut at {old} tokens, this run would cut at {tokens} "
-            "(--scout-tokens, or the --max-new-tokens it defaults from); resume with the original options, "
-            "or start a new run"
-        )
 
 
 def _scout_epoch(
@@ -399,7 +417,7 @@ def _scout_epoch(
     seen = np.array([float(np.min(observed[p])) if p in observed and len(observed[p]) else np.nan for p in ids])
     if np.isnan(seen).any():
         raise ConfigError(f"the length scout in {root / 'scout'} has no response for some prompts; pass --overwrite")
-    pred = scouted_prediction(table, prior, np.minimum(seen, tokens), _history_prior_metadata())
+    pred = scouted_prediction(table, prior, np.minimum(seen, tokens), history_prior_metadata())
     first = compile_plan(
         table,
         cap_prediction(pred, cfg.max_response_length),
@@ -407,18 +425,6 @@ def _scout_epoch(
         predictor_identity={"kind": "scout", "scout_tokens": tokens, "base": plan.predictor},
     )
     return result, first, seen
-
-
-def _history_prior_metadata() -> dict[str, Any]:
-    """The shipped default's metadata: the history prior (within-prompt spread, kappa) the scout's blend uses.
-
-    A plan records no predictor path (``"dir"`` at most), so the predictor
-    that made it is not found again; the default's CASTILLO figures stand in
-    for any plan.
-    """
-    from aspc.predict import load_predictor
-
-    return dict(getattr(load_predictor("default"), "metadata", {}) or {})
 
 
 def _check_stored_plan(plan: Plan, path: Path, epoch: int) -> None:

@@ -116,6 +116,43 @@ def _revision_number(name: str) -> int:
     return int(stem) if stem.isdigit() else -1
 
 
+def read_revisions(log_dir: Path | None, what: str) -> list[tuple[int, Any]]:
+    """The plan revisions under ``log_dir/plans`` (``revision-R.parquet``), oldest first, as (first minibatch, plan).
+
+    Raises
+    ------
+    RunError
+        A revision file is unreadable, or the files do not form the
+        sequence 1..R with non-decreasing first minibatches (the log was
+        edited or mixed with another run's).
+    """
+    from aspc.emit.plan import read_plan
+    from aspc.errors import AspcError, RunError
+
+    if log_dir is None:
+        return []
+    paths = sorted((log_dir / "plans").glob("revision-*.parquet"), key=lambda p: _revision_number(p.name))
+    out: list[tuple[int, Any]] = []
+    last_first = -1
+    for k, path in enumerate(paths, start=1):
+        where = f"{path}: cannot resume with {what}"
+        try:
+            plan = read_plan(path)
+        except AspcError as exc:
+            raise RunError(f"{where}: {exc}") from None
+        rev = plan.config.get("revision") or {}
+        first = rev.get("first_minibatch")
+        if rev.get("id") != k or _revision_number(path.name) != k or not isinstance(first, int):
+            raise RunError(f"{where}: revisions must be revision-1 .. revision-{len(paths)} with their ids; "
+                           "start a new run with --overwrite")
+        if first < last_first:  # equal is fine: two windows may pass with nothing dispatched
+            raise RunError(f"{where}: it starts at minibatch {first}, before the previous revision's "
+                           f"{last_first}; start a new run with --overwrite")
+        last_first = first
+        out.append((first, plan))
+    return out
+
+
 class OnlineReplanner(Replanner):
     """Revises the remainder from the lengths observed so far (see the module notes).
 
@@ -210,39 +247,8 @@ class OnlineReplanner(Replanner):
         return rest, LengthPrediction(mean, base.q10 * factor, base.q50 * factor, base.q90 * factor)
 
     def stored_revisions(self) -> list[tuple[int, pa.Table]]:
-        """The revisions written under ``log_dir/plans`` by the run being resumed, oldest first.
-
-        Raises
-        ------
-        RunError
-            A revision file is unreadable, or the files do not form the
-            sequence 1..R with non-decreasing first minibatches (the log was
-            edited or mixed with another run's).
-        """
-        from aspc.emit.plan import read_plan
-        from aspc.errors import AspcError, RunError
-
-        if self.log_dir is None:
-            return []
-        paths = sorted((self.log_dir / "plans").glob("revision-*.parquet"), key=lambda p: _revision_number(p.name))
-        out: list[tuple[int, pa.Table]] = []
-        last_first = -1
-        for k, path in enumerate(paths, start=1):
-            where = f"{path}: cannot resume with --replan"
-            try:
-                plan = read_plan(path)
-            except AspcError as exc:
-                raise RunError(f"{where}: {exc}") from None
-            rev = plan.config.get("revision") or {}
-            first = rev.get("first_minibatch")
-            if rev.get("id") != k or _revision_number(path.name) != k or not isinstance(first, int):
-                raise RunError(f"{where}: revisions must be revision-1 .. revision-{len(paths)} with their ids; "
-                               "start a new run with --overwrite")
-            if first < last_first:  # equal is fine: two windows may pass with nothing dispatched
-                raise RunError(f"{where}: it starts at minibatch {first}, before the previous revision's "
-                               f"{last_first}; start a new run with --overwrite")
-            last_first = first
-            out.append((first, plan.table))
+        """The revisions written under ``log_dir/plans`` by the run being resumed, oldest first (:func:`read_revisions`)."""
+        out = [(first, plan.table) for first, plan in read_revisions(self.log_dir, "--replan")]
         self.revisions = [{"revision": k, "first_minibatch": f} for k, (f, _) in enumerate(out, start=1)]
         return out
 

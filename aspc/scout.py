@@ -266,3 +266,33 @@ def check_keep(scout: bool, keep: bool, through: int | None, *, real: bool, repl
                           "use --backend sim, or drop --scout-keep")  # fmt: skip
     if keep and replan:
         raise ConfigError("--scout-keep does not combine with --replan yet; drop one of the two")
+
+
+def history_prior_metadata() -> dict[str, Any]:
+    """The shipped default's metadata: the history prior (within-prompt spread, kappa) the scout's blend uses.
+
+    A plan records no predictor path (``"dir"`` at most), so the predictor
+    that made it is not found again; the default's CASTILLO figures stand in
+    for any plan.
+    """
+    from aspc.predict import load_predictor
+
+    return dict(getattr(load_predictor("default"), "metadata", {}) or {})
+
+
+def check_scout_cut(root: Any, tokens: int) -> None:
+    """Refuse to resume a scout cut at another T (its log would otherwise name only --max-new-tokens)."""
+    from pathlib import Path
+
+    from aspc.runtime.record.runlog import is_run_log, read_meta
+
+    root = Path(root)
+    if not is_run_log(root / "scout"):
+        return
+    old = (read_meta(root / "scout").get("config") or {}).get("max_new_tokens")
+    if old is not None and int(old) != tokens:
+        raise ConfigError(
+            f"--resume {root}: its length scout was cut at {old} tokens, this run would cut at {tokens} "
+            "(--scout-tokens, or the --max-new-tokens it defaults from); resume with the original options, "
+            "or start a new run"
+        )

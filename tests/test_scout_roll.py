@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 from aspc.cli import main
 from aspc.compiler import CompileConfig, InputOptions
 from aspc.emit import schema as S
-from aspc.errors import ConfigError, PlanError
-from aspc.rolling_scout import SCOUT_ID_SUFFIX
+from aspc.errors import AspcError, ConfigError, PlanError, RunError
+from aspc.rolling_scout import RollingScout
 from aspc.runtime import RunConfig, run
 from aspc.runtime.backends.sim_cost import SimCostModel
-from aspc.runtime.hold import holds_for
+from aspc.runtime.contracts import Replanner
+from aspc.runtime.hold import PENDING_KEY, initial_holds, scout_row_mask
 from aspc.runtime.trainers.sim import SimTrainer
 from aspc.runtime.work import work_from_table
 from aspc.simulate import comparison_table, simulate_strategies
@@ -42,79 +43,104 @@ def _plan(rows: list[tuple[str, int, int]]) -> pa.Table:
     return pa.table(cols).cast(S.PLAN_SCHEMA)
 
 
-# Scout minibatch 0 (prompts a, b; b's response is cut), an unrelated long minibatch 1, then the groups
-# of a (one sample fewer: the scout's is its last) and b (all of its samples) in minibatch 2.
-_ROWS = [("a#s", 1, 0), ("b#s", 1, 0), ("c", 3, 1), ("a", 2, 2), ("b", 3, 2)]
-_LENGTHS = {"a#s": [50.0], "b#s": [60.0], "c": [900.0, 800.0, 700.0], "a": [40.0, 45.0], "b": [30.0, 35.0, 33.0]}
-_SCOUT = np.array([True, True, False, False, False])
-_KEEP_FOR = np.array([3, -1, -1, -1, -1])
+class _Fixed(Replanner):
+    """A hand-made rolling replanner: once ``scouts`` (sample ids) returned, the remainder as it is with ``counts``."""
+
+    every_steps = None
+    holds_scouts = True
+
+    def __init__(self, scouts: list[int], counts: dict[str, int]):
+        self.scouts, self.counts, self.done = np.asarray(scouts), counts, False
+
+    def wants_revision(self, work, observed) -> bool:
+        return not self.done and bool(np.all(observed[self.scouts] >= 0))
+
+    def revise(self, view):
+        self.done = True
+        w = view.work
+        t = w.table.slice(int(w.row_offsets[view.first_undispatched]))
+        n = [self.counts.get(p, int(k)) for p, k in zip(t.column(S.PROMPT_ID).to_pylist(),
+                                                          t.column(S.N_SAMPLES).to_numpy(), strict=True)]  # fmt: skip
+        for name, v in ((S.MINIBATCH, t.column(S.MINIBATCH).to_numpy() - view.first_undispatched),
+                        (S.GROUP, t.column(S.GROUP).to_numpy() - int(t.column(S.GROUP).to_numpy().min())),
+                        (S.N_SAMPLES, np.asarray(n))):  # fmt: skip
+            i = t.schema.get_field_index(name)
+            t = t.set_column(i, t.schema.field(i), pa.array(v.astype(np.int32), pa.int32()))
+        return t.replace_schema_metadata({PENDING_KEY: b"[]"})
 
 
-def _columns(res, plan: pa.Table):
-    smp = res.columns["samples"]
-    n = plan.column(S.N_SAMPLES).to_numpy()
-    pid = np.repeat(np.asarray(plan.column(S.PROMPT_ID).to_pylist(), dtype=object), n)
+X = S.SCOUT_ID_SUFFIX
+# Scout minibatch 0 (prompts a, b; b's response is cut), then, pending until the revision the scout's
+# return triggers, an unrelated long minibatch 1 and the groups of a and b in minibatch 2. The revision
+# plans a with one sample fewer: its scout's response is the group's third.
+_ROWS = [("a" + X, 1, 0), ("b" + X, 1, 0), ("c", 3, 1), ("a", 3, 2), ("b", 3, 2)]
+_LENGTHS = {"a" + X: [50.0], "b" + X: [60.0], "c": [900.0, 800.0, 700.0], "a": [40.0, 45.0, 47.0],
+            "b": [30.0, 35.0, 33.0]}  # fmt: skip
+
+
+def _columns(res):
     mbs = res.columns["minibatches"]
     by_mb = {int(m): (float(s), float(e), int(v)) for m, s, e, v in
              zip(mbs["minibatch"], mbs["start"], mbs["end"], mbs["weights_version"], strict=True)}  # fmt: skip
-    return smp, pid, by_mb
+    return res.columns["samples"], by_mb
 
 
 @pytest.mark.parametrize("mode", ["static", "continuous"])
 def test_a_held_sample_is_consumed_with_its_group_and_a_cut_one_never(mode):
-    plan = _plan(_ROWS)
     rc = RunConfig(workers=2, global_batch=3, seed=0, return_mode=mode)
-    res = run(plan, config=rc, actual_lengths=_LENGTHS, scout_rows=_SCOUT, keep_for=_KEEP_FOR)
-    smp, pid, by_mb = _columns(res, plan)
+    res = run(_plan(_ROWS), config=rc, actual_lengths=_LENGTHS, replanner=_Fixed([0, 1], {"a": 2}))
+    smp, by_mb = _columns(res)
     step = np.asarray(smp["consumed_step"])
     version = np.asarray(smp["weights_version"])
-    # Sample ids: a#s 0, b#s 1, c 2-4, a 5-6, b 7-9.
-    assert step[1] == -1  # the cut scout response is never a training sample
+    # Sample ids after the revision: a's scout 0, b's 1, c 2-4, a 5-6, b 7-9.
+    assert step.size == 10 and step[1] == -1  # the cut scout response is never a training sample
     assert step[0] >= 0 and step[5] - 1 <= step[0] <= step[5]  # queued right before its group's first sample
     assert version[0] == by_mb[0][2] and np.asarray(smp["policy_lag"])[0] == step[0] - version[0]
-    assert by_mb[2][0] >= by_mb[0][1]  # the groups planned from the scout start after it ended
+    assert min(by_mb[1][0], by_mb[2][0]) >= by_mb[0][1]  # pending minibatches start after the revision
     assert res.summary.n_trainer_steps == 3  # 9 samples queued (8 generated for groups + the kept one)
     assert res.summary.extra["samples_held"] == {"kept": 1, "cut": 1}
 
 
-def test_a_minibatch_waits_for_its_scout_even_with_a_worker_idle():
-    # Two workers: minibatch 1 (the scout) is long; minibatch 2 needs it and must not start on the idle
-    # worker before it ends, although plan order and capacity would allow it.
-    plan = _plan([("x", 1, 0), ("s#s", 1, 1), ("s", 1, 2), ("y", 1, 3)])
-    lens = {"x": [10.0], "s#s": [2000.0], "s": [10.0], "y": [10.0]}
+def test_a_pending_minibatch_waits_for_its_revision_even_with_a_worker_idle():
+    plan = _plan([("s" + X, 1, 0), ("s", 2, 1), ("y", 1, 2)])
+    lens = {"s" + X: [2000.0], "s": [10.0, 12.0], "y": [10.0]}
     res = run(plan, config=RunConfig(workers=2, global_batch=1, seed=0), actual_lengths=lens,
-              scout_rows=np.array([False, True, False, False]), keep_for=np.array([-1, 2, -1, -1]))  # fmt: skip
-    _, _, by_mb = _columns(res, plan)
-    assert by_mb[2][0] >= by_mb[1][1] > by_mb[0][1]
-    assert by_mb[3][0] >= by_mb[2][0]  # plan order is kept behind the gate
+              replanner=_Fixed([0], {"s": 1}))  # fmt: skip
+    _, by_mb = _columns(res)
+    assert by_mb[1][0] >= by_mb[0][1] and by_mb[2][0] >= by_mb[1][0]  # plan order is kept behind the gate
+    assert res.summary.n_trainer_steps == 3
 
 
-def test_bad_marks_are_plan_errors():
-    work = work_from_table(_plan(_ROWS))
-    with pytest.raises(PlanError, match="3 scout marks and 5 targets for 5 plan rows"):
-        holds_for(work, _SCOUT[:3], _KEEP_FOR)
+def test_bad_marks_and_revisions_are_errors():
     with pytest.raises(PlanError, match="exactly one sample"):
-        holds_for(work, np.array([True, False, True, False, False]), np.array([3, -1, 4, -1, -1]))
-    with pytest.raises(PlanError, match="earlier minibatch"):
-        holds_for(work_from_table(_plan([("a", 1, 0), ("a#s", 1, 1)])), np.array([False, True]), np.array([-1, 0]))
-    with pytest.raises(PlanError, match="kept for one row"):
-        holds_for(work, np.array([True, True, False, False, False]), np.array([3, 3, -1, -1, -1]))
-    with pytest.raises(PlanError, match="itself a scout row"):
-        holds_for(work, _SCOUT, np.array([1, -1, -1, -1, -1]))
+        initial_holds(work_from_table(_plan([("a" + X, 2, 0), ("a", 1, 1)])))
+    with pytest.raises(PlanError, match="mixes scout rows with others"):
+        initial_holds(work_from_table(_plan([("a" + X, 1, 0), ("b", 1, 0), ("a", 1, 1)])))
+    with pytest.raises(PlanError, match="no scout row"):
+        initial_holds(work_from_table(_plan([("a", 1, 0)])))
+    rc = RunConfig(workers=1, global_batch=1, seed=0)
+    with pytest.raises(RunError, match="more than its scout response"):
+        run(_plan(_ROWS), config=rc, actual_lengths=_LENGTHS, replanner=_Fixed([0, 1], {"a": 1}))
+    rows = [("a" + X, 1, 0), ("b" + X, 1, 1), ("a", 3, 2), ("b", 3, 2)]
+    lens = {"a" + X: [50.0], "b" + X: [2000.0], "a": [40.0] * 3, "b": [30.0] * 3}
+    with pytest.raises(RunError, match="has not returned"):  # keeps b's scout once a's came back, before b's
+        run(_plan(rows), config=RunConfig(workers=2, global_batch=1), actual_lengths=lens,
+            replanner=_Fixed([0], {"b": 2}))  # fmt: skip
+    with pytest.raises(RunError, match="stalled|nothing"):  # never revised: the run stops, it does not hang
+        run(_plan(_ROWS), config=rc, actual_lengths=_LENGTHS, replanner=_Fixed([5], {}))
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
         ({"config": RunConfig(workers=2, global_batch=3, max_staleness=2)}, "--max-staleness"),
-        ({"carried": np.array([-1, -1, -1, 5, -1])}, "drop the carried responses"),
-        ({"keep_for": None}, "needs both"),
+        ({"carried": np.array([-1, -1, -1, 5, -1])}, "does not combine with re-planning"),
         ({"config": RunConfig(workers=2, global_batch=3, backend="hf")}, "simulated only"),
     ],
 )
 def test_the_runtime_refuses_what_it_cannot_hold(tmp_path, changes, message):
-    kwargs = {"config": RunConfig(workers=2, global_batch=3), "actual_lengths": _LENGTHS, "scout_rows": _SCOUT,
-              "keep_for": _KEEP_FOR, **changes}  # fmt: skip
+    kwargs = {"config": RunConfig(workers=2, global_batch=3), "actual_lengths": _LENGTHS,
+              "replanner": _Fixed([0, 1], {"a": 2}), **changes}  # fmt: skip
     with pytest.raises(ConfigError, match=message):
         run(_plan(_ROWS), **kwargs, log_dir=tmp_path / "log")
     assert not (tmp_path / "log").exists()
@@ -140,61 +166,59 @@ def _roll(path: Path, n: int, workers: int, gb: int, windows: int, seed: int, mo
                                scout_windows=windows, scout_tokens=256, repeats=repeats)  # fmt: skip
 
 
-def _rolled(tmp_path: Path, n_prompts: int, n: int, workers: int, windows: int, seed: int):
-    """A rolling plan of a generated dataset, the lengths its rows replay, and whether each prompt's scout is kept."""
+def _roller(tmp_path: Path, n_prompts: int, n: int, workers: int, windows: int, seed: int):
+    """A rolling scout over a generated dataset (a maker, one per run), the lengths its rows replay, the kept scouts."""
     from aspc.compiler import prepare
-    from aspc.rolling_scout import rolling_plan
 
     path = _dataset(tmp_path, n_prompts, seed, k=n + 1)
     recs = [json.loads(line) for line in open(path)]
     cfg = CompileConfig(samples_per_prompt=n, seed=seed, workers=workers, max_response_length=1024)
     table, prior, _ = prepare(path, InputOptions(), cfg)
-    spare = np.array([float(r["lengths"][n]) for r in recs])
-    rolled = rolling_plan(table, prior, spare, cfg, workers, 256, windows, {})
-    plan = rolled.table
-    ids = plan.column(S.PROMPT_ID).to_pylist()
-    n_rows = plan.column(S.N_SAMPLES).to_numpy()
-    kept = spare < 256
-    assert sorted(p for p in ids if p.endswith(SCOUT_ID_SUFFIX)) == sorted(r["id"] + SCOUT_ID_SUFFIX for r in recs)
-    assert np.array_equal(n_rows[~rolled.scout_rows], np.where(kept[rolled.source[~rolled.scout_rows]], n - 1, n))
-    lens = {p: [min(spare[src], 256)] if rolled.scout_rows[i] else recs[src]["lengths"][:k]
-            for i, (p, src, k) in enumerate(zip(ids, rolled.source.tolist(), n_rows.tolist(), strict=True))}  # fmt: skip
-    return rolled, lens, kept
+    spare = {r["id"]: float(r["lengths"][n]) for r in recs}
+    lens = {r["id"]: r["lengths"][:n] for r in recs} | {p + X: [min(v, 256.0)] for p, v in spare.items()}
+    kept = {p: v < 256 for p, v in spare.items()}
+    return (lambda log=None: RollingScout(table, prior, cfg, workers, 256, windows, {}, log_dir=log)), lens, kept
 
 
-def _check_holds(rolled, kept, smp, by_mb) -> None:
-    """Every hold and gate of ``rolled`` against a run's sample columns (plan order) and minibatch rows."""
-    plan = rolled.table
-    n_rows = plan.column(S.N_SAMPLES).to_numpy()
-    row_mb = plan.column(S.MINIBATCH).to_numpy()
-    first = np.r_[0, np.cumsum(n_rows)[:-1]]
+def _check_holds(roll, kept, n, smp, by_mb) -> None:
+    """Every hold and gate of a finished rolling run against its sample columns (final ids) and minibatch rows."""
+    w = roll.work
+    ids = w.prompt_ids.tolist()
+    scout = scout_row_mask(w)
+    row_of = {p: r for r, p in enumerate(ids)}
+    first = np.r_[0, np.cumsum(w.n_samples)[:-1]]
+    row_mb = np.repeat(np.arange(w.n_minibatches), np.diff(w.row_offsets))
     step, version = np.asarray(smp["consumed_step"]), np.asarray(smp["weights_version"])
     lag = np.asarray(smp["policy_lag"])
+    assert roll.done == roll.windows and sorted(ids) == sorted([*kept, *(p + X for p in kept)])
     assert np.all(lag[step >= 0] == (step - version)[step >= 0])
-    for r in np.flatnonzero(rolled.scout_rows):
-        target = rolled.keep_for[r]
-        assert version[first[r]] == by_mb[int(row_mb[r])][2]  # generated by the scout minibatch's weights
-        if target < 0:
-            assert not kept[rolled.source[r]] and step[first[r]] == -1  # a cut scout is never a sample
-            continue
-        assert kept[rolled.source[r]] and rolled.source[target] == rolled.source[r]
-        assert by_mb[int(row_mb[target])][0] >= by_mb[int(row_mb[r])][1]  # planned from it: starts after it ends
-        if step[first[target]] >= 0:  # consumed with its group: in its first sample's step or the one before
-            assert step[first[target]] - 1 <= step[first[r]] <= step[first[target]]
+    assert np.array_equal(w.n_samples[~scout], [n - int(kept[p]) for p, s in zip(ids, scout, strict=True) if not s])
+    for sub in roll.subs:
+        window = [str(p) for p in sub.ids]
+        scouted = max(by_mb[int(row_mb[row_of[p + X]])][1] for p in window)
+        for p in window:
+            r, s = row_of[p], row_of[p + X]
+            assert by_mb[int(row_mb[r])][0] >= scouted  # planned from its window's whole scout: starts after it
+            assert version[first[s]] == by_mb[int(row_mb[s])][2]  # generated by the scout minibatch's weights
+            if not kept[p]:
+                assert step[first[s]] == -1  # a cut scout is never a sample
+            elif step[first[r]] >= 0:  # consumed with its group: in its first sample's step or the one before
+                assert step[first[r]] - 1 <= step[first[s]] <= step[first[r]]
 
 
 def _checked_roll(tmp_path: Path, n_prompts: int, n: int, workers: int, gb: int, windows: int, mode: str, seed: int):
-    """The rolling plan run on its own, every gate and hold checked against the run's columns."""
-    rolled, lens, kept = _rolled(tmp_path, n_prompts, n, workers, windows, seed)
-    plan = rolled.table
+    """A rolling scout run on its own, every gate and hold checked against the run's columns."""
+    make, lens, kept = _roller(tmp_path, n_prompts, n, workers, windows, seed)
+    roll = make()
     rc = RunConfig(workers=workers, global_batch=gb, seed=seed, max_new_tokens=1024, return_mode=mode)
-    res = run(plan, config=rc, actual_lengths=lens, scout_rows=rolled.scout_rows, keep_for=rolled.keep_for)
-    smp, _, by_mb = _columns(res, plan)
-    _check_holds(rolled, kept, smp, by_mb)
+    res = run(roll.initial, config=rc, actual_lengths=lens, replanner=roll)
+    smp, by_mb = _columns(res)
+    _check_holds(roll, kept, n, smp, by_mb)
     # n samples of every prompt reach the queue (cut scouts never): the trainer steps of a plain run.
     assert res.summary.n_trainer_steps == n * n_prompts // gb
-    assert res.summary.extra["samples_held"] == {"kept": int(kept.sum()), "cut": int((~kept).sum())}
-    return rolled, res
+    n_kept = sum(kept.values())
+    assert res.summary.extra["samples_held"] == {"kept": n_kept, "cut": n_prompts - n_kept}
+    return roll, res
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -228,38 +252,42 @@ class _StopAt(SimTrainer):
 def test_a_failed_rolling_run_resumes_with_its_holds(tmp_path, mode, at):
     import pyarrow.dataset as ds
 
-    rolled, lens, kept = _rolled(tmp_path, 90, 4, 3, 4, 1)
+    make, lens, kept = _roller(tmp_path, 90, 4, 3, 4, 1)
     rc = RunConfig(workers=3, global_batch=8, seed=1, max_new_tokens=1024, return_mode=mode, log_flush_seconds=0.0)
-    args = {"config": rc, "actual_lengths": lens, "scout_rows": rolled.scout_rows, "keep_for": rolled.keep_for,
-            "log_dir": tmp_path / "RUN"}  # fmt: skip
+    log = tmp_path / "RUN"
+    first = make(log)
     with pytest.raises(RuntimeError, match="trainer lost"):
-        run(rolled.table, **args, trainer=_StopAt(at))
-    assert json.loads((tmp_path / "RUN" / "meta.json").read_text())["status"] == "failed"
-    with pytest.raises(ConfigError, match="the rolling scout"):  # another hold setting: refused, log kept
-        run(rolled.table, **{**args, "keep_for": np.where(rolled.keep_for >= 0, -1, -1)}, resume=True)
-    res = run(rolled.table, **args, resume=True)
+        run(first.initial, config=rc, actual_lengths=lens, replanner=first, log_dir=log, trainer=_StopAt(at))
+    assert json.loads((log / "meta.json").read_text())["status"] == "failed"
+    assert sorted(p.name for p in (log / "plans").iterdir()) == [f"revision-{k}.parquet" for k in range(1, first.done + 1)]
+    other, _, _ = _roller(tmp_path, 90, 4, 3, 5, 1)  # another window count: another plan, refused, log kept
+    with pytest.raises(AspcError):
+        run(other(log).initial, config=rc, actual_lengths=lens, replanner=other(log), log_dir=log, resume=True)
+    assert json.loads((log / "meta.json").read_text())["status"] == "failed"
+    roll = make(log)
+    res = run(roll.initial, config=rc, actual_lengths=lens, replanner=roll, log_dir=log, resume=True)
     assert res.summary.n_trainer_steps == 4 * 90 // 8
-    rows = ds.dataset(str(tmp_path / "RUN" / "samples")).to_table().to_pydict()
-    ids = rolled.table.column(S.PROMPT_ID).to_pylist()
-    n_rows = rolled.table.column(S.N_SAMPLES).to_numpy()
-    gid = {(p, i): g for g, (p, i) in enumerate((p, i) for p, k in zip(ids, n_rows, strict=True) for i in range(k))}
-    order = np.array([gid[(p, i)] for p, i in zip(rows["prompt_id"], rows["sample_index"], strict=True)])
-    assert np.array_equal(np.sort(order), np.arange(len(gid)))  # every sample once
-    smp = {k: np.asarray([-1 if v is None else v for v in rows[k]])[np.argsort(order)]
+    w = roll.work
+    rows = ds.dataset(str(log / "samples")).to_table().to_pydict()
+    row_of = {p: r for r, p in enumerate(w.prompt_ids.tolist())}
+    start = np.r_[0, np.cumsum(w.n_samples)[:-1]]
+    sid = np.array([start[row_of[p]] + i for p, i in zip(rows["prompt_id"], rows["sample_index"], strict=True)])
+    assert np.array_equal(np.sort(sid), np.arange(w.n_total_samples))  # every sample once
+    smp = {k: np.asarray([-1 if v is None else v for v in rows[k]])[np.argsort(sid)]
            for k in ("consumed_step", "weights_version", "policy_lag")}  # fmt: skip
-    mbs = ds.dataset(str(tmp_path / "RUN" / "minibatches")).to_table().to_pydict()
+    mbs = ds.dataset(str(log / "minibatches")).to_table().to_pydict()
     by_mb = {int(m): (float(s), float(e), int(v)) for m, s, e, v in
              zip(mbs["minibatch"], mbs["start"], mbs["end"], mbs["weights_version"], strict=True)}  # fmt: skip
-    _check_holds(rolled, kept, smp, by_mb)
+    _check_holds(roll, kept, 4, smp, by_mb)
 
 
 def test_later_scouts_run_inside_the_epoch(tmp_path):
-    rolled, _ = _checked_roll(tmp_path, 120, 4, 3, 8, 4, "static", 3)
-    row_mb = rolled.table.column(S.MINIBATCH).to_numpy()
-    scout_mbs = sorted({int(m) for m in row_mb[rolled.scout_rows]})
-    rest_mbs = sorted({int(m) for m in row_mb[~rolled.scout_rows]})
+    roll, _ = _checked_roll(tmp_path, 120, 4, 3, 8, 4, "static", 3)
+    scout = scout_row_mask(roll.work)
+    row_mb = np.repeat(np.arange(roll.work.n_minibatches), np.diff(roll.work.row_offsets))
+    scout_mbs, rest_mbs = sorted(set(row_mb[scout].tolist())), sorted(set(row_mb[~scout].tolist()))
     assert scout_mbs[0] == 0 and scout_mbs[-1] > rest_mbs[0]  # window 1's scout first, the others within
-    assert rolled.windows == 4
+    assert roll.windows == 4
 
 
 def test_rolling_scout_keeps_the_gain_with_a_shorter_lag(tmp_path):
@@ -297,3 +325,102 @@ def test_simulate_cli_scout_roll(tmp_path):
     no_roll = [*args[:-2], "random,asp", "--json", "--scout-windows", "3"]
     bad = runner.invoke(main, no_roll)
     assert bad.exit_code != 0 and "--scout-windows applies to the asp+scout+roll strategy" in bad.output
+
+
+def _run_roll_args(plan: Path, data: Path, log: Path, *extra: str) -> list[str]:
+    return ["run", str(plan), "--actual-lengths", str(data), "--length-field", "lengths", "--workers", "3",
+            "--samples-per-prompt", "4",
+            "--global-batch", "16", "--max-new-tokens", "1024", "--scout", "--scout-roll", "--scout-windows", "3",
+            "--log", str(log), "--log-flush-seconds", "0.02", "--quiet", *extra]  # fmt: skip
+
+
+def _log_rows(log: Path) -> dict:
+    import pyarrow.dataset as ds
+
+    rows = ds.dataset(str(log / "epoch-1" / "samples")).to_table().to_pylist()
+    # A resumed run's workers reload and take their minibatches at other times (versions and steps move);
+    # what it generated, and which held responses joined a group, may not.
+    return {(r["prompt_id"], r["sample_index"]): (r["response_len"], r["consumed_step"] is not None) for r in rows}
+
+
+def test_run_scout_roll_is_simulate_and_resumes_after_sigkill(tmp_path):
+    # `aspc run --scout --scout-roll` is `simulate --strategies asp+scout+roll` (one machinery: the plan
+    # revised when each window's scout returns), writes each revision as a checked plan, and after a SIGKILL
+    # mid-epoch resumes to the same samples, held ones included.
+    from aspc.runtime.engines.virtual import TEST_DELAY_ENV
+    from tests.test_runtime_resume import _cli, _kill_mid_run
+
+    data = _dataset(tmp_path, 120, 5)
+    plan = tmp_path / "plan.parquet"
+    runner = CliRunner()
+    # No response cap at compile time: the run caps the plan's predictions at --max-new-tokens once, as
+    # simulate caps the predictor's (a capped plan's means would be capped again).
+    r = runner.invoke(main, ["compile", str(data), "--samples-per-prompt", "4", "--workers", "3", "-o", str(plan),
+                             "--quiet"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    ref = tmp_path / "REF"
+    first = runner.invoke(main, [*_run_roll_args(plan, data, ref), "--json"])
+    assert first.exit_code == 0, first.output
+    out = json.loads(first.stdout)
+    held = out["epochs"][0]["samples_held"]
+    assert held["kept"] + held["cut"] == 120 and held["kept"] > 0
+    assert not (ref / "scout").exists()
+    revisions = sorted(p.name for p in (ref / "epoch-1" / "plans").iterdir())
+    assert revisions == [f"revision-{k}.parquet" for k in (1, 2, 3)]
+    for p in [ref / "plans" / "epoch-1.parquet", *(ref / "epoch-1" / "plans").iterdir()]:
+        assert runner.invoke(main, ["check", str(p)]).exit_code == 0
+    sim = runner.invoke(main, ["simulate", str(data), "--length-field", "lengths", "--samples-per-prompt", "4",
+                               "--workers", "3", "--global-batch", "16", "--max-new-tokens", "1024",
+                               "--strategies", "asp+scout+roll", "--scout-windows", "3", "--json", "--quiet"])  # fmt: skip
+    assert sim.exit_code == 0, sim.output
+    s = json.loads(sim.stdout)["strategies"]["asp+scout+roll"]
+    assert out["mean_iteration_time"] == pytest.approx(s["mean_iteration_time"], rel=1e-9)
+    assert held == {"kept": s["scout"]["responses_kept"], "cut": s["scout"]["responses_cut"]}
+    assert runner.invoke(main, [*_run_roll_args(plan, data, ref, "--resume"), "--json"]).stdout == first.stdout
+    ref_rows = _log_rows(ref)
+    assert sum(k[0].endswith(X) for k in ref_rows) == 120
+    killed = 0
+    for seed in range(2):
+        log = tmp_path / f"RUN{seed}"
+        p = _cli(_run_roll_args(plan, data, log), env={TEST_DELAY_ENV: "0.02"})
+        killed += _kill_mid_run(p, log / "epoch-1", float(np.random.default_rng(seed).uniform(0.0, 0.8)))
+        p = _cli(_run_roll_args(plan, data, log, "--resume"))
+        _, err = p.communicate()
+        assert p.returncode == 0, err
+        assert _log_rows(log) == ref_rows
+    assert killed >= 1  # else this proves nothing
+    # The policy's pairs leave the scout rows out; a second epoch plans from the first's groups.
+    pairs = runner.invoke(main, ["predict", "train", str(ref / "epoch-1"), "--kind", "lexical", "-o",
+                                 str(tmp_path / "pred"), "--quiet"])  # fmt: skip
+    assert pairs.exit_code == 0, pairs.output
+    two = runner.invoke(main, [*_run_roll_args(plan, data, tmp_path / "TWO", "--epochs", "2"), "--json"])
+    assert two.exit_code == 0, two.output
+    assert [e["epoch"] for e in json.loads(two.stdout)["epochs"]] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--scout-roll", "--log", "RUN"], "--scout-roll is a way of running the length scout: pass --scout too"),
+        (["--scout", "--scout-windows", "3", "--log", "RUN"], "--scout-windows applies to --scout-roll"),
+        (["--scout", "--scout-roll", "--scout-windows", "0", "--log", "RUN"], "--scout-windows must be an integer"),
+        (["--scout", "--scout-roll", "--scout-keep", "--log", "RUN"], "drop --scout-keep"),
+        (["--scout", "--scout-roll", "--replan", "--log", "RUN"], "drop --replan"),
+        (["--scout", "--scout-roll", "--backend", "hf", "--log", "RUN"], "simulated only so far"),
+        (["--scout", "--scout-roll", "--max-staleness", "2", "--log", "RUN"], "does not combine with --max-staleness"),
+        (["--scout", "--scout-roll", "--samples-per-prompt", "1", "--log", "RUN"], "--samples-per-prompt >= 2"),
+    ],
+)
+def test_run_scout_roll_bad_options_fail_in_one_line_and_write_nothing(tmp_path, extra, message, monkeypatch):
+    data = _dataset(tmp_path, 40, 2)
+    plan = tmp_path / "plan.parquet"
+    assert CliRunner().invoke(main, ["compile", str(data), "-o", str(plan), "--quiet"]).exit_code == 0
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["run", str(plan), "--actual-lengths", str(data), "--length-field", "lengths",
+                                  "--global-batch", "8", *extra])  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert message in r.output and "Traceback" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "RUN").exists()
+    no_lengths = CliRunner().invoke(main, ["run", str(plan), "--scout", "--scout-roll", "--log", "RUN"])
+    assert no_lengths.exit_code == 2 and "pass --actual-lengths" in no_lengths.output, no_lengths.output

@@ -327,6 +327,8 @@ def run_cmd(
     scout_tokens: int | None,
     scout_keep: bool,
     scout_keep_through: int | None,
+    scout_roll: bool,
+    scout_windows: int | None,
     as_json: bool,
     quiet: bool,
     **kwargs: Any,
@@ -345,7 +347,9 @@ def run_cmd(
     # Before a real backend resolves its model or a history file is read.
     check_log_options(log_dir, overwrite=overwrite, resume=resume)
     check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens, scout_keep,
-                        scout_keep_through, kwargs.get("backend") or "sim")  # fmt: skip
+                        scout_keep_through, kwargs.get("backend") or "sim", scout_roll=scout_roll,
+                        scout_windows=scout_windows, max_staleness=kwargs.get("max_staleness"),
+                        replays=actual_lengths is not None)  # fmt: skip
     if log_dir is not None:
         from aspc.guards import check_output
 
@@ -354,7 +358,8 @@ def run_cmd(
     from aspc.run_layout import SINGLE, check_log_layout, clear_run_dir
 
     layout = check_log_layout(
-        log_dir, epochs=epochs != 1 or bool(length_drift) or scout, scout=scout, resume=resume, overwrite=overwrite
+        log_dir, epochs=epochs != 1 or bool(length_drift) or scout, scout=scout and not scout_roll, resume=resume,
+        overwrite=overwrite,
     )
     config, cost = run_config_from_kwargs(
         kwargs,
@@ -388,6 +393,7 @@ def run_cmd(
                 plan, epochs, log_dir, config, cost, lengths, actual_lengths, length_drift, replan, replan_every,
                 overwrite=overwrite, resume=resume, as_json=as_json, quiet=quiet, backend=backend, trainer=trainer,
                 scout=scout, scout_tokens=scout_tokens, scout_keep=scout_keep, scout_keep_through=scout_keep_through,
+                scout_roll=scout_roll, scout_windows=scout_windows,
             )
         replanner = None
         if replan:

@@ -57,6 +57,15 @@ _EPOCH_OPTIONS = [
         help="With --scout-keep: keep them only in minibatches dispatched with weights version <= V.  "
         "[default: all; 0 under --max-staleness]",
     ),
+    click.option(
+        "--scout-roll",
+        is_flag=True,
+        help="With --scout: scout inside epoch 1, window by window (asp+scout+roll). Window k+1's scout runs "
+        "beside window k's rest; each window's rest is planned when its scout returns (a revision in "
+        "RUN/epoch-1/plans/), and a response that finished under the cut is held as one of its group's samples. "
+        "Sim with --actual-lengths only.",
+    ),
+    click.option("--scout-windows", type=int, default=None, help="With --scout-roll: windows of prompts.  [default: 8]"),
 ]
 
 
@@ -70,7 +79,8 @@ def epoch_options(f: Any) -> Any:
 def check_epoch_options(
     epochs: int, log_dir: Path | None, length_drift: float, replan: bool, replan_every: int, scout: bool = False,
     scout_tokens: int | None = None, scout_keep: bool = False, scout_keep_through: int | None = None,
-    backend: str = "sim",
+    backend: str = "sim", *, scout_roll: bool = False, scout_windows: int | None = None,
+    max_staleness: int | None = None, replays: bool = False,
 ) -> None:  # fmt: skip
     """Usage errors of --epochs, --length-drift, --replan-every and --scout, before any backend loads."""
     if length_drift and epochs < 2:
@@ -90,6 +100,10 @@ def check_epoch_options(
     from aspc.scout import check_keep
 
     check_keep(scout, scout_keep, scout_keep_through, real=backend != "sim", replan=replan)
+    from aspc.rolling_scout import check_roll_run
+
+    check_roll_run(scout, scout_roll, scout_windows, keep=scout_keep, real=backend != "sim", replan=replan,
+                   max_staleness=max_staleness, replays=replays)  # fmt: skip
 
 def run_epochs_cmd(
     plan: Any,
@@ -113,6 +127,8 @@ def run_epochs_cmd(
     scout_tokens: int | None = None,
     scout_keep: bool = False,
     scout_keep_through: int | None = None,
+    scout_roll: bool = False,
+    scout_windows: int | None = None,
 ) -> None:
     """Run the epochs, print per-epoch metrics (or ``{"epochs": [...], totals}`` with --json).
 
@@ -122,7 +138,8 @@ def run_epochs_cmd(
     from aspc.epochs import run_epochs
 
     check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens, scout_keep,
-                        scout_keep_through, config.backend)  # fmt: skip
+                        scout_keep_through, config.backend, scout_roll=scout_roll, scout_windows=scout_windows,
+                        max_staleness=config.max_staleness, replays=lengths is not None)  # fmt: skip
     with RichProgress(quiet) as progress:
         res = run_epochs(
             plan,
@@ -144,6 +161,8 @@ def run_epochs_cmd(
             scout_tokens=scout_tokens,
             scout_keep=scout_keep,
             scout_keep_through=scout_keep_through,
+            scout_roll=scout_roll,
+            scout_windows=scout_windows,
         )
     out = res.to_dict()
     if as_json:

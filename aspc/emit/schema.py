@@ -27,6 +27,10 @@ PREDICTED_Q90 = "predicted_q90"  # 90th percentile of the response length, token
 MINIBATCH = "minibatch"  # generation minibatch, numbered in dispatch order
 GROUP = "group"  # dispatch group, numbered in dispatch order
 DISPATCH_RANK = "dispatch_rank"  # 0-based position in dispatch order == row number
+# A rolling scout's plan (aspc.rolling_scout) holds, beside each prompt's row, a scout row whose
+# prompt id is the prompt's followed by this reserved suffix (a NUL byte: never in a real id). Its one
+# response is held by the runtime; readers of run logs leave those rows out (cut ones are truncated).
+SCOUT_ID_SUFFIX = "\x00scout"
 
 PLAN_SCHEMA = pa.schema(
     [

@@ -116,7 +116,13 @@ def read_run_log_pairs(
     ids = np.asarray(samples.column("prompt_id").to_pylist(), dtype=object)
     lens = samples.column("response_len").to_numpy(zero_copy_only=False).astype(np.float64)
     order = np.lexsort((samples.column("sample_index").to_numpy(), ids.astype(str)))
+    # A rolling scout's rows are no pairs: a cut response is truncated, and a kept one stands
+    # under the scout's id beside its prompt's other samples (those are enough).
+    order = order[[not str(p).endswith(S.SCOUT_ID_SUFFIX) for p in ids[order]]]
     ids, lens = ids[order], lens[order]
+    if ids.size == 0:
+        raise InputError(f"{path}: the run log has only a rolling scout's samples (0 pairs found); let the run "
+                         "commit its groups' samples, or give a dataset")  # fmt: skip
     starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
     ends = np.r_[starts[1:], len(ids)]
     uniq = [str(ids[s]) for s in starts]

@@ -98,8 +98,6 @@ def run(
     start_weights: Any = None,
     carried: np.ndarray | None = None,
     carry_through: int | None = None,
-    scout_rows: np.ndarray | None = None,
-    keep_for: np.ndarray | None = None,
 ) -> RunResult:
     """Execute ``plan`` and return its metrics.
 
@@ -145,6 +143,9 @@ def run(
         trainer steps (``aspc run --replan``, :mod:`aspc.replan`); the sim and
         model backends (hf, vllm) follow revisions. With ``resume`` its
         stored revisions are applied first (:meth:`Replanner.stored_revisions`).
+        A rolling scout's (``holds_scouts``, :mod:`aspc.rolling_scout`) also
+        holds the plan's scout responses for their groups and revises each
+        window when its scout returns (:mod:`aspc.runtime.hold`; sim only).
     progress
         Progress sink (the CLI's bar).
     keep_open
@@ -161,9 +162,6 @@ def run(
         its first weights (-1: none), kept as the row's last sample; and the
         newest weights version whose dispatches keep theirs (``None``: any; 0 under
         ``max_staleness``). Sim backend, no replanner: :mod:`aspc.runtime.carry`.
-    scout_rows, keep_for
-        The rolling scout's held samples: per plan row, a scout row, and the
-        row that keeps its response (:func:`aspc.runtime.hold.holds_for`).
 
     Raises
     ------
@@ -198,8 +196,8 @@ def run(
 
     if carried is not None:
         check_carried(backend is None and kind is BackendKind.SIM, replanner)
-    attach_holds(work, scout_rows, keep_for, simulated=backend is None and kind is BackendKind.SIM,
-                 replanner=replanner, carried=carried, max_staleness=config.max_staleness)  # fmt: skip
+    attach_holds(work, replanner, simulated=backend is None and kind is BackendKind.SIM,
+                 max_staleness=config.max_staleness)  # fmt: skip
     lengths: SampleLengths | None = None
     if backend is None and kind is BackendKind.SIM:
         if actual_lengths is not None:
@@ -275,7 +273,7 @@ def _run_locked(
         "length_source": None if lengths is None else lengths.source,
         "work_hash": resume_log.work_hash(work),
         # Re-planning changes the schedule a resume must follow: None = off.
-        "replan_every": None if replanner is None else int(replanner.every_steps),
+        "replan_every": None if replanner is None else int(replanner.every_steps or 0),
         **lengths_info,
     }
     if work.carried is not None:  # absent otherwise: earlier logs compare equal
@@ -295,7 +293,12 @@ def _run_locked(
         if old.get("status") == STATUS_COMPLETE:
             writer.tidy()
             summary, columns = resume_log.completed_run(Path(log_dir))
-            restore_carries(work, logged_versions(work, columns["minibatches"]))
+            if work.carried is not None:  # (never revised: carried responses refuse a replanner)
+                restore_carries(work, logged_versions(work, columns["minibatches"]))
+            if replanner is not None:  # the plan as the run ended: a rolling scout's revisions change its counts
+                for first, tail in replanner.stored_revisions():
+                    revise_work(work, first, tail)
+                summary.samples_planned = work.n_total_samples
             if lengths is not None:  # as the run that completed it reported
                 summary.extra["length_source"] = lengths.source
             return RunResult(

@@ -167,13 +167,24 @@ class Replanner(ABC):
     re-planning (``aspc.replan``) passes an implementation in.
     """
 
-    every_steps: int = 1  # a window: called after every this many trainer steps
+    every_steps: int | None = 1  # a window: called after every this many trainer steps (None: never on steps)
+    # A rolling scout's replanner: scout rows are held, prompt-planned minibatches pending (aspc.runtime.hold).
+    holds_scouts: bool = False
+
+    def wants_revision(self, work: WorkPlan, observed: Any) -> bool:
+        """Whether to revise ``work`` now, between windows (``observed``: tokens per sample id, -1 where not returned).
+
+        Asked after every turn of the run's loop while a remainder exists;
+        must be cheap. The default: only at step windows.
+        """
+        return False
 
     @abstractmethod
     def revise(self, view: ReplanView) -> Any:
         """Return the revised remainder, or ``None`` to keep it.
 
-        Called between events, after a trainer step completes a window. The
+        Called between events, after a trainer step completes a window (or
+        when :meth:`wants_revision` says so). The
         result is a plan table (PLAN_SCHEMA rows, minibatches numbered from 0
         in dispatch order) holding exactly the prompts of minibatches
         ``>= view.first_undispatched``, each with its ``n_samples``; the

@@ -2,95 +2,135 @@
 
 A kept scout response (:mod:`aspc.runtime.carry`) is generated before the run
 by its first weights, so the group consumed last carries a sample as old as
-the epoch. A rolling scout (``simulate --strategies asp+scout+roll``) instead
-scouts each window of prompts inside the run, part-way through the previous
-window's rest; each response that finished under the cut is its prompt's
-last sample. Three things make that hold together, all here and in the
-scheduler:
+the epoch. A rolling scout (``simulate --strategies asp+scout+roll``,
+:mod:`aspc.rolling_scout`) instead scouts each window of prompts inside the
+run, part-way through the previous window's rest, and plans that window's
+rest when its scout returns, as a plan revision. The runtime's side, here
+and in the scheduler:
 
-- a scout row's samples are *held*: they leave the in-flight count when they
-  return but do not enter the trainer's queue;
-- a held sample is *released* into the queue with its group, just before the
-  first sample of the row it was kept for, so the trainer consumes it with
-  its siblings; its weights version is its own minibatch's (the scout's),
-  so its policy lag counts from the weights that generated it;
-- a minibatch planned from scouted lengths waits for them: it is not
-  dispatched before every scout minibatch up to the last one it needs has
-  finished (``after``), whatever the plan order would allow.
+- a scout row (its prompt id ends in :data:`~aspc.emit.schema.SCOUT_ID_SUFFIX`) generates one
+  sample, *held*: it leaves the in-flight count when it returns but does not
+  enter the trainer's queue;
+- a minibatch planned from the text prior alone is *pending*: it is not
+  dispatched before a revision replaces it (the revision made when its
+  window's scout returns);
+- a revision may plan a prompt with one sample fewer than before, when its
+  scout response finished under the cut and has returned: that response is
+  the group's missing sample, *released* into the queue just before the
+  first sample of the prompt's row, so the trainer consumes it with its
+  siblings; its weights version is its own minibatch's (the scout's), so
+  its policy lag counts from the weights that generated it.
 
 A scout response cut at the scout's limit is not a sample: it is held and
 never released, and its prompt's row generates the whole group. The
-simulator only so far: a real run would plan each window's rest when its
-scout returns (refused by :func:`check_holds`). A run log records which
-samples are held (:func:`held_record`), and a resumed run queues exactly the
+simulator only so far: a real backend would have to keep the scout's tokens
+for the trainer (refused by :func:`check_holds`). A run log records which
+samples are held (:func:`held_record`; revisions are replayed from
+``RUN/plans/`` before it is compared), and a resumed run queues exactly the
 ones its log shows released, where they were (:func:`queued_on_resume`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 
 import numpy as np
 
-from aspc.errors import ConfigError, PlanError
+from aspc.emit.schema import SCOUT_ID_SUFFIX
+from aspc.errors import ConfigError, PlanError, RunError
 from aspc.runtime.work import Holds, WorkPlan
 
+# Schema metadata key of a revised remainder: JSON list of its pending minibatches (numbered from 0).
+PENDING_KEY = b"aspc.pending_minibatches"
 
-def holds_for(work: WorkPlan, scout_rows: np.ndarray, keep_for: np.ndarray) -> Holds:
-    """The :class:`Holds` of ``work`` from per-row marks.
 
-    Parameters
-    ----------
-    scout_rows
-        bool per plan row: a scout row (one sample, held).
-    keep_for
-        int64 per plan row: for a scout row, the plan row whose group keeps
-        its response (-1: discarded, a cut scout); ignored elsewhere.
+def scout_row_mask(work: WorkPlan) -> np.ndarray:
+    """bool per plan row: a scout row (its prompt id ends in :data:`~aspc.emit.schema.SCOUT_ID_SUFFIX`)."""
+    return np.fromiter((p.endswith(SCOUT_ID_SUFFIX) for p in work.prompt_ids.tolist()), dtype=bool,
+                       count=len(work.prompt_ids))  # fmt: skip
+
+
+def initial_holds(work: WorkPlan) -> Holds:
+    """The :class:`Holds` of a rolling scout's first plan: scout rows held, every other minibatch pending.
 
     Raises
     ------
     PlanError
-        Marks of the wrong length; a scout row with more than one sample, or
-        kept for a row that is itself a scout row, is kept twice, or comes
-        later in dispatch order than the row it feeds.
+        A scout row with more than one sample, a minibatch mixing scout rows
+        with others, or no scout row at all.
     """
-    n_rows = work.table.num_rows
-    scout_rows = np.asarray(scout_rows, dtype=bool)
-    keep_for = np.asarray(keep_for, dtype=np.int64)
-    if scout_rows.shape != (n_rows,) or keep_for.shape != (n_rows,):
-        raise PlanError(f"got {scout_rows.size} scout marks and {keep_for.size} targets for {n_rows} plan rows")
-    rows = np.flatnonzero(scout_rows)
-    if np.any(work.n_samples[rows] != 1):
+    scout = scout_row_mask(work)
+    if not scout.any():
+        raise PlanError("the rolling scout's plan has no scout row; build it with aspc.rolling_scout")
+    if np.any(work.n_samples[scout] != 1):
         raise PlanError("a scout row generates exactly one sample; recompile the scout plan")
-    target = keep_for[rows]
-    kept = target >= 0
-    if np.any(target >= n_rows) or np.any(scout_rows[target[kept]]):
-        raise PlanError("a scout response is kept for a row that does not exist or is itself a scout row")
-    if np.unique(target[kept]).size != int(kept.sum()):
-        raise PlanError("two scout responses are kept for one row")
-    row_mb = np.repeat(np.arange(work.n_minibatches, dtype=np.int64), np.diff(work.row_offsets))
-    if np.any(row_mb[rows[kept]] >= row_mb[target[kept]]):
-        raise PlanError("a scout row must come in an earlier minibatch than the row that keeps its response")
-    first_sample = np.r_[0, np.cumsum(work.n_samples)[:-1]].astype(np.int64)  # per row
-    held = scout_rows[work.sample_row]
-    release_with = np.full(work.n_total_samples, -1, dtype=np.int64)
-    release_with[first_sample[target[kept]]] = first_sample[rows[kept]]
-    after = np.full(work.n_minibatches, -1, dtype=np.int64)
-    # Every scout row feeds a later row: that row's minibatch needs the scout's minibatch done.
-    np.maximum.at(after, row_mb[target[kept]], row_mb[rows[kept]])
-    return Holds(held, release_with, after, np.unique(row_mb[rows]))
+    per_mb = np.add.reduceat(scout.astype(np.int64), work.row_offsets[:-1])
+    mixed = (per_mb > 0) & (per_mb < np.diff(work.row_offsets))
+    if mixed.any():
+        raise PlanError(f"minibatch {int(np.flatnonzero(mixed)[0])} mixes scout rows with others; recompile it")
+    n = work.n_total_samples
+    return Holds(scout[work.sample_row], np.full(n, -1, dtype=np.int64), per_mb == 0)
 
 
-def attach_holds(work: WorkPlan, scout_rows: np.ndarray | None, keep_for: np.ndarray | None, *, simulated: bool,
-                 replanner: object, carried: object, max_staleness: int | None) -> None:  # fmt: skip
-    """Set ``work.holds`` from :func:`aspc.runtime.run`'s ``scout_rows`` / ``keep_for``, after :func:`check_holds`."""
-    if (scout_rows is None) != (keep_for is None):
-        raise ConfigError("the rolling scout needs both its scout rows and the rows they are kept for")
-    if scout_rows is None or keep_for is None:
+def revised_holds(work: WorkPlan, old: Holds, first: int, new_to_old: np.ndarray, kept_rows: np.ndarray,
+                  pending_tail: np.ndarray, observed: np.ndarray | None) -> Holds:  # fmt: skip
+    """The :class:`Holds` of ``work`` after a revision from minibatch ``first`` on.
+
+    Held and released samples keep their links through ``new_to_old``; each
+    of ``kept_rows`` (rows the revision planned with one sample fewer) keeps
+    its prompt's scout response, released just before the row's first
+    sample. ``observed`` (tokens per old sample id, -1 where not returned;
+    None when a resumed run replays its revisions) must show that response
+    returned.
+
+    Raises
+    ------
+    RunError
+        A kept row has no scout row, or its scout has not been dispatched
+        or returned (a replanner bug).
+    """
+    scout = scout_row_mask(work)
+    held = scout[work.sample_row]
+    release = old.release_with[new_to_old]
+    if kept_rows.size:
+        first_sample = np.r_[0, np.cumsum(work.n_samples)[:-1]].astype(np.int64)
+        row_of = {p: i for i, p in enumerate(work.prompt_ids.tolist()) if scout[i]}
+        src = np.array([row_of.get(p + SCOUT_ID_SUFFIX, -1) for p in work.prompt_ids[kept_rows].tolist()],
+                       dtype=np.int64)  # fmt: skip
+        s0 = int(work.sample_offsets[first])
+        ok = (src >= 0) & (first_sample[np.maximum(src, 0)] < s0)
+        if ok.all() and observed is not None:
+            ok = observed[new_to_old[first_sample[src]]] >= 0
+        if not ok.all():
+            raise RunError("a plan revision keeps a scout response that has not returned; the rolling scout "
+                           "is broken, please report this bug")  # fmt: skip
+        release[first_sample[kept_rows]] = first_sample[src]
+    pending = np.concatenate([old.pending[:first], np.asarray(pending_tail, dtype=bool)])
+    if pending.size != work.n_minibatches:
+        raise RunError("a plan revision marks pending minibatches it does not hold; please report this bug")
+    return Holds(held, release, pending)
+
+
+def pending_of(tail: Any) -> np.ndarray:
+    """bool per minibatch of a revised remainder: its :data:`PENDING_KEY` marks (none without them)."""
+    from aspc.emit import schema as S
+
+    n_mb = int(tail.column(S.MINIBATCH).to_numpy().max()) + 1 if tail.num_rows else 0
+    out = np.zeros(n_mb, dtype=bool)
+    raw = (tail.schema.metadata or {}).get(PENDING_KEY)
+    if raw:
+        out[np.asarray(json.loads(raw), dtype=np.int64)] = True
+    return out
+
+
+def attach_holds(work: WorkPlan, replanner: object, *, simulated: bool, max_staleness: int | None) -> None:
+    """Set ``work.holds`` when ``replanner`` is a rolling scout's (it says ``holds_scouts``), after :func:`check_holds`."""
+    if not getattr(replanner, "holds_scouts", False):
         return
-    check_holds(simulated=simulated, replanner=replanner, carried=carried, max_staleness=max_staleness)
-    work.holds = holds_for(work, scout_rows, keep_for)
+    check_holds(simulated=simulated, replanner=replanner, max_staleness=max_staleness)
+    work.holds = initial_holds(work)
 
 
 def held_summary(work: WorkPlan) -> dict[str, Any] | None:
@@ -132,14 +172,16 @@ def queued_on_resume(work: WorkPlan, waiting: np.ndarray, generated: np.ndarray,
     return waiting[np.lexsort((pos[waiting], key[waiting]))]
 
 
-def check_holds(*, simulated: bool, replanner: object, carried: object, max_staleness: int | None) -> None:
-    """Refuse held scout samples where the runtime cannot honour them yet (one line each)."""
+def check_holds(*, simulated: bool, replanner: object, max_staleness: int | None) -> None:
+    """Refuse held scout samples where the runtime cannot honour them yet (one line each).
+
+    Carried responses are refused before (:func:`~aspc.runtime.carry.check_carried`: not with a replanner).
+    """
     if not simulated:
         raise ConfigError("the rolling scout is simulated only so far; use the sim backend")
-    if replanner is not None:
-        raise ConfigError("the rolling scout does not combine with re-planning yet; drop one of the two")
-    if carried is not None:
-        raise ConfigError("the rolling scout scouts every window inside the run; drop the carried responses")
+    if not getattr(replanner, "holds_scouts", False):
+        raise ConfigError("the rolling scout plans each window's rest when its scout returns: run it with its "
+                          "replanner (aspc.rolling_scout), not another")  # fmt: skip
     if max_staleness is not None:
         raise ConfigError("the rolling scout does not combine with --max-staleness yet (a held response's lag "
                           "is not bounded by it); drop one of the two")  # fmt: skip

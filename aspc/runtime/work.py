@@ -36,12 +36,11 @@ class MinibatchWork:
 
 @dataclass(frozen=True)
 class Holds:
-    """Held scout samples and the dispatches gated on them (:mod:`aspc.runtime.hold` builds them)."""
+    """Held scout samples and the minibatches waiting for a revision (:mod:`aspc.runtime.hold` builds them)."""
 
     held: np.ndarray  # bool per sample id: a scout's response, never queued on its own
     release_with: np.ndarray  # int64 per sample id: the held sample queued just before it (-1: none)
-    after: np.ndarray  # int64 per minibatch: the last scout minibatch it needs finished (-1: none)
-    scout_minibatches: np.ndarray  # int64, ascending: the minibatches that hold samples
+    pending: np.ndarray  # bool per minibatch: planned from the prior, not dispatched before a revision replaces it
 
     @property
     def n_released(self) -> int:

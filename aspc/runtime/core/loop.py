@@ -74,7 +74,7 @@ def drive(
     resumed. ``batches`` builds the trainer's batches; a resumed run passes
     one restored from its log, a fresh run gets a new one. ``replanner``
     revises the undispatched remainder after every ``replanner.every_steps``
-    trainer steps (:mod:`aspc.runtime.core.revise`); ``on_revision(work,
+    trainer steps, or whenever it ``wants_revision`` (:mod:`aspc.runtime.core.revise`); ``on_revision(work,
     first, new_to_old, revision)`` tells the backend and the recorder. A
     resumed run passes the trainer steps its log holds (``steps_done``) and
     the revisions already applied to ``work`` (``revision``), so windows and
@@ -101,7 +101,7 @@ def drive(
     # Advancing a rich bar per minibatch would cost more than simulating it.
     tick = max(1, m_total // 200)
     pending_ticks = 0
-    next_window = steps_done + replanner.every_steps if replanner is not None else None
+    next_window = steps_done + replanner.every_steps if replanner is not None and replanner.every_steps else None
     one_call = replanner is None and steps_done == 0 and getattr(observer, "takes_whole_run", False)
     timeline = engine.run_all(work, scheduler) if one_call else None
     if timeline is not None:
@@ -152,17 +152,19 @@ def drive(
         # Depth right after arrivals (before the trainer takes a batch) is the
         # peak the queue-bound guarantee is about.
         observer.on_queue(engine.now(), scheduler.queued, scheduler.in_flight)
-        if next_window is not None and steps_done >= next_window:
-            assert replanner is not None
-            next_window = steps_done + replanner.every_steps
+        if replanner is not None:
+            due = next_window is not None and steps_done >= next_window
+            if due:
+                assert replanner.every_steps is not None
+                next_window = steps_done + replanner.every_steps
             first = scheduler.first_undispatched
-            if first is not None:
+            if first is not None and (due or replanner.wants_revision(work, batches.observed())):
                 view = ReplanView(work, first, batches.observed(), steps_done, revision)
                 tail = replanner.revise(view)
                 if tail is not None:
                     revision += 1
-                    new_to_old = revise_work(work, first, tail)
-                    scheduler.revise(first, work.minibatch_sizes[first:])
+                    new_to_old = revise_work(work, first, tail, view.response_len)
+                    scheduler.revise(first, work.minibatch_sizes[first:], work.holds)
                     batches.on_revision(work, first, new_to_old)
                     if on_revision is not None:
                         on_revision(work, first, new_to_old, revision)

@@ -5,7 +5,9 @@ minibatches ``< k`` (and so their sample ids ``< sample_offsets[k]``) keep
 their place; the rows after them are replaced by the revised remainder, in
 its dispatch order, and its minibatches are numbered ``k, k + 1, ...``.
 Sample ids after the prefix are renumbered; none of them has been generated
-yet, so nothing recorded refers to them.
+yet, so nothing recorded refers to them. In a rolling scout's run (held
+samples, :mod:`aspc.runtime.hold`) a revision may also plan a prompt with
+one sample fewer: its scout's response takes the dropped sample's place.
 """
 
 from __future__ import annotations
@@ -16,11 +18,17 @@ import pyarrow as pa
 from aspc.emit import schema as S
 from aspc.errors import RunError
 from aspc.io.table import column_numpy
+from aspc.runtime.hold import pending_of, revised_holds
 from aspc.runtime.work import WorkPlan, work_from_table
 
 
-def revise_work(work: WorkPlan, first: int, tail: pa.Table) -> np.ndarray:
+def revise_work(work: WorkPlan, first: int, tail: pa.Table, observed: np.ndarray | None = None) -> np.ndarray:
     """Replace minibatches ``>= first`` of ``work`` (in place) by ``tail``; return new -> old sample ids.
+
+    With held samples, ``tail``'s own sample counts apply (each the old one
+    or one fewer) and its pending marks; ``observed`` (tokens per sample id,
+    -1 where not returned; None when a resume replays the revision) is what
+    :func:`~aspc.runtime.hold.revised_holds` checks a kept scout against.
 
     Raises
     ------
@@ -54,18 +62,35 @@ def revise_work(work: WorkPlan, first: int, tail: pa.Table) -> np.ndarray:
             col = pa.array(np.arange(r0, r0 + len(new_ids), dtype=np.int64), pa.int64())
         cols[name] = col
     table = pa.concat_tables([head, pa.Table.from_pydict(cols, schema=work.table.schema)])
-    # The run's sample counts (after any --samples-per-prompt override) move with their prompts.
+    # The run's sample counts (after any --samples-per-prompt override) move with their prompts;
+    # a rolling scout's revision may drop one where the prompt's scout response is kept.
     counts = np.concatenate([work.n_samples[:r0], work.n_samples[old_rows]]).astype(np.int32)
+    kept_rows = np.zeros(0, dtype=np.int64)
+    if work.holds is not None:
+        own = column_numpy(tail.column(S.N_SAMPLES)).astype(np.int32)
+        drop = counts[r0:] - own
+        if np.any((drop != 0) & (drop != 1)):
+            raise RunError("plan revision changes a prompt's sample count by more than its scout response; "
+                           "the replanner is broken, please report this bug")  # fmt: skip
+        counts[r0:] = own
+        kept_rows = r0 + np.flatnonzero(drop == 1)
     table = table.set_column(table.schema.get_field_index(S.N_SAMPLES), S.N_SAMPLES, pa.array(counts, pa.int32()))
     new = work_from_table(table)
     # Sample (row, index) pairs map one to one; the prefix is the identity.
     old_first = np.r_[0, np.cumsum(work.n_samples)][:-1]
     row_of_new_row = np.concatenate([np.arange(r0, dtype=np.int64), old_rows])
     new_to_old = old_first[row_of_new_row[new.sample_row]] + new.sample_index
-    if not np.array_equal(np.sort(new_to_old), np.arange(work.n_total_samples)):
+    # One to one but for the samples a kept scout response replaces (never dispatched: after the prefix).
+    seen = np.zeros(work.n_total_samples, dtype=np.int64)
+    np.add.at(seen, new_to_old, 1)
+    if seen.max(initial=0) > 1 or np.any(seen[: int(work.sample_offsets[first])] == 0):
         raise RunError("plan revision lost or duplicated samples; please report this bug")
+    holds = None
+    if work.holds is not None:
+        holds = revised_holds(new, work.holds, first, new_to_old, kept_rows, pending_of(tail), observed)
     fields = ("table", "prompt_ids", "prompt_tokens", "n_samples", "row_offsets", "sample_offsets")
     for f in (*fields, "sample_row", "sample_index", "group"):
         setattr(work, f, getattr(new, f))
     work._bounds = None
+    work.holds = holds
     return new_to_old.astype(np.int64)

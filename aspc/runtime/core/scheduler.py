@@ -21,9 +21,9 @@ real engine's wall clock, so every backend follows one logic:
   reported *lost* (hung past its timeout) gets no work until it is restored;
 - held samples (a rolling scout's responses, :mod:`aspc.runtime.hold`) do
   not enter the queue when they return; each is queued just before the
-  first sample of the row it was kept for, and a minibatch that needs scouted
-  lengths is not dispatched before the scout minibatches up to its ``after``
-  have finished;
+  first sample of the row it was kept for, and a *pending* minibatch
+  (planned from the prior, to be planned again from its window's scout) is
+  not dispatched: dispatch waits at it until a revision replaces it;
 - a resumed run (:meth:`Scheduler.restore`) starts from what its log holds:
   the minibatches not yet generated, the samples generated but not consumed
   (queued oldest first), the next trainer step and its weights version.
@@ -119,14 +119,6 @@ class Scheduler:
         self.trainer_busy = False
         self.next_step = 0  # index of the next trainer step
         self.holds = holds
-        self._finished = np.zeros(len(self.sizes) if holds is not None else 0, dtype=bool)  # per minibatch
-        self._scouts_done = 0  # leading scout minibatches (holds.scout_minibatches) all finished
-        # Per minibatch: how many leading scout minibatches must be finished before it is dispatched.
-        self._needs = (
-            None
-            if holds is None
-            else np.where(holds.after >= 0, np.searchsorted(holds.scout_minibatches, holds.after, "right"), 0)
-        )
 
     # ---- events reported by the engine ----------------------------------------
 
@@ -148,9 +140,7 @@ class Scheduler:
     def on_minibatch_done(self, worker: int) -> None:
         """``worker`` finished its minibatch; all its samples were reported first."""
         self.busy_workers -= 1
-        done = self._running.pop(worker, None)
-        if self.holds is not None and done is not None:
-            self._finished[done[0]] = True
+        self._running.pop(worker, None)
         heapq.heappush(self._idle, worker)
 
     def on_minibatch_failed(self, worker: int, minibatch: int, error: str = "", *, lost: bool = False) -> None:
@@ -204,8 +194,6 @@ class Scheduler:
             from version 0 (fresh processes) and reload before their first
             minibatch.
         """
-        if self.holds is not None:
-            self._finished[:] = np.asarray(done, dtype=bool)  # the gates see what the log holds as generated
         self._order = np.flatnonzero(~np.asarray(done, dtype=bool)).tolist()
         self.restored_minibatches = len(self.sizes) - len(self._order)
         self._pos = 0
@@ -234,7 +222,7 @@ class Scheduler:
             self.trainer_busy = True
             self.next_step += 1
         while self._idle and self.work_remaining and self.queued + self.in_flight < self.capacity:
-            if not self._fresh_enough(self.next_minibatch) or not self._scouted(self.next_minibatch):
+            if not self._fresh_enough(self.next_minibatch) or self._pending(self.next_minibatch):
                 break
             worker = heapq.heappop(self._idle)
             reload = self.latest_version if self.worker_version[worker] < self.latest_version else None
@@ -271,15 +259,9 @@ class Scheduler:
         last_step = self.next_step + (self.queued + self.in_flight + self.sizes[m] - 1) // self.global_batch
         return last_step <= min(oldest, newest) + k
 
-    def _scouted(self, m: int) -> bool:
-        """Whether every scout minibatch ``m`` was planned from has finished (always, without holds)."""
-        if self._needs is None:
-            return True
-        assert self.holds is not None
-        scouts = self.holds.scout_minibatches
-        while self._scouts_done < scouts.size and self._finished[scouts[self._scouts_done]]:
-            self._scouts_done += 1
-        return self._scouts_done >= self._needs[m]
+    def _pending(self, m: int) -> bool:
+        """Whether ``m`` waits for a revision to replace it (a rolling scout's window not yet scouted)."""
+        return self.holds is not None and bool(self.holds.pending[m])
 
     @property
     def pristine(self) -> bool:
@@ -313,12 +295,13 @@ class Scheduler:
         k = rest[0]
         return k if rest == list(range(k, len(self.sizes))) else None
 
-    def revise(self, first: int, sizes: np.ndarray) -> None:
-        """Minibatches ``>= first`` (never dispatched) are replaced by ones of ``sizes`` samples."""
+    def revise(self, first: int, sizes: np.ndarray, holds: Holds | None = None) -> None:
+        """Minibatches ``>= first`` (never dispatched) are replaced by ones of ``sizes`` samples (and ``holds``)."""
         if self.first_undispatched != first:
             raise ValueError("revise() only replaces minibatches never dispatched")
-        if self.holds is not None:
-            raise ValueError("a run with held scout samples cannot be revised")
+        if (holds is None) != (self.holds is None):
+            raise ValueError("a revision keeps a run's held samples, and adds none to a run without")
+        self.holds = holds
         self.sizes = self.sizes[:first] + [int(x) for x in sizes]
         self._order = list(range(len(self.sizes)))
         self._pos = first

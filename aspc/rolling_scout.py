@@ -34,7 +34,7 @@ from aspc.errors import ConfigError, InputError
 from aspc.io.table import PromptTable
 from aspc.predict.base import LengthPrediction
 from aspc.runtime.contracts import Replanner, ReplanView
-from aspc.runtime.hold import PENDING_KEY
+from aspc.runtime.hold import PENDING_KEY, scout_ids
 from aspc.scout import scout_plan, scouted_prediction
 
 # Windows of prompts, and where in window k's rest (a share of its dispatch groups) window
@@ -109,6 +109,7 @@ class RollingScout(Replanner):
         self.work: Any = None  # the run's WorkPlan, from the first revision on
         self.input_hash = ""  # the prompts' input hash, for the plans written to the log
         self._cache: tuple[Any, np.ndarray] | None = None  # (work table, sample ids of the next window's scout)
+        self._missing = np.zeros(0, dtype=np.int64)  # those of them not returned at the last look
         scouts = [
             scout_plan(_subset(table, r, S.SCOUT_ID_SUFFIX), self.priors[k], config, workers if k == 0 else 1,
                        self.tokens).table  # fmt: skip
@@ -141,18 +142,30 @@ class RollingScout(Replanner):
     def _scout_samples(self, work: Any) -> np.ndarray:
         """Sample ids of the next window's scout rows in ``work`` (cached until the plan changes)."""
         if self._cache is None or self._cache[0] is not work.table:
-            row_of = {p: i for i, p in enumerate(work.prompt_ids.tolist())}
-            rows = np.array([row_of[p] for p in self.scout_ids[self.done]], dtype=np.int64)
+            import pyarrow as pa
+            import pyarrow.compute as pc
+
+            at = pc.index_in(pa.array(self.scout_ids[self.done]), value_set=work.table.column(S.PROMPT_ID).combine_chunks())
             first = np.r_[0, np.cumsum(work.n_samples)[:-1]].astype(np.int64)
-            self._cache = (work.table, first[rows])
+            self._cache = (work.table, first[np.asarray(at.to_numpy(), dtype=np.int64)])
+            self._missing = self._cache[1]
         return self._cache[1]
 
     def wants_revision(self, work: Any, observed: np.ndarray) -> bool:
         """The next window's scout has returned whole."""
         self.work = work  # revised in place by the runtime: the run's final rows once it ends
-        return self.done < self.windows and bool(np.all(observed[self._scout_samples(work)] >= 0))
+        if self.done >= self.windows:
+            return False
+        self._scout_samples(work)
+        # Asked every loop turn: the first one still out says no at once; else keep only what is left.
+        if self._missing.size and observed[self._missing[0]] < 0:
+            return False
+        self._missing = self._missing[observed[self._missing] < 0]
+        return self._missing.size == 0
 
     def revise(self, view: ReplanView) -> Any:
+        import pyarrow.compute as pc
+
         k, w = self.done, view.work
         if k >= self.windows:
             return None
@@ -163,10 +176,9 @@ class RollingScout(Replanner):
         head, tail = _split_at_group(rest, ROLL_AT) if k + 1 < self.windows else (rest, rest.slice(0, 0))
         r0 = int(w.row_offsets[view.first_undispatched])
         now = w.table.slice(r0)
-        ids = now.column(S.PROMPT_ID).to_pylist()
-        mine = set(self.subs[k].ids)
-        at = next(i for i, p in enumerate(ids) if p in mine)  # window k's pending rows start here
-        end = at + len(mine)
+        mine = pc.is_in(now.column(S.PROMPT_ID), value_set=self.subs[k].id_array).to_numpy(zero_copy_only=False)
+        at = int(np.argmax(mine))  # window k's pending rows start here (contiguous, never dispatched)
+        end = at + len(self.subs[k].ids)
         parts = [now.slice(0, at), head]
         if k + 1 < self.windows:
             parts.append(now.slice(end, len(self.scout_ids[k + 1])))
@@ -175,8 +187,7 @@ class RollingScout(Replanner):
         parts += [tail, later]
         out = _one_plan(parts, rest.schema.metadata)
         mb = out.column(S.MINIBATCH).to_numpy()
-        scout = np.fromiter((p.endswith(S.SCOUT_ID_SUFFIX) for p in out.column(S.PROMPT_ID).to_pylist()), dtype=bool,
-                            count=out.num_rows)  # fmt: skip
+        scout = scout_ids(out.column(S.PROMPT_ID))
         pending = np.unique(mb[out.num_rows - later.num_rows :][~scout[out.num_rows - later.num_rows :]])
         out = out.replace_schema_metadata({**(out.schema.metadata or {}),
                                            PENDING_KEY: json.dumps(pending.tolist()).encode()})  # fmt: skip

@@ -334,6 +334,11 @@ def _run_roll_args(plan: Path, data: Path, log: Path, *extra: str) -> list[str]:
             "--log", str(log), "--log-flush-seconds", "0.02", "--quiet", *extra]  # fmt: skip
 
 
+def _kept_of(log: Path) -> list[bool]:
+    """Per prompt of a rolling run's epoch 1, whether its scout response joined its group (so it has n - 1 rows)."""
+    return [bool(c) for (p, _), (_, c) in _log_rows(log).items() if p.endswith(X)]
+
+
 def _log_rows(log: Path) -> dict:
     import pyarrow.dataset as ds
 
@@ -390,6 +395,11 @@ def test_run_scout_roll_is_simulate_and_resumes_after_sigkill(tmp_path):
         assert _log_rows(log) == ref_rows
     assert killed >= 1  # else this proves nothing
     # The policy's pairs leave the scout rows out; a second epoch plans from the first's groups.
+    from aspc.predict.pairs import read_run_log_pairs
+
+    got = read_run_log_pairs(ref / "epoch-1")
+    assert len(got.ids) == 120 and not any(p.endswith(X) for p in got.ids)
+    assert sorted(len(v) for v in got.lengths) == sorted(4 - int(k) for k in _kept_of(ref))
     pairs = runner.invoke(main, ["predict", "train", str(ref / "epoch-1"), "--kind", "lexical", "-o",
                                  str(tmp_path / "pred"), "--quiet"])  # fmt: skip
     assert pairs.exit_code == 0, pairs.output

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc.emit import schema as S
 from aspc.emit.schema import SCOUT_ID_SUFFIX
 from aspc.errors import ConfigError, PlanError, RunError
 from aspc.runtime.work import Holds, WorkPlan
@@ -48,8 +49,14 @@ PENDING_KEY = b"aspc.pending_minibatches"
 
 def scout_row_mask(work: WorkPlan) -> np.ndarray:
     """bool per plan row: a scout row (its prompt id ends in :data:`~aspc.emit.schema.SCOUT_ID_SUFFIX`)."""
-    return np.fromiter((p.endswith(SCOUT_ID_SUFFIX) for p in work.prompt_ids.tolist()), dtype=bool,
-                       count=len(work.prompt_ids))  # fmt: skip
+    return scout_ids(work.table.column(S.PROMPT_ID))
+
+
+def scout_ids(ids: Any) -> np.ndarray:
+    """bool per id of an Arrow string array: a scout row's (vectorized: a run's plan has one per prompt and sample)."""
+    import pyarrow.compute as pc
+
+    return np.asarray(pc.ends_with(ids, SCOUT_ID_SUFFIX).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def initial_holds(work: WorkPlan) -> Holds:
@@ -96,9 +103,12 @@ def revised_holds(work: WorkPlan, old: Holds, first: int, new_to_old: np.ndarray
     release = old.release_with[new_to_old]
     if kept_rows.size:
         first_sample = np.r_[0, np.cumsum(work.n_samples)[:-1]].astype(np.int64)
-        row_of = {p: i for i, p in enumerate(work.prompt_ids.tolist()) if scout[i]}
-        src = np.array([row_of.get(p + SCOUT_ID_SUFFIX, -1) for p in work.prompt_ids[kept_rows].tolist()],
-                       dtype=np.int64)  # fmt: skip
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        ids = work.table.column(S.PROMPT_ID)
+        wanted = pc.binary_join_element_wise(ids.take(pa.array(kept_rows)), pa.scalar(SCOUT_ID_SUFFIX), "")
+        src = np.asarray(pc.index_in(wanted, value_set=ids.combine_chunks()).fill_null(-1).to_numpy(), dtype=np.int64)
         s0 = int(work.sample_offsets[first])
         ok = (src >= 0) & (first_sample[np.maximum(src, 0)] < s0)
         if ok.all() and observed is not None:
@@ -115,8 +125,6 @@ def revised_holds(work: WorkPlan, old: Holds, first: int, new_to_old: np.ndarray
 
 def pending_of(tail: Any) -> np.ndarray:
     """bool per minibatch of a revised remainder: its :data:`PENDING_KEY` marks (none without them)."""
-    from aspc.emit import schema as S
-
     n_mb = int(tail.column(S.MINIBATCH).to_numpy().max()) + 1 if tail.num_rows else 0
     out = np.zeros(n_mb, dtype=bool)
     raw = (tail.schema.metadata or {}).get(PENDING_KEY)

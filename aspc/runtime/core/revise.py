@@ -37,16 +37,20 @@ def revise_work(work: WorkPlan, first: int, tail: pa.Table, observed: np.ndarray
         sample counts (a replanner bug): the run stops rather than lose or
         duplicate work.
     """
+    import pyarrow.compute as pc
+
     r0 = int(work.row_offsets[first])
-    old_ids = work.prompt_ids[r0:].tolist()
-    new_ids = tail.column(S.PROMPT_ID).to_pylist()
-    pos = {pid: r0 + i for i, pid in enumerate(old_ids)}
-    if len(new_ids) != len(old_ids) or set(new_ids) != set(old_ids):
+    old_ids = work.table.column(S.PROMPT_ID).slice(r0).combine_chunks()
+    new_ids = tail.column(S.PROMPT_ID)
+    # Plan ids are unique: the same prompts iff every new id is found once among the old ones.
+    at = pc.index_in(new_ids, value_set=old_ids)
+    found = at.null_count == 0 and len(new_ids) == len(old_ids)
+    old_rows = r0 + column_numpy(at.fill_null(-1)).astype(np.int64)
+    if not found or np.unique(old_rows).size != len(old_ids):
         raise RunError(
             f"plan revision holds {len(new_ids)} prompts for a remainder of {len(old_ids)} "
             "(not the same prompts); the replanner is broken, please report this bug"
         )
-    old_rows = np.array([pos[p] for p in new_ids], dtype=np.int64)
     mb = column_numpy(tail.column(S.MINIBATCH)).astype(np.int64) + first
     grp = column_numpy(tail.column(S.GROUP)).astype(np.int64)
     head = work.table.slice(0, r0)
@@ -59,7 +63,7 @@ def revise_work(work: WorkPlan, first: int, tail: pa.Table, observed: np.ndarray
         elif name == S.GROUP:
             col = pa.array((grp + g0).astype(np.int32), pa.int32())
         elif name == S.DISPATCH_RANK:
-            col = pa.array(np.arange(r0, r0 + len(new_ids), dtype=np.int64), pa.int64())
+            col = pa.array(np.arange(r0, r0 + len(old_rows), dtype=np.int64), pa.int64())
         cols[name] = col
     table = pa.concat_tables([head, pa.Table.from_pydict(cols, schema=work.table.schema)])
     # The run's sample counts (after any --samples-per-prompt override) move with their prompts;

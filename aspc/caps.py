@@ -86,6 +86,18 @@ def cap_prediction(pred: LengthPrediction, cap: int | None) -> LengthPrediction:
     return LengthPrediction(mean=mean, q10=np.minimum(q10, q50), q50=q50, q90=np.maximum(q90, q50))
 
 
+def cap_for_plan(plan_config: dict[str, Any] | None, cap: int | None) -> int | None:
+    """The cap to apply to predictions derived from a plan's: None where the plan's are capped at ``cap`` already.
+
+    :func:`cap_prediction` is not idempotent (each call scales a mean by the
+    capped share of its band again), so a planner that starts from a capped
+    plan's stored predictions (a scout's blend, a rolling scout's windows)
+    must not cap them a second time.
+    """
+    stored = (plan_config or {}).get("max_response_length")
+    return None if cap is not None and stored == cap else cap
+
+
 @dataclass
 class PromptCounts:
     """Prompt token counts as a trainer measures them."""

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from aspc import portable_math as pm
-from aspc.caps import cap_prediction
+from aspc.caps import cap_for_plan, cap_prediction
 from aspc.compiler import CompileConfig, compile_plan
 from aspc.emit import schema as S
 from aspc.emit.plan import Plan, write_plan
@@ -420,7 +420,7 @@ def _scout_epoch(
     pred = scouted_prediction(table, prior, np.minimum(seen, tokens), history_prior_metadata())
     first = compile_plan(
         table,
-        cap_prediction(pred, cfg.max_response_length),
+        cap_prediction(pred, cap_for_plan(plan.config, cfg.max_response_length)),
         cfg,
         predictor_identity={"kind": "scout", "scout_tokens": tokens, "base": plan.predictor},
     )

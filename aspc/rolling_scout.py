@@ -80,6 +80,10 @@ class RollingScout(Replanner):
     log_dir
         Run directory: each revision goes to ``plans/revision-R.parquet``, which
         ``--resume`` replays.
+    prior_cap
+        The response cap applied to each window's predictions: ``True`` for
+        ``config.max_response_length``; ``None`` where ``prior`` is a plan's,
+        capped at it already (:func:`aspc.caps.cap_for_plan`).
     """
 
     every_steps = None
@@ -87,7 +91,7 @@ class RollingScout(Replanner):
 
     def __init__(self, table: PromptTable, prior: LengthPrediction, config: CompileConfig, workers: int,
                  tokens: int, windows: int, prior_metadata: dict[str, Any],
-                 log_dir: str | os.PathLike | None = None):  # fmt: skip
+                 log_dir: str | os.PathLike | None = None, prior_cap: int | None | bool = True):  # fmt: skip
         self.n = int(config.samples_per_prompt)
         if self.n < 2:
             raise ConfigError("asp+scout+roll keeps a scout response as one of its prompt's samples, so it needs "
@@ -96,6 +100,8 @@ class RollingScout(Replanner):
         if any(p.endswith(S.SCOUT_ID_SUFFIX) for p in ids):
             raise InputError("a prompt id ends in the rolling scout's reserved suffix (a NUL byte then 'scout'); rename it")
         self.config, self.tokens, self.windows = config, int(tokens), int(windows)
+        # The response cap applied to the blended predictions (None: the prior is a plan's, capped at it already).
+        self.prior_cap = config.max_response_length if prior_cap is True else prior_cap
         self.asp = dataclasses.replace(config, strategy="asp", history=())
         self.prior_metadata = prior_metadata
         self.log_dir = None if log_dir is None else Path(log_dir)
@@ -129,7 +135,7 @@ class RollingScout(Replanner):
         if observed is not None:
             seen = np.minimum(observed, self.tokens).astype(np.float64)
             pred = scouted_prediction(sub, pred, seen, self.prior_metadata)
-        rest = compile_plan(sub, cap_prediction(pred, self.config.max_response_length), self.asp,
+        rest = compile_plan(sub, cap_prediction(pred, self.prior_cap), self.asp,
                             predictor_identity={"kind": "scout-roll"}).table  # fmt: skip
         n = np.full(rest.num_rows, self.n, dtype=np.int32)
         if observed is not None:  # a response that finished under the cut is one of its group's samples
@@ -286,6 +292,7 @@ def rolling_epoch(plan: Any, table: PromptTable, config: CompileConfig, workers:
                   windows: int | None, prior_metadata: dict[str, Any],
                   log_dir: str | os.PathLike) -> tuple[Any, RollingScout]:  # fmt: skip
     """Epoch 1 of ``aspc run --scout --scout-roll``: the rolling scout's first plan (a :class:`Plan`) and its replanner."""
+    from aspc.caps import cap_for_plan
     from aspc.replan import prediction_of
 
     # In input order, and each window's minibatch size resolved for the window (not the epoch's): the
@@ -293,7 +300,8 @@ def rolling_epoch(plan: Any, table: PromptTable, config: CompileConfig, workers:
     order = np.argsort(plan.table.column(S.SOURCE_ROW).to_numpy(), kind="stable")
     config = dataclasses.replace(config, batch_size=None, slack=None)
     roll = RollingScout(table.take(order), prediction_of(plan.table).take(order), config, workers, tokens,
-                        scout_windows(windows, len(table.ids)), prior_metadata, log_dir=log_dir)  # fmt: skip
+                        scout_windows(windows, len(table.ids)), prior_metadata, log_dir=log_dir,
+                        prior_cap=cap_for_plan(plan.config, config.max_response_length))  # fmt: skip
     roll.input_hash = plan.input_hash
     info = {**(plan.config or {}), "scout_roll": {"tokens": int(tokens), "windows": roll.windows}}
     return roll.as_plan(roll.initial, info, {"kind": "scout-roll", "base": plan.predictor}), roll

@@ -434,3 +434,33 @@ def test_run_scout_roll_bad_options_fail_in_one_line_and_write_nothing(tmp_path,
     assert not (tmp_path / "RUN").exists()
     no_lengths = CliRunner().invoke(main, ["run", str(plan), "--scout", "--scout-roll", "--log", "RUN"])
     assert no_lengths.exit_code == 2 and "pass --actual-lengths" in no_lengths.output, no_lengths.output
+
+
+def test_a_capped_plan_is_not_capped_again(tmp_path):
+    # cap_prediction shrinks a mean by its band's capped share each time it is applied; a planner starting
+    # from a plan compiled with the run's cap (its stored means capped already) must not apply it again.
+    import pyarrow.parquet as pq
+
+    from aspc.caps import cap_for_plan, cap_prediction
+    from aspc.predict.base import LengthPrediction
+
+    p = LengthPrediction(np.array([900.0]), np.array([300.0]), np.array([800.0]), np.array([1000.0]))
+    once = cap_prediction(p, 1024)
+    assert cap_prediction(once, 1024).mean[0] < once.mean[0] < p.mean[0]  # why it must be applied once
+    assert cap_for_plan({"max_response_length": 1024}, 1024) is None
+    assert cap_for_plan({}, 1024) == 1024 and cap_for_plan({"max_response_length": 2048}, 1024) == 1024
+    data = _dataset(tmp_path, 60, 4)
+    plan = tmp_path / "plan.parquet"
+    runner = CliRunner()
+    assert runner.invoke(main, ["compile", str(data), "--samples-per-prompt", "3", "--max-response-length", "1024",
+                                "-o", str(plan), "--quiet"]).exit_code == 0  # fmt: skip
+    log = tmp_path / "RUN"
+    args = _run_roll_args(plan, data, log)
+    args[args.index("--samples-per-prompt") + 1] = "3"
+    r = runner.invoke(main, args)
+    assert r.exit_code == 0, r.output
+    own = pq.read_table(plan).to_pydict()
+    first = pq.read_table(log / "plans" / "epoch-1.parquet").to_pydict()
+    want = dict(zip(own[S.PROMPT_ID], own[S.PREDICTED_LEN], strict=True))
+    got = {p: v for p, v in zip(first[S.PROMPT_ID], first[S.PREDICTED_LEN], strict=True) if not p.endswith(X)}
+    assert got == pytest.approx(want, rel=1e-12)  # the pending rows are the plan's own predictions

@@ -250,9 +250,8 @@ def run_epochs(
     tokens = scout_tokens_of(config.max_new_tokens, scout_tokens) if scout else None
     check_keep(scout, scout_keep, scout_keep_through, real=backend is not None or trainer is not None,
                replan=replan_every is not None)  # fmt: skip
-    check_roll_run(scout, scout_roll, scout_windows, keep=scout_keep, real=backend is not None or trainer is not None,
-                   replan=replan_every is not None, max_staleness=config.max_staleness,
-                   replays=actual_lengths is not None)  # fmt: skip
+    check_roll_run(scout, scout_roll, scout_windows, keep=scout_keep, replan=replan_every is not None,
+                   max_staleness=config.max_staleness)
     if not np.isfinite(length_drift) or length_drift <= -1:
         raise ConfigError(f"--length-drift must be a number > -1, got {length_drift}")
     if length_drift and actual_lengths is None:
@@ -315,7 +314,7 @@ def run_epochs(
         for k in range(1, n_epochs + 1):
             roll = None
             if k == 1 and scout_roll:
-                assert tokens is not None and scout_lengths is not None
+                assert tokens is not None
                 current, roll = rolling_epoch(plan, table, dataclasses.replace(cfg, samples_per_prompt=n), config.workers,
                                               tokens, scout_windows, history_prior_metadata(), root / "epoch-1")  # fmt: skip
             if k > 1:
@@ -335,11 +334,12 @@ def run_epochs(
             lengths = None if actual_lengths is None else epoch_lengths(actual_lengths, k, n, length_drift)
             if replay_base is not None:
                 # The real backend replays this epoch's rotation too (read when the run sets it up).
-                backend.options = dataclasses.replace(
-                    backend.options, replay_lengths=epoch_lengths(replay_base, k, n, length_drift)
-                )
-            if roll is not None:
-                lengths = {**(lengths or {}), **scout_lengths_of(scout_lengths, tokens)}
+                replay = epoch_lengths(replay_base, k, n, length_drift)
+                if roll is not None:  # and a scout row its prompt's spare length, cut at T
+                    replay = {**replay, **scout_lengths_of(scout_replay, tokens)}
+                backend.options = dataclasses.replace(backend.options, replay_lengths=replay)
+            if roll is not None and lengths is not None:
+                lengths = {**lengths, **scout_lengths_of(scout_lengths, tokens)}
             replanner = roll
             if replan_every is not None:
                 replanner = OnlineReplanner(

@@ -14,8 +14,9 @@ minibatches planned from the prior alone, which the runtime never
 dispatches; the runtime holds each kept response until its group returns
 (:mod:`aspc.runtime.hold`), so a kept sample is a window or two old.
 
-Simulated only so far: the real backends would have to keep a scout's
-tokens for the trainer.
+On a model backend (hf, vllm) a scout minibatch's responses stop at the
+scout's cut and a kept response reaches the trainer with its group
+(:mod:`aspc.runtime.hold`).
 """
 
 from __future__ import annotations
@@ -268,8 +269,8 @@ def _one_plan(parts: list[Any], metadata: Any) -> Any:
     return t.set_column(i, t.schema.field(i), pa.array(np.arange(t.num_rows, dtype=np.int64)))
 
 
-def check_roll_run(scout: bool, roll: bool, windows: int | None, *, keep: bool, real: bool, replan: bool,
-                   max_staleness: int | None, replays: bool) -> None:  # fmt: skip
+def check_roll_run(scout: bool, roll: bool, windows: int | None, *, keep: bool, replan: bool,
+                   max_staleness: int | None) -> None:  # fmt: skip
     """Usage errors of ``aspc run --scout --scout-roll`` and ``--scout-windows`` (one line each), before anything runs."""
     if windows is not None and not roll:
         raise ConfigError("--scout-windows applies to --scout-roll; add it or drop the option")
@@ -278,11 +279,7 @@ def check_roll_run(scout: bool, roll: bool, windows: int | None, *, keep: bool, 
     scout_windows(windows, 1)
     for bad, why in ((not scout, "is a way of running the length scout: pass --scout too"),
                      (keep, "keeps the scout's responses itself: drop --scout-keep"),
-                     (real, "is simulated only so far (a real backend would have to keep the scout's tokens for "
-                            "the trainer): use --backend sim"),
-                     (replan, "plans each window itself: drop --replan"),
-                     (not replays, "replays recorded lengths (a scout row replays a prompt's spare one): pass "
-                                   "--actual-lengths")):  # fmt: skip
+                     (replan, "plans each window itself: drop --replan")):  # fmt: skip
         if bad:
             raise ConfigError(f"--scout-roll {why}")
     check_rolling(True, windows, max_staleness)

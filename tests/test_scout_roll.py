@@ -19,7 +19,7 @@ from aspc.errors import AspcError, ConfigError, PlanError, RunError
 from aspc.rolling_scout import RollingScout
 from aspc.runtime import RunConfig, run
 from aspc.runtime.backends.sim_cost import SimCostModel
-from aspc.runtime.contracts import Replanner
+from aspc.runtime.contracts import Replanner, Trainer, TrainResult
 from aspc.runtime.hold import PENDING_KEY, initial_holds, scout_row_mask
 from aspc.runtime.trainers.sim import SimTrainer
 from aspc.runtime.work import work_from_table
@@ -135,7 +135,6 @@ def test_bad_marks_and_revisions_are_errors():
     [
         ({"config": RunConfig(workers=2, global_batch=3, max_staleness=2)}, "--max-staleness"),
         ({"carried": np.array([-1, -1, -1, 5, -1])}, "does not combine with re-planning"),
-        ({"config": RunConfig(workers=2, global_batch=3, backend="hf")}, "simulated only"),
     ],
 )
 def test_the_runtime_refuses_what_it_cannot_hold(tmp_path, changes, message):
@@ -416,7 +415,6 @@ def test_run_scout_roll_is_simulate_and_resumes_after_sigkill(tmp_path):
         (["--scout", "--scout-roll", "--scout-windows", "0", "--log", "RUN"], "--scout-windows must be an integer"),
         (["--scout", "--scout-roll", "--scout-keep", "--log", "RUN"], "drop --scout-keep"),
         (["--scout", "--scout-roll", "--replan", "--log", "RUN"], "drop --replan"),
-        (["--scout", "--scout-roll", "--backend", "hf", "--log", "RUN"], "simulated only so far"),
         (["--scout", "--scout-roll", "--max-staleness", "2", "--log", "RUN"], "does not combine with --max-staleness"),
         (["--scout", "--scout-roll", "--samples-per-prompt", "1", "--log", "RUN"], "--samples-per-prompt >= 2"),
     ],
@@ -432,8 +430,24 @@ def test_run_scout_roll_bad_options_fail_in_one_line_and_write_nothing(tmp_path,
     assert message in r.output and "Traceback" not in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
     assert not (tmp_path / "RUN").exists()
-    no_lengths = CliRunner().invoke(main, ["run", str(plan), "--scout", "--scout-roll", "--log", "RUN"])
-    assert no_lengths.exit_code == 2 and "pass --actual-lengths" in no_lengths.output, no_lengths.output
+
+def test_run_scout_roll_on_drawn_lengths_cuts_the_scouts(tmp_path):
+    # Without recorded lengths the sim draws them from the predictions; a scout's are cut at T as a model
+    # backend cuts them.
+    from tests.realmodel import run_log_samples
+
+    data = _dataset(tmp_path, 80, 6)
+    plan = tmp_path / "plan.parquet"
+    assert CliRunner().invoke(main, ["compile", str(data), "--samples-per-prompt", "3", "-o", str(plan),
+                                     "--quiet"]).exit_code == 0  # fmt: skip
+    r = CliRunner().invoke(main, ["run", str(plan), "--workers", "2", "--global-batch", "12", "--max-new-tokens", "2000",
+                                  "--scout", "--scout-roll", "--scout-tokens", "64", "--log", str(tmp_path / "RUN"),
+                                  "--quiet", "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    rows = run_log_samples(tmp_path / "RUN" / "epoch-1")
+    scouts = [s["response_len"] for s in rows if s["prompt_id"].endswith(X)]
+    assert len(scouts) == 80 and max(scouts) == 64  # some cut (drawn lengths run to hundreds)
+    assert max(s["response_len"] for s in rows if not s["prompt_id"].endswith(X)) > 64
 
 
 def test_a_capped_plan_is_not_capped_again(tmp_path):
@@ -464,3 +478,66 @@ def test_a_capped_plan_is_not_capped_again(tmp_path):
     want = dict(zip(own[S.PROMPT_ID], own[S.PREDICTED_LEN], strict=True))
     got = {p: v for p, v in zip(first[S.PROMPT_ID], first[S.PREDICTED_LEN], strict=True) if not p.endswith(X)}
     assert got == pytest.approx(want, rel=1e-12)  # the pending rows are the plan's own predictions
+
+
+class _Groups(Trainer):
+    """A user trainer (``--trainer tests.test_scout_roll:groups``) writing each batch's payload prompt ids to ``out``."""
+
+    def __init__(self, out: str):
+        self.out = out
+
+    def step(self, batch):
+        with open(self.out, "a") as f:
+            f.write(json.dumps([p["prompt_id"] for p in batch.payload]) + "\n")
+        return TrainResult(version=batch.step + 1, elapsed=0.0)
+
+
+def groups(context, out):
+    return _Groups(out)
+
+
+def test_run_scout_roll_on_a_real_model(tmp_path):
+    # hf backend, a tiny random causal LM, responses forced to their recorded lengths: a scout minibatch's
+    # responses stop at T, the rest at the run's cap; a kept response reaches the trainer named as its
+    # prompt, in the batch of its group's first sample.
+    from tests.realmodel import run_log_samples, tiny_model
+
+    data = _dataset(tmp_path, 24, 9, k=4)
+    recs = {json.loads(line)["id"]: json.loads(line)["lengths"] for line in open(data)}
+    lens = {p: [max(1, round(v / 12)) for v in ls] for p, ls in recs.items()}  # ~20 tokens: a fast real run
+    with open(data, "w") as f:
+        for p, ls in lens.items():
+            f.write(json.dumps({"id": p, "prompt": f"question {p}", "lengths": ls}) + "\n")
+    plan = tmp_path / "plan.parquet"
+    runner = CliRunner()
+    assert runner.invoke(main, ["compile", str(data), "--samples-per-prompt", "3", "-o", str(plan),
+                                "--quiet"]).exit_code == 0  # fmt: skip
+    log = tmp_path / "RUN"
+    r = runner.invoke(main, ["run", str(plan), "--backend", "hf", "--model", str(tiny_model(tmp_path)),
+                             "--replay-lengths", "--actual-lengths", str(data), "--length-field", "lengths",
+                             "--samples-per-prompt", "3", "--workers", "2", "--global-batch", "8",
+                             "--max-new-tokens", "40", "--scout", "--scout-roll", "--scout-tokens", "12",
+                             "--scout-windows", "2", "--trainer", "tests.test_scout_roll:groups",
+                             "--trainer-arg", f"out={tmp_path / 'batches.jsonl'}",
+                             "--log", str(log), "--json", "--quiet"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    rows = run_log_samples(log / "epoch-1")
+    scouted = {s["prompt_id"][: -len(X)]: s for s in rows if s["prompt_id"].endswith(X)}
+    assert {p: s["response_len"] for p, s in scouted.items()} == {p: min(ls[3], 12) for p, ls in lens.items()}
+    kept = {p for p, ls in lens.items() if ls[3] < 12}
+    assert 0 < len(kept) < 24
+    group_rows = [s for s in rows if not s["prompt_id"].endswith(X)]
+    assert len(group_rows) == 3 * 24 - len(kept)  # a kept response is its group's third sample
+    assert max(s["response_len"] for s in group_rows) == min(max(max(ls[:3]) for ls in lens.values()), 40) > 12
+    seen = [p for line in open(tmp_path / "batches.jsonl") for p in json.loads(line)]
+    assert not any(p.endswith(X) for p in seen)  # every payload names its prompt, the kept ones too
+    assert sorted(seen) == sorted(p for p in lens for _ in range(3))  # every group whole: 3 per prompt
+    # Generated to EOS (no replay): the scout minibatches' responses stop at T all the same.
+    free = runner.invoke(main, ["run", str(plan), "--backend", "hf", "--model", str(tiny_model(tmp_path)),
+                                "--samples-per-prompt", "3", "--workers", "2", "--global-batch", "8",
+                                "--max-new-tokens", "40", "--scout", "--scout-roll", "--scout-tokens", "12",
+                                "--scout-windows", "2", "--log", str(tmp_path / "FREE"), "--json", "--quiet"])  # fmt: skip
+    assert free.exit_code == 0, free.output
+    rows = run_log_samples(tmp_path / "FREE" / "epoch-1")
+    assert max(s["response_len"] for s in rows if s["prompt_id"].endswith(X)) <= 12
+    assert max(s["response_len"] for s in rows if not s["prompt_id"].endswith(X)) > 12

@@ -124,6 +124,41 @@ def test_vllm_replan_keeps_every_replayed_length(tmp_path):
 
 
 @needs_vllm
+def test_vllm_rolling_scout_cuts_its_scouts_and_keeps_their_responses(tmp_path):
+    # --scout --scout-roll on vLLM: each window's rest is a revision the engine follows, a scout
+    # minibatch's responses stop at T (the request's cap), the rest run to the run's, and a scout
+    # response that finished under T stands for one of its group's samples.
+    import numpy as np
+
+    from aspc.emit.schema import SCOUT_ID_SUFFIX as X
+    from tests.conftest import write_jsonl
+
+    model_dir = vllm_tiny_model(tmp_path)
+    rng = np.random.default_rng(5)  # two samples per prompt and a spare one for its scout
+    data = write_jsonl(tmp_path / "in.jsonl", [{"id": f"q{i:02d}", "prompt": f"question {i}",
+                                                "lengths": [int(x) for x in rng.integers(1, 40, size=3)]}
+                                               for i in range(24)])  # fmt: skip
+    plan = tmp_path / "plan.parquet"
+    assert CliRunner().invoke(main, ["compile", str(data), "--samples-per-prompt", "2", "-o", str(plan),
+                                     "--quiet"]).exit_code == 0  # fmt: skip
+    run_dir = tmp_path / "RUN"
+    done = aspc_process(["run", str(plan), "--backend", "vllm", "--model", str(model_dir), "--replay-lengths",
+                         "--actual-lengths", str(data), "--length-field", "lengths", "--max-new-tokens", str(CAP),
+                         "--workers", "1", "--global-batch", "8", "--scout", "--scout-roll", "--scout-tokens", "16",
+                         "--scout-windows", "2", "--log", str(run_dir), "--json"])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    held = json.loads(done.stdout)["epochs"][0]["samples_held"]
+    rows = run_log_samples(run_dir / "epoch-1")
+    scouts = [s for s in rows if s["prompt_id"].endswith(X)]
+    assert len(scouts) == 24 and max(s["response_len"] for s in scouts) <= 16
+    assert held["kept"] + held["cut"] == 24 and 0 < held["kept"] < 24
+    groups = [s for s in rows if not s["prompt_id"].endswith(X)]
+    assert len(groups) == 2 * 24 - held["kept"] and max(s["response_len"] for s in groups) > 16
+    assert sorted(p.name for p in (run_dir / "epoch-1" / "plans").iterdir()) == ["revision-1.parquet",
+                                                                                 "revision-2.parquet"]
+
+
+@needs_vllm
 def test_vllm_epochs_keep_the_engine_and_start_on_the_trained_weights(tmp_path):
     """``--epochs 2`` on vLLM: one engine start for both epochs, each epoch's replayed lengths exact."""
     import numpy as np

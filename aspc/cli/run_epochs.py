@@ -63,7 +63,7 @@ _EPOCH_OPTIONS = [
         help="With --scout: scout inside epoch 1, window by window (asp+scout+roll). Window k+1's scout runs "
         "beside window k's rest; each window's rest is planned when its scout returns (a revision in "
         "RUN/epoch-1/plans/), and a response that finished under the cut is held as one of its group's samples. "
-        "Sim with --actual-lengths only.",
+        "Any backend (local engine).",
     ),
     click.option("--scout-windows", type=int, default=None, help="With --scout-roll: windows of prompts.  [default: 8]"),
 ]
@@ -80,7 +80,7 @@ def check_epoch_options(
     epochs: int, log_dir: Path | None, length_drift: float, replan: bool, replan_every: int, scout: bool = False,
     scout_tokens: int | None = None, scout_keep: bool = False, scout_keep_through: int | None = None,
     backend: str = "sim", *, scout_roll: bool = False, scout_windows: int | None = None,
-    max_staleness: int | None = None, replays: bool = False,
+    max_staleness: int | None = None,
 ) -> None:  # fmt: skip
     """Usage errors of --epochs, --length-drift, --replan-every and --scout, before any backend loads."""
     if length_drift and epochs < 2:
@@ -102,8 +102,7 @@ def check_epoch_options(
     check_keep(scout, scout_keep, scout_keep_through, real=backend != "sim", replan=replan)
     from aspc.rolling_scout import check_roll_run
 
-    check_roll_run(scout, scout_roll, scout_windows, keep=scout_keep, real=backend != "sim", replan=replan,
-                   max_staleness=max_staleness, replays=replays)  # fmt: skip
+    check_roll_run(scout, scout_roll, scout_windows, keep=scout_keep, replan=replan, max_staleness=max_staleness)
 
 def run_epochs_cmd(
     plan: Any,
@@ -139,7 +138,7 @@ def run_epochs_cmd(
 
     check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens, scout_keep,
                         scout_keep_through, config.backend, scout_roll=scout_roll, scout_windows=scout_windows,
-                        max_staleness=config.max_staleness, replays=lengths is not None)  # fmt: skip
+                        max_staleness=config.max_staleness)  # fmt: skip
     with RichProgress(quiet) as progress:
         res = run_epochs(
             plan,

@@ -32,6 +32,12 @@ DISPATCH_RANK = "dispatch_rank"  # 0-based position in dispatch order == row num
 # response is held by the runtime; readers of run logs leave those rows out (cut ones are truncated).
 SCOUT_ID_SUFFIX = "\x00scout"
 
+
+def prompt_of(prompt_id: str) -> str:
+    """The prompt a plan row generates for: its own id, or a scout row's prompt (its group's id)."""
+    return prompt_id.removesuffix(SCOUT_ID_SUFFIX)
+
+
 PLAN_SCHEMA = pa.schema(
     [
         pa.field(PROMPT_ID, pa.string(), nullable=False),

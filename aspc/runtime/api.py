@@ -34,7 +34,7 @@ from aspc.runtime.core.batches import BatchBuilder
 from aspc.runtime.core.loop import drive
 from aspc.runtime.core.revise import revise_work
 from aspc.runtime.core.scheduler import Scheduler
-from aspc.runtime.hold import attach_holds, held_record, held_summary
+from aspc.runtime.hold import attach_holds, cut_scouts, held_record, held_summary
 from aspc.runtime.lengths import SampleLengths, join_actual_lengths, lengths_info, sample_predicted_lengths
 from aspc.runtime.record import resume as resume_log
 from aspc.runtime.record.metrics import RunSummary, summarize
@@ -145,7 +145,7 @@ def run(
         stored revisions are applied first (:meth:`Replanner.stored_revisions`).
         A rolling scout's (``holds_scouts``, :mod:`aspc.rolling_scout`) also
         holds the plan's scout responses for their groups and revises each
-        window when its scout returns (:mod:`aspc.runtime.hold`; sim only).
+        window when its scout returns (:mod:`aspc.runtime.hold`).
     progress
         Progress sink (the CLI's bar).
     keep_open
@@ -196,8 +196,7 @@ def run(
 
     if carried is not None:
         check_carried(backend is None and kind is BackendKind.SIM, replanner)
-    attach_holds(work, replanner, simulated=backend is None and kind is BackendKind.SIM,
-                 max_staleness=config.max_staleness)  # fmt: skip
+    attach_holds(work, replanner, max_staleness=config.max_staleness)
     lengths: SampleLengths | None = None
     if backend is None and kind is BackendKind.SIM:
         if actual_lengths is not None:
@@ -206,6 +205,7 @@ def run(
             )
         else:
             lengths = sample_predicted_lengths(work, seed=config.seed, max_new_tokens=config.max_new_tokens)
+        cut_scouts(work, lengths.response_len)
     if carried is not None:
         carry_into(work, carried, config.max_new_tokens, config.max_staleness, carry_through)
     context = BackendContext(

@@ -22,9 +22,13 @@ and in the scheduler:
   its policy lag counts from the weights that generated it.
 
 A scout response cut at the scout's limit is not a sample: it is held and
-never released, and its prompt's row generates the whole group. The
-simulator only so far: a real backend would have to keep the scout's tokens
-for the trainer (refused by :func:`check_holds`). A run log records which
+never released, and its prompt's row generates the whole group. A model
+backend (hf, vllm) stops a scout minibatch's responses at the scout's cut
+(``Holds.scout_tokens``) and names a scout response's prompt as its group's
+(:func:`aspc.emit.schema.prompt_of`), so a trainer that groups by prompt id
+(GRPO) finds the kept response among its siblings; the trainer gets its
+tokens from the batch builder, which keeps every response's payload until
+it is consumed. A run log records which
 samples are held (:func:`held_record`; revisions are replayed from
 ``RUN/plans/`` before it is compared), and a resumed run queues exactly the
 ones its log shows released, where they were (:func:`queued_on_resume`).
@@ -59,8 +63,10 @@ def scout_ids(ids: Any) -> np.ndarray:
     return np.asarray(pc.ends_with(ids, SCOUT_ID_SUFFIX).to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def initial_holds(work: WorkPlan) -> Holds:
+def initial_holds(work: WorkPlan, scout_tokens: int | None = None) -> Holds:
     """The :class:`Holds` of a rolling scout's first plan: scout rows held, every other minibatch pending.
+
+    ``scout_tokens``: the scout's cut, where a model backend stops a scout minibatch's responses.
 
     Raises
     ------
@@ -78,7 +84,7 @@ def initial_holds(work: WorkPlan) -> Holds:
     if mixed.any():
         raise PlanError(f"minibatch {int(np.flatnonzero(mixed)[0])} mixes scout rows with others; recompile it")
     n = work.n_total_samples
-    return Holds(scout[work.sample_row], np.full(n, -1, dtype=np.int64), per_mb == 0)
+    return Holds(scout[work.sample_row], np.full(n, -1, dtype=np.int64), per_mb == 0, scout_tokens)
 
 
 def revised_holds(work: WorkPlan, old: Holds, first: int, new_to_old: np.ndarray, kept_rows: np.ndarray,
@@ -120,7 +126,7 @@ def revised_holds(work: WorkPlan, old: Holds, first: int, new_to_old: np.ndarray
     pending = np.concatenate([old.pending[:first], np.asarray(pending_tail, dtype=bool)])
     if pending.size != work.n_minibatches:
         raise RunError("a plan revision marks pending minibatches it does not hold; please report this bug")
-    return Holds(held, release, pending)
+    return Holds(held, release, pending, old.scout_tokens)
 
 
 def pending_of(tail: Any) -> np.ndarray:
@@ -133,12 +139,19 @@ def pending_of(tail: Any) -> np.ndarray:
     return out
 
 
-def attach_holds(work: WorkPlan, replanner: object, *, simulated: bool, max_staleness: int | None) -> None:
+def attach_holds(work: WorkPlan, replanner: object, *, max_staleness: int | None) -> None:
     """Set ``work.holds`` when ``replanner`` is a rolling scout's (it says ``holds_scouts``), after :func:`check_holds`."""
     if not getattr(replanner, "holds_scouts", False):
         return
-    check_holds(simulated=simulated, replanner=replanner, max_staleness=max_staleness)
-    work.holds = initial_holds(work)
+    check_holds(replanner=replanner, max_staleness=max_staleness)
+    work.holds = initial_holds(work, getattr(replanner, "tokens", None))
+
+
+def cut_scouts(work: WorkPlan, response_len: np.ndarray) -> None:
+    """The sim's lengths (in place): a rolling scout's responses stop at its cut, as a model backend stops them."""
+    if work.holds is not None and work.holds.scout_tokens is not None:
+        held = work.holds.held
+        response_len[held] = np.minimum(response_len[held], int(work.holds.scout_tokens))
 
 
 def held_summary(work: WorkPlan) -> dict[str, Any] | None:
@@ -180,13 +193,11 @@ def queued_on_resume(work: WorkPlan, waiting: np.ndarray, generated: np.ndarray,
     return waiting[np.lexsort((pos[waiting], key[waiting]))]
 
 
-def check_holds(*, simulated: bool, replanner: object, max_staleness: int | None) -> None:
+def check_holds(*, replanner: object, max_staleness: int | None) -> None:
     """Refuse held scout samples where the runtime cannot honour them yet (one line each).
 
     Carried responses are refused before (:func:`~aspc.runtime.carry.check_carried`: not with a replanner).
     """
-    if not simulated:
-        raise ConfigError("the rolling scout is simulated only so far; use the sim backend")
     if not getattr(replanner, "holds_scouts", False):
         raise ConfigError("the rolling scout plans each window's rest when its scout returns: run it with its "
                           "replanner (aspc.rolling_scout), not another")  # fmt: skip

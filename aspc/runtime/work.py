@@ -41,6 +41,7 @@ class Holds:
     held: np.ndarray  # bool per sample id: a scout's response, never queued on its own
     release_with: np.ndarray  # int64 per sample id: the held sample queued just before it (-1: none)
     pending: np.ndarray  # bool per minibatch: planned from the prior, not dispatched before a revision replaces it
+    scout_tokens: int | None = None  # the scout's cut: a model backend stops a scout minibatch's responses here
 
     @property
     def n_released(self) -> int:

@@ -37,7 +37,7 @@ class GenerationRequest:
 
     minibatch: int  # plan minibatch id
     sample_start: int  # global id of its first sample; samples are numbered row by row, then sample index
-    prompt_ids: list[str]  # plan prompt id per row
+    prompt_ids: list[str]  # plan prompt id per row (a rolling scout row's: its prompt's, emit.schema.prompt_of)
     prompts: list[str]  # plan prompt per row: text, or chat messages as compact JSON
     n_samples: np.ndarray  # int64 per row, >= 1; sum == number of samples
     replay_len: np.ndarray | None  # int64 per sample, tokens each must generate; None = end at EOS
@@ -135,10 +135,14 @@ class ModelBackend(GenerationBackend):
             cap = int(replay.max(initial=0)) + 1  # one more step for the forced EOS
         else:
             cap = DEFAULT_MAX_NEW_TOKENS
+        holds = plan.holds
+        if holds is not None and holds.scout_tokens is not None and holds.held[work.sample_start]:
+            cap = min(cap, int(holds.scout_tokens))  # a rolling scout's minibatch: its responses are cut at T
         return GenerationRequest(
             minibatch=work.index,
             sample_start=work.sample_start,
-            prompt_ids=[str(p) for p in plan.prompt_ids[r0:r1]],
+            # A scout row's response is one of its prompt's group: the payload names that prompt.
+            prompt_ids=[S.prompt_of(str(p)) for p in plan.prompt_ids[r0:r1]],
             prompts=plan.table.column(S.PROMPT).slice(r0, r1 - r0).to_pylist(),
             n_samples=plan.n_samples[r0:r1].astype(np.int64).copy(),
             replay_len=replay,

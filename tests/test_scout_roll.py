@@ -402,6 +402,11 @@ def test_run_scout_roll_is_simulate_and_resumes_after_sigkill(tmp_path):
     pairs = runner.invoke(main, ["predict", "train", str(ref / "epoch-1"), "--kind", "lexical", "-o",
                                  str(tmp_path / "pred"), "--quiet"])  # fmt: skip
     assert pairs.exit_code == 0, pairs.output
+    # No static order stands for a plan revised inside the run: export refuses it in one line.
+    bad = runner.invoke(main, ["export", str(ref / "plans" / "epoch-1.parquet"), "--format", "jsonl", "-o",
+                               str(tmp_path / "x.jsonl"), "--no-source"])  # fmt: skip
+    assert bad.exit_code != 0 and "rolling scout's plan" in bad.output and len(bad.output.strip().splitlines()) == 1
+    assert not (tmp_path / "x.jsonl").exists()
     two = runner.invoke(main, [*_run_roll_args(plan, data, tmp_path / "TWO", "--epochs", "2"), "--json"])
     assert two.exit_code == 0, two.output
     assert [e["epoch"] for e in json.loads(two.stdout)["epochs"]] == [1, 2]

@@ -40,7 +40,7 @@ from aspc.atomic import atomic_path
 from aspc.choices import EXPORT_FORMATS
 from aspc.emit import Plan, read_plan
 from aspc.emit import schema as S
-from aspc.errors import ConfigError, InputError
+from aspc.errors import ConfigError, InputError, PlanError
 from aspc.export.overrides import override_args, verl_settings
 from aspc.export.source import check_rows, locate_source, source_records, source_table
 from aspc.guards import check_output
@@ -174,6 +174,10 @@ def export_plan(
         raise ConfigError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
     plan_path, out_path = Path(plan_path), Path(out_path)
     plan = read_plan(plan_path)
+    if plan.config.get("scout_roll") or any(str(p).endswith(S.SCOUT_ID_SUFFIX) for p in plan.column(S.PROMPT_ID)):
+        raise PlanError(f"{plan_path.name}: a rolling scout's plan (aspc run --scout-roll) is planned again inside "
+                        "the run as its scouts return, so no static order stands for it; export the plan it "
+                        "was built from")  # fmt: skip
     src = None
     if use_source:
         src = locate_source(plan, plan_path, None if source is None else Path(source))

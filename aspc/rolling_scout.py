@@ -40,9 +40,10 @@ from aspc.scout import scout_plan, scouted_prediction
 
 # Windows of prompts, and where in window k's rest (a share of its dispatch groups) window
 # k+1's scout is dispatched. More windows hold kept samples for fewer steps, but a short window
-# ends before the next one's scout does and its rest waits at the gate: on the reference
-# scenario (13 policies, 6 seeds) R = 4, 6, 8, 12, 16 give 0.860, 0.867, 0.862, 0.902, 0.937 x
-# random at lag max 42, 35, 30, 23, 22, and 8 has the best worst model (0.933; README).
+# ends before the next one's scout does and its rest waits for it: on the reference scenario
+# (13 policies, 6 seeds) R = 4, 6, 8 give 0.861, 0.873, 0.867 x random at lag max 42, 34, 30,
+# and 8 has the best worst model (0.937; 12 and 16 gave 0.902 and 0.937 before planning moved
+# inside the run; README).
 DEFAULT_WINDOWS = 8
 ROLL_AT = 0.25
 

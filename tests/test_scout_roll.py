@@ -546,3 +546,27 @@ def test_run_scout_roll_on_a_real_model(tmp_path):
     rows = run_log_samples(tmp_path / "FREE" / "epoch-1")
     assert max(s["response_len"] for s in rows if s["prompt_id"].endswith(X)) <= 12
     assert max(s["response_len"] for s in rows if not s["prompt_id"].endswith(X)) > 12
+
+
+def test_a_failed_minibatch_is_retried_around_the_revisions(tmp_path):
+    # A worker raising on a scout minibatch and on later ones: each goes back to the dispatcher ahead of
+    # the rest; a revision waits while one is pending (the remainder is not whole), and every hold holds.
+    from aspc.runtime.backends.sim import SimBackend
+    from aspc.runtime.lengths import join_actual_lengths
+    from tests.test_runtime_resume import Flaky
+
+    class _Following(Flaky):
+        def on_revision(self, work, first, new_to_old):
+            self.inner.on_revision(work, first, new_to_old)
+
+    make, lens, kept = _roller(tmp_path, 90, 4, 3, 4, 2)
+    roll = make()
+    want = join_actual_lengths(work_from_table(roll.initial), lens, max_new_tokens=1024).response_len
+    backend = _Following(SimBackend(SimCostModel(), want), fail={0: 1, 6: 2, 20: 1})
+    rc = RunConfig(workers=3, global_batch=8, seed=2, max_new_tokens=1024, max_retries=2)
+    res = run(roll.initial, config=rc, backend=backend, replanner=roll)
+    assert backend.attempts[0] == 2 and backend.attempts[6] == 3 and backend.attempts[20] == 2
+    assert res.summary.extra["worker_faults"] == 4
+    smp, by_mb = _columns(res)
+    _check_holds(roll, kept, 4, smp, by_mb)
+    assert res.summary.n_trainer_steps == 4 * 90 // 8

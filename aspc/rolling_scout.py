@@ -154,17 +154,17 @@ class RollingScout(Replanner):
             import pyarrow.compute as pc
 
             at = pc.index_in(pa.array(self.scout_ids[self.done]), value_set=work.table.column(S.PROMPT_ID).combine_chunks())
-            first = np.r_[0, np.cumsum(work.n_samples)[:-1]].astype(np.int64)
-            self._cache = (work.table, first[np.asarray(at.to_numpy(), dtype=np.int64)])
+            self._cache = (work.table, work.row_first_samples()[np.asarray(at.to_numpy(), dtype=np.int64)])
             self._missing = self._cache[1]
         return self._cache[1]
 
-    def wants_revision(self, work: Any, observed: np.ndarray) -> bool:
+    def wants_revision(self, work: Any, observed: Any) -> bool:
         """The next window's scout has returned whole."""
         self.work = work  # revised in place by the runtime: the run's final rows once it ends
         if self.done >= self.windows:
             return False
         self._scout_samples(work)
+        observed = observed()
         # Asked every loop turn: the first one still out says no at once; else keep only what is left.
         if self._missing.size and observed[self._missing[0]] < 0:
             return False

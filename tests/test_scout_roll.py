@@ -53,7 +53,7 @@ class _Fixed(Replanner):
         self.scouts, self.counts, self.done = np.asarray(scouts), counts, False
 
     def wants_revision(self, work, observed) -> bool:
-        return not self.done and bool(np.all(observed[self.scouts] >= 0))
+        return not self.done and bool(np.all(observed()[self.scouts] >= 0))
 
     def revise(self, view):
         self.done = True

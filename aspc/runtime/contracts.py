@@ -13,6 +13,7 @@ classes.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -171,11 +172,14 @@ class Replanner(ABC):
     # A rolling scout's replanner: scout rows are held, prompt-planned minibatches pending (aspc.runtime.hold).
     holds_scouts: bool = False
 
-    def wants_revision(self, work: WorkPlan, observed: Any) -> bool:
-        """Whether to revise ``work`` now, between windows (``observed``: tokens per sample id, -1 where not returned).
+    def wants_revision(self, work: WorkPlan, observed: Callable[[], Any]) -> bool:
+        """Whether to revise ``work`` now, between windows.
 
         Asked after every turn of the run's loop while a remainder exists;
-        must be cheap. The default: only at step windows.
+        must be cheap. ``observed()`` gives the tokens per sample id (-1 where
+        not returned); it applies the arrivals buffered since the last call,
+        so call it only when the answer needs it. The default: only at step
+        windows.
         """
         return False
 

@@ -104,11 +104,10 @@ def revised_holds(work: WorkPlan, old: Holds, first: int, new_to_old: np.ndarray
         A kept row has no scout row, or its scout has not been dispatched
         or returned (a replanner bug).
     """
-    scout = scout_row_mask(work)
-    held = scout[work.sample_row]
+    held = old.held[new_to_old]  # a scout row keeps its one sample through every revision
     release = old.release_with[new_to_old]
     if kept_rows.size:
-        first_sample = np.r_[0, np.cumsum(work.n_samples)[:-1]].astype(np.int64)
+        first_sample = work.row_first_samples()
         import pyarrow as pa
         import pyarrow.compute as pc
 

@@ -110,6 +110,10 @@ class WorkPlan:
         rows, samples = self._bounds
         return MinibatchWork(m, rows[m], rows[m + 1], samples[m], samples[m + 1])
 
+    def row_first_samples(self) -> np.ndarray:
+        """The sample id of each row's first sample (int64, one per row)."""
+        return np.r_[0, np.cumsum(self.n_samples)[:-1]].astype(np.int64)
+
     def sample_prompt_tokens(self) -> np.ndarray:
         """Prompt tokens of every sample (int64, length N)."""
         return self.prompt_tokens[self.sample_row]

@@ -158,7 +158,7 @@ def drive(
                 assert replanner.every_steps is not None
                 next_window = steps_done + replanner.every_steps
             # wants_revision first: it is cheap, first_undispatched walks the dispatch order.
-            first = scheduler.first_undispatched if due or replanner.wants_revision(work, batches.observed()) else None
+            first = scheduler.first_undispatched if due or replanner.wants_revision(work, batches.observed) else None
             if first is not None:
                 view = ReplanView(work, first, batches.observed(), steps_done, revision)
                 tail = replanner.revise(view)

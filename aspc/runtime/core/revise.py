@@ -81,7 +81,7 @@ def revise_work(work: WorkPlan, first: int, tail: pa.Table, observed: np.ndarray
     table = table.set_column(table.schema.get_field_index(S.N_SAMPLES), S.N_SAMPLES, pa.array(counts, pa.int32()))
     new = work_from_table(table)
     # Sample (row, index) pairs map one to one; the prefix is the identity.
-    old_first = np.r_[0, np.cumsum(work.n_samples)][:-1]
+    old_first = work.row_first_samples()
     row_of_new_row = np.concatenate([np.arange(r0, dtype=np.int64), old_rows])
     new_to_old = old_first[row_of_new_row[new.sample_row]] + new.sample_index
     # One to one but for the samples a kept scout response replaces (never dispatched: after the prefix).

@@ -316,7 +316,7 @@ class Recorder:
         idx = cols["sample_index"].astype(np.int64)
         if np.any(idx < 0) or np.any(idx >= work.n_samples[rows]):
             raise RunError(f"{where}: its samples have indices beyond this plan's n_samples")
-        gid = np.r_[0, np.cumsum(work.n_samples)][rows] + idx
+        gid = work.row_first_samples()[rows] + idx
         if np.unique(gid).size != gid.size:
             raise RunError(f"{where}: a sample appears twice in its samples parts")
         self.response_len[gid] = cols["response_len"]

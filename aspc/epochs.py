@@ -237,7 +237,7 @@ def run_epochs(
         ``<= scout_keep_through`` (``None``: all).
     scout_roll, scout_windows
         Scout inside epoch 1 instead, window by window (``--scout-roll``,
-        :mod:`aspc.rolling_scout`; sim only): no ``RUN/scout/``, epoch 1's
+        :mod:`aspc.rolling_scout`; any backend): no ``RUN/scout/``, epoch 1's
         plan holds the scout rows and each window's revision is in
         ``RUN/epoch-1/plans/``.
     run_kwargs
@@ -268,7 +268,9 @@ def run_epochs(
     if length_drift and backend is not None and not replays:
         raise ConfigError("--length-drift scales replayed lengths: a real backend replays them only with --replay-lengths")
     carry = backend is not None or trainer is not None
-    if carry and getattr(config, "engine", "local") != "local":
+    # The rolling scout is one run (its scouts are inside epoch 1), so only more runs need the local engine.
+    runs = n_epochs + int(scout and not scout_roll)
+    if carry and runs > 1 and getattr(config, "engine", "local") != "local":
         what = "--scout" if scout and n_epochs == 1 else "--epochs"
         raise ConfigError(f"{what} on a real backend keeps its workers across runs: use the local engine (drop --engine ray)")
     root = Path(log_dir)

@@ -96,3 +96,12 @@ def test_killed_actor_minibatch_is_redispatched(tmp_path, model_dir, ray_session
     # The replacement actor reloaded the version its minibatch was dispatched with.
     assert trainer.pairs and all(stamp == logged for stamp, logged in trainer.pairs)
     assert max(v for _, v in trainer.pairs) >= 1
+
+
+def test_rolling_scout_on_ray(tmp_path, ray_session):
+    # One run, its scouts inside epoch 1: the Ray engine's actors generate them, cut at T, and the
+    # driver's requests and revisions follow the holds as the local engine's do.
+    from tests.test_scout_roll import check_roll_on_a_real_model
+
+    check_roll_on_a_real_model(tmp_path, ["--engine", "ray"])
+

@@ -502,9 +502,16 @@ def groups(context, out):
 
 
 def test_run_scout_roll_on_a_real_model(tmp_path):
-    # hf backend, a tiny random causal LM, responses forced to their recorded lengths: a scout minibatch's
-    # responses stop at T, the rest at the run's cap; a kept response reaches the trainer named as its
-    # prompt, in the batch of its group's first sample.
+    check_roll_on_a_real_model(tmp_path, [])
+
+
+def check_roll_on_a_real_model(tmp_path: Path, engine: list[str]) -> None:
+    """hf backend (``engine``: extra options, e.g. the Ray engine), a tiny random causal LM.
+
+    Responses forced to their recorded lengths: a scout minibatch's responses
+    stop at T, the rest at the run's cap; a kept response reaches the trainer
+    named as its prompt, in the batch of its group's first sample.
+    """
     from tests.realmodel import run_log_samples, tiny_model
 
     data = _dataset(tmp_path, 24, 9, k=4)
@@ -518,7 +525,7 @@ def test_run_scout_roll_on_a_real_model(tmp_path):
     assert runner.invoke(main, ["compile", str(data), "--samples-per-prompt", "3", "-o", str(plan),
                                 "--quiet"]).exit_code == 0  # fmt: skip
     log = tmp_path / "RUN"
-    r = runner.invoke(main, ["run", str(plan), "--backend", "hf", "--model", str(tiny_model(tmp_path)),
+    r = runner.invoke(main, ["run", str(plan), "--backend", "hf", "--model", str(tiny_model(tmp_path)), *engine,
                              "--replay-lengths", "--actual-lengths", str(data), "--length-field", "lengths",
                              "--samples-per-prompt", "3", "--workers", "2", "--global-batch", "8",
                              "--max-new-tokens", "40", "--scout", "--scout-roll", "--scout-tokens", "12",
@@ -538,7 +545,7 @@ def test_run_scout_roll_on_a_real_model(tmp_path):
     assert not any(p.endswith(X) for p in seen)  # every payload names its prompt, the kept ones too
     assert sorted(seen) == sorted(p for p in lens for _ in range(3))  # every group whole: 3 per prompt
     # Generated to EOS (no replay): the scout minibatches' responses stop at T all the same.
-    free = runner.invoke(main, ["run", str(plan), "--backend", "hf", "--model", str(tiny_model(tmp_path)),
+    free = runner.invoke(main, ["run", str(plan), "--backend", "hf", "--model", str(tiny_model(tmp_path)), *engine,
                                 "--samples-per-prompt", "3", "--workers", "2", "--global-batch", "8",
                                 "--max-new-tokens", "40", "--scout", "--scout-roll", "--scout-tokens", "12",
                                 "--scout-windows", "2", "--log", str(tmp_path / "FREE"), "--json", "--quiet"])  # fmt: skip

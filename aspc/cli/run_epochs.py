@@ -63,7 +63,7 @@ _EPOCH_OPTIONS = [
         help="With --scout: scout inside epoch 1, window by window (asp+scout+roll). Window k+1's scout runs "
         "beside window k's rest; each window's rest is planned when its scout returns (a revision in "
         "RUN/epoch-1/plans/), and a response that finished under the cut is held as one of its group's samples. "
-        "Any backend (local engine).",
+        "Any backend, local or Ray engine (one run).",
     ),
     click.option("--scout-windows", type=int, default=None, help="With --scout-roll: windows of prompts.  [default: 8]"),
 ]

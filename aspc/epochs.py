@@ -250,8 +250,7 @@ def run_epochs(
     tokens = scout_tokens_of(config.max_new_tokens, scout_tokens) if scout else None
     check_keep(scout, scout_keep, scout_keep_through, real=backend is not None or trainer is not None,
                replan=replan_every is not None)  # fmt: skip
-    check_roll_run(scout, scout_roll, scout_windows, keep=scout_keep, replan=replan_every is not None,
-                   max_staleness=config.max_staleness)
+    check_roll_run(scout, scout_roll, scout_windows, keep=scout_keep, replan=replan_every is not None)
     if not np.isfinite(length_drift) or length_drift <= -1:
         raise ConfigError(f"--length-drift must be a number > -1, got {length_drift}")
     if length_drift and actual_lengths is None:
@@ -281,9 +280,10 @@ def run_epochs(
     if resume and tokens is not None and not scout_roll:
         check_scout_cut(root, tokens)
     n = config.samples_per_prompt or int(plan.table.column(S.N_SAMPLES)[0].as_py())
-    if scout_roll and n < 2:
+    if scout_roll and n < 2 and config.max_staleness is None:
         raise ConfigError(f"--scout-roll keeps a scout response as one of its prompt's samples, so it needs "
-                          f"--samples-per-prompt >= 2 (got {n}); use --scout or --scout --scout-keep")  # fmt: skip
+                          f"--samples-per-prompt >= 2 (got {n}) or --max-staleness (under which it keeps none); use --scout or "
+                          "--scout --scout-keep")  # fmt: skip
     cfg: CompileConfig = compile_config_of(plan.config or {}, **(compile_overrides or {}))
     table = prompt_table_of(plan.table, plan.input_hash)
     replay_base = backend.options.replay_lengths if replays else None
@@ -318,7 +318,8 @@ def run_epochs(
             if k == 1 and scout_roll:
                 assert tokens is not None
                 current, roll = rolling_epoch(plan, table, dataclasses.replace(cfg, samples_per_prompt=n), config.workers,
-                                              tokens, scout_windows, history_prior_metadata(), root / "epoch-1")  # fmt: skip
+                                              tokens, scout_windows, history_prior_metadata(), root / "epoch-1",
+                                              keep=config.max_staleness is None)  # fmt: skip
             if k > 1:
                 pred = epoch_prediction(plan, [root / f"epoch-{j}" for j in range(1, k)])
                 current = compile_plan(

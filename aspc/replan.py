@@ -191,6 +191,8 @@ class OnlineReplanner(Replanner):
         self._base = prediction_of(plan_table)
         self._offset = pm.log(np.maximum(self._base.mean, 1.0))
         self.revisions: list[dict[str, Any]] = []  # per revision: step, first minibatch, observed prompts
+        # Prompts in the plan's largest minibatch: a revision's mean never exceeds it (largest_minibatch).
+        self._rows = int(np.bincount(plan_table.column(S.MINIBATCH).to_numpy()).max()) if plan_table.num_rows else 1
 
     def _observed(self, view: ReplanView) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per plan row of ``view.work``: returned samples' count and sum, and the global index of the row."""
@@ -252,6 +254,18 @@ class OnlineReplanner(Replanner):
         self.revisions = [{"revision": k, "first_minibatch": f} for k, (f, _) in enumerate(out, start=1)]
         return out
 
+    def largest_minibatch(self, work: Any) -> int:
+        """A bound on the samples of a minibatch of ``work`` or of a revision of it (see :meth:`revise`).
+
+        A revision cuts the remainder into as many minibatches as it had, of
+        ``b`` prompts on average, kept at most the plan's largest, and each
+        holds at most ``b`` plus the slack (:func:`aspc.compiler.resolve_sizes`).
+        """
+        rows = self._rows
+        slack = self.config.slack if self.config.slack is not None and self.config.slack < rows else rows // 4
+        most = (rows + max(slack, rows // 4)) * int(work.n_samples.max())
+        return max(int(work.minibatch_sizes.max()), most)
+
     def revise(self, view: ReplanView) -> pa.Table | None:
         # Near the end a revision can only hurt: prompts it now thinks long
         # would form a long minibatch that starts late and ends the run late.
@@ -269,7 +283,9 @@ class OnlineReplanner(Replanner):
         # Keep the remainder's minibatch count (a revision re-cuts, it does not
         # add minibatches: each one pays the fixed decode-step cost).
         left = w.n_minibatches - view.first_undispatched
-        b = max(1, int(round(len(rest) / left)))
+        # At most the plan's largest: minibatches dispatched smaller than the mean would otherwise raise it
+        # revision after revision, past what the --max-staleness check sized the run for.
+        b = max(1, min(int(round(len(rest) / left)), self._rows))
         slack = self.config.slack if self.config.slack is not None and self.config.slack < b else None
         cfg = dataclasses.replace(self.config, samples_per_prompt=n, batch_size=b, slack=slack)
         plan = compile_plan(sub, pred, cfg, predictor_identity={"kind": "replan", "revision": view.revision + 1})

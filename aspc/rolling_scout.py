@@ -55,14 +55,11 @@ def scout_windows(windows: int | None, n_prompts: int) -> int:
     return max(1, min(n_prompts, DEFAULT_WINDOWS if windows is None else windows))
 
 
-def check_rolling(chosen: bool, windows: int | None, max_staleness: int | None) -> None:
+def check_rolling(chosen: bool, windows: int | None) -> None:
     """Usage errors of ``asp+scout+roll`` and ``--scout-windows`` (one line each)."""
     if windows is not None and not chosen:
         raise ConfigError("--scout-windows applies to the asp+scout+roll strategy; add it to --strategies or drop the option")
     scout_windows(windows, 1)
-    if chosen and max_staleness is not None:
-        raise ConfigError("asp+scout+roll does not combine with --max-staleness yet (a held response's lag is not "
-                          "bounded by it); drop one of the two")  # fmt: skip
 
 
 class RollingScout(Replanner):
@@ -82,6 +79,14 @@ class RollingScout(Replanner):
     log_dir
         Run directory: each revision goes to ``plans/revision-R.parquet``, which
         ``--resume`` replays.
+    keep
+        Hold a response that finished under the cut as one of its group's
+        samples. ``False`` under ``--max-staleness K``: a held response waits
+        for its group's row, which the staleness gate may hold back until the
+        response is older than K versions, and a group then short of a sample
+        could only be made whole by a sample planned after the fact; so under
+        a bound every group is generated whole and the scouts only inform the
+        plan (held, never released, never consumed).
     prior_cap
         The response cap applied to each window's predictions: ``True`` for
         ``config.max_response_length``; ``None`` where ``prior`` is a plan's,
@@ -93,9 +98,11 @@ class RollingScout(Replanner):
 
     def __init__(self, table: PromptTable, prior: LengthPrediction, config: CompileConfig, workers: int,
                  tokens: int, windows: int, prior_metadata: dict[str, Any],
-                 log_dir: str | os.PathLike | None = None, prior_cap: int | None | bool = True):  # fmt: skip
+                 log_dir: str | os.PathLike | None = None, prior_cap: int | None | bool = True,
+                 keep: bool = True):  # fmt: skip
         self.n = int(config.samples_per_prompt)
-        if self.n < 2:
+        self.keeps = bool(keep)
+        if self.n < 2 and self.keeps:
             raise ConfigError("asp+scout+roll keeps a scout response as one of its prompt's samples, so it needs "
                               f"--samples-per-prompt >= 2 (got {self.n}); use asp+scout+keep or asp+scout")  # fmt: skip
         ids = [str(p) for p in table.ids]
@@ -140,12 +147,19 @@ class RollingScout(Replanner):
         rest = compile_plan(sub, cap_prediction(pred, self.prior_cap), self.asp,
                             predictor_identity={"kind": "scout-roll"}).table  # fmt: skip
         n = np.full(rest.num_rows, self.n, dtype=np.int32)
-        if observed is not None:  # a response that finished under the cut is one of its group's samples
+        if observed is not None and self.keeps:  # a response that finished under the cut is one of its group's samples
             kept = {p for p, v in zip(sub.ids, observed.tolist(), strict=True) if v < self.tokens}
             n -= np.fromiter((p in kept for p in rest.column(S.PROMPT_ID).to_pylist()), dtype=np.int32,
                              count=rest.num_rows)  # fmt: skip
         i = rest.schema.get_field_index(S.N_SAMPLES)
         return rest.set_column(i, rest.schema.field(i), pa.array(n, pa.int32()))
+
+    def largest_minibatch(self, work: Any) -> int:
+        """A bound on the samples of a minibatch of ``work`` or of a revision: a window's rest, ``b + slack`` prompts of n."""
+        from aspc.compiler import resolve_sizes
+
+        most = max(sum(resolve_sizes(self.asp, len(sub.ids))) for sub in self.subs) * self.n
+        return max(int(work.minibatch_sizes.max()), most)
 
     def _scout_samples(self, work: Any) -> np.ndarray:
         """Sample ids of the next window's scout rows in ``work`` (cached until the plan changes)."""
@@ -271,7 +285,7 @@ def _one_plan(parts: list[Any], metadata: Any) -> Any:
 
 
 def check_roll_run(scout: bool, roll: bool, windows: int | None, *, keep: bool, replan: bool,
-                   max_staleness: int | None) -> None:  # fmt: skip
+                   ) -> None:  # fmt: skip
     """Usage errors of ``aspc run --scout --scout-roll`` and ``--scout-windows`` (one line each), before anything runs."""
     if windows is not None and not roll:
         raise ConfigError("--scout-windows applies to --scout-roll; add it or drop the option")
@@ -283,12 +297,12 @@ def check_roll_run(scout: bool, roll: bool, windows: int | None, *, keep: bool, 
                      (replan, "plans each window itself: drop --replan")):  # fmt: skip
         if bad:
             raise ConfigError(f"--scout-roll {why}")
-    check_rolling(True, windows, max_staleness)
+    check_rolling(True, windows)
 
 
 def rolling_epoch(plan: Any, table: PromptTable, config: CompileConfig, workers: int, tokens: int,
                   windows: int | None, prior_metadata: dict[str, Any],
-                  log_dir: str | os.PathLike) -> tuple[Any, RollingScout]:  # fmt: skip
+                  log_dir: str | os.PathLike, keep: bool = True) -> tuple[Any, RollingScout]:  # fmt: skip
     """Epoch 1 of ``aspc run --scout --scout-roll``: the rolling scout's first plan (a :class:`Plan`) and its replanner."""
     from aspc.caps import cap_for_plan
     from aspc.replan import prediction_of
@@ -299,7 +313,7 @@ def rolling_epoch(plan: Any, table: PromptTable, config: CompileConfig, workers:
     config = dataclasses.replace(config, batch_size=None, slack=None)
     roll = RollingScout(table.take(order), prediction_of(plan.table).take(order), config, workers, tokens,
                         scout_windows(windows, len(table.ids)), prior_metadata, log_dir=log_dir,
-                        prior_cap=cap_for_plan(plan.config, config.max_response_length))  # fmt: skip
+                        prior_cap=cap_for_plan(plan.config, config.max_response_length), keep=keep)  # fmt: skip
     roll.input_hash = plan.input_hash
     info = {**(plan.config or {}), "scout_roll": {"tokens": int(tokens), "windows": roll.windows}}
     return roll.as_plan(roll.initial, info, {"kind": "scout-roll", "base": plan.predictor}), roll
@@ -324,7 +338,7 @@ def simulate_rolling(table, prediction, known, spare, name, config, run_config, 
     n = run_config.samples_per_prompt or config.samples_per_prompt
     cfg = dataclasses.replace(config, samples_per_prompt=n)
     roll = RollingScout(table, prediction, cfg, run_config.workers, tokens, scout_windows(windows, len(table)),
-                        metadata)  # fmt: skip
+                        metadata, keep=run_config.max_staleness is None)  # fmt: skip
     row_of = {str(p): i for i, p in enumerate(table.ids)}
     lengths = {}
     for p in row_of:
@@ -345,7 +359,7 @@ def simulate_rolling(table, prediction, known, spare, name, config, run_config, 
         "tokens": int(tokens),
         "windows": int(roll.windows),
         "responses_kept": held["kept"],
-        "responses_cut": held["cut"],
+        "responses_cut": int(np.count_nonzero(np.asarray(spare) >= tokens)),  # under --max-staleness none is kept
     }
     return res
 

@@ -157,7 +157,7 @@ def simulate_strategies(
     if scout_windows is not None or SCOUT_ROLL in strategies:
         from aspc.rolling_scout import check_rolling
 
-        check_rolling(SCOUT_ROLL in strategies, scout_windows, run_config.max_staleness)
+        check_rolling(SCOUT_ROLL in strategies, scout_windows)
     if inputs.length_field is None and actual_lengths_path is None:
         raise InputError(
             "simulate needs actual response lengths: pass --length-field FIELD or --actual-lengths FILE"

@@ -260,3 +260,48 @@ def test_cli_epochs_sigkilled_in_epoch_two_resume_to_the_same_plans_and_samples(
         name = f"plans/epoch-{k}.parquet"
         assert (run_dir / name).read_bytes() == (ref / name).read_bytes(), name
         assert lengths(run_dir / f"epoch-{k}") == lengths(ref / f"epoch-{k}")
+
+
+class _Recording(OnlineReplanner):
+    """An online replanner recording the samples of every minibatch its revisions plan."""
+
+    def revise(self, view):
+        tail = super().revise(view)
+        if tail is not None:
+            mb = tail.column(S.MINIBATCH).to_numpy()
+            per_row = view.work.n_samples[int(view.work.row_offsets[view.first_undispatched]):]
+            self.sizes.extend(np.bincount(mb, weights=per_row).astype(int).tolist())
+        return tail
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(120, 400),
+    batch_size=st.sampled_from([None, 4, 8]),
+    slack=st.sampled_from([None, 0, 2, 7]),
+    n_samples=st.integers(1, 4),
+    workers=st.integers(1, 4),
+    every=st.integers(1, 3),
+    k=st.integers(1, 3),
+    mult=st.integers(1, 2),
+    seed=st.integers(0, 5),
+)
+def test_replan_under_a_staleness_bound(n, batch_size, slack, n_samples, workers, every, k, mult, seed):
+    # Every revision's minibatches fit the bound the replanner declared before the run (the staleness check
+    # is sized by it, so none could be left unable to start), and every consumed sample's lag is <= K.
+    if batch_size is not None and slack is not None and slack >= batch_size:
+        slack = batch_size - 1
+    table, lens, flat = _data(n, seed)
+    lens = {p: v[:n_samples] for p, v in lens.items()}
+    cfg = CompileConfig(samples_per_prompt=n_samples, batch_size=batch_size, slack=slack, workers=workers, seed=seed)
+    plan = compile_plan(table, flat, cfg)
+    rp = _Recording(plan.table, cfg, every_steps=every)
+    rp.sizes = []
+    bound = rp.largest_minibatch(work_from_table(plan.table))
+    gb = -(-bound // k) * mult
+    res = run(plan, config=RunConfig(workers=workers, global_batch=gb, max_staleness=k, seed=seed),
+              actual_lengths=lens, replanner=rp)  # fmt: skip
+    assert all(s <= bound for s in rp.sizes)
+    s = res.summary
+    assert s.samples_generated == s.samples_planned == n * n_samples
+    assert s.policy_lag_max is None or s.policy_lag_max <= k

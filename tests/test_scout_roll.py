@@ -165,7 +165,7 @@ def _roll(path: Path, n: int, workers: int, gb: int, windows: int, seed: int, mo
                                scout_windows=windows, scout_tokens=256, repeats=repeats)  # fmt: skip
 
 
-def _roller(tmp_path: Path, n_prompts: int, n: int, workers: int, windows: int, seed: int):
+def _roller(tmp_path: Path, n_prompts: int, n: int, workers: int, windows: int, seed: int, keep: bool = True):
     """A rolling scout over a generated dataset (a maker, one per run), the lengths its rows replay, the kept scouts."""
     from aspc.compiler import prepare
 
@@ -175,8 +175,8 @@ def _roller(tmp_path: Path, n_prompts: int, n: int, workers: int, windows: int, 
     table, prior, _ = prepare(path, InputOptions(), cfg)
     spare = {r["id"]: float(r["lengths"][n]) for r in recs}
     lens = {r["id"]: r["lengths"][:n] for r in recs} | {p + X: [min(v, 256.0)] for p, v in spare.items()}
-    kept = {p: v < 256 for p, v in spare.items()}
-    return (lambda log=None: RollingScout(table, prior, cfg, workers, 256, windows, {}, log_dir=log)), lens, kept
+    kept = {p: keep and v < 256 for p, v in spare.items()}
+    return (lambda log=None: RollingScout(table, prior, cfg, workers, 256, windows, {}, log_dir=log, keep=keep)), lens, kept
 
 
 def _check_holds(roll, kept, n, smp, by_mb) -> None:
@@ -232,6 +232,45 @@ def _checked_roll(tmp_path: Path, n_prompts: int, n: int, workers: int, gb: int,
 )
 def test_rolling_scout_invariants(tmp_path, n_prompts, n, workers, gb, windows, mode, seed):
     _checked_roll(tmp_path, n_prompts, n, workers, gb, windows, mode, seed)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    n_prompts=st.integers(10, 90),
+    n=st.integers(1, 5),
+    workers=st.integers(1, 5),
+    mult=st.integers(1, 3),
+    k=st.integers(1, 4),
+    windows=st.integers(1, 6),
+    mode=st.sampled_from(["static", "continuous"]),
+    seed=st.integers(0, 3),
+)
+def test_rolling_scout_under_a_staleness_bound(tmp_path, n_prompts, n, workers, mult, k, windows, mode, seed):
+    # Under --max-staleness K the scouts only inform the plan: every group is generated whole, no scout
+    # response is consumed, and every consumed sample's lag is <= K. Every revised minibatch fits the
+    # bound its replanner declared before the run (the staleness check is sized by it).
+    make, lens, kept = _roller(tmp_path, n_prompts, n, workers, windows, seed, keep=False)
+    roll = make()
+    bound = roll.largest_minibatch(work_from_table(roll.initial))
+    gb = -(-bound // k) * mult
+    rc = RunConfig(workers=workers, global_batch=gb, seed=seed, max_new_tokens=1024, return_mode=mode, max_staleness=k)
+    res = run(roll.initial, config=rc, actual_lengths=lens, replanner=roll)
+    smp, by_mb = _columns(res)
+    _check_holds(roll, kept, n, smp, by_mb)
+    assert int(roll.work.minibatch_sizes.max()) <= bound
+    s = res.summary
+    assert s.policy_lag_max is None or s.policy_lag_max <= k
+    assert s.extra["samples_held"] == {"kept": 0, "not_kept": n_prompts}
+    assert s.n_trainer_steps == n * n_prompts // gb
+    assert s.samples_generated == s.samples_planned == n_prompts * (n + 1)
+
+
+def test_a_keeping_rolling_scout_is_refused_under_a_staleness_bound(tmp_path):
+    make, lens, _ = _roller(tmp_path, 30, 3, 2, 2, 0)
+    roll = make()
+    with pytest.raises(ConfigError, match="does not combine with --max-staleness"):
+        run(roll.initial, config=RunConfig(workers=2, global_batch=400, max_staleness=2), actual_lengths=lens,
+            replanner=roll)  # fmt: skip
 
 
 class _StopAt(SimTrainer):
@@ -315,12 +354,15 @@ def test_simulate_cli_scout_roll(tmp_path):
     assert runner.invoke(main, [*args, "--scout-windows", "3"]).stdout == r.stdout  # same input and seed
     for extra, message in (
         (["--scout-windows", "0"], "--scout-windows must be an integer >= 1, got 0"),
-        (["--max-staleness", "2"], "does not combine with --max-staleness"),
         (["--samples-per-prompt", "1"], "needs --samples-per-prompt >= 2 (got 1)"),
     ):
         bad = runner.invoke(main, [*args, *extra])
         assert bad.exit_code != 0 and message in bad.output and "Traceback" not in bad.output, bad.output
         assert len(bad.output.strip().splitlines()) == 1
+    bounded = runner.invoke(main, [*args, "--scout-windows", "3", "--max-staleness", "4"])
+    assert bounded.exit_code == 0, bounded.output
+    got = json.loads(bounded.stdout)["strategies"]["asp+scout+roll"]
+    assert got["policy_lag_max"] <= 4 and got["scout"]["responses_kept"] == 0  # under a bound it keeps none
     no_roll = [*args[:-2], "random,asp", "--json", "--scout-windows", "3"]
     bad = runner.invoke(main, no_roll)
     assert bad.exit_code != 0 and "--scout-windows applies to the asp+scout+roll strategy" in bad.output
@@ -420,7 +462,6 @@ def test_run_scout_roll_is_simulate_and_resumes_after_sigkill(tmp_path):
         (["--scout", "--scout-roll", "--scout-windows", "0", "--log", "RUN"], "--scout-windows must be an integer"),
         (["--scout", "--scout-roll", "--scout-keep", "--log", "RUN"], "drop --scout-keep"),
         (["--scout", "--scout-roll", "--replan", "--log", "RUN"], "drop --replan"),
-        (["--scout", "--scout-roll", "--max-staleness", "2", "--log", "RUN"], "does not combine with --max-staleness"),
         (["--scout", "--scout-roll", "--samples-per-prompt", "1", "--log", "RUN"], "--samples-per-prompt >= 2"),
     ],
 )

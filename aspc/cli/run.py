@@ -348,7 +348,7 @@ def run_cmd(
     check_log_options(log_dir, overwrite=overwrite, resume=resume)
     check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens, scout_keep,
                         scout_keep_through, kwargs.get("backend") or "sim", scout_roll=scout_roll,
-                        scout_windows=scout_windows, max_staleness=kwargs.get("max_staleness"))  # fmt: skip
+                        scout_windows=scout_windows)  # fmt: skip
     if log_dir is not None:
         from aspc.guards import check_output
 

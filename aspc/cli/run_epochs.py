@@ -80,7 +80,6 @@ def check_epoch_options(
     epochs: int, log_dir: Path | None, length_drift: float, replan: bool, replan_every: int, scout: bool = False,
     scout_tokens: int | None = None, scout_keep: bool = False, scout_keep_through: int | None = None,
     backend: str = "sim", *, scout_roll: bool = False, scout_windows: int | None = None,
-    max_staleness: int | None = None,
 ) -> None:  # fmt: skip
     """Usage errors of --epochs, --length-drift, --replan-every and --scout, before any backend loads."""
     if length_drift and epochs < 2:
@@ -102,7 +101,7 @@ def check_epoch_options(
     check_keep(scout, scout_keep, scout_keep_through, real=backend != "sim", replan=replan)
     from aspc.rolling_scout import check_roll_run
 
-    check_roll_run(scout, scout_roll, scout_windows, keep=scout_keep, replan=replan, max_staleness=max_staleness)
+    check_roll_run(scout, scout_roll, scout_windows, keep=scout_keep, replan=replan)
 
 def run_epochs_cmd(
     plan: Any,
@@ -137,8 +136,7 @@ def run_epochs_cmd(
     from aspc.epochs import run_epochs
 
     check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens, scout_keep,
-                        scout_keep_through, config.backend, scout_roll=scout_roll, scout_windows=scout_windows,
-                        max_staleness=config.max_staleness)  # fmt: skip
+                        scout_keep_through, config.backend, scout_roll=scout_roll, scout_windows=scout_windows)  # fmt: skip
     with RichProgress(quiet) as progress:
         res = run_epochs(
             plan,

@@ -188,7 +188,8 @@ def run(
     table, plan_info = _plan_parts(plan)
     work = work_from_table(table, samples_per_prompt=config.samples_per_prompt)
     capacity = resolve_queue_capacity(config, int(work.minibatch_sizes.max()))
-    check_staleness(config, int(work.minibatch_sizes.max()))
+    # A revised minibatch larger than K global batches could never start: sized before the run.
+    check_staleness(config, int(work.minibatch_sizes.max()) if replanner is None else replanner.largest_minibatch(work))
     kind = parse_backend(config.backend)
     if parse_engine(config.engine) is not EngineKind.LOCAL and start_weights is not None:
         # Workers in Ray actors are not this process's backend object: nothing here could load them.

@@ -195,6 +195,15 @@ class Replanner(ABC):
         runtime renumbers its minibatches from ``first_undispatched`` on.
         """
 
+    def largest_minibatch(self, work: WorkPlan) -> int:
+        """Samples in the largest minibatch of ``work`` or of any revision this replanner may make of it.
+
+        The ``--max-staleness`` check is sized by it before the run starts:
+        a revised minibatch of more than K global batches could never be
+        dispatched. The default: ``work``'s own.
+        """
+        return int(work.minibatch_sizes.max())
+
     def stored_revisions(self) -> list[tuple[int, Any]]:
         """The revisions this replanner made in the run being resumed, oldest first.
 

@@ -22,7 +22,10 @@ and in the scheduler:
   its policy lag counts from the weights that generated it.
 
 A scout response cut at the scout's limit is not a sample: it is held and
-never released, and its prompt's row generates the whole group. A model
+never released, and its prompt's row generates the whole group. Under
+``--max-staleness`` no response is kept (``RollingScout(keep=False)``): every
+scout response is held that way, so the staleness gate bounds every sample
+the trainer consumes. A model
 backend (hf, vllm) stops a scout minibatch's responses at the scout's cut
 (``Holds.scout_tokens``) and names a scout response's prompt as its group's
 (:func:`aspc.emit.schema.prompt_of`), so a trainer that groups by prompt id
@@ -63,10 +66,11 @@ def scout_ids(ids: Any) -> np.ndarray:
     return np.asarray(pc.ends_with(ids, SCOUT_ID_SUFFIX).to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def initial_holds(work: WorkPlan, scout_tokens: int | None = None) -> Holds:
+def initial_holds(work: WorkPlan, scout_tokens: int | None = None, keeps: bool = True) -> Holds:
     """The :class:`Holds` of a rolling scout's first plan: scout rows held, every other minibatch pending.
 
-    ``scout_tokens``: the scout's cut, where a model backend stops a scout minibatch's responses.
+    ``scout_tokens``: the scout's cut, where a model backend stops a scout
+    minibatch's responses; ``keeps``: whether revisions may release them.
 
     Raises
     ------
@@ -84,7 +88,7 @@ def initial_holds(work: WorkPlan, scout_tokens: int | None = None) -> Holds:
     if mixed.any():
         raise PlanError(f"minibatch {int(np.flatnonzero(mixed)[0])} mixes scout rows with others; recompile it")
     n = work.n_total_samples
-    return Holds(scout[work.sample_row], np.full(n, -1, dtype=np.int64), per_mb == 0, scout_tokens)
+    return Holds(scout[work.sample_row], np.full(n, -1, dtype=np.int64), per_mb == 0, scout_tokens, keeps)
 
 
 def revised_holds(work: WorkPlan, old: Holds, first: int, new_to_old: np.ndarray, kept_rows: np.ndarray,
@@ -106,6 +110,9 @@ def revised_holds(work: WorkPlan, old: Holds, first: int, new_to_old: np.ndarray
     """
     held = old.held[new_to_old]  # a scout row keeps its one sample through every revision
     release = old.release_with[new_to_old]
+    if kept_rows.size and not old.keeps:
+        raise RunError("a plan revision keeps a scout response in a run that keeps none (--max-staleness); "
+                       "please report this bug")  # fmt: skip
     if kept_rows.size:
         first_sample = work.row_first_samples()
         import pyarrow as pa
@@ -125,7 +132,7 @@ def revised_holds(work: WorkPlan, old: Holds, first: int, new_to_old: np.ndarray
     pending = np.concatenate([old.pending[:first], np.asarray(pending_tail, dtype=bool)])
     if pending.size != work.n_minibatches:
         raise RunError("a plan revision marks pending minibatches it does not hold; please report this bug")
-    return Holds(held, release, pending, old.scout_tokens)
+    return Holds(held, release, pending, old.scout_tokens, old.keeps)
 
 
 def pending_of(tail: Any) -> np.ndarray:
@@ -143,7 +150,7 @@ def attach_holds(work: WorkPlan, replanner: object, *, max_staleness: int | None
     if not getattr(replanner, "holds_scouts", False):
         return
     check_holds(replanner=replanner, max_staleness=max_staleness)
-    work.holds = initial_holds(work, getattr(replanner, "tokens", None))
+    work.holds = initial_holds(work, getattr(replanner, "tokens", None), getattr(replanner, "keeps", True))
 
 
 def cut_scouts(work: WorkPlan, response_len: np.ndarray) -> None:
@@ -154,11 +161,15 @@ def cut_scouts(work: WorkPlan, response_len: np.ndarray) -> None:
 
 
 def held_summary(work: WorkPlan) -> dict[str, Any] | None:
-    """What a run's summary says of its held samples: how many joined a group, how many were cut scouts."""
+    """What a run's summary says of its held samples: how many joined a group, how many were cut scouts.
+
+    A run that keeps none (under ``--max-staleness``) says ``not_kept``
+    instead of ``cut``: its responses that finished under the cut are held too.
+    """
     if work.holds is None:
         return None
     kept = work.holds.n_released
-    return {"kept": kept, "cut": int(np.count_nonzero(work.holds.held)) - kept}
+    return {"kept": kept, ("cut" if work.holds.keeps else "not_kept"): int(np.count_nonzero(work.holds.held)) - kept}
 
 
 def held_record(work: WorkPlan) -> dict[str, Any] | None:
@@ -200,6 +211,7 @@ def check_holds(*, replanner: object, max_staleness: int | None) -> None:
     if not getattr(replanner, "holds_scouts", False):
         raise ConfigError("the rolling scout plans each window's rest when its scout returns: run it with its "
                           "replanner (aspc.rolling_scout), not another")  # fmt: skip
-    if max_staleness is not None:
-        raise ConfigError("the rolling scout does not combine with --max-staleness yet (a held response's lag "
-                          "is not bounded by it); drop one of the two")  # fmt: skip
+    if max_staleness is not None and getattr(replanner, "keeps", True):
+        # A held response waits for its group's row, which the gate may hold back past K versions of it.
+        raise ConfigError("a rolling scout that keeps its responses does not combine with --max-staleness (a held "
+                          "response's lag is not bounded by it); build it with keep=False, or drop the bound")  # fmt: skip

@@ -42,6 +42,7 @@ class Holds:
     release_with: np.ndarray  # int64 per sample id: the held sample queued just before it (-1: none)
     pending: np.ndarray  # bool per minibatch: planned from the prior, not dispatched before a revision replaces it
     scout_tokens: int | None = None  # the scout's cut: a model backend stops a scout minibatch's responses here
+    keeps: bool = True  # False: no held sample is ever released (under --max-staleness), so none counts as cut
 
     @property
     def n_released(self) -> int:

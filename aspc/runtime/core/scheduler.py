@@ -301,6 +301,10 @@ class Scheduler:
             raise ValueError("revise() only replaces minibatches never dispatched")
         if (holds is None) != (self.holds is None):
             raise ValueError("a revision keeps a run's held samples, and adds none to a run without")
+        k = self.max_staleness
+        if k is not None and sizes.size and int(sizes.max()) > k * self.global_batch:
+            raise RunError(f"a plan revision made a minibatch of {int(sizes.max())} samples, larger than its replanner "
+                           "declared (it could never start); please report this bug")  # fmt: skip
         self.holds = holds
         self.sizes = self.sizes[:first] + [int(x) for x in sizes]
         self._order = list(range(len(self.sizes)))

@@ -155,11 +155,17 @@ class RollingScout(Replanner):
         return rest.set_column(i, rest.schema.field(i), pa.array(n, pa.int32()))
 
     def largest_minibatch(self, work: Any) -> int:
-        """A bound on the samples of a minibatch of ``work`` or of a revision: a window's rest, ``b + slack`` prompts of n."""
+        """A bound on the consumed samples of a minibatch of ``work`` or of a revision.
+
+        A window's rest holds at most ``b + slack`` prompts of n samples. A
+        scout minibatch counts only where its responses may be kept: under
+        ``--max-staleness`` none is ever consumed, so the bound does not apply
+        to it (the scheduler's gate counts only samples that can be consumed).
+        """
         from aspc.compiler import resolve_sizes
 
         most = max(sum(resolve_sizes(self.asp, len(sub.ids))) for sub in self.subs) * self.n
-        return max(int(work.minibatch_sizes.max()), most)
+        return max(int(work.minibatch_sizes.max()), most) if self.keeps else most
 
     def _scout_samples(self, work: Any) -> np.ndarray:
         """Sample ids of the next window's scout rows in ``work`` (cached until the plan changes)."""

@@ -275,6 +275,9 @@ def main() -> None:
     ap.add_argument("--scout-keep-through", type=int, default=None,
                     help="asp+scout+keep: keep scout responses only in minibatches dispatched by this weights version")
     ap.add_argument("--scout-windows", type=int, default=None, help="asp+scout+roll's window count (default 8)")
+    ap.add_argument("--roll-at", type=float, default=None,
+                    help="asp+scout+roll: share of window k's rest dispatched before window k+1's scout "
+                    "(default: aspc.rolling_scout.ROLL_AT)")
     ap.add_argument("--rows", default=None, help="comma list of rows to run (default: all; random always runs)")
     ap.add_argument(
         "--default",
@@ -294,6 +297,10 @@ def main() -> None:
     if not DATA.exists():
         print(f"skipped: {DATA.name} not found under ../shared/data (only on development machines)")
         return
+    if args.roll_at is not None:
+        import aspc.rolling_scout
+
+        aspc.rolling_scout.ROLL_AT = float(args.roll_at)
     rows = load_rows()
     models = args.models.split(",") if args.models else sorted({r["model"] for r in rows if r["split"] == "validate"})
     staleness = [int(k) for k in args.staleness.split(",") if k]

@@ -119,6 +119,10 @@ class Scheduler:
         self.trainer_busy = False
         self.next_step = 0  # index of the next trainer step
         self.holds = holds
+        # Samples of each minibatch never consumed (a rolling scout's under --max-staleness: held, never
+        # released), None where every sample may be; and how many of them are in flight.
+        self._never = _never_consumed(holds, self.sizes)
+        self.never_in_flight = 0
 
     # ---- events reported by the engine ----------------------------------------
 
@@ -128,6 +132,8 @@ class Scheduler:
             return
         self.in_flight -= int(samples.size)
         if self.holds is not None:
+            if self._never is not None:
+                self.never_in_flight -= int(np.count_nonzero(self.holds.held[samples]))
             samples = samples[~self.holds.held[samples]]
             release = self.holds.release_with[samples]
             at = np.flatnonzero(release >= 0)
@@ -161,6 +167,7 @@ class Scheduler:
         self.busy_workers -= 1
         self._running.pop(worker, None)
         self.in_flight -= self.sizes[minibatch]
+        self.never_in_flight -= self._never_of(minibatch)
         self.worker_version[worker] = -1
         if lost:
             self._lost.add(worker)
@@ -236,6 +243,7 @@ class Scheduler:
             actions.append(Dispatch(worker, m, reload, self.worker_version[worker]))
             self._running[worker] = (m, self.worker_version[worker])
             self.in_flight += self.sizes[m]
+            self.never_in_flight += self._never_of(m)
             self.busy_workers += 1
         return actions
 
@@ -250,14 +258,25 @@ class Scheduler:
         waits until the count stays within K versions of the oldest version in
         flight and of the version it would generate with (the newest). Arrivals
         and trainer steps never raise the bound, so it holds for the whole run.
+        Samples never consumed (:attr:`_never`) count nowhere: a minibatch of
+        only those always starts.
         """
         k = self.max_staleness
         if k is None:
             return True
-        oldest = min((v for _, v in self._running.values()), default=self.latest_version)
+        size = self.sizes[m] - self._never_of(m)
+        if size == 0:
+            return True
+        oldest = min((v for mb, v in self._running.values() if self.sizes[mb] > self._never_of(mb)),
+                     default=self.latest_version)  # fmt: skip
         newest = self.latest_version
-        last_step = self.next_step + (self.queued + self.in_flight + self.sizes[m] - 1) // self.global_batch
+        flying = self.in_flight - self.never_in_flight
+        last_step = self.next_step + (self.queued + flying + size - 1) // self.global_batch
         return last_step <= min(oldest, newest) + k
+
+    def _never_of(self, m: int) -> int:
+        """Samples of minibatch ``m`` never consumed (0 unless held scouts are never released)."""
+        return 0 if self._never is None else int(self._never[m])
 
     def _pending(self, m: int) -> bool:
         """Whether ``m`` waits for a revision to replace it (a rolling scout's window not yet scouted)."""
@@ -302,11 +321,14 @@ class Scheduler:
         if (holds is None) != (self.holds is None):
             raise ValueError("a revision keeps a run's held samples, and adds none to a run without")
         k = self.max_staleness
-        if k is not None and sizes.size and int(sizes.max()) > k * self.global_batch:
-            raise RunError(f"a plan revision made a minibatch of {int(sizes.max())} samples, larger than its replanner "
+        sizes = [int(x) for x in sizes]
+        never = _never_consumed(holds, self.sizes[:first] + sizes)
+        tail = np.asarray(sizes, dtype=np.int64) - (0 if never is None else never[first:])
+        if k is not None and tail.size and int(tail.max()) > k * self.global_batch:
+            raise RunError(f"a plan revision made a minibatch of {int(tail.max())} samples, larger than its replanner "
                            "declared (it could never start); please report this bug")  # fmt: skip
-        self.holds = holds
-        self.sizes = self.sizes[:first] + [int(x) for x in sizes]
+        self.holds, self._never = holds, never
+        self.sizes = self.sizes[:first] + sizes
         self._order = list(range(len(self.sizes)))
         self._pos = first
 
@@ -345,3 +367,11 @@ class Scheduler:
                 need = 0
         self.queued -= k
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def _never_consumed(holds: Holds | None, sizes: list[int]) -> np.ndarray | None:
+    """Per minibatch (``sizes`` samples each, in sample-id order), its held samples where none is ever released."""
+    if holds is None or holds.keeps:
+        return None
+    return np.add.reduceat(holds.held.astype(np.int64), np.r_[0, np.cumsum(sizes)[:-1]].astype(np.int64)) if sizes else None
+

@@ -25,9 +25,9 @@ batch of 256 samples, static returns, and the simulator's default cost model
   ``asp e2`` is the second epoch of ``aspc run --epochs`` (planned from the
   first epoch's run log; it replays recorded lengths 9, 10 and 1-6, so 6 of
   its 8 were seen in epoch 1) against random's second epoch on the same
-  lengths; ``asp K=k`` is asp under ``--max-staleness k``; ``random K=k`` and
-  ``asp+scout+roll K=k`` (only when named in ``--rows``) are random and the
-  rolling scout under the same bound (which keeps no scout response);
+  lengths; ``asp K=k`` is asp under ``--max-staleness k``; ``X K=k`` for another
+  strategy X (only when named in ``--rows``, e.g. ``random K=2``) is X under
+  the same bound (the rolling scout keeps no scout response under one);
 - ``asp+probe``: the product's workflow on a user's own unseen prompts
   (``aspc probe``, then ``aspc predict train --init default``): a seeded
   K = min(4000, 25%) of the model's validate prompts, each with ONE recorded
@@ -232,10 +232,10 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt", only=No
         cfg_h = dataclasses.replace(cfg, history=(str(hist),), history_length_field="lengths")
         out["asp+history"] = simulate_strategies(inp, inputs, cfg_h, rc, strategies=["asp"])["asp"].summary.to_dict()
     for k in staleness:  # the bound's cost to random and to the rolling scout (keeping none under it)
-        under = [x for x in ("random", "asp+scout+roll") if only is not None and f"{x} K={k}" in only]
+        under = [x for x in STRATS if only is not None and f"{x} K={k}" in only]
         if under:
             got = simulate_strategies(inp, inputs, cfg, dataclasses.replace(rc, max_staleness=k), strategies=under,
-                                      scout_tokens=scout_tokens if "asp+scout+roll" in under else None,
+                                      scout_tokens=scout_tokens if {"asp+scout", "asp+scout+roll"} & set(under) else None,
                                       scout_windows=scout_windows if "asp+scout+roll" in under else None)  # fmt: skip
             out.update({f"{x} K={k}": got[x].summary.to_dict() for x in under})
     if not any(want(x) for x in ("asp e2", *(f"asp K={k}" for k in staleness))):

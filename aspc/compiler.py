@@ -67,7 +67,7 @@ class CompileConfig:
     # first on the q90 of their longest response (the run's last long chain
     # starts early; measured 4-9% shorter iterations than "interleave" on the
     # CASTILLO reference scenario, benchmarks/rl_reference.py); "interleave" =
-    # the preprint's work-tracks-samples order (aspc.anneal.dispatch_order).
+    # the preprint's order (aspc.anneal.dispatch_order); "ascending": aspc.choices.
     order: str = "lpt"
     # Trainer the plan is for (aspc.profiles): "verl" -> equal prompt counts per
     # group (slack 0, remainder left out, counted), None -> no trainer constraint.
@@ -275,9 +275,9 @@ def compile_plan(
         # The sorted baseline keeps input order among ties (an exported sorted
         # plan recompiles to itself).
         rows = shuffled[np.argsort(mean[shuffled], kind="stable")] if strategy is Strategy.ASP else np.argsort(mean, kind="stable")
-        if strategy is Strategy.ASP:
+        if strategy is Strategy.ASP and config.order != "ascending":
             bounds = partition(mean[rows], b, d, overhead=config.minibatch_overhead)
-        else:
+        else:  # equal minibatches: under a staleness bound unequal ones end apart (aspc.choices.ORDERS)
             bounds = _fixed_bounds(n, b)
     progress.done()
 
@@ -294,7 +294,7 @@ def compile_plan(
     seq_sizes = np.diff(bounds) * config.samples_per_prompt
     extra: dict[str, Any] = {}
 
-    if strategy is Strategy.ASP and not uninformed:
+    if strategy is Strategy.ASP and not uninformed and config.order != "ascending":
         # balance reports its own "anneal" stage: one step per temperature level.
         res = balance(
             costs,
@@ -320,6 +320,9 @@ def compile_plan(
     if strategy is Strategy.ASP and uninformed:
         mb_order = np.arange(m, dtype=np.int64)
         extra["order"] = "random (constant predictions)"
+    elif strategy is Strategy.ASP and config.order == "ascending":
+        mb_order = np.arange(m, dtype=np.int64)  # the partition's own order: predicted mean, shortest first
+        extra["order"] = "ascending"
     elif strategy is Strategy.ASP and config.order == "lpt":
         key = lpt_keys(bounds, nseq_r, mean_r, q_r["q10"], q_r["q50"], q_r["q90"])
         mb_order = lpt_order(key, assignment, n_groups)

@@ -60,6 +60,7 @@ import numpy as np
 
 from aspc import portable_math as pm
 from aspc.caps import cap_for_plan, cap_prediction
+from aspc.choices import BOUNDED_ORDER, DEFAULT_ORDER
 from aspc.compiler import CompileConfig, compile_plan
 from aspc.emit import schema as S
 from aspc.emit.plan import Plan, write_plan
@@ -285,6 +286,8 @@ def run_epochs(
                           f"--samples-per-prompt >= 2 (got {n}) or --max-staleness (under which it keeps none); use --scout or "
                           "--scout --scout-keep")  # fmt: skip
     cfg: CompileConfig = compile_config_of(plan.config or {}, **(compile_overrides or {}))
+    if config.max_staleness is not None and cfg.order == DEFAULT_ORDER:  # plans made here are for the bound
+        cfg = dataclasses.replace(cfg, order=BOUNDED_ORDER)
     table = prompt_table_of(plan.table, plan.input_hash)
     replay_base = backend.options.replay_lengths if replays else None
     scout_lengths = scout_replay = None

@@ -186,8 +186,9 @@ def probe_predictor(
     return d, float(kendall_tau(got.mean, means)), float(kendall_tau(got.mean[rest], means[rest])), k
 
 
-def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt", only=None, default="default", scout_tokens=None,
+def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order=None, only=None, default="default", scout_tokens=None,
                keep_through=None, scout_windows=None):
+    from aspc.choices import BOUNDED_ORDER, DEFAULT_ORDER
     from aspc.compiler import CompileConfig, InputOptions, compile_file
     from aspc.epochs import run_epochs
     from aspc.io.history import read_history
@@ -198,8 +199,11 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt", only=No
     inp, hist = inputs_for(model, rows, tmp, seed)
     inputs = InputOptions(length_field="lengths")
     cfg = CompileConfig(
-        samples_per_prompt=N, seed=seed, predictor=str(pred_dir), workers=W, max_response_length=CAP, order=order
+        samples_per_prompt=N, seed=seed, predictor=str(pred_dir), workers=W, max_response_length=CAP,
+        order=order or DEFAULT_ORDER,
     )
+    # Under a bound asp plans for it, as `aspc simulate --max-staleness` and `aspc run --epochs` do.
+    cfg_k = dataclasses.replace(cfg, order=order or BOUNDED_ORDER)
     rc = RunConfig(workers=W, global_batch=GB, seed=seed, max_new_tokens=CAP)
     strats = [s for s in STRATS if want(s)]
     res = simulate_strategies(
@@ -234,7 +238,7 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt", only=No
     for k in staleness:  # the bound's cost to random and to the rolling scout (keeping none under it)
         under = [x for x in STRATS if only is not None and f"{x} K={k}" in only]
         if under:
-            got = simulate_strategies(inp, inputs, cfg, dataclasses.replace(rc, max_staleness=k), strategies=under,
+            got = simulate_strategies(inp, inputs, cfg_k, dataclasses.replace(rc, max_staleness=k), strategies=under,
                                       scout_tokens=scout_tokens if {"asp+scout", "asp+scout+roll"} & set(under) else None,
                                       scout_windows=scout_windows if "asp+scout+roll" in under else None)  # fmt: skip
             out.update({f"{x} K={k}": got[x].summary.to_dict() for x in under})
@@ -242,10 +246,11 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order="lpt", only=No
         return out
     actual = read_history(inp, length_field="lengths")
     plan = compile_file(inp, InputOptions(), cfg)
+    plan_k = compile_file(inp, InputOptions(), cfg_k) if staleness and cfg_k.order != cfg.order else plan
     for k in staleness:
         if want(f"asp K={k}"):
             out[f"asp K={k}"] = run(
-                plan, config=dataclasses.replace(rc, max_staleness=k), actual_lengths=actual
+                plan_k, config=dataclasses.replace(rc, max_staleness=k), actual_lengths=actual
             ).summary.to_dict()
     if want("asp e2"):
         # Second epoch: asp planned from epoch 1's log vs random on the same replayed lengths.
@@ -270,7 +275,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--predictors", default=None, help="directory of per-model predictors (trained here if absent)")
     ap.add_argument("--staleness", default="1,2,4")
-    ap.add_argument("--order", choices=["lpt", "interleave"], default="lpt", help="asp's dispatch order")
+    ap.add_argument("--order", choices=["lpt", "interleave", "ascending"], default=None,
+                    help="asp's dispatch order (default: lpt; ascending in the rows under --max-staleness)")
     ap.add_argument("--scout-tokens", type=int, default=None, help="asp+scout's cut T (default: the cap / 4)")
     ap.add_argument("--scout-keep-through", type=int, default=None,
                     help="asp+scout+keep: keep scout responses only in minibatches dispatched by this weights version")

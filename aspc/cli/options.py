@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from aspc.choices import MINIBATCH_COSTS, ON_BAD_LINE, ORDERS, STRATEGIES, TARGETS
+from aspc.choices import DEFAULT_ORDER, MINIBATCH_COSTS, ON_BAD_LINE, ORDERS, STRATEGIES, TARGETS
 
 if TYPE_CHECKING:  # the compiler loads numba and pyarrow: imported when a command runs, not for --help
     from aspc.compiler import CompileConfig, InputOptions
@@ -82,10 +82,10 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
         click.option(
             "--order",
             type=click.Choice(ORDERS),
-            default="lpt",
-            show_default=True,
+            default=None,
             help="asp dispatch order: lpt = longest first on the q90 of each minibatch's longest response; "
-            "interleave = the preprint's work-tracks-samples order.",
+            "interleave = the preprint's work-tracks-samples order; ascending = equal minibatches, shortest "
+            "first, for a run under --max-staleness.  [default: lpt; simulate under --max-staleness: ascending]",
         ),
         click.option("--predictor", default=None, help="Predictor directory, or 'default' (the shipped one)."),
         click.option(
@@ -168,6 +168,8 @@ def compile_config_from_kwargs(kwargs: dict[str, Any]) -> tuple[InputOptions, Co
 
     inputs = InputOptions(**{k: kwargs.pop(k) for k in _INPUT_KEYS if k in kwargs})
     vals = {k: kwargs.pop(k) for k in _COMPILE_KEYS if k in kwargs}
+    if vals.get("order", "") is None:  # not asked for: the plan's default (simulate may choose the bounded one)
+        vals["order"] = DEFAULT_ORDER
     if "history" in vals:
         vals["history"] = tuple(vals["history"])
     return inputs, CompileConfig(**vals)

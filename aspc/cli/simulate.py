@@ -10,6 +10,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from aspc.choices import BOUNDED_ORDER
 from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, quiet_option
 from aspc.cli.common import out_console as _out
 from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options
@@ -138,11 +139,14 @@ def simulate_cmd(
     from aspc.simulate import comparison_table, parse_strategies, simulate_strategies
 
     names = parse_strategies(strategies)
+    order_asked = kwargs.get("order") is not None
     inputs, config = compile_config_from_kwargs(kwargs)
     # One seed for everything: the compile options' --seed also seeds the run.
     run_config, cost = run_config_from_kwargs(kwargs, seed=config.seed)
-    # Plans are compiled for the workers they will run on (makespan-aware order).
+    # Plans are compiled for the workers they will run on (makespan-aware order), and for the run's bound.
     config = dataclasses.replace(config, workers=run_config.workers)
+    if run_config.max_staleness is not None and not order_asked:
+        config = dataclasses.replace(config, order=BOUNDED_ORDER)
     with RichProgress(quiet) as progress:
         results = simulate_strategies(
             input_path,

@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from aspc.choices import BOUNDED_ORDER
-from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, quiet_option
+from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, quiet_option
 from aspc.cli.common import out_console as _out
 from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options
 from aspc.cli.run import run_config_from_kwargs, runtime_options
@@ -174,3 +174,6 @@ def simulate_cmd(
                 + (f", {repeats} repeats: mean ± std)" if repeats > 1 else ")"),
             )
         )
+        if run_config.max_staleness is not None and not order_asked:
+            note(f"asp planned for --max-staleness {run_config.max_staleness}: equal minibatches, shortest first "
+                 "(--order ascending; --order lpt for the unbounded order)", quiet)  # fmt: skip

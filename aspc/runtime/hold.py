@@ -4,7 +4,7 @@ A kept scout response (:mod:`aspc.runtime.carry`) is generated before the run
 by its first weights, so the group consumed last carries a sample as old as
 the epoch. A rolling scout (``simulate --strategies asp+scout+roll``,
 :mod:`aspc.rolling_scout`) instead scouts each window of prompts inside the
-run, part-way through the previous window's rest, and plans that window's
+run, beside the previous window's rest, and plans that window's
 rest when its scout returns, as a plan revision. The runtime's side, here
 and in the scheduler:
 

@@ -377,6 +377,39 @@ def _run_roll_args(plan: Path, data: Path, log: Path, *extra: str) -> list[str]:
             "--log", str(log), "--log-flush-seconds", "0.02", "--quiet", *extra]  # fmt: skip
 
 
+def test_run_scout_roll_under_a_bound_resumes_after_sigkill(tmp_path):
+    # Under --max-staleness the rolling scout keeps nothing: a killed run resumes to the same samples, each
+    # group whole, no scout consumed, every lag within the bound.
+    import pyarrow.dataset as ds
+
+    from aspc.runtime.engines.virtual import TEST_DELAY_ENV
+    from tests.test_runtime_resume import _cli, _kill_mid_run
+
+    data = _dataset(tmp_path, 120, 6)
+    plan = tmp_path / "plan.parquet"
+    runner = CliRunner()
+    assert runner.invoke(main, ["compile", str(data), "--samples-per-prompt", "4", "--workers", "3", "-o", str(plan),
+                                "--quiet"]).exit_code == 0  # fmt: skip
+    bound = ("--max-staleness", "4")
+    ref = tmp_path / "REF"
+    first = runner.invoke(main, [*_run_roll_args(plan, data, ref, *bound), "--json"])
+    assert first.exit_code == 0, first.output
+    assert json.loads(first.stdout)["epochs"][0]["samples_held"] == {"kept": 0, "not_kept": 120}
+    ref_rows = _log_rows(ref)
+    assert sum(1 for p, _ in ref_rows if not p.endswith(X)) == 4 * 120
+    assert not any(c for (p, _), (_, c) in ref_rows.items() if p.endswith(X))  # no scout consumed
+    log = tmp_path / "RUN"
+    p = _cli(_run_roll_args(plan, data, log, *bound), env={TEST_DELAY_ENV: "0.02"})
+    killed = _kill_mid_run(p, log / "epoch-1", 0.3)
+    p = _cli(_run_roll_args(plan, data, log, *bound, "--resume"))
+    _, err = p.communicate()
+    assert p.returncode == 0, err
+    assert killed and _log_rows(log) == ref_rows
+    lag = [r["policy_lag"] for r in ds.dataset(str(log / "epoch-1" / "samples")).to_table().to_pylist()
+           if r["policy_lag"] is not None]  # fmt: skip
+    assert lag and max(lag) <= 4
+
+
 def _kept_of(log: Path) -> list[bool]:
     """Per prompt of a rolling run's epoch 1, whether its scout response joined its group (so it has n - 1 rows)."""
     return [bool(c) for (p, _), (_, c) in _log_rows(log).items() if p.endswith(X)]

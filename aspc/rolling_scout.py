@@ -293,8 +293,7 @@ def _one_plan(parts: list[Any], metadata: Any) -> Any:
     return t.set_column(i, t.schema.field(i), pa.array(np.arange(t.num_rows, dtype=np.int64)))
 
 
-def check_roll_run(scout: bool, roll: bool, windows: int | None, *, keep: bool, replan: bool,
-                   ) -> None:  # fmt: skip
+def check_roll_run(scout: bool, roll: bool, windows: int | None, *, keep: bool, replan: bool) -> None:
     """Usage errors of ``aspc run --scout --scout-roll`` and ``--scout-windows`` (one line each), before anything runs."""
     if windows is not None and not roll:
         raise ConfigError("--scout-windows applies to --scout-roll; add it or drop the option")

@@ -235,9 +235,18 @@ class OnlineReplanner(Replanner):
         obs_g = glob[full]
         y = pm.log(np.maximum(s_got[full] / n_got[full], 1.0))
         lam = self._choose_lambda(obs_g, y, view.revision)
-        sol = ridge_fit(self._features.take_rows(obs_g), y, lam, offset=self._offset[obs_g], max_iter=60)
+        obs_x = self._features.take_rows(obs_g)
+        sol = ridge_fit(obs_x, y, lam, offset=self._offset[obs_g], max_iter=60)
         rest_g = glob[rest]
-        factor = pm.exp(sol.predict(self._features.take_rows(rest_g)))
+        # The unpenalised length terms (quadratic in log bytes) fitted on a few
+        # dozen prompts extrapolate wildly to a prompt longer than any returned
+        # one (a 1e10-token prediction on CASTILLO's Ministral-8B): the remainder
+        # is scored with its length features inside the returned prompts' range,
+        # and no prompt's correction goes past the largest one a returned prompt needed.
+        dense = np.clip(self._features.dense[rest_g], obs_x.dense.min(axis=0), obs_x.dense.max(axis=0))
+        seen = y - self._offset[obs_g]
+        log_factor = np.clip(sol.predict(self._features.take_rows(rest_g, dense=dense)), seen.min(), seen.max())
+        factor = pm.exp(log_factor)
         base = self._base.take(rest_g)
         mean = base.mean * factor
         # Siblings: returned samples of a remainder prompt pull its mean toward theirs.

@@ -305,3 +305,38 @@ def test_replan_under_a_staleness_bound(n, batch_size, slack, n_samples, workers
     s = res.summary
     assert s.samples_generated == s.samples_planned == n * n_samples
     assert s.policy_lag_max is None or s.policy_lag_max <= k
+
+
+def test_replan_never_extrapolates_past_what_returned_prompts_needed():
+    # Returned prompts of 1-3 lines whose answers grow with words x lines; the
+    # remainder holds one prompt of 60 lines. The correction's
+    # unpenalised length terms must not carry that trend out to it (once, on
+    # CASTILLO, a 1e10-token prediction that stopped the run).
+    from aspc.runtime.contracts import ReplanView
+
+    rng = np.random.default_rng(3)
+    n = 200
+    lines = rng.integers(1, 4, n)
+    texts = ["\n".join(" ".join(rng.choice(WORDS, int(rng.integers(1, 5)))) for _ in range(k)) for k in lines]
+    texts[-1] = "\n".join(" ".join(rng.choice(WORDS, 8)) for _ in range(60))
+    ids = [f"p{i}" for i in range(n)]
+    base = np.full(n, 300.0)
+    base[-1] = 1000.0  # predicted longest: dispatched last
+    table = PromptTable(ids, texts, texts, np.arange(n, dtype=np.int64), np.full(n, 20, dtype=np.int64), None, "0" * 64)
+    pred = LengthPrediction(base, base * 0.5, base, base * 2.0)
+    cfg = CompileConfig(samples_per_prompt=2, batch_size=8, workers=2, order="ascending")
+    plan = compile_plan(table, pred, cfg)
+    work = work_from_table(plan.table)
+    last = work.n_minibatches - 1
+    assert work.prompt_ids[work.row_offsets[last] :].tolist().count(ids[-1]) == 1
+    resp = np.full(work.n_total_samples, -1, dtype=np.int64)
+    done = work.sample_offsets[last]
+    size = np.array([len(texts[int(p[1:])].split()) * texts[int(p[1:])].count("\n") + 1 for p in work.prompt_ids])
+    resp[:done] = np.round(30.0 * size[work.sample_row[:done]])
+    rp = OnlineReplanner(plan.table, cfg)
+    rest, revised = rp.predict_remainder(ReplanView(work, last, resp, 8, 0))
+    row = int(np.flatnonzero(work.prompt_ids[rest] == ids[-1])[0])
+    returned = [rp._index[p] for p in work.prompt_ids[: work.row_offsets[last]].tolist()]
+    most = float(np.max(resp[:done].reshape(-1, 2).mean(axis=1) / rp._base.mean[returned]))
+    assert np.isfinite(revised.mean).all()
+    assert revised.mean[row] <= base[-1] * most * (1 + 1e-9)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -340,3 +342,55 @@ def test_replan_never_extrapolates_past_what_returned_prompts_needed():
     most = float(np.max(resp[:done].reshape(-1, 2).mean(axis=1) / rp._base.mean[returned]))
     assert np.isfinite(revised.mean).all()
     assert revised.mean[row] <= base[-1] * most * (1 + 1e-9)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n=st.integers(80, 240),
+    order=st.sampled_from(["lpt", "ascending", "interleave"]),
+    n_samples=st.integers(1, 3),
+    share=st.floats(0.2, 0.8),
+    seed=st.integers(0, 10_000),
+)
+def test_revisions_of_adversarial_prompts_and_lengths_stay_valid_and_bounded(n, order, n_samples, share, seed):
+    # Prompts from empty to kilobytes and hundreds of lines, predictions over four decades, returned
+    # lengths from 0 to a cap: a revision is a valid plan of exactly the remainder, and each prompt's
+    # revised prediction is its plan prediction times a ratio some returned prompt showed.
+    from aspc.runtime.contracts import ReplanView
+
+    rng = np.random.default_rng(seed)
+    shapes = rng.integers(0, 3, n)
+    texts = [
+        "" if s == 0 else "\n".join(" ".join(rng.choice(WORDS, int(rng.integers(1, 12)))) for _ in range(int(rng.integers(1, 8**s))))
+        for s in shapes
+    ]  # fmt: skip
+    texts[int(rng.integers(n))] = "\n".join(" ".join(rng.choice(WORDS, 30)) for _ in range(300))
+    ids = [f"p{i}" for i in range(n)]
+    base = np.exp(rng.uniform(0, np.log(1e4), n))
+    table = PromptTable(ids, texts, texts, np.arange(n, dtype=np.int64), np.full(n, 20, dtype=np.int64), None, "0" * 64)
+    cfg = CompileConfig(samples_per_prompt=n_samples, batch_size=4, workers=2, order=order, seed=seed)
+    plan = compile_plan(table, LengthPrediction(base, base * 0.3, base, base * 3.0), cfg)
+    work = work_from_table(plan.table)
+    first = max(1, min(work.n_minibatches - 1, int(share * work.n_minibatches)))
+    done = int(work.sample_offsets[first])
+    resp = np.full(work.n_total_samples, -1, dtype=np.int64)
+    resp[:done] = np.where(rng.random(done) < 0.05, 4096, rng.integers(0, 4096, done))
+    log = tempfile.TemporaryDirectory()
+    rp = OnlineReplanner(plan.table, cfg, log_dir=log.name)
+    got = rp.predict_remainder(ReplanView(work, first, resp, 8, 0))
+    if got is None:
+        return
+    rest, revised = got
+    assert np.isfinite(revised.mean).all() and (revised.mean > 0).all()
+    r0 = int(work.row_offsets[first])
+    obs_mean = resp[:done].reshape(-1, n_samples).mean(axis=1) if n_samples > 1 else resp[:done].astype(float)
+    returned = [rp._index[p] for p in work.prompt_ids[:r0].tolist()]
+    ratio = np.maximum(obs_mean, 1.0) / np.maximum(rp._base.mean[returned], 1.0)
+    own = rp._base.mean[[rp._index[p] for p in work.prompt_ids[rest].tolist()]]
+    assert (revised.mean <= own * ratio.max() * (1 + 1e-9)).all()
+    assert (revised.mean >= own * ratio.min() * (1 - 1e-9)).all()
+    tail = rp.revise(ReplanView(work, first, resp, 8, 0))
+    if tail is not None:
+        assert sorted(tail.column(S.PROMPT_ID).to_pylist()) == sorted(work.prompt_ids[r0:].tolist())
+        assert check_plan(read_plan(Path(log.name) / "plans" / "revision-1.parquet")).ok
+    log.cleanup()

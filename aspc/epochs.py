@@ -70,7 +70,7 @@ from aspc.io.rows import MAX_LENGTH
 from aspc.predict.base import LengthPrediction
 from aspc.predict.history import DEFAULT_KAPPA, blend_history
 from aspc.predict.pairs import keep_plan_in_log
-from aspc.replan import OnlineReplanner, compile_config_of, prediction_of, prompt_table_of, used_columns
+from aspc.replan import OnlineReplanner, compile_config_of, prediction_of, prompt_table_of, refit_factor
 from aspc.rolling_scout import check_roll_run, rolling_epoch
 from aspc.rolling_scout import scout_lengths as scout_lengths_of
 from aspc.run_layout import check_log_layout, clear_run_dir
@@ -106,9 +106,6 @@ def epoch_lengths(actual: dict[str, np.ndarray], epoch: int, n: int, drift: floa
 
 def epoch_prediction(plan: Plan, logs: list[Path]) -> LengthPrediction:
     """Predictions for the next epoch of ``plan``'s prompts from the run logs of the epochs so far."""
-    from aspc.predict.features import FeatureConfig, featurize
-    from aspc.predict.ridge import ridge_fit
-
     t = plan.table
     ids = t.column(S.PROMPT_ID).to_pylist()
     base = prediction_of(t)
@@ -118,12 +115,9 @@ def epoch_prediction(plan: Plan, logs: list[Path]) -> LengthPrediction:
     seen = np.array([o is not None and o.size > 0 for o in observed])
     if seen.sum() >= 32:
         # Refit of the per-run correction (see aspc.replan) on every observed prompt.
-        x = used_columns(featurize(t.column(S.PROMPT).to_pylist(), FeatureConfig()).compact())
         obs = np.flatnonzero(seen)
         y = pm.log(np.maximum([float(np.mean(observed[i])) for i in obs], 1.0))
-        off = pm.log(np.maximum(base.mean, 1.0))
-        sol = ridge_fit(x.take_rows(obs), y, 10.0, offset=off[obs], max_iter=100)
-        f = pm.exp(sol.predict(x))
+        f = refit_factor(t.column(S.PROMPT).to_pylist(), base.mean, obs, y)
         base = LengthPrediction(base.mean * f, base.q10 * f, base.q50 * f, base.q90 * f)
     pred = blend_history(base, observed, DEFAULT_KAPPA)
     if len(per_epoch) >= 2:

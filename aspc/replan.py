@@ -80,6 +80,34 @@ def used_columns(x: Features) -> Features:
     return Features(x.dense, x.rows, cols.reshape(-1).astype(np.int64), x.vals, max(1, int(used.size)))
 
 
+def bounded_correction(sol: Any, x: Features, fitted: np.ndarray, residual: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The log correction of ``sol`` at ``rows`` of ``x``, never extrapolated past the rows it was fitted on.
+
+    The unpenalised length terms (quadratic in log bytes) fitted on a few
+    dozen prompts extrapolate wildly to a prompt longer than any of them (a
+    1e10-token prediction on CASTILLO's Ministral-8B, whose first returned
+    prompts were all under 60 bytes): ``rows`` are scored with their length
+    features inside the range of the ``fitted`` rows, and no correction goes
+    past the largest or below the smallest ``residual`` (observed log length
+    minus the plan's) a fitted row showed.
+    """
+    dense = np.clip(x.dense[rows], x.dense[fitted].min(axis=0), x.dense[fitted].max(axis=0))
+    return np.clip(sol.predict(x.take_rows(rows, dense=dense)), residual.min(), residual.max())
+
+
+def refit_factor(texts: list[str], base_mean: np.ndarray, obs: np.ndarray, y: np.ndarray, lam: float = 10.0) -> np.ndarray:
+    """Per prompt of ``texts``, the factor of the per-run correction refit on the prompts ``obs`` (log mean lengths ``y``).
+
+    Between epochs (:func:`aspc.epochs.epoch_prediction`): a ridge of the
+    observed log lengths on the prompts' features, offset by ``base_mean``'s
+    logs, bounded as :func:`bounded_correction` bounds a revision's.
+    """
+    x = used_columns(featurize(texts, FeatureConfig()).compact())
+    off = pm.log(np.maximum(base_mean, 1.0))
+    sol = ridge_fit(x.take_rows(obs), y, lam, offset=off[obs], max_iter=100)
+    return pm.exp(bounded_correction(sol, x, obs, y - off[obs], np.arange(len(texts))))
+
+
 def prompt_table_of(rows: pa.Table, input_hash: str) -> PromptTable:
     """The prompts of plan rows, as a table the compiler takes (no known lengths)."""
     prompts = rows.column(S.PROMPT).to_pylist()
@@ -235,17 +263,9 @@ class OnlineReplanner(Replanner):
         obs_g = glob[full]
         y = pm.log(np.maximum(s_got[full] / n_got[full], 1.0))
         lam = self._choose_lambda(obs_g, y, view.revision)
-        obs_x = self._features.take_rows(obs_g)
-        sol = ridge_fit(obs_x, y, lam, offset=self._offset[obs_g], max_iter=60)
+        sol = ridge_fit(self._features.take_rows(obs_g), y, lam, offset=self._offset[obs_g], max_iter=60)
         rest_g = glob[rest]
-        # The unpenalised length terms (quadratic in log bytes) fitted on a few
-        # dozen prompts extrapolate wildly to a prompt longer than any returned
-        # one (a 1e10-token prediction on CASTILLO's Ministral-8B): the remainder
-        # is scored with its length features inside the returned prompts' range,
-        # and no prompt's correction goes past the largest one a returned prompt needed.
-        dense = np.clip(self._features.dense[rest_g], obs_x.dense.min(axis=0), obs_x.dense.max(axis=0))
-        seen = y - self._offset[obs_g]
-        log_factor = np.clip(sol.predict(self._features.take_rows(rest_g, dense=dense)), seen.min(), seen.max())
+        log_factor = bounded_correction(sol, self._features, obs_g, y - self._offset[obs_g], rest_g)
         factor = pm.exp(log_factor)
         base = self._base.take(rest_g)
         mean = base.mean * factor

@@ -394,3 +394,19 @@ def test_revisions_of_adversarial_prompts_and_lengths_stay_valid_and_bounded(n, 
         assert sorted(tail.column(S.PROMPT_ID).to_pylist()) == sorted(work.prompt_ids[r0:].tolist())
         assert check_plan(read_plan(Path(log.name) / "plans" / "revision-1.parquet")).ok
     log.cleanup()
+
+
+def test_epoch_refit_is_bounded_like_a_revision():
+    # The refit between epochs shares the revision's bound: a prompt no epoch observed, longer than every
+    # observed one, gets a factor within the observed ratios.
+    from aspc.replan import refit_factor
+
+    rng = np.random.default_rng(4)
+    texts = ["\n".join(" ".join(rng.choice(WORDS, int(rng.integers(1, 5)))) for _ in range(int(k))) for k in rng.integers(1, 4, 120)]
+    texts.append("\n".join(" ".join(rng.choice(WORDS, 8)) for _ in range(60)))
+    size = np.array([len(t.split()) * t.count("\n") + 1.0 for t in texts])
+    obs = np.arange(120)
+    y = np.log(30.0 * size[obs])
+    f = refit_factor(texts, np.full(121, 300.0), obs, y)
+    ratio = 30.0 * size[obs] / 300.0
+    assert np.isfinite(f).all() and ratio.min() * (1 - 1e-9) <= f.min() and f.max() <= ratio.max() * (1 + 1e-9)

@@ -653,3 +653,24 @@ def test_a_failed_minibatch_is_retried_around_the_revisions(tmp_path):
     smp, by_mb = _columns(res)
     _check_holds(roll, kept, 4, smp, by_mb)
     assert res.summary.n_trainer_steps == 4 * 90 // 8
+
+
+def test_rolling_scout_under_a_bound_suggests_the_plain_scout(tmp_path):
+    # Under --max-staleness the rolling scout keeps nothing, and the plain scout before the epoch was faster
+    # at every bound measured: `run` and `simulate` say so in a note, and only then.
+    data = _dataset(tmp_path, 60, 5)
+    plan = tmp_path / "plan.parquet"
+    runner = CliRunner()
+    assert runner.invoke(main, ["compile", str(data), "-n", "4", "-o", str(plan), "--quiet"]).exit_code == 0
+    common = ["--actual-lengths", str(data), "--length-field", "lengths", "--workers", "3", "--global-batch", "16",
+              "--max-new-tokens", "1024"]  # fmt: skip
+    for k, (bound, roll) in enumerate([([], True), (["--max-staleness", "4"], True), (["--max-staleness", "4"], False)]):
+        strategies = ["--strategies", "random,asp+scout+roll", "--scout-windows", "3"] if roll else ["--strategies",
+                                                                                                     "random,asp+scout"]
+        r = runner.invoke(main, ["simulate", str(data), *common[2:], "--samples-per-prompt", "4", *strategies, *bound])
+        assert r.exit_code == 0, r.output
+        assert ("--scout without --scout-roll" in r.stderr) == (bool(bound) and roll), r.stderr
+        r = runner.invoke(main, ["run", str(plan), *common, "--scout", *(["--scout-roll"] if roll else []),
+                                 "--log", str(tmp_path / f"RUN{k}"), *bound])  # fmt: skip
+        assert r.exit_code == 0, r.output
+        assert ("--scout without --scout-roll" in r.stderr) == (bool(bound) and roll), r.stderr

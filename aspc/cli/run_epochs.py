@@ -134,9 +134,12 @@ def run_epochs_cmd(
     open across the epochs (:mod:`aspc.epochs`); ``None`` for the sim.
     """
     from aspc.epochs import run_epochs
+    from aspc.rolling_scout import roll_note
 
     check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens, scout_keep,
                         scout_keep_through, config.backend, scout_roll=scout_roll, scout_windows=scout_windows)  # fmt: skip
+    for msg in roll_note(config.max_staleness, scout_roll):
+        note(msg, quiet)
     with RichProgress(quiet) as progress:
         res = run_epochs(
             plan,

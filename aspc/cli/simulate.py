@@ -174,6 +174,10 @@ def simulate_cmd(
                 + (f", {repeats} repeats: mean ± std)" if repeats > 1 else ")"),
             )
         )
+        from aspc.rolling_scout import roll_note
+
+        for msg in roll_note(run_config.max_staleness, "asp+scout+roll" in results):
+            note(msg, quiet)
         if run_config.max_staleness is not None and not order_asked:
             note(f"asp planned for --max-staleness {run_config.max_staleness}: equal minibatches, shortest first "
                  "(--order ascending; --order lpt for the unbounded order)", quiet)  # fmt: skip

@@ -108,3 +108,22 @@ def test_epochs_under_a_bound_are_planned_for_it(dataset, tmp_path):
                                   "--log", str(tmp_path / "RUN"), "--json"])  # fmt: skip
     assert r.exit_code == 0, r.output
     assert read_plan(tmp_path / "RUN" / "plans" / "epoch-2.parquet").config["order"] == "ascending"
+
+
+def test_a_bound_no_minibatch_can_meet_is_refused_with_values_that_work(dataset, tmp_path):
+    # 8 samples per prompt and the default global batch (64): a minibatch of 20 prompts is 160 samples, more
+    # than K = 2 global batches. One line that names the values that would work, no run log; both do.
+    plan = tmp_path / "plan.parquet"
+    runner = CliRunner()
+    assert runner.invoke(main, ["compile", str(dataset), "-n", "8", "-o", str(plan), "--quiet"]).exit_code == 0
+    args = ["run", str(plan), "--actual-lengths", str(dataset), "--length-field", "lengths", "--json"]
+    r = runner.invoke(main, [*args, "--max-staleness", "2", "--log", str(tmp_path / "RUN")])
+    assert r.exit_code != 0 and "Traceback" not in r.output and len(r.stderr.strip().splitlines()) == 1, r.output
+    assert not (tmp_path / "RUN").exists()
+    import re
+
+    k, gb = map(int, re.search(r"--max-staleness to (\d+) or --global-batch to (\d+)", r.stderr).groups())
+    for extra in (["--max-staleness", str(k)], ["--max-staleness", "2", "--global-batch", str(gb)]):
+        ok = runner.invoke(main, [*args, *extra])
+        assert ok.exit_code == 0, ok.output
+        assert json.loads(ok.stdout)["policy_lag_max"] <= int(extra[1])

@@ -375,7 +375,7 @@ def run_cmd(
         verify_integrity(plan, plan_path.name)  # a plan `aspc check` refuses is not run either
         from aspc.io.history import read_history
         from aspc.runtime.api import run
-        from aspc.runtime.config import global_batch_note, order_note
+        from aspc.runtime.config import global_batch_note, staleness_notes
 
         lengths = None
         if actual_lengths is not None:
@@ -383,7 +383,8 @@ def run_cmd(
         backend, trainer, backend_notes = build_real_components(
             kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
         )
-        for msg in [*backend_notes, *global_batch_note(config, plan.table), *order_note(config, plan.config)]:
+        notes = [*global_batch_note(config, plan.table), *staleness_notes(config, plan, check=not scout)]
+        for msg in [*backend_notes, *notes]:
             note(msg, quiet)
         if epochs != 1 or length_drift or scout:
             from aspc.cli.run_epochs import run_epochs_cmd

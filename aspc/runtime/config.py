@@ -187,15 +187,30 @@ def global_batch_note(config: RunConfig, plan_table: object) -> list[str]:
     ]
 
 
-def order_note(config: RunConfig, plan_config: dict | None) -> list[str]:
-    """A note when an asp plan ordered for an unbounded run runs under ``--max-staleness``.
+def staleness_notes(config: RunConfig, plan: object, *, check: bool = True) -> list[str]:
+    """Under ``--max-staleness``: refuse a bound no minibatch of ``plan`` can meet, else note an unbounded order.
 
-    Not an error: the bound holds whatever the order; but asp's interleaving
-    of long and short minibatches costs the most under a bound, where
-    equal minibatches shortest first (``--order ascending``) cost the least.
+    The refusal (``check``: the plan runs as it is, not replaced by a scout's)
+    comes here, before the command prints any note, as well as in
+    :func:`aspc.runtime.run` (which also sizes it by a replanner's revisions).
+    The note is not an error: the bound holds whatever the order; but asp's
+    interleaving of long and short minibatches costs the most under a bound,
+    where equal minibatches shortest first (``--order ascending``) cost the least.
     """
-    cfg = plan_config or {}
-    if config.max_staleness is None or cfg.get("strategy", "asp") != "asp" or cfg.get("order", "lpt") == "ascending":
+    if config.max_staleness is None:
+        return []
+    import numpy as np
+
+    from aspc.emit import schema as S
+
+    table = plan.table  # type: ignore[attr-defined]
+    per = config.samples_per_prompt
+    n = np.full(table.num_rows, per) if per else table.column(S.N_SAMPLES).to_numpy()
+    mb = table.column(S.MINIBATCH).to_numpy()
+    if check and table.num_rows:
+        check_staleness(config, int(np.bincount(mb, weights=n).max()))
+    cfg = plan.config or {}  # type: ignore[attr-defined]
+    if cfg.get("strategy", "asp") != "asp" or cfg.get("order", "lpt") == "ascending":
         return []
     return [
         f"the plan's {cfg.get('order', 'lpt')} order interleaves long and short minibatches, which a staleness "
@@ -216,7 +231,8 @@ def check_staleness(config: RunConfig, largest_minibatch: int) -> None:
         raise ConfigError(
             f"--max-staleness {k}: the plan's largest minibatch ({largest_minibatch} samples) is more than "
             f"{k} global batches ({k * config.global_batch} samples), so it could never start; raise "
-            "--max-staleness or --global-batch, or compile smaller minibatches"
+            f"--max-staleness to {-(-largest_minibatch // config.global_batch)} or --global-batch to "
+            f"{-(-largest_minibatch // k)}, or compile smaller minibatches"
         )
 
 

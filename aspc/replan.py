@@ -265,8 +265,7 @@ class OnlineReplanner(Replanner):
         lam = self._choose_lambda(obs_g, y, view.revision)
         sol = ridge_fit(self._features.take_rows(obs_g), y, lam, offset=self._offset[obs_g], max_iter=60)
         rest_g = glob[rest]
-        log_factor = bounded_correction(sol, self._features, obs_g, y - self._offset[obs_g], rest_g)
-        factor = pm.exp(log_factor)
+        factor = pm.exp(bounded_correction(sol, self._features, obs_g, y - self._offset[obs_g], rest_g))
         base = self._base.take(rest_g)
         mean = base.mean * factor
         # Siblings: returned samples of a remainder prompt pull its mean toward theirs.

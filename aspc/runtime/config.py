@@ -204,11 +204,10 @@ def staleness_notes(config: RunConfig, plan: object, *, check: bool = True) -> l
     from aspc.emit import schema as S
 
     table = plan.table  # type: ignore[attr-defined]
-    per = config.samples_per_prompt
-    n = np.full(table.num_rows, per) if per else table.column(S.N_SAMPLES).to_numpy()
-    mb = table.column(S.MINIBATCH).to_numpy()
     if check and table.num_rows:
-        check_staleness(config, int(np.bincount(mb, weights=n).max()))
+        per = config.samples_per_prompt
+        n = np.full(table.num_rows, per) if per else table.column(S.N_SAMPLES).to_numpy()
+        check_staleness(config, int(np.bincount(table.column(S.MINIBATCH).to_numpy(), weights=n).max()))
     cfg = plan.config or {}  # type: ignore[attr-defined]
     if cfg.get("strategy", "asp") != "asp" or cfg.get("order", "lpt") == "ascending":
         return []

@@ -49,9 +49,9 @@ def main() -> None:
     ap.add_argument("--shares", default="0.1,0.25")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--static", action="store_true", help="also the static predictor (distils MiniLM: ~1 min)")
+    R.data_option(ap)
     args = ap.parse_args()
-    if not R.DATA.exists():
-        print(f"skipped: {R.DATA.name} not found under ../shared/data (only on development machines)")
+    if not R.use_data(args.data):
         return
     sys.path.insert(0, str(R.ROOT))
     from aspc.predict import load_predictor, train_predictor

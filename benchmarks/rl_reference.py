@@ -91,6 +91,22 @@ PROBE_MAX = 4000  # aspc probe's default --prompts
 PROBE_SHARE = 0.25  # of the user's prompt set
 
 
+def data_option(ap: argparse.ArgumentParser) -> None:
+    """``--data``: another file of CASTILLO's columns (model, split, prompt_id, prompt_text, output_sizes)."""
+    ap.add_argument("--data", type=Path, default=DATA,
+                    help="Parquet of CASTILLO's columns, e.g. prompts this project never saw (default: ../shared/data)")
+
+
+def use_data(path: Path) -> bool:
+    """Read the rows from ``path`` from now on; False (and a note) where it does not exist."""
+    global DATA
+    DATA = Path(path)
+    if not DATA.exists():
+        print(f"skipped: {DATA} not found (castillo-dev.parquet lives under ../shared/data on development machines)")
+        return False
+    return True
+
+
 def load_rows():
     import pyarrow.parquet as pq
 
@@ -299,9 +315,9 @@ def main() -> None:
         "product's workflow; use the train-split default above for an honest prior) instead of training "
         "it from scratch on the model's rows alone",
     )
+    data_option(ap)
     args = ap.parse_args()
-    if not DATA.exists():
-        print(f"skipped: {DATA.name} not found under ../shared/data (only on development machines)")
+    if not use_data(args.data):
         return
     if args.roll_at is not None:
         import aspc.rolling_scout

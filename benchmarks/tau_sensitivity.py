@@ -38,9 +38,9 @@ def main() -> None:
     ap.add_argument("--models", default=None, help="comma list (default: every model of the validate split)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--sigmas", default="0,0.3,0.5,0.65,0.8,1.2,2")
+    R.data_option(ap)
     args = ap.parse_args()
-    if not R.DATA.exists():
-        print(f"skipped: {R.DATA.name} not found under ../shared/data (only on development machines)")
+    if not R.use_data(args.data):
         return
     sys.path.insert(0, str(R.ROOT))
     from aspc.compiler import CompileConfig, compile_plan

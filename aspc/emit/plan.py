@@ -25,6 +25,7 @@ from aspc.atomic import atomic_path
 from aspc.emit import schema as S
 from aspc.errors import PlanError, SchemaVersionError, short_reason
 from aspc.io.table import column_numpy
+from aspc.memory import release_free_memory
 
 
 @dataclass
@@ -140,7 +141,7 @@ def _write(table: pa.Table, meta: dict[bytes, bytes], where: Path) -> None:
 def write_plan(plan: Plan, path: str | os.PathLike) -> None:
     """Write ``plan`` to ``path`` atomically (whole file or nothing)."""
     table = plan.table.cast(S.PLAN_SCHEMA)
-    pa.default_memory_pool().release_unused()  # the compile's temporaries, before the writer's buffers
+    release_free_memory()  # the compile's temporaries, before the writer's buffers
     meta = {
         S.META_SCHEMA_VERSION: S.SCHEMA_VERSION.encode(),
         S.META_ASPC_VERSION: __version__.encode(),

@@ -16,8 +16,6 @@ import os
 import threading
 from pathlib import Path
 
-import pyarrow as pa
-
 from aspc.choices import ON_BAD_LINE
 from aspc.errors import ConfigError
 from aspc.io.readers import _check_file, check_not_parquet, detect_format
@@ -32,6 +30,7 @@ from aspc.io.rows import (  # noqa: F401 - re-exported: the historical home of t
     read_rows,
 )
 from aspc.io.table import PromptTable, SkippedRow  # noqa: F401
+from aspc.memory import release_free_memory
 
 # Files under this are hashed inline; larger ones on a thread beside parsing
 # (hashlib releases the GIL on large buffers).
@@ -131,5 +130,5 @@ def read_prompts(
     table.input_hash = digest or file_hash(path)
     # Return what the batch buffers and the chunk merge left to the OS, so the
     # compile's own peak (input + plan columns) is not stacked on top of it.
-    pa.default_memory_pool().release_unused()
+    release_free_memory()
     return table

@@ -22,16 +22,18 @@ def test_freed_numpy_temporaries_leave_the_process():
     big = np.ones(16 << 20, dtype=np.uint8)  # glibc raises the threshold to a freed chunk of at most 32 MiB
     del big
     parts = [np.ones(3 << 20, dtype=np.uint8) for _ in range(60)]  # 180 MiB, touched
-    pin = np.ones(1 << 20, dtype=np.uint8)  # above them, live: the heap's top cannot shrink past it
+    # Every sixth stays live, so each freed run lies under a live chunk: glibc cannot shrink the heap's
+    # top past them by itself, wherever in the heap (a fresh end or old holes) they were placed.
+    pins = parts[5::6]
     held = _rss_mib()
     del parts
     before = _rss_mib()
     memory.release_free_memory()
     after = _rss_mib()
-    assert pin[0] == 1
+    assert all(int(p[0]) == 1 for p in pins)
     if held - before > 60:
         pytest.skip("this allocator returned the freed arrays by itself: nothing left to show")
-    assert held - after > 120, (held, before, after)
+    assert held - after > 100, (held, before, after)
 
 
 def test_release_runs_without_glibc(monkeypatch):

@@ -219,6 +219,7 @@ class OnlineReplanner(Replanner):
         self._base = prediction_of(plan_table)
         self._offset = pm.log(np.maximum(self._base.mean, 1.0))
         self.revisions: list[dict[str, Any]] = []  # per revision: step, first minibatch, observed prompts
+        self._skipped: tuple[int, str] | None = None  # the first window that kept the plan, and why
         # Prompts in the plan's largest minibatch: a revision's mean never exceeds it (largest_minibatch).
         self._rows = int(np.bincount(plan_table.column(S.MINIBATCH).to_numpy()).max()) if plan_table.num_rows else 1
 
@@ -276,6 +277,16 @@ class OnlineReplanner(Replanner):
             mean = np.where(j > 0, shrunk, mean)
         return rest, LengthPrediction(mean, base.q10 * factor, base.q50 * factor, base.q90 * factor)
 
+    def notes(self) -> list[str]:
+        """Why a run asked to re-plan made no revision (a flag that silently did nothing misleads)."""
+        if self.revisions:
+            return []
+        step, why = self._skipped or (self.every_steps, "every minibatch was already dispatched (or the run had ended)")
+        earlier = (f" (or perhaps an earlier window than every {self.every_steps} trainer steps: aspc run --replan-every)"
+                   if self.every_steps > 1 else "")  # fmt: skip
+        return [f"--replan made no revision: at its first window (trainer step {step}) {why}; re-planning needs a "
+                f"run of more minibatches per worker{earlier}"]  # fmt: skip
+
     def stored_revisions(self) -> list[tuple[int, pa.Table]]:
         """The revisions written under ``log_dir/plans`` by the run being resumed, oldest first (:func:`read_revisions`)."""
         out = [(first, plan.table) for first, plan in read_revisions(self.log_dir, "--replan")]
@@ -300,9 +311,12 @@ class OnlineReplanner(Replanner):
         # Revise only while at least TAIL_ROUNDS minibatches per worker remain.
         left = view.work.n_minibatches - view.first_undispatched
         if left < TAIL_ROUNDS * (self.config.workers or 1):
+            self._skipped = self._skipped or (view.step, f"{left} minibatches were left to dispatch, fewer than "
+                                              f"{TAIL_ROUNDS} rounds of {self.config.workers or 1} workers")  # fmt: skip
             return None
         got = self.predict_remainder(view)
         if got is None:
+            self._skipped = self._skipped or (view.step, f"fewer than {MIN_OBSERVED} prompts had all their samples back")
             return None
         rest, pred = got
         w = view.work

@@ -10,9 +10,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aspc.cli import main
 from aspc.compiler import CompileConfig, compile_plan
 from aspc.emit import read_plan
 from aspc.emit import schema as S
@@ -88,6 +90,43 @@ def test_replanned_run_logs_revisions_and_generates_every_sample_once(tmp_path):
     for r in firsts:
         revised = read_plan(tmp_path / "run" / "plans" / f"revision-{r}.parquet")
         assert check_plan(revised).ok
+    assert not any("--replan" in n for n in res.notes)
+
+
+def test_a_run_too_short_to_revise_says_why(tmp_path):
+    # 40 minibatches on 8 workers: by the first window fewer than 4 rounds of 8 are left, so
+    # --replan keeps the plan; the run says so instead of silently doing nothing.
+    table, lens, flat = _data(80, 0)
+    cfg = CompileConfig(samples_per_prompt=4, batch_size=2, slack=0, workers=8)
+    plan = compile_plan(table, flat, cfg)
+    rp = OnlineReplanner(plan.table, cfg, every_steps=4)
+    res = run(plan, config=RunConfig(workers=8, global_batch=32), actual_lengths=lens, replanner=rp)
+    assert not rp.revisions
+    (msg,) = [n for n in res.notes if n.startswith("--replan made no revision")]
+    assert "trainer step 4" in msg and "fewer than 4 rounds of 8 workers" in msg and "--replan-every" in msg
+    assert "\n" not in msg
+
+
+def test_run_and_simulate_say_when_replan_revised_nothing(tmp_path):
+    # The short plan above through the CLI: `run --replan` and `simulate --strategies asp+replan` print the
+    # note (stderr); with 4 times the prompts the first window revises and neither prints it.
+    runner = CliRunner()
+    for n_prompts, says in ((80, True), (320, False)):
+        table, lens, _ = _data(n_prompts, 0)
+        data = tmp_path / f"in{n_prompts}.jsonl"
+        data.write_text("".join(json.dumps({"id": str(i), "prompt": t, "lengths": lens[i].tolist()}) + "\n"
+                                for i, t in zip(table.ids, table.prompts, strict=True)))  # fmt: skip
+        common = ["--actual-lengths", str(data), "--length-field", "lengths", "--workers", "8", "--global-batch", "32"]
+        plan = tmp_path / f"plan{n_prompts}.parquet"
+        r = runner.invoke(main, ["compile", str(data), "-n", "4", "-b", "2", "--slack", "0", "-o", str(plan), "--quiet"])
+        assert r.exit_code == 0, r.output
+        r = runner.invoke(main, ["run", str(plan), *common, "--replan", "--replan-every", "4"])
+        assert r.exit_code == 0, r.output
+        assert ("--replan made no revision" in r.stderr) == says, r.stderr
+        r = runner.invoke(main, ["simulate", str(data), *common[2:], "--samples-per-prompt", "4", "-b", "2",
+                                 "--slack", "0", "--strategies", "asp,asp+replan"])  # fmt: skip
+        assert r.exit_code == 0, r.output
+        assert ("asp+replan: --replan made no revision" in r.stderr) == says, r.stderr
 
 
 def test_replan_learns_what_the_predictor_did_not_know():

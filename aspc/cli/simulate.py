@@ -178,6 +178,11 @@ def simulate_cmd(
 
         for msg in roll_note(run_config.max_staleness, "asp+scout+roll" in results):
             note(msg, quiet)
+        replanned = results.get("asp+replan")  # one run, or one per repeat: the first says why if none revised
+        first = replanned[0] if isinstance(replanned, list) else replanned
+        for msg in first.notes if first is not None else []:
+            if msg.startswith("--replan made no revision"):
+                note(f"asp+replan: {msg}", quiet)
         if run_config.max_staleness is not None and not order_asked:
             note(f"asp planned for --max-staleness {run_config.max_staleness}: equal minibatches, shortest first "
                  "(--order ascending; --order lpt for the unbounded order)", quiet)  # fmt: skip

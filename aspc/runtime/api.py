@@ -378,6 +378,7 @@ def _run_locked(
         )
         if probes is not None:
             probes = {"before": probes, "after": _speed_probes(backend, config, notes)}
+        notes += replanner.notes() if replanner is not None else []
     except BaseException as exc:
         if writer is not None:
             writer.abort(exc, recorder.flush)

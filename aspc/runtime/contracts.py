@@ -204,6 +204,10 @@ class Replanner(ABC):
         """
         return int(work.minibatch_sizes.max())
 
+    def notes(self) -> list[str]:
+        """One-line diagnostics for the end of the run (e.g. why nothing was revised). The default: none."""
+        return []
+
     def stored_revisions(self) -> list[tuple[int, Any]]:
         """The revisions this replanner made in the run being resumed, oldest first.
 

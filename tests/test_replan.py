@@ -123,6 +123,10 @@ def test_run_and_simulate_say_when_replan_revised_nothing(tmp_path):
         r = runner.invoke(main, ["run", str(plan), *common, "--replan", "--replan-every", "4"])
         assert r.exit_code == 0, r.output
         assert ("--replan made no revision" in r.stderr) == says, r.stderr
+        r = runner.invoke(main, ["run", str(plan), *common, "--replan", "--replan-every", "4", "--epochs", "2",
+                                 "--log", str(tmp_path / f"E{n_prompts}")])  # fmt: skip
+        assert r.exit_code == 0, r.output
+        assert ("epoch 1: --replan made no revision" in r.stderr) == says, r.stderr
         r = runner.invoke(main, ["simulate", str(data), *common[2:], "--samples-per-prompt", "4", "-b", "2",
                                  "--slack", "0", "--strategies", "asp,asp+replan"])  # fmt: skip
         assert r.exit_code == 0, r.output

@@ -67,6 +67,9 @@ SIBLING_PRIOR = 1.0
 DEFAULT_EVERY_STEPS = 8
 # No revision once fewer than this many minibatches per worker are left.
 TAIL_ROUNDS = 4
+# How the note of a run that re-planned nothing starts (OnlineReplanner.notes): the commands that print a
+# run's notes selectively (`run --epochs`, `simulate`) pick it out by this prefix.
+NO_REVISION = "--replan made no revision"
 
 
 def used_columns(x: Features) -> Features:
@@ -284,7 +287,7 @@ class OnlineReplanner(Replanner):
         step, why = self._skipped or (self.every_steps, "every minibatch was already dispatched (or the run had ended)")
         earlier = (f" (or perhaps an earlier window than every {self.every_steps} trainer steps: aspc run --replan-every)"
                    if self.every_steps > 1 else "")  # fmt: skip
-        return [f"--replan made no revision: at its first window (trainer step {step}) {why}; re-planning needs a "
+        return [f"{NO_REVISION}: at its first window (trainer step {step}) {why}; re-planning needs a "
                 f"run of more minibatches per worker{earlier}"]  # fmt: skip
 
     def stored_revisions(self) -> list[tuple[int, pa.Table]]:

@@ -187,7 +187,9 @@ def run_epochs_cmd(
             f"total: {out['n_trainer_steps']} steps in {out['run_time']:.1f} s "
             f"(mean iteration {out['mean_iteration_time']:.3f} s)"
         )
+    from aspc.replan import NO_REVISION
+
     for k, r in enumerate(res.runs, start=1):  # --replan that revised nothing in an epoch says why
         for msg in r.notes:
-            if msg.startswith("--replan made no revision"):
+            if msg.startswith(NO_REVISION):
                 note(f"epoch {k}: {msg}", quiet)

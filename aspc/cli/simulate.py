@@ -174,6 +174,7 @@ def simulate_cmd(
                 + (f", {repeats} repeats: mean ± std)" if repeats > 1 else ")"),
             )
         )
+        from aspc.replan import NO_REVISION
         from aspc.rolling_scout import roll_note
 
         for msg in roll_note(run_config.max_staleness, "asp+scout+roll" in results):
@@ -181,7 +182,7 @@ def simulate_cmd(
         replanned = results.get("asp+replan")  # one run, or one per repeat: the first says why if none revised
         first = replanned[0] if isinstance(replanned, list) else replanned
         for msg in first.notes if first is not None else []:
-            if msg.startswith("--replan made no revision"):
+            if msg.startswith(NO_REVISION):
                 note(f"asp+replan: {msg}", quiet)
         if run_config.max_staleness is not None and not order_asked:
             note(f"asp planned for --max-staleness {run_config.max_staleness}: equal minibatches, shortest first "

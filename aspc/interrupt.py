@@ -163,6 +163,26 @@ def _exit_now(_signum: int = 0, _frame: object = None) -> None:
     os._exit(_exit_code if _exit_code is not None else 1)
 
 
+def end_process(code: int) -> None:
+    """End the finished command-line process now: atexit hooks, flushed streams, ``os._exit(code)``.
+
+    What is skipped is the interpreter's teardown of a million-prompt heap
+    (every module's objects freed one by one: ~0.25 s of a 4 s compile);
+    the kernel frees the memory at exit in a few ms. Only for commands
+    that leave no thread of their own behind (the caller decides).
+    """
+    import atexit
+
+    atexit._run_exitfuncs()
+    _exit_now_with(code)
+
+
+def _exit_now_with(code: int) -> None:
+    global _exit_code
+    _exit_code = code
+    _exit_now()
+
+
 def exit_at_teardown() -> None:
     """Hold SIGTERM/SIGINT through the last of interpreter teardown, once :func:`exit_on_signal` ran.
 

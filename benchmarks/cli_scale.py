@@ -8,6 +8,7 @@ one row per case: best and median wall time over ``--repeat`` runs, CPU time
 fills the Numba cache and the file cache (the targets are for a warm cache).
 
     .venv/bin/python benchmarks/cli_scale.py [--n 1000000] [--n 100000] [--repeat 3] [--cases parquet-one,...] [--floor]
+        [--huge-pages]
 
 Targets for 1,000,000 prompts on a 2-core machine: Parquet, one known length
 <= 2 s and <= 1 GB; Parquet, lists of 8 <= 3 s; JSONL, one length <= 5 s;
@@ -31,6 +32,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from aspc.memory import HUGE_PAGES_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 # Word list of the generated prompts: English-like tokens of 2-10 letters.
@@ -188,10 +191,16 @@ def main() -> None:
     ap.add_argument("--cases", default="", help="comma list of cases to run (default: all)")
     ap.add_argument("--data", type=Path, default=None, help="folder for the generated inputs (kept between runs)")
     ap.add_argument("--floor", action="store_true", help="also time the steps a byte-identical plan cannot skip")
+    ap.add_argument(
+        "--huge-pages", action="store_true",
+        help="also run every case with ASPC_HUGE_PAGES=1 (the kernel's huge-page policy), runs alternating",
+    )
     args = ap.parse_args()
     sizes = args.n or [100_000, 1_000_000]
     data = args.data or Path(tempfile.gettempdir()) / "aspc-cli-scale"
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop(HUGE_PAGES_ENV, None)
+    variants = {"": env} | ({" (huge pages)": {**env, HUGE_PAGES_ENV: "1"}} if args.huge_pages else {})
     wanted = [c for c in args.cases.split(",") if c]
     # The machine's 1-minute load average while a case ran: wall time on a
     # shared machine is only comparable at a similar load; CPU time is.
@@ -207,15 +216,21 @@ def main() -> None:
                     continue
                 _measure(argv, env)  # warm: Numba cache, file cache
                 reps = args.repeat_slow if name in ("text-default", "simulate-asp") else args.repeat
-                runs = [_measure(argv, env) for _ in range(reps)]
+                # Variants alternate run by run, so a change in the machine's state hits both alike.
+                runs: dict[str, list] = {label: [] for label in variants}
+                for _ in range(reps):
+                    for label, venv in variants.items():
+                        runs[label].append(_measure(argv, venv))
                 load = os.getloadavg()[0]
-                best = min(runs, key=lambda r: r["wall"])
                 shown = " ".join(a if not a.startswith(("/", tmp)) else Path(a).name for a in argv)
-                print(
-                    f"| {name} | {n:,} | `aspc {shown}` | {len(runs)} | {best['wall']:.2f} | "
-                    f"{statistics.median(r['wall'] for r in runs):.2f} | {best['cpu']:.2f} | {best['rss_mb']:.0f} | {load:.1f} |",
-                    flush=True,
-                )
+                for label, rs in runs.items():
+                    best = min(rs, key=lambda r: r["wall"])
+                    print(
+                        f"| {name}{label} | {n:,} | `aspc {shown}` | {len(rs)} | {best['wall']:.2f} | "
+                        f"{statistics.median(r['wall'] for r in rs):.2f} | {best['cpu']:.2f} | {best['rss_mb']:.0f} | "
+                        f"{load:.1f} |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,9 @@ _COMMANDS = {
     "report": ("report", "report_cmd"),
     "export": ("export", "export_cmd"),
 }
+# Commands whose process skips the interpreter's teardown once they succeed:
+# offline work, no threads or engines of their own left (interrupt.end_process).
+_LEAN_EXIT = frozenset({"compile", "simulate", "check", "inspect"})
 
 
 class _UsageLine(click.ClickException):
@@ -54,6 +57,8 @@ class _InterruptLine(click.ClickException):
 
 
 class _LazyGroup(click.Group):
+    _ran: str | None = None  # the command this process resolved
+
     def main(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201 - click's signature
         # The signal policy holds from the first moment, not only inside a
         # command: a SIGINT while the command module imports is one line too.
@@ -79,6 +84,8 @@ class _LazyGroup(click.Group):
                 finally:
                     if process:
                         interrupt.exit_on_signal(code)
+                        if code == 0 and self._ran in _LEAN_EXIT:
+                            interrupt.end_process(code)
         except Interrupted as exc:
             click.echo(f"Error: interrupted by {interrupt.signal_name(exc.signum)}; {interrupt.outcome()}", err=True)
             sys.exit(exc.exit_code)
@@ -118,6 +125,7 @@ class _LazyGroup(click.Group):
         mod, attr = _COMMANDS[name]
         if importlib.util.find_spec(f"aspc.cli.{mod}") is None:
             return None
+        self._ran = name
         return getattr(importlib.import_module(f"aspc.cli.{mod}"), attr)
 
 

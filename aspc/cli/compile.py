@@ -35,7 +35,9 @@ def compile_cmd(
     from aspc.compiler import compile_file
     from aspc.emit import write_plan
     from aspc.guards import check_compile_config, check_output
+    from aspc.memory import small_pages_only
 
+    small_pages_only()
     inputs, config = compile_config_from_kwargs(kwargs)
     config = dataclasses.replace(config, workers=workers)
     check_compile_config(config)

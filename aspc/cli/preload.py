@@ -16,7 +16,13 @@ def runtime_loading(backend: str, plan_path: Path) -> Iterator[None]:
     run log writer) and Numba's first dispatch take about a second
     of start-up that then costs no wall time. Joined on exit, before anything
     else is imported, so the two threads never import one module at once.
+    A simulated run, where no model runs in this process, also keeps to
+    small pages (``aspc.memory.small_pages_only``).
     """
+    if backend == "sim":
+        from aspc.memory import small_pages_only
+
+        small_pages_only()
     try:
         big = plan_path.stat().st_size >= _PRELOAD_BYTES
     except OSError:

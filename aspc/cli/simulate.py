@@ -136,8 +136,10 @@ def simulate_cmd(
     aspc simulate in.jsonl --length-field lengths --samples-per-prompt 4 \\
         --workers 8 --global-batch 64 --seed 0 --strategies random,sorted,asp,oracle --json
     """
+    from aspc.memory import small_pages_only
     from aspc.simulate import comparison_table, parse_strategies, simulate_strategies
 
+    small_pages_only()  # simulated workers only: no model runs in this process
     names = parse_strategies(strategies)
     order_asked = kwargs.get("order") is not None
     inputs, config = compile_config_from_kwargs(kwargs)

@@ -9,7 +9,7 @@ compile's peak RSS was ~50 MB higher at the plan write than the live data
 needed (``benchmarks/cli_scale.py``, the README).
 
 The commands that hold a million prompts also keep to small pages
-(``small_pages_only``): the README's "Huge pages" measures why.
+(``small_pages_only``): the README's "The command at scale" measures why.
 """
 
 from __future__ import annotations

@@ -128,22 +128,26 @@ main()
 """
 
 
-@pytest.mark.parametrize(("command", "lean"), [("compile", True), ("predict", False)])
-def test_offline_commands_end_without_the_interpreters_teardown(tmp_path, dataset, command, lean):
+@pytest.mark.parametrize(
+    ("command", "lean", "thp"), [("compile", True, "0"), ("predict", False, "0"), ("eval", False, "1")]
+)
+def test_offline_commands_end_without_the_interpreters_teardown(tmp_path, dataset, command, lean, thp):
     # compile (a lean command) ends with os._exit after the atexit hooks: the JSON on a pipe is
-    # whole, hooks such as coverage's still run, and the heap's teardown is skipped. It also ran
-    # on small pages (aspc.memory.small_pages_only), where the kernel reports it; predict did not.
+    # whole, hooks such as coverage's still run, and the heap's teardown is skipped. compile and
+    # predict ran on small pages (aspc.memory.small_pages_only), where the kernel reports it.
     out = tmp_path / "out.parquet"
-    args = ["compile", str(dataset), "--length-field", "lengths", "-o", str(out), "--json"]
-    if command == "predict":
-        args = ["predict", "default", str(dataset), "-o", str(out), "--json"]
+    args = {
+        "compile": ["compile", str(dataset), "--length-field", "lengths", "-o", str(out), "--json"],
+        "predict": ["predict", "default", str(dataset), "-o", str(out), "--json"],
+        "eval": ["predict", "eval", "default", str(dataset), "--length-field", "lengths", "--json"],
+    }[command]
     res = subprocess.run([sys.executable, "-c", _EXIT_PROG, str(tmp_path), *args], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     json.loads(res.stdout)
     assert (tmp_path / "atexit").read_text() == "ran"
     assert (tmp_path / "teardown").exists() is not lean
-    assert out.exists()
-    assert (tmp_path / "thp").read_text() in ("0" if lean else "1", "")
+    assert out.exists() is (command != "eval")
+    assert (tmp_path / "thp").read_text() in (thp, "")
 
 
 def test_a_failing_lean_command_keeps_its_exit_code(tmp_path):

@@ -368,8 +368,10 @@ def apply_cmd(
     """Predict response lengths of DATA's prompts with PREDICTOR (a directory or 'default')."""
     from aspc.guards import check_output
     from aspc.io import read_prompts
+    from aspc.memory import small_pages_only
     from aspc.predict import HistoryPredictor, load_predictor
 
+    small_pages_only()  # a million prompts' texts and features (a MiniLM, if any, is small)
     output = check_output(output, inputs=[data, *history, None if predictor == "default" else predictor])
     _check_device(device)
     pred = load_predictor(predictor, target=target, device=device)

@@ -21,7 +21,9 @@ from aspc.cli.render import metrics_table
 def check_cmd(plan_path: Path, max_imbalance, max_padding, max_drift, as_json: bool) -> None:
     """Verify a plan and its metrics: exit 0 within bounds, 1 on a violated bound, 2 on bad input."""
     from aspc.emit import check_plan, read_plan
+    from aspc.memory import small_pages_only
 
+    small_pages_only()
     plan = read_plan(plan_path)
     res = check_plan(
         plan, max_imbalance=max_imbalance, max_padding=max_padding, max_drift=max_drift, name=plan_path.name

@@ -22,7 +22,9 @@ def inspect_cmd(plan_path: Path, as_json: bool) -> None:
     from aspc.emit import group_loads, read_plan, verify_integrity
     from aspc.emit import schema as S
     from aspc.emit.metrics import minibatch_starts
+    from aspc.memory import small_pages_only
 
+    small_pages_only()
     plan = read_plan(plan_path)
     verify_integrity(plan, plan_path.name)  # the metrics shown are the stored ones: they must be the rows'
     minibatch_cost = plan.metrics.get("cost_model", "padded")

@@ -60,8 +60,8 @@ def small_pages_only() -> bool:
     host has to supply again, while 4 KiB faults reuse pages the guest freed
     a moment ago. On one such VM (the README's figures) the kernel's zeroing
     of huge pages was a third of a million-prompt compile's CPU time; small
-    pages cost ~0.3 M more minor faults and cut its system time from 4.6-7.1 s
-    to 1.1-2.1 s. For the offline commands only: a process that runs a model
+    pages cost ~0.3 M more minor faults and cut its system time from 4.6-5.9 s
+    to 1.2-2.1 s. For the offline commands only: a process that runs a model
     keeps huge pages.
     """
     if not sys.platform.startswith("linux") or os.environ.get(HUGE_PAGES_ENV) == "1":

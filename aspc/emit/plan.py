@@ -111,6 +111,7 @@ HASH_BESIDE_WRITE_ROWS = 100_000
 
 # From this many rows the prompt column is encoded on a thread beside the
 # others and the file stitched from the two (aspc.emit.stitch): same bytes.
+# From aspc.emit.halves.HALVES_ROWS on, that thread encodes it in two halves.
 SPLIT_WRITE_ROWS = 100_000
 
 _WRITE_OPTIONS: dict[str, Any] = {
@@ -127,9 +128,10 @@ def _write(table: pa.Table, meta: dict[bytes, bytes], where: Path) -> None:
     table = table.replace_schema_metadata(meta)
     parts = None
     if table.num_rows >= SPLIT_WRITE_ROWS:
+        from aspc.emit.halves import encode_in_halves
         from aspc.emit.stitch import split_write
 
-        parts = split_write(table, S.PROMPT, _WRITE_OPTIONS)
+        parts = split_write(table, S.PROMPT, _WRITE_OPTIONS, encode_in_halves)
     if parts is None:
         pq.write_table(table, where, **_WRITE_OPTIONS)
         return

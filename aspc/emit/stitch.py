@@ -18,7 +18,8 @@ plain way, so the result is the same file either way (tests compare the two).
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -240,15 +241,46 @@ def _shift(cc: list, delta: int) -> list:
 
 
 def _to_buffer(table: pa.Table, kwargs: dict) -> memoryview:
-    sink = pa.BufferOutputStream()  # an Arrow buffer: no copy when taken out
-    pq.write_table(table, sink, **kwargs)
-    return memoryview(sink.getvalue())
+    # Into a buffer sized for the worst case up front: a growing output stream
+    # reallocates and copies as it doubles, faulting in fresh pages each time
+    # (a quarter of a million-prompt write's page faults). Pages never
+    # written to are never touched, so the spare capacity costs nothing.
+    capacity = table.nbytes + table.nbytes // 16 + 16 * table.num_rows + (4 << 20)
+    buf = pa.allocate_buffer(capacity)
+    sink = pa.FixedSizeBufferWriter(buf)
+    try:
+        pq.write_table(table, sink, **kwargs)
+    except (pa.ArrowException, OSError):
+        sink = pa.BufferOutputStream()  # past the bound after all: the stream grows as it must
+        pq.write_table(table, sink, **kwargs)
+        return memoryview(sink.getvalue())
+    return memoryview(buf)[: sink.tell()]
 
 
-def split_write(table: pa.Table, column: str, kwargs: dict) -> list | None:
+class Big(NamedTuple):
+    """The big column's chunk: pages to lay out in order, with its row group's and chunk's metadata."""
+
+    data: memoryview  # the file it was encoded into (the first one, when in halves)
+    pieces: list  # its pages, as slices of the encoded files
+    rg: list  # RowGroup fields
+    cc: list  # ColumnChunk fields; offsets as if its pages started at byte 4
+
+
+def whole(data: memoryview) -> Big:
+    """The one column chunk of a one-column file ``data``."""
+    fields, start = _footer(data)
+    rg, cols = _chunks(fields)
+    if len(cols) != 1 or _span(cols[0]) != (4, start):
+        raise _Unexpected("big file layout")
+    return Big(data, [data[4:start]], rg, cols[0])
+
+
+def split_write(table: pa.Table, column: str, kwargs: dict, cut: Callable | None = None) -> list | None:
     """The bytes of ``pq.write_table(table, ..., **kwargs)`` as pieces to write in order, or None.
 
-    ``column`` (the big one) is encoded on a thread beside all the others.
+    ``column`` (the big one) is encoded on a thread beside all the others;
+    ``cut(one_column_table, kwargs, to_buffer)`` may encode it in parts
+    (a :class:`Big`), or return None to have it encoded whole.
     """
     names = table.column_names
     if column not in names or len(names) < 2 or table.num_rows == 0:
@@ -259,7 +291,8 @@ def split_write(table: pa.Table, column: str, kwargs: dict) -> list | None:
 
     def encode_big() -> None:
         try:
-            box["big"] = _to_buffer(table.select([column]), kwargs)
+            one = table.select([column])
+            box["big"] = (cut and cut(one, kwargs, _to_buffer)) or _to_buffer(one, kwargs)
         except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
             box["error"] = exc
 
@@ -272,41 +305,38 @@ def split_write(table: pa.Table, column: str, kwargs: dict) -> list | None:
         thread.join()
     if "error" in box:
         raise box["error"]
-    big = box["big"]
     try:
+        big = box["big"] if isinstance(box["big"], Big) else whole(box["big"])
         return _stitch(big, small, empty, k, table.num_rows)
     except (_Unexpected, IndexError, KeyError, TypeError, ValueError):
         return None
 
 
-def _stitch(big: memoryview, small: memoryview, empty: memoryview, k: int, num_rows: int) -> list:
-    fb, start_b = _footer(big)
+def _stitch(big: Big, small: memoryview, empty: memoryview, k: int, num_rows: int) -> list:
     fs, start_s = _footer(small)
     fe, _ = _footer(empty)
     if {f[0] for f in fe} - _FILE_KNOWN:
         raise _Unexpected("file metadata fields")
-    rg_b, cols_b = _chunks(fb)
     rg_s, cols_s = _chunks(fs)
-    if len(cols_b) != 1 or _get(rg_b, 3, _I64) != num_rows or _get(rg_s, 3, _I64) != num_rows:
+    if _get(big.rg, 3, _I64) != num_rows or _get(rg_s, 3, _I64) != num_rows:
         raise _Unexpected("row counts")
     # Chunks lie end to end from offset 4, in column order, up to the footer.
     spans_s = [_span(cc) for cc in cols_s]
-    span_b = _span(cols_b[0])
+    big_len = sum(len(p) for p in big.pieces)
     if [a for a, _ in spans_s] != [4] + [e for _, e in spans_s[:-1]] or spans_s[-1][1] != start_s:
         raise _Unexpected("small file layout")
-    if span_b != (4, start_b):
+    if _span(big.cc) != (4, 4 + big_len):
         raise _Unexpected("big file layout")
     cut = spans_s[k - 1][1] if k else 4  # where the big column goes, in the small file's bytes
-    big_len = start_b - 4
     cols = [_shift(cc, 0) for cc in cols_s[:k]]
-    cols.append(_shift(cols_b[0], cut - 4))
+    cols.append(_shift(big.cc, cut - 4))
     cols += [_shift(cc, big_len) for cc in cols_s[k:]]
     rg = []
     for fid, t, v in rg_s:
         if fid == 1:
             v = (_STRUCT, cols)
         elif fid in (2, 6):
-            v = v + _get(rg_b, fid, _I64)
+            v = v + _get(big.rg, fid, _I64)
         elif fid == 5 and v != 4:
             raise _Unexpected("row group offset")
         rg.append([fid, t, v])
@@ -322,7 +352,7 @@ def _stitch(big: memoryview, small: memoryview, empty: memoryview, k: int, num_r
     footer = _encode(meta)
     return [
         small[:cut],
-        big[4:start_b],
+        *big.pieces,
         small[cut:start_s],
         footer,
         len(footer).to_bytes(4, "little"),

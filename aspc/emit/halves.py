@@ -49,12 +49,17 @@ _DATA_PAGE, _DICTIONARY_PAGE = 0, 2
 _PLAIN, _PLAIN_DICTIONARY, _RLE_DICTIONARY = 0, 2, 8
 
 
-def _value_bytes(arr: pa.Array) -> np.ndarray:
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1]
-    return np.diff(offsets).astype(np.int64) + 4
+def _offsets(arr: pa.Array) -> np.ndarray:
+    """The string offsets of ``arr``'s rows (a view of its buffer)."""
+    return np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1]
 
 
-def _fallback_row(arr: pa.Array, sizes: np.ndarray) -> int | None:
+def _plain_bytes(offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """PLAIN-encoded bytes (4-byte length + data per value) of rows [0, r) for each r in ``rows``."""
+    return offsets[rows].astype(np.int64) - int(offsets[0]) + 4 * rows.astype(np.int64)
+
+
+def _fallback_row(arr: pa.Array) -> int | None:
     """The row after which the writer drops its dictionary (a batch end), or None."""
     seen = pa.array([], arr.type)
     dict_bytes = 0
@@ -71,19 +76,19 @@ def _fallback_row(arr: pa.Array, sizes: np.ndarray) -> int | None:
     return None
 
 
-def _page_ends(sizes: np.ndarray, start: int) -> np.ndarray:
-    """Rows where PLAIN data pages end, for pages starting at ``start`` (a batch boundary)."""
-    n = sizes.size
+def _page_ends(offsets: np.ndarray, start: int) -> np.ndarray:
+    """Rows where PLAIN data pages end, for pages starting at row ``start`` (a batch boundary)."""
+    n = offsets.size - 1
     if start >= n:
         return np.empty(0, dtype=np.int64)
-    batch_starts = np.arange(start, n, _BATCH)
-    per_batch = np.add.reduceat(sizes[start:], batch_starts - start)
+    edges = np.r_[np.arange(start, n, _BATCH), n]
+    per_batch = np.diff(_plain_bytes(offsets, edges))
     ends = []
     acc = 0
     for k, b in enumerate(per_batch.tolist()):
         acc += b
         if acc >= _PAGE_BYTES:
-            ends.append(min(n, int(batch_starts[k]) + _BATCH))
+            ends.append(int(edges[k + 1]))
             acc = 0
     if not ends or ends[-1] != n:
         ends.append(n)  # the last page, flushed when the column closes
@@ -100,16 +105,17 @@ def split_row(arr: pa.Array, kwargs: dict) -> tuple[int, int, np.ndarray] | None
         or any(kwargs.get(k) is not None for k in _REFUSED)
     ):
         return None
-    sizes = _value_bytes(arr)
-    p0 = _fallback_row(arr, sizes)
+    offsets = _offsets(arr)
+    p0 = _fallback_row(arr)
     if p0 is None:
         return None
-    ends = _page_ends(sizes, p0)
+    ends = _page_ends(offsets, p0)
     inner = ends[:-1]  # a cut at the column's end would leave nothing to the second half
     if inner.size == 0:
         return None
-    cum = np.cumsum(sizes)
-    m = int(inner[np.argmin(np.abs(cum[inner - 1] - cum[-1] / 2))])
+    # The page end that halves the bytes to compress.
+    half = _plain_bytes(offsets, np.array([len(arr)]))[0] / 2
+    m = int(inner[np.argmin(np.abs(_plain_bytes(offsets, inner) - half))])
     return p0, m, ends
 
 
@@ -117,7 +123,7 @@ def _pages(data: memoryview, cc: list) -> list[tuple[int, int, int, int]]:
     """(page type, encoding, rows, uncompressed bytes) of every page of a column chunk."""
     md = T._get(cc, 3, T._STRUCT)
     pos, end = T._span(cc)
-    raw = bytes(data[pos:end])
+    raw = data[pos:end]  # a view: headers are read in place, the pages never copied
     pos, out = 0, []
     while pos < len(raw):
         header, pos = T._read_struct(raw, pos)

@@ -8,7 +8,11 @@ one row per case: best and median wall time over ``--repeat`` runs, CPU time
 fills the Numba cache and the file cache (the targets are for a warm cache).
 
     .venv/bin/python benchmarks/cli_scale.py [--n 1000000] [--n 100000] [--repeat 3] [--cases parquet-one,...] [--floor]
-        [--huge-pages]
+        [--huge-pages] [--against REF]
+
+``--against REF`` runs every case a second time with the code of git commit
+REF (checked out in a temporary worktree, same venv), alternating run by
+run: an A/B of a change within one run, on a machine whose speed drifts.
 
 Targets for 1,000,000 prompts on a 2-core machine: Parquet, one known length
 <= 2 s and <= 1 GB; Parquet, lists of 8 <= 3 s; JSONL, one length <= 5 s;
@@ -19,6 +23,7 @@ one strategy <= 10 s.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -27,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +147,19 @@ def _measure(argv: list[str], env: dict[str, str]) -> dict[str, float]:
     return {"wall": wall, "cpu": user + sys_t, "rss_mb": rss / 1024}
 
 
+@contextlib.contextmanager
+def _worktree(ref: str) -> Iterator[Path]:
+    """The repository's code at commit ``ref``, in a temporary git worktree removed on exit."""
+    tmp = Path(tempfile.mkdtemp(prefix="aspc-ref-"))
+    git = ["git", "-C", str(ROOT), "worktree"]
+    subprocess.run([*git, "add", "--detach", str(tmp), ref], check=True, capture_output=True)
+    try:
+        yield tmp
+    finally:
+        subprocess.run([*git, "remove", "--force", str(tmp)], check=False, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def floor(paths: dict[str, Path], repeat: int) -> None:
     """What any compile of ``one.parquet`` that writes today's plan bytes must do, one step after another.
 
@@ -201,12 +220,25 @@ def main() -> None:
         "--huge-pages", action="store_true",
         help="also run every case with ASPC_HUGE_PAGES=1 (the kernel's huge-page policy), runs alternating",
     )
+    ap.add_argument(
+        "--against", metavar="REF", default=None,
+        help="also run every case with the code of git commit REF (a temporary worktree), runs alternating",
+    )
     args = ap.parse_args()
+    with contextlib.ExitStack() as stack:
+        ref_tree = stack.enter_context(_worktree(args.against)) if args.against else None
+        run_all(args, ref_tree)
+
+
+def run_all(args: argparse.Namespace, ref_tree: Path | None) -> None:
     sizes = args.n or [100_000, 1_000_000]
     data = args.data or Path(tempfile.gettempdir()) / "aspc-cli-scale"
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    path = os.environ.get("PYTHONPATH", "")
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + path}
     env.pop(HUGE_PAGES_ENV, None)
     variants = {"": env} | ({" (huge pages)": {**env, HUGE_PAGES_ENV: "1"}} if args.huge_pages else {})
+    if ref_tree is not None:
+        variants[f" ({args.against})"] = {**env, "PYTHONPATH": str(ref_tree) + os.pathsep + path}
     wanted = [c for c in args.cases.split(",") if c]
     # The machine's 1-minute load average while a case ran: wall time on a
     # shared machine is only comparable at a similar load; CPU time is.
@@ -220,7 +252,8 @@ def main() -> None:
             for name, argv in cases(paths, Path(tmp)).items():
                 if wanted and name not in wanted:
                     continue
-                _measure(argv, env)  # warm: Numba cache, file cache
+                for venv in variants.values():
+                    _measure(argv, venv)  # warm: Numba cache (each tree its own), file cache
                 reps = args.repeat_slow if name in ("text-default", "simulate-asp") else args.repeat
                 # Variants alternate run by run, so a change in the machine's state hits both alike.
                 runs: dict[str, list] = {label: [] for label in variants}

@@ -113,3 +113,18 @@ def test_write_plan_uses_it_and_reads_back(tmp_path, monkeypatch):
     assert used and all(used)
     assert stitched.read_bytes() == plain.read_bytes()
     assert read_plan(stitched, verify=False).table.equals(table)
+
+
+@pytest.mark.parametrize("failure", ["allocate", "overflow"])
+def test_sized_buffer_falls_back_to_a_growing_stream(monkeypatch, failure):
+    # No address space for the sized buffer (strict overcommit), or output past its bound:
+    # the same bytes through a growing stream.
+    table = _plan_table(np.random.default_rng(6), 2000, "distinct")
+    if failure == "allocate":
+        def refuse(size):
+            raise MemoryError(f"cannot allocate {size} bytes")
+
+        monkeypatch.setattr(stitch.pa, "allocate_buffer", refuse)
+    else:
+        monkeypatch.setattr(stitch.pa, "allocate_buffer", lambda size: pa.py_buffer(bytearray(64)))
+    assert _split(table) == _plain(table)

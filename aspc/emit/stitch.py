@@ -246,15 +246,16 @@ def _to_buffer(table: pa.Table, kwargs: dict) -> memoryview:
     # (a quarter of a million-prompt write's page faults). Pages never
     # written to are never touched, so the spare capacity costs nothing.
     capacity = table.nbytes + table.nbytes // 16 + 16 * table.num_rows + (4 << 20)
-    buf = pa.allocate_buffer(capacity)
-    sink = pa.FixedSizeBufferWriter(buf)
     try:
+        buf = pa.allocate_buffer(capacity)
+        sink = pa.FixedSizeBufferWriter(buf)
         pq.write_table(table, sink, **kwargs)
-    except (pa.ArrowException, OSError):
-        sink = pa.BufferOutputStream()  # past the bound after all: the stream grows as it must
-        pq.write_table(table, sink, **kwargs)
-        return memoryview(sink.getvalue())
-    return memoryview(buf)[: sink.tell()]
+        return memoryview(buf)[: sink.tell()]
+    except (pa.ArrowException, OSError, MemoryError):
+        pass  # past the bound after all, or no address space for it (strict overcommit)
+    stream = pa.BufferOutputStream()  # grows as it must
+    pq.write_table(table, stream, **kwargs)
+    return memoryview(stream.getvalue())
 
 
 class Big(NamedTuple):

@@ -225,8 +225,7 @@ def main() -> None:
         help="also run every case with the code of git commit REF (a temporary worktree), runs alternating",
     )
     args = ap.parse_args()
-    with contextlib.ExitStack() as stack:
-        ref_tree = stack.enter_context(_worktree(args.against)) if args.against else None
+    with _worktree(args.against) if args.against else contextlib.nullcontext() as ref_tree:
         run_all(args, ref_tree)
 
 

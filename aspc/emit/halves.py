@@ -142,8 +142,7 @@ def _check(first: T.Big, second: T.Big, p0: int, m: int, ends: np.ndarray) -> No
     a, b = _pages(first.data, first.cc), _pages(second.data, second.cc)
     if not a or a[0][0] != _DICTIONARY_PAGE:
         raise T._Unexpected("no dictionary page")
-    dict_rows = plain = 0
-    k = 1
+    dict_rows, k = 0, 1
     while k < len(a) and a[k][0] == _DATA_PAGE and a[k][1] in (_PLAIN_DICTIONARY, _RLE_DICTIONARY):
         dict_rows += a[k][2]
         k += 1
@@ -152,9 +151,8 @@ def _check(first: T.Big, second: T.Big, p0: int, m: int, ends: np.ndarray) -> No
     rows = np.cumsum([p[2] for p in a[k:]] + [p[2] for p in b]) + p0
     if any(p[:2] != (_DATA_PAGE, _PLAIN) for p in a[k:] + b) or not np.array_equal(rows, ends):
         raise T._Unexpected("page ends")
-    plain = len(a) - k
     # The first half's last page must be one the writer ends by size, not by closing the file.
-    if plain == 0 or a[-1][3] < _PAGE_BYTES or p0 + sum(p[2] for p in a[k:]) != m:
+    if k == len(a) or a[-1][3] < _PAGE_BYTES or p0 + sum(p[2] for p in a[k:]) != m:
         raise T._Unexpected("cut")
 
 

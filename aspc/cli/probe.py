@@ -30,7 +30,7 @@ import click
 from aspc.choices import ON_BAD_LINE, PREDICTOR_KINDS
 from aspc.cli.backend_options import build_real_components, real_backend_options
 from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, quiet_option
-from aspc.cli.run import run_config_from_kwargs, runtime_options
+from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
 from aspc.errors import AspcError, ConfigError
 
 DEFAULT_PROBE_PROMPTS = 4000  # the preprint fine-tunes its predictor on 4,000 prompt-length pairs

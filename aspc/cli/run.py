@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,111 +21,8 @@ from aspc.cli.common import (
 )
 from aspc.cli.preload import runtime_loading
 from aspc.cli.run_epochs import check_epoch_options, epoch_options
+from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
 from aspc.errors import Interrupted
-
-# Light modules (no numba, pyarrow or torch), so --help stays fast.
-from aspc.runtime.config import RETURN_MODES, ReturnMode, RunConfig
-from aspc.runtime.registry import BACKENDS, ENGINES, BackendKind, EngineKind
-
-F = Callable[..., Any]
-
-
-def runtime_options(fn: F, *, cost_model_flags: tuple[str, ...] = ("--cost-model", "--sim-cost-model")) -> F:
-    """Options every command that runs a plan takes (``run``, ``simulate``).
-
-    The simulator's coefficients file is ``--cost-model`` (alias
-    ``--sim-cost-model``); the compiler's minibatch cost is ``--minibatch-cost``.
-    """
-    opts = [
-        click.option(
-            "--backend",
-            type=click.Choice(BACKENDS),
-            default=BackendKind.SIM.value,
-            show_default=True,
-            help="Generation backend (sim: discrete-event simulator, no hardware).",
-        ),
-        click.option(
-            "--engine",
-            type=click.Choice(ENGINES),
-            default=EngineKind.LOCAL.value,
-            show_default=True,
-            help="Where workers run.",
-        ),
-        click.option("--workers", "-w", type=int, default=8, show_default=True, help="Generation workers W."),
-        click.option(
-            "--global-batch", type=int, default=64, show_default=True, help="Samples per trainer step."
-        ),
-        click.option(
-            "--queue-capacity",
-            default="auto",
-            show_default=True,
-            help="Queue high-water mark: samples (512), trainer batches (4b), or auto "
-            "(one batch + one largest minibatch per worker).",
-        ),
-        click.option(
-            "--reload-time",
-            type=float,
-            default=0.5,
-            show_default=True,
-            help="Seconds a worker spends loading new weights (sim).",
-        ),
-        click.option(
-            "--return-mode",
-            type=click.Choice(RETURN_MODES),
-            default=ReturnMode.STATIC.value,
-            show_default=True,
-            help="static: a minibatch returns when its longest sequence ends; continuous: each sequence "
-            "as it ends.",
-        ),
-        click.option(
-            "--max-new-tokens", type=int, default=None, help="Cap every response at this many tokens."
-        ),
-        click.option(
-            "--max-staleness",
-            type=int,
-            default=None,
-            help="K: never start a minibatch whose samples could be consumed more than K weight versions "
-            "after the version generating them (policy lag <= K). [default: unbounded]",
-        ),
-        click.option(
-            *cost_model_flags,
-            "sim_cost_model",
-            type=click.Path(dir_okay=False, path_type=Path),
-            default=None,
-            help="JSON of simulator coefficients (as 'aspc calibrate' writes).",
-        ),
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
-
-
-_RUNTIME_KEYS = (
-    "backend",
-    "engine",
-    "workers",
-    "global_batch",
-    "queue_capacity",
-    "reload_time",
-    "return_mode",
-    "max_new_tokens",
-    "max_staleness",
-)
-
-
-def run_config_from_kwargs(kwargs: dict[str, Any], **extra: Any) -> tuple[RunConfig, Any]:
-    """Pop the runtime options out of a command's kwargs: (RunConfig, SimCostModel)."""
-    from aspc.guards import check_run_config
-    from aspc.runtime.backends.sim_cost import SimCostModel, load_sim_cost_model
-
-    vals = {k: kwargs.pop(k) for k in _RUNTIME_KEYS if k in kwargs}
-    path = kwargs.pop("sim_cost_model", None)
-    cost = load_sim_cost_model(path) if path is not None else SimCostModel()
-    config = RunConfig(**vals, **extra)
-    config.validate()
-    check_run_config(config)
-    return config, cost
-
 
 _FMT = {
     "mean_iteration_time": "{:.3f} s",

@@ -14,7 +14,7 @@ from aspc.choices import BOUNDED_ORDER
 from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, quiet_option
 from aspc.cli.common import out_console as _out
 from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options
-from aspc.cli.run import run_config_from_kwargs, runtime_options
+from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
 
 
 def _f(v: Any, spec: str) -> str:

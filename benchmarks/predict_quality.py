@@ -17,6 +17,9 @@ Predictors:
 - ``transformer``: all-MiniLM-L6-v2 fine-tuned on ``--transformer-pairs``
   pairs sampled from train (4,000, the preprint's size; 0 = all), one model
   with per-model heads. Needs torch; slow on CPU, use ``--device cuda``.
+  With ``--distil-static`` also ``transformer-static``: the fine-tuned
+  encoder distilled into a static predictor (one vector per vocabulary
+  token, heads on the same rows), the CPU-speed form of it.
 - ``transformer-own``: all-MiniLM-L6-v2 fine-tuned per model on that model's
   own train pairs only (``--own-pairs``, 4,000, drawn as for ``refit``; with
   ``--refit-all`` also all its rows): the issue's "MiniLM fine-tuned on the
@@ -64,7 +67,7 @@ Predictors:
 
     .venv/bin/python benchmarks/predict_quality.py
     python benchmarks/predict_quality.py --kinds transformer --device cuda --transformer-pairs 4000
-    python benchmarks/predict_quality.py --kinds transformer --device cuda --transformer-pairs 0
+    python benchmarks/predict_quality.py --kinds transformer --device cuda --transformer-pairs 0 --distil-static
     python benchmarks/predict_quality.py --kinds transformer-own --device cuda --own-pairs 4000 --refit-all
     .venv/bin/python benchmarks/predict_quality.py --kinds lexical,refit,history-epochs,speed
     .venv/bin/python benchmarks/predict_quality.py --kinds refit-in-domain,default-in-domain --lexical-cache DIR
@@ -222,15 +225,35 @@ def bench_transformer(d, models, args):
     secs = time.perf_counter() - started
     res = per_model(lambda m: pred.with_target(m), d, models)
     texts = list(dict.fromkeys(pick(d, "prompt_text", rows_of(d, "validate"))))
-    return {
-        "per_model": res,
-        "train_s": secs,
-        "n_pairs": len(tr),
-        "device": str(pred.device),
-        "prompts_per_s": speed(pred, texts[:2000]),
-        "epochs": config.n_epochs(),
-        "freeze_encoder": config.freeze_encoder,
+    out = {
+        "transformer": {
+            "per_model": res,
+            "train_s": secs,
+            "n_pairs": len(tr),
+            "device": str(pred.device),
+            "prompts_per_s": speed(pred, texts[:2000]),
+            "epochs": config.n_epochs(),
+            "freeze_encoder": config.freeze_encoder,
+        }
     }
+    if args.distil_static:
+        # The fine-tuned encoder distilled into one vector per vocabulary token (CPU speed), heads on the same rows.
+        from aspc.predict.static_train import train_static
+
+        started = time.perf_counter()
+        static = train_static(
+            pick(d, "prompt_text", tr),
+            pick(d, "output_sizes", tr),
+            targets=pick(d, "model", tr),
+            init=pred,
+            seed=args.seed,
+            validation_split=0.1,
+        )
+        out["transformer-static"] = {
+            "per_model": per_model(lambda m: static.with_target(m), d, models),
+            "train_s": time.perf_counter() - started,
+        }
+    return out
 
 
 def bench_transformer_own(d, models, args):
@@ -473,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--epochs", type=int, default=None)
     ap.add_argument("--freeze-encoder", action="store_true")
+    ap.add_argument("--distil-static", action="store_true", help="transformer: also distil the fine-tuned encoder (kind static)")
     ap.add_argument("--speed-n", type=int, default=200, help="prompts for the CPU transformer speed run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--own-pairs", type=int, default=4000, help="refit: (prompt, sample) pairs per model")
@@ -525,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
                 _, lexical = bench_lexical(d, models, args)
             results[kind] = bench_history(d, models, lexical)
         elif kind == "transformer":
-            results[kind] = bench_transformer(d, models, args)
+            results.update(bench_transformer(d, models, args))
         elif kind == "transformer-speed":
             results[kind] = bench_transformer_speed(d, args)
         elif kind == "transformer-own":

@@ -136,16 +136,18 @@ def compile_plan(
     config = for_target(config)
     n = len(table)
     s = schedule_prompts(prediction, config, n, progress)
-    m, n_groups, mb_order, costs = s.costs.size, s.n_groups, s.mb_order, s.costs
-    mean_r, nseq_r, q_r = s.mean_r, s.nseq_r, s.q_r
+    rows, bounds, assignment, mb_order, costs, n_groups = s.rows, s.bounds, s.assignment, s.mb_order, s.costs, s.n_groups
+    mean_r, nseq_r, q_r, extra, b, d = s.mean_r, s.nseq_r, s.q_r, s.extra, s.b, s.d
+    del s  # the per-row arrays are freed as soon as they are gathered (below)
+    m = costs.size
 
     # Rows in dispatch order; minibatches and groups renumbered by first dispatch.
     # pos indexes the partition order (nearly sequential gathers); row_order the input.
-    lens = np.diff(s.bounds)
-    pos = dispatch_positions(s.bounds, mb_order)
-    row_order = s.rows[pos]
+    lens = np.diff(bounds)
+    pos = dispatch_positions(bounds, mb_order)
+    row_order = rows[pos]
     mb_col = np.repeat(np.arange(m, dtype=np.int32), lens[mb_order])
-    grp_of_mb = s.assignment[mb_order]
+    grp_of_mb = assignment[mb_order]
     _, first = np.unique(grp_of_mb, return_index=True)
     renum = np.empty(n_groups, dtype=np.int32)
     renum[grp_of_mb[np.sort(first)]] = np.arange(n_groups, dtype=np.int32)
@@ -169,17 +171,16 @@ def compile_plan(
         S.DISPATCH_RANK: numpy_column(np.arange(n, dtype=np.int64), pa.int64()),
     }
     # Gathered: the per-row arrays' memory goes before the metrics' own.
-    del q_r, mean_r, nseq_r, pos
-    s.rows = s.mean_r = s.nseq_r = s.q_r = None  # type: ignore[assignment]
+    del q_r, mean_r, nseq_r, pos, rows
     # Metrics read numeric columns only: computed while the prompts are gathered.
     numeric = {k: v for k, v in arrays.items() if k != S.PROMPT_ID}
     numeric = pa.Table.from_arrays(list(numeric.values()), names=list(numeric))
     metrics = plan_metrics(numeric, config.minibatch_cost, costs=costs[mb_order], cap=config.max_response_length)
     arrays[S.PROMPT] = prompts.result()
     plan_table = pa.Table.from_arrays([arrays[f.name] for f in S.PLAN_SCHEMA], schema=S.PLAN_SCHEMA)
-    metrics.update(s.extra)
+    metrics.update(extra)
     metrics["n_skipped"] = len(table.skipped)
-    cfg = _config_record(config, inputs, s.b, s.d, n_groups)
+    cfg = _config_record(config, inputs, b, d, n_groups)
     return Plan(
         table=plan_table,
         config=cfg,

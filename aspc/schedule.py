@@ -27,8 +27,7 @@ class Schedule:
 
     ``rows`` is the partition order; minibatch ``k`` holds ``rows[bounds[k]:bounds[k+1]]``.
     The per-row arrays (``mean_r`` ...) are the predictions in that order, which the
-    plan's columns and the costs read; :func:`aspc.compiler.compile_plan` drops them
-    once the plan's columns are built.
+    plan's columns and the costs read.
     """
 
     n: int

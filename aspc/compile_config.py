@@ -39,6 +39,7 @@ class CompileConfig:
     # a static minibatch really pays; "padded" = sequences x max predicted mean.
     minibatch_cost: str = "expected-max"
     predictor: str | None = None  # predictor directory or "default"; None with no length field -> default
+    head: str | None = None  # target-model head of a multi-model predictor (--target); None -> pooled
     history: tuple[str, ...] = ()  # run logs / datasets of observed lengths
     history_length_field: str = "length"  # length field in history datasets
     # Generation workers the plan will run on; None -> order ignores makespan.

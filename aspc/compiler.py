@@ -72,8 +72,8 @@ def _prepare(
     progress.done()
     progress.stage("predict")
     if inputs.length_field is not None:
-        if config.predictor is not None:
-            raise ConfigError("give --length-field or --predictor, not both")
+        if config.predictor is not None or config.head is not None:
+            raise ConfigError(f"give --length-field or {'--predictor' if config.head is None else '--target'}, not both")
         if config.history:
             raise ConfigError("--history blends into a predictor's output; drop it when using --length-field")
         assert table.lengths is not None
@@ -98,7 +98,7 @@ def _prepare(
                 )
                 for source in config.history
             ]
-        predictor = load_predictor(config.predictor or "default")
+        predictor = load_predictor(config.predictor or "default", target=config.head)
         if observed is not None:
             if len(observed) == 1:
                 predictor = HistoryPredictor(predictor, observed[0])
@@ -202,7 +202,7 @@ def _config_record(config: CompileConfig, inputs: InputOptions | None, b: int, d
     cfg["predictor"] = None if config.predictor is None else ("default" if config.predictor == "default" else "dir")
     cfg["history"] = len(config.history)
     cfg.update({"batch_size": b, "slack": d, "groups": g})
-    for key in ("target", "max_response_length", "max_prompt_length"):
+    for key in ("target", "head", "max_response_length", "max_prompt_length"):
         if cfg.get(key) is None:
             # Unset trainer options leave no key: plans compiled without them keep their bytes.
             cfg.pop(key, None)

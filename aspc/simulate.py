@@ -378,7 +378,7 @@ def _scout(table, prediction, actual, n, config, run_config, cost, tokens):
     scout = run_scout(table, prediction, lengths, config, run_config, t, cost)
     scout.summary.extra["scout_tokens"] = t
     seen = np.minimum(lengths, t)  # what a response cut at T tokens shows
-    metadata = getattr(load_predictor(config.predictor or "default"), "metadata", {}) or {}
+    metadata = getattr(load_predictor(config.predictor or "default", target=config.head), "metadata", {}) or {}
     pred = cap_prediction(scouted_prediction(table, prediction, seen, metadata), config.max_response_length)
     return scout, pred, lengths
 
@@ -393,7 +393,7 @@ def _rolling(table, prediction, actual, name, config, run_config, cost, progress
         raise ConfigError(f"{SCOUT_ROLL} plans from its own scouts of every prompt; drop --history")
     known = _known(actual, table)
     spare = spare_lengths(known, run_config.samples_per_prompt or config.samples_per_prompt, table.ids)
-    metadata = getattr(load_predictor(config.predictor or "default"), "metadata", {}) or {}
+    metadata = getattr(load_predictor(config.predictor or "default", target=config.head), "metadata", {}) or {}
     t = scout_tokens(run_config.max_new_tokens, tokens)
     return simulate_rolling(table, prediction, known, spare, name, config, run_config, cost, progress, t, windows,
                             metadata)  # fmt: skip

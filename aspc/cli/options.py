@@ -89,6 +89,14 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
         ),
         click.option("--predictor", default=None, help="Predictor directory, or 'default' (the shipped one)."),
         click.option(
+            "--target",
+            "head",
+            default=None,
+            metavar="NAME",
+            help="Head of a multi-model predictor: the model the policy started from (e.g. 'qwen2.5-7b' for the "
+            "default's 13; any unique substring).  [default: the pooled head]",
+        ),
+        click.option(
             "--history",
             multiple=True,
             type=click.Path(),
@@ -150,6 +158,7 @@ _COMPILE_KEYS = (
     "minibatch_cost",
     "order",
     "predictor",
+    "head",
     "history",
     "history_length_field",
     "target",

@@ -26,7 +26,16 @@ from aspc.cli.common import (
     out_console,
     quiet_option,
 )
-from aspc.cli.options import read_options
+from aspc.cli.predict_eval import eval_cmd
+from aspc.cli.predict_options import (
+    check_device,
+    check_fields,
+    data_options,
+    device_option,
+    metrics_table,
+    target_field_option,
+    target_option,
+)
 from aspc.errors import ConfigError, InputError
 
 F = Callable[..., Any]
@@ -42,37 +51,6 @@ class _DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
 
-_data_options = read_options  # the dataset-reading options every predict command takes
-
-
-def _target_option(fn: F) -> F:
-    return click.option(
-        "--target",
-        default=None,
-        help="Target-model head of a multi-model predictor (e.g. 'qwen2.5-7b' for the default); else pooled.",
-    )(fn)
-
-
-def _device_option(fn: F) -> F:
-    return click.option(
-        "--device",
-        default="auto",
-        show_default=True,
-        help="Transformer device: auto (NPU > CUDA > CPU), npu, cuda or cpu.",
-    )(fn)
-
-
-def _check_device(device: str) -> None:
-    """Fail early on an explicit device that is not there (any kind), before reading data."""
-    if device.lower() != "auto":
-        from aspc.devices import resolve_device
-
-        try:
-            resolve_device(device)
-        except ImportError:
-            raise ConfigError(f"--device {device}: torch is not installed; use --device auto") from None
-
-
 @click.group("predict", cls=_DefaultGroup, invoke_without_command=False)
 def predict_group() -> None:
     """Train, evaluate and apply response-length predictors.
@@ -82,6 +60,9 @@ def predict_group() -> None:
     aspc predict eval pred/ TEST.jsonl --length-field length
     aspc predict pred/ TEST.jsonl -o preds.parquet      (or: default TEST.jsonl)
     """
+
+
+predict_group.add_command(eval_cmd)
 
 
 def _init_option(fn: F) -> F:
@@ -122,7 +103,7 @@ def _init_option(fn: F) -> F:
     default=None,
     help="Transformer, static: local Hugging Face encoder dir (static distils it). [default: all-MiniLM-L6-v2]",
 )
-@_device_option
+@device_option
 @click.option(
     "--epochs", type=int, default=None, help="Transformer epochs. [default: 3, or 40 with --freeze-encoder]"
 )
@@ -149,7 +130,15 @@ def _init_option(fn: F) -> F:
     show_default=True,
     help="Fraction of prompts held out for the recorded validation metrics.",
 )
-@_data_options
+@target_field_option
+@click.option(
+    "--group-field",
+    default=None,
+    metavar="NAME",
+    help="Field naming each prompt's source (e.g. verl's data_source): lexical and static bands are "
+    "calibrated on residuals of held-out sources (3 or more), so they hold on prompts of a new source.",
+)
+@data_options
 @json_option
 @quiet_option
 @handle_errors
@@ -167,6 +156,8 @@ def train_cmd(
     plan: Path | None,
     seed: int,
     validation_split: float,
+    target_field: str | None,
+    group_field: str | None,
     prompt_field: str,
     id_field: str,
     on_bad_line: str,
@@ -178,6 +169,11 @@ def train_cmd(
     DATA is a dataset (a length field holding a number, a list of sampled
     lengths, or one row per sample) or an aspc run log directory (every
     committed sample, prompt texts from the plan that was run).
+
+    \b
+    Several policies' lengths in one dataset, with their sources:
+    aspc predict train all.parquet --length-field lengths --target-field model --group-field dataset -o pred/
+    then pick a head: aspc compile P --predictor pred/ --target NAME
     """
     from aspc.guards import check_output, check_seed
     from aspc.predict.base import check_output_dir
@@ -188,7 +184,11 @@ def train_cmd(
     check_output_dir(output)
     if epochs is not None and epochs < 1:
         raise ConfigError(f"--epochs {epochs}: give at least 1")
-    _check_device(device)
+    if group_field is not None and kind == "transformer":
+        raise ConfigError("--group-field applies to --kind lexical and static (the transformer's bands are "
+                          "calibrated on held-out prompts at random); drop it")  # fmt: skip
+    check_fields(prompt_field, id_field, length_field, target_field, group_field)
+    check_device(device)
     from aspc.predict.pairs import read_training_pairs
 
     if not data.exists():
@@ -200,6 +200,8 @@ def train_cmd(
         id_field=id_field,
         on_bad_line=on_bad_line,
         plan=plan,
+        target_field=target_field,
+        group_field=group_field,
     )
     with RichProgress(quiet) as progress:
         pred = train_from_pairs(
@@ -227,13 +229,16 @@ def train_cmd(
                 "identity": pred.identity(),
                 "training": pred.metadata.get("training"),
                 "validation": val,
+                "targets": list(getattr(pred, "targets", [])),
             }
         )
         return
     src = f"{len(pairs)} prompts, {pairs.n_samples} lengths from the {pairs.source}"
+    if pairs.targets is not None:
+        src = f"{len(set(pairs.ids))} prompts, {len(set(pairs.targets))} targets, {pairs.n_samples} lengths"
     note(f"wrote {kind} predictor to {output} ({src}{', refit from ' + init if init else ''})", quiet)
     if val and not quiet:
-        out_console.print(_metrics_table({"validation": val}, f"held-out {validation_split:.0%} of prompts"))
+        out_console.print(metrics_table({"validation": val}, f"held-out {validation_split:.0%} of prompts"))
 
 
 def train_from_pairs(pairs: Any, kind: str, *, where: str, init: str | None = None, **kwargs: Any) -> Any:
@@ -242,86 +247,11 @@ def train_from_pairs(pairs: Any, kind: str, *, where: str, init: str | None = No
     from aspc.predict.pairs import check_pair_count
 
     check_pair_count(pairs, MIN_PAIRS, where)
-    pred = train_predictor(kind, pairs.texts, pairs.lengths, init=init, **kwargs)
+    pred = train_predictor(
+        kind, pairs.texts, pairs.lengths, init=init, targets=pairs.targets, groups=pairs.groups, **kwargs
+    )
     pred.metadata.setdefault("training", {}).update(input_sha256=pairs.input_hash, source=pairs.source)
     return pred
-
-
-@predict_group.command("eval")
-@click.argument("predictor", type=str)
-@click.argument("data", type=click.Path(path_type=Path))
-@click.option(
-    "--length-field",
-    default="length",
-    show_default=True,
-    help="Field with observed lengths (a number or a list).",
-)
-@_target_option
-@_device_option
-@_data_options
-@json_option
-@quiet_option
-@handle_errors
-def eval_cmd(
-    predictor: str,
-    data: Path,
-    length_field: str,
-    target: str | None,
-    device: str,
-    prompt_field: str,
-    id_field: str,
-    on_bad_line: str,
-    as_json: bool,
-    quiet: bool,
-) -> None:
-    """Score PREDICTOR (a directory or 'default') against DATA's observed lengths.
-
-    Kendall tau, Spearman rho, MAE (tokens), 10-bucket accuracy and q10-q90
-    coverage, with the same figures for a no-information baseline that
-    predicts the training set's marginal length for every prompt.
-    """
-    from aspc.predict import load_predictor
-    from aspc.predict.metrics import baseline_prediction, evaluate, marginal_summary
-    from aspc.predict.pairs import read_training_pairs
-
-    _check_device(device)
-    pred = load_predictor(predictor, target=target, device=device)
-    if not data.exists():
-        raise InputError(f"{data}: no such file or run log directory")
-    pairs = read_training_pairs(
-        data,
-        length_field=length_field,
-        prompt_field=prompt_field,
-        id_field=id_field,
-        on_bad_line=on_bad_line,
-        for_training=False,
-    )
-    with RichProgress(quiet) as progress:
-        progress.stage("predict", total=1)
-        predicted = pred.predict(pairs.texts, ids=pairs.ids)
-        result = evaluate(predicted, pairs.lengths)
-        progress.done()
-    if any(len(a) > 1 for a in pairs.lengths):
-        # Several sampled lengths per prompt: the band is judged on single samples, the
-        # quantity a worker generates (coverage_q10_q90 counts the same samples).
-        result["coverage_q10_q90_samples"] = result["coverage_q10_q90"]
-    marginal = pred.metadata.get("marginal")
-    source = "training marginal"
-    if not marginal:
-        marginal, source = marginal_summary(pairs.lengths), "evaluation-data marginal"
-    result["baseline"] = {
-        **evaluate(baseline_prediction(len(pairs), marginal), pairs.lengths),
-        "source": source,
-    }
-    result["predictor"] = pred.identity()
-    if as_json:
-        emit_json(result)
-    elif not quiet:
-        out_console.print(
-            _metrics_table(
-                {"predictor": result, "baseline": result["baseline"]}, f"{data.name}: n={result['n']}"
-            )
-        )
 
 
 @predict_group.command(_DEFAULT_CMD, hidden=True)
@@ -334,7 +264,7 @@ def eval_cmd(
     required=True,
     help="Parquet file to write: prompt_id, predicted_len, predicted_q10/_q50/_q90.",
 )
-@_target_option
+@target_option
 @click.option(
     "--history",
     "history",
@@ -346,8 +276,8 @@ def eval_cmd(
 @click.option(
     "--history-length-field", default="length", show_default=True, help="Length field of --history datasets."
 )
-@_device_option
-@_data_options
+@device_option
+@data_options
 @json_option
 @quiet_option
 @handle_errors
@@ -373,7 +303,7 @@ def apply_cmd(
 
     small_pages_only()  # a million prompts' texts and features (a MiniLM, if any, is small)
     output = check_output(output, inputs=[data, *history, None if predictor == "default" else predictor])
-    _check_device(device)
+    check_device(device)
     pred = load_predictor(predictor, target=target, device=device)
     table = read_prompts(data, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)
     if history:
@@ -418,23 +348,3 @@ def _write_predictions(output: Path, ids: list[str], pred: Any) -> None:
     )
     with atomic_path(output) as tmp:
         pq.write_table(table, tmp)
-
-
-def _metrics_table(columns: dict[str, dict[str, Any]], title: str) -> Any:
-    from rich.table import Table
-
-    rows = [
-        ("kendall_tau", "Kendall τ", "{:.3f}"),
-        ("spearman", "Spearman ρ", "{:.3f}"),
-        ("mae", "MAE (tokens)", "{:.1f}"),
-        ("bucket_accuracy", "10-bucket accuracy", "{:.3f}"),
-        ("coverage_q10_q90", "q10–q90 coverage", "{:.3f}"),
-        ("n", "prompts", "{}"),
-    ]
-    t = Table(title=title, header_style="bold")
-    t.add_column("metric")
-    for name in columns:
-        t.add_column(name, justify="right")
-    for key, label, fmt in rows:
-        t.add_row(label, *(fmt.format(c[key]) if c.get(key) is not None else "–" for c in columns.values()))
-    return t

@@ -9,7 +9,11 @@ trained generated. Two sources give the same :class:`TrainingPairs`:
   both commands store there, or a plan given explicitly);
 - a **dataset** with a prompt, an id and a length field, the length being a
   number, a list of sampled lengths, or one row per sample (rows sharing an id
-  and a prompt are pooled).
+  and a prompt are pooled). Optionally a *target* field names the model that
+  generated each row's lengths (one entry per prompt and target, one head per
+  target in the predictor) and a *group* field names each prompt's source
+  (e.g. verl's ``data_source``), whose held-out-source residuals calibrate the
+  bands.
 """
 
 from __future__ import annotations
@@ -32,13 +36,15 @@ PLAN_IN_LOG = "plan.parquet"
 
 @dataclass
 class TrainingPairs:
-    """One entry per distinct prompt."""
+    """One entry per distinct prompt (per prompt and target, when targets are named)."""
 
-    ids: list[str]  # prompt ids, unique
+    ids: list[str]  # prompt ids, unique (within each target)
     texts: list[str]  # plain prompt text (chat flattened), what predictors read
     lengths: list[np.ndarray]  # observed response lengths of each prompt (tokens, float64, >= 1 value)
     input_hash: str  # sha256 of the dataset file, or of the run log's sample rows
     source: str  # "run log" or "dataset"
+    targets: list[str] | None = None  # per entry, the model that generated its lengths
+    groups: list[str] | None = None  # per entry, its prompt's source
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -193,14 +199,21 @@ def read_dataset_pairs(
     prompt_field: str = "prompt",
     id_field: str = "id",
     on_bad_line: str = "error",
+    target_field: str | None = None,
+    group_field: str | None = None,
 ) -> TrainingPairs:
     """Prompts and lengths of a dataset; rows that repeat an id (one row per sample) are pooled.
+
+    With ``target_field`` rows are pooled per (id, target): the same prompt
+    answered by several models gives one entry per model. ``group_field``
+    gives every entry its prompt's group.
 
     Raises
     ------
     InputError
         Malformed rows (unless ``on_bad_line="skip"``), a repeated id with a
-        different prompt, no lengths.
+        different prompt or another group, a missing or non-name target or
+        group, no lengths.
     """
     from aspc.errors import ConfigError
     from aspc.io.prompts import file_hash
@@ -211,10 +224,12 @@ def read_dataset_pairs(
         raise ConfigError(f"--on-bad-line must be 'error' or 'skip', not {on_bad_line!r}")
     path = Path(path)
     from_text = detect_format(path) == "csv"
-    pos: dict[str, int] = {}
+    pos: dict[tuple[str, str | None], int] = {}
+    stored_of: dict[str, str] = {}  # prompt id -> its stored prompt, whatever the target
+    group_of: dict[str, str] = {}  # prompt id -> its group
     ids: list[str] = []
-    stored_of: list[str] = []
     texts: list[str] = []
+    targets: list[str] = []
     lengths: list[list[np.ndarray]] = []
     for _row, line, rec in iter_numbered_records(path):
         try:
@@ -228,19 +243,30 @@ def read_dataset_pairs(
             if length_field not in rec or rec[length_field] is None:
                 raise _RowError(f"missing length field {length_field!r}; pass --length-field NAME")
             lens = parse_length(rec[length_field], length_field, from_text)
-            if pid in pos and stored_of[pos[pid]] != stored:
+            target = None if target_field is None else _label(rec, target_field, "target")
+            group = None if group_field is None else _label(rec, group_field, "group")
+            if stored_of.get(pid, stored) != stored:
                 raise _RowError(f"prompt id {pid!r} repeats with a different prompt; make ids unique")
+            if group is not None and group_of.get(pid, group) != group:
+                raise _RowError(
+                    f"prompt id {pid!r} repeats in group {group!r}, earlier {group_of[pid]!r}; a prompt belongs "
+                    f"to one {group_field!r}"
+                )
         except _RowError as exc:
             if on_bad_line == "skip":
                 continue
             raise InputError(f"{path.name}: line {line}: {exc}") from None
-        if pid not in pos:
-            pos[pid] = len(ids)
+        key = (pid, target)
+        if key not in pos:
+            pos[key] = len(ids)
+            stored_of[pid] = stored
             ids.append(pid)
-            stored_of.append(stored)
             texts.append(text)
+            targets.append("" if target is None else target)
             lengths.append([])
-        lengths[pos[pid]].append(lens)
+        if group is not None:
+            group_of[pid] = group
+        lengths[pos[key]].append(lens)
     if not ids:
         raise InputError(f"{path.name}: no rows with a prompt and a length found; check --length-field")
     return TrainingPairs(
@@ -249,7 +275,24 @@ def read_dataset_pairs(
         lengths=[np.concatenate(v).astype(np.float64) for v in lengths],
         input_hash=file_hash(path),
         source="dataset",
+        targets=None if target_field is None else targets,
+        groups=None if group_field is None else [group_of[i] for i in ids],
     )
+
+
+def _label(rec: dict, field: str, what: str) -> str:
+    """A row's target or group name: a non-empty string or an integer, as a string."""
+    from aspc.io.rows import _RowError
+
+    v = rec.get(field)
+    if v is None:
+        raise _RowError(f"missing {what} field {field!r}; give every row one, or drop --{what}-field")
+    if isinstance(v, bool) or not isinstance(v, (str, int, np.integer)):
+        raise _RowError(f"{what} field {field!r} must be a name (a string), got {type(v).__name__}")
+    s = str(v).strip()
+    if not s:
+        raise _RowError(f"{what} field {field!r} is empty; give every row a name")
+    return s
 
 
 def read_training_pairs(
@@ -261,18 +304,26 @@ def read_training_pairs(
     on_bad_line: str = "error",
     plan: str | os.PathLike | None = None,
     for_training: bool = True,
+    target_field: str | None = None,
+    group_field: str | None = None,
 ) -> TrainingPairs:
     """Pairs from a run log directory or a dataset file (see the module notes)."""
+    from aspc.errors import ConfigError
+
     p = Path(path)
     if p.is_dir():
+        if target_field is not None or group_field is not None:
+            raise ConfigError(
+                f"--target-field and --group-field read fields of a dataset, and {p} is a run log (one policy's "
+                "samples: prompt ids and lengths); drop them, or give a dataset"
+            )
         return read_run_log_pairs(p, plan=plan, for_training=for_training)
     if plan is not None:
-        from aspc.errors import ConfigError
-
         raise ConfigError("--plan applies to a run log directory, not to a dataset file")
     return read_dataset_pairs(
-        p, length_field=length_field, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line
-    )
+        p, length_field=length_field, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line,
+        target_field=target_field, group_field=group_field,
+    )  # fmt: skip
 
 
 def check_pair_count(pairs: TrainingPairs | Sequence[np.ndarray], needed: int, where: str) -> None:

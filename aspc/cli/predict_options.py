@@ -1,0 +1,97 @@
+"""Options and tables the ``aspc predict`` commands share (``train``, ``eval``, apply)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from aspc.cli.options import read_options
+from aspc.errors import ConfigError
+
+F = Callable[..., Any]
+
+data_options = read_options  # the dataset-reading options every predict command takes
+
+
+def target_option(fn: F) -> F:
+    return click.option(
+        "--target",
+        default=None,
+        help="Target-model head of a multi-model predictor (e.g. 'qwen2.5-7b' for the default); else pooled.",
+    )(fn)
+
+
+def target_field_option(fn: F) -> F:
+    return click.option(
+        "--target-field",
+        default=None,
+        metavar="NAME",
+        help="Field naming the model that generated each row's lengths (rows of several policies): "
+        "train: one head per model; eval: each row scored by its model's head.",
+    )(fn)
+
+
+def device_option(fn: F) -> F:
+    return click.option(
+        "--device",
+        default="auto",
+        show_default=True,
+        help="Transformer device: auto (NPU > CUDA > CPU), npu, cuda or cpu.",
+    )(fn)
+
+
+def check_device(device: str) -> None:
+    """Fail early on an explicit device that is not there (any kind), before reading data."""
+    if device.lower() != "auto":
+        from aspc.devices import resolve_device
+
+        try:
+            resolve_device(device)
+        except ImportError:
+            raise ConfigError(f"--device {device}: torch is not installed; use --device auto") from None
+
+
+def check_fields(prompt: str, id_: str, length: str, target: str | None, group: str | None) -> None:
+    """A target or group field must be a field of its own, not one the pairs are read from."""
+    for opt, name in (("--target-field", target), ("--group-field", group)):
+        for other_opt, other in (("--prompt-field", prompt), ("--id-field", id_), ("--length-field", length)):
+            if name is not None and name == other:
+                raise ConfigError(f"{opt} {name!r} is also the {other_opt}; name the field that holds the "
+                                  f"{'model' if opt == '--target-field' else 'source'} of each row")  # fmt: skip
+    if target is not None and target == group:
+        raise ConfigError(f"--target-field and --group-field are both {target!r}; give the source field as "
+                          "--group-field")  # fmt: skip
+
+
+def metrics_table(columns: dict[str, dict[str, Any]], title: str) -> Any:
+    from rich.table import Table
+
+    rows = [
+        ("kendall_tau", "Kendall τ", "{:.3f}"),
+        ("spearman", "Spearman ρ", "{:.3f}"),
+        ("mae", "MAE (tokens)", "{:.1f}"),
+        ("bucket_accuracy", "10-bucket accuracy", "{:.3f}"),
+        ("coverage_q10_q90", "q10–q90 coverage", "{:.3f}"),
+        ("n", "prompts", "{}"),
+    ]
+    t = Table(title=title, header_style="bold")
+    t.add_column("metric")
+    for name in columns:
+        t.add_column(name, justify="right")
+    for key, label, fmt in rows:
+        t.add_row(label, *(fmt.format(c[key]) if c.get(key) is not None else "–" for c in columns.values()))
+    return t
+
+
+def per_target_table(per: dict[str, dict[str, Any]], mean: dict[str, float]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="per target model", header_style="bold")
+    for col in ("target", "prompts", "Kendall τ", "MAE (tokens)", "q10–q90 coverage"):
+        t.add_column(col, justify="left" if col == "target" else "right")
+    for name, m in per.items():
+        t.add_row(name, str(m["n"]), f"{m['kendall_tau']:.3f}", f"{m['mae']:.1f}", f"{m['coverage_q10_q90']:.3f}")
+    t.add_row("mean", "", f"{mean['kendall_tau']:.3f}", f"{mean['mae']:.1f}", f"{mean['coverage_q10_q90']:.3f}")
+    return t

@@ -135,6 +135,18 @@ def per_model(pred_for, d: dict[str, list], models: list[str]) -> dict[str, dict
     return out
 
 
+def per_model_heads(pred, d: dict[str, list], models: list[str]) -> dict[str, dict]:
+    """:func:`per_model` of each model's head, every validate prompt encoded once (a transformer's heads)."""
+    from aspc.predict.lexical import predict_by_target
+    from aspc.predict.metrics import evaluate
+
+    idx = [i for m in models for i in rows_of(d, "validate", m)]
+    targets = pick(d, "model", idx)
+    got = predict_by_target(pred, pick(d, "prompt_text", idx), targets, models)
+    return {m: evaluate(got[m], [d["output_sizes"][i] for i, t in zip(idx, targets, strict=True) if t == m])
+            for m in models}  # fmt: skip
+
+
 def bench_lexical(d, models, args):
     from aspc.predict import load_predictor
     from aspc.predict.lexical_train import train_lexical
@@ -223,7 +235,9 @@ def bench_transformer(d, models, args):
         validation_split=0.1,
     )
     secs = time.perf_counter() - started
-    res = per_model(lambda m: pred.with_target(m), d, models)
+    if args.save is not None:
+        pred.save(args.save)
+    res = per_model_heads(pred, d, models)
     texts = list(dict.fromkeys(pick(d, "prompt_text", rows_of(d, "validate"))))
     out = {
         "transformer": {
@@ -509,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--static-f32", action="store_true", help="static: also with a float32 table")
     ap.add_argument("--static-cut", default="512,128", help="static: head,tail characters tokenized")
     ap.add_argument("--static-sif", action="store_true", help="static: also with rows weighted by inverse token frequency")
+    ap.add_argument("--save", type=Path, default=None, help="transformer: also save the fine-tuned predictor here")
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--models", default=None, help="comma-separated substrings: only the models matching one")
     args = ap.parse_args(argv)

@@ -48,6 +48,10 @@ batch of 256 samples, static returns, and the simulator's default cost model
   the probe's generation) and ``asp+probe2-half`` (both lengths of K/2
   prompts: the same generation as asp+probe) run only when named in
   ``--rows``.
+- ``asp+pooled`` (with ``--pooled DIR``): asp with the model's head of a
+  predictor trained on several models' rows, e.g. MiniLM fine-tuned on all
+  13 models' ``train`` rows (``predict_quality.py --kinds transformer
+  --transformer-pairs 0 --save DIR``), compiled with ``--target MODEL``.
 
 ``--rows`` limits the run to some rows (random is always run: every ratio
 is to it), e.g. ``--rows asp,asp+probe`` for an affordable probe check.
@@ -133,13 +137,13 @@ def predictor_for(model: str, rows, cache: Path, init: str | None = None) -> Pat
     return d
 
 
-def own_tau(pred_dir: Path, model: str, rows) -> float:
-    """Kendall tau of the predictor's means against each validate prompt's mean recorded length."""
+def own_tau(pred_dir: Path, model: str, rows, head: str | None = None) -> float:
+    """Kendall tau of the predictor's means (``head``'s, if given) against each validate prompt's mean recorded length."""
     from aspc.predict import load_predictor
     from aspc.predict.metrics import kendall_tau
 
     va = list({r["prompt_id"]: r for r in rows if r["model"] == model and r["split"] == "validate"}.values())
-    got = load_predictor(pred_dir).predict([r["prompt_text"] for r in va])
+    got = load_predictor(pred_dir, target=head).predict([r["prompt_text"] for r in va])
     return float(kendall_tau(got.mean, np.array([np.mean(r["output_sizes"]) for r in va])))
 
 
@@ -203,7 +207,7 @@ def probe_predictor(
 
 
 def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order=None, only=None, default="default", scout_tokens=None,
-               keep_through=None, scout_windows=None):
+               keep_through=None, scout_windows=None, pooled=None):
     from aspc.choices import BOUNDED_ORDER, DEFAULT_ORDER
     from aspc.compiler import CompileConfig, InputOptions, compile_file
     from aspc.epochs import run_epochs
@@ -248,6 +252,9 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order=None, only=Non
             cfg_p = dataclasses.replace(cfg, predictor=str(pdir))
             out[name] = simulate_strategies(inp, inputs, cfg_p, rc, strategies=["asp"])["asp"].summary.to_dict()
             out[name].update(_tau=tau, _tau_rest=tau_rest, _k=k)
+    if pooled is not None and want("asp+pooled"):
+        cfg_p = dataclasses.replace(cfg, predictor=str(pooled), head=model)
+        out["asp+pooled"] = simulate_strategies(inp, inputs, cfg_p, rc, strategies=["asp"])["asp"].summary.to_dict()
     if want("asp+history"):
         cfg_h = dataclasses.replace(cfg, history=(str(hist),), history_length_field="lengths")
         out["asp+history"] = simulate_strategies(inp, inputs, cfg_h, rc, strategies=["asp"])["asp"].summary.to_dict()
@@ -308,6 +315,8 @@ def main() -> None:
         "in-sample here) or the same recipe on the train split only (scripts/train_default_predictor.py "
         "--splits train --output DIR), the honest figure",
     )
+    ap.add_argument("--pooled", default=None,
+                    help="a predictor with a head per model (row asp+pooled: asp compiled with --target MODEL)")
     ap.add_argument(
         "--own-init",
         default=None,
@@ -341,11 +350,15 @@ def main() -> None:
             pdir = predictor_for(model, rows, cache, args.own_init)
             reps = [
                 one_repeat(model, rows, pdir, tmp, s, staleness, args.order, only, args.default, args.scout_tokens,
-                           args.scout_keep_through, args.scout_windows)
+                           args.scout_keep_through, args.scout_windows, args.pooled)
                 for s in range(args.repeats)
             ]
             names = list(reps[0])
             tau = own_tau(pdir, model, rows)
+            if "asp+pooled" in reps[0]:
+                pooled_tau = own_tau(Path(args.pooled), model, rows, head=model)
+                for r in reps:
+                    r["asp+pooled"].update(_tau=pooled_tau, _tau_rest=pooled_tau, _k=0)
             own_taus.append(tau)
             print(
                 f"\n{model} ({reps[0]['random']['samples_planned'] // N} prompts, {time.perf_counter() - t0:.0f} s; "

@@ -120,6 +120,38 @@ def test_frozen_encoder_with_targets(tiny) -> None:
     assert set(pred.metadata["validation"]["per_target"]) == {"terse", "verbose"}
 
 
+def test_fine_tune_with_targets_encodes_each_prompt_once_per_step(tiny, monkeypatch) -> None:
+    """Rows of two policies on the same prompts: one encoder pass per distinct prompt, a level per policy."""
+    texts, lengths = synthetic(160, seed=2)
+    t, lens, tg = texts + texts, lengths + [a * 4 for a in lengths], ["terse"] * 160 + ["verbose"] * 160
+    from aspc.predict import transformer_train as tt
+
+    batches: list[int] = []
+    real = tt._rows_of_texts
+
+    def spy(shared, batch):
+        rows, at = real(shared, batch)
+        # Each text of the batch brings both of its rows, and each row points at its own text.
+        assert len(rows) == 2 * len(batch) and all(t[r] == t[shared[1][batch[a]]] for r, a in zip(rows, at))
+        batches.append(len(batch))
+        return rows, at
+
+    monkeypatch.setattr(tt, "_rows_of_texts", spy)
+    pred = train_predictor("transformer", t, lens, targets=tg, base_model=str(tiny), epochs=8, device="cpu")
+    n_train = 160 - 16  # distinct texts after the 10% validation split
+    assert sum(batches) == 8 * n_train and max(batches) == 32
+    terse = pred.with_target("terse").predict(texts[:40])
+    verbose = pred.with_target("verbose").predict(texts[:40])
+    assert np.median(verbose.mean / terse.mean) > 2.0
+    assert kendall_tau(terse.mean, [a.mean() for a in lengths[:40]]) > 0.4
+    # Every head from one encoder pass: what each head alone predicts.
+    heads = pred.predict_heads(texts[:40], ["terse", "verb"])
+    for name, alone in (("terse", terse), ("verb", verbose)):
+        for f in ("mean", "q10", "q50", "q90"):
+            np.testing.assert_allclose(getattr(heads[name], f), getattr(alone, f), rtol=1e-5)
+    assert set(pred.metadata["validation"]["per_target"]) == {"terse", "verbose"}
+
+
 def test_bad_base_model_and_device(tmp_path) -> None:
     texts, lengths = synthetic(60)
     with pytest.raises(PredictorError, match="config.json"):

@@ -120,19 +120,20 @@ def _eval_per_target(pred: Any, pairs: Any) -> dict[str, Any]:
     import numpy as np
 
     from aspc.predict.base import LengthPrediction
+    from aspc.predict.lexical import predict_by_target
     from aspc.predict.metrics import evaluate
 
     if not getattr(pred, "targets", None):
         raise ConfigError("--target-field: this predictor has no per-model heads (it was trained without "
                           "--target-field); drop --target-field")  # fmt: skip
     names = sorted(set(pairs.targets))
-    rows = {name: [i for i, t in enumerate(pairs.targets) if t == name] for name in names}
+    by_head = predict_by_target(pred, pairs.texts, pairs.targets, names)
     n = len(pairs)
     cols = {k: np.empty(n) for k in ("mean", "q10", "q50", "q90")}
     per: dict[str, Any] = {}
     for name in names:
-        idx = rows[name]
-        got = pred.with_target(name).predict([pairs.texts[i] for i in idx], ids=[pairs.ids[i] for i in idx])
+        idx = [i for i, t in enumerate(pairs.targets) if t == name]
+        got = by_head[name]
         for k, col in cols.items():
             col[idx] = getattr(got, k)
         per[name] = evaluate(got, [pairs.lengths[i] for i in idx])

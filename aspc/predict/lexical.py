@@ -234,13 +234,32 @@ def validation_metrics(
     """Metrics on held-out pairs: overall, or per target and their average when targets exist."""
     if targets is None or not hasattr(pred, "with_target"):
         return evaluate(pred.predict(texts), lengths)
+    names = [n for n in sorted(set(targets)) if sum(t == n for t in targets) >= 10]
+    by_head = predict_by_target(pred, texts, targets, names)
     per: dict[str, Any] = {}
-    for name in sorted(set(targets)):
+    for name in names:
         idx = [i for i, t in enumerate(targets) if t == name]
-        if len(idx) >= 10:
-            head = pred.with_target(name)
-            per[name] = evaluate(head.predict([texts[i] for i in idx]), [lengths[i] for i in idx])
+        per[name] = evaluate(by_head[name], [lengths[i] for i in idx])
     keys = ("kendall_tau", "spearman", "mae", "bucket_accuracy", "coverage_q10_q90")
     avg = {k: float(np.mean([m[k] for m in per.values()])) for k in keys} if per else {}
     avg["n"] = int(sum(m["n"] for m in per.values()))
     return {**avg, "per_target": per}
+
+
+def predict_by_target(
+    pred: Predictor, texts: Sequence[str], targets: Sequence[str], names: Sequence[str]
+) -> dict[str, LengthPrediction]:
+    """For each name, its head's predictions of the rows whose target it is (in row order).
+
+    A predictor with ``predict_heads`` (the transformer: one encoder pass for
+    every head) predicts each distinct text once; others run each head on its
+    own rows.
+    """
+    rows = {n: [i for i, t in enumerate(targets) if t == n] for n in names}
+    if not hasattr(pred, "predict_heads"):
+        return {n: pred.with_target(n).predict([texts[i] for i in idx]) for n, idx in rows.items()}
+    needed = sorted({i for idx in rows.values() for i in idx})
+    uniq = list(dict.fromkeys(texts[i] for i in needed))
+    pos = {t: k for k, t in enumerate(uniq)}
+    heads = pred.predict_heads(uniq, list(names))
+    return {n: heads[n].take(np.array([pos[texts[i]] for i in idx], dtype=np.int64)) for n, idx in rows.items()}

@@ -198,11 +198,15 @@ class TransformerPredictor(Predictor):
 
     def _raw(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
         """Outputs (n, 4) in log tokens: log-mean, log q10, log q50, log q90."""
+        return self._raw_heads(texts, [self._target_idx], batch_size)[0]
+
+    def _raw_heads(self, texts: Sequence[str], heads: list[int | None], batch_size: int = 64) -> list[np.ndarray]:
+        """:meth:`_raw` of each head in ``heads`` (target indices, None = pooled), from one encoder pass."""
         torch, _ = _require_torch()
         texts = text_list(texts)  # an Arrow column too
-        out = np.empty((len(texts), 4))
+        outs = [np.empty((len(texts), 4)) for _ in heads]
         if not texts:
-            return out
+            return outs
         extra = _length_features(texts)
         # Similar lengths together: less padding, several times faster on CPU.
         order = np.argsort([len(t) for t in texts], kind="stable")
@@ -217,18 +221,26 @@ class TransformerPredictor(Predictor):
                     max_length=_max_len(self.config, self.net.encoder),
                     return_tensors="pt",
                 ).to(self.device)
-                tgt = None
-                if self._target_idx is not None:
-                    tgt = torch.full((len(idx),), self._target_idx, dtype=torch.long, device=self.device)
-                res = self.net(
-                    enc["input_ids"], enc["attention_mask"], torch.from_numpy(extra[idx]).to(self.device), tgt
-                )
-                out[idx] = res.float().cpu().numpy()
+                emb = self.net.embed(enc["input_ids"], enc["attention_mask"])
+                ext = torch.from_numpy(extra[idx]).to(self.device)
+                for out, head in zip(outs, heads, strict=True):
+                    tgt = None
+                    if head is not None:
+                        tgt = torch.full((len(idx),), head, dtype=torch.long, device=self.device)
+                    out[idx] = self.net.from_embedding(emb, ext, tgt).float().cpu().numpy()
         m, s = self.norm
-        return out * s + m
+        return [out * s + m for out in outs]
+
+    def predict_heads(self, texts: Sequence[str], names: Sequence[str]) -> dict[str, LengthPrediction]:
+        """``with_target(name).predict(texts)`` for every name, the encoder run once (``predict eval --target-field``)."""
+        chosen = [resolve_target(n, self.targets) for n in names]
+        raws = self._raw_heads(texts, [self.targets.index(c) for c in chosen])
+        return {n: self._prediction(raw) for n, raw in zip(names, raws, strict=True)}
 
     def predict(self, texts: Sequence[str], *, ids: Sequence[str] | None = None) -> LengthPrediction:
-        raw = self._raw(texts)
+        return self._prediction(self._raw(texts))
+
+    def _prediction(self, raw: np.ndarray) -> LengthPrediction:
         q10 = np.exp(raw[:, 1] - self.cqr_adjust)
         q50 = np.exp(raw[:, 2])
         q90 = np.exp(raw[:, 3] + self.cqr_adjust)

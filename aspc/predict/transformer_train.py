@@ -145,7 +145,11 @@ def train_transformer(
 
     epochs = config.n_epochs()
     bs = config.batch_size
-    steps_per_epoch = math.ceil(len(train_rows) / bs)
+    # Rows of several targets share their prompt: a batch then takes bs distinct prompts with all
+    # their rows, and the encoder runs once per prompt (13 models' rows of a prompt cost one pass).
+    shared = _shared_texts(texts, train_rows) if target_of_row is not None and not config.freeze_encoder else None
+    units = train_rows if shared is None else np.arange(len(shared[1]))
+    steps_per_epoch = math.ceil(len(units) / bs)
     total_steps = epochs * steps_per_epoch
     head_params = [p for n, p in net.named_parameters() if not n.startswith("encoder.")]
     groups = [{"params": head_params, "lr": config.head_lr}]
@@ -195,15 +199,21 @@ def train_transformer(
         n_tokens = np.array(
             [len(ids) for ids in tokenizer(texts, truncation=True, max_length=_max_len(config, encoder))["input_ids"]]
         )
+    unit_tokens = n_tokens if shared is None or n_tokens is None else n_tokens[shared[1]]
     for epoch in range(epochs):
         progress.stage(f"epoch {epoch + 1}/{epochs}", total=steps_per_epoch)
         net.train()
         if config.freeze_encoder:
             net.encoder.eval()
-        for rows in length_grouped_batches(rng, train_rows, n_tokens, bs):
+        for batch in length_grouped_batches(rng, units, unit_tokens, bs):
+            rows, at = (batch, None) if shared is None else _rows_of_texts(shared, batch)
             tgt = None if target_of_row is None else to_t(target_of_row[rows])
             if cached is not None:
                 out = net.from_embedding(cached[to_t(rows)], to_t(extra[rows]), tgt)
+            elif at is not None:
+                enc = tokens(shared[1][batch])
+                emb = net.embed(enc["input_ids"], enc["attention_mask"])
+                out = net.from_embedding(emb[to_t(at)], to_t(extra[rows]), tgt)
             else:
                 enc = tokens(rows)
                 out = net(enc["input_ids"], enc["attention_mask"], to_t(extra[rows]), tgt)
@@ -244,11 +254,43 @@ def train_transformer(
             [lengths[i] for i in val_rows],
             None if targets is None else [targets[i] for i in val_rows],
         )
-        raw = pred._raw([texts[i] for i in val_rows])
+        uniq, at = _distinct(texts, val_rows)
+        raw = pred._raw(uniq)[at[val_rows]]
         meta.update(estimate_history_prior(raw[:, 0], [lengths[i] for i in val_rows], DEFAULT_KAPPA))
     meta["training"]["seconds"] = round(time.perf_counter() - started, 2)
     pred._hash = None
     return pred
+
+
+def _distinct(texts: Sequence[str], rows: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """The distinct texts of ``rows`` (first-seen order), and per row index (all rows) its position among them."""
+    pos: dict[str, int] = {}
+    at = np.full(len(texts), -1, dtype=np.int64)
+    for r in rows.tolist():
+        at[r] = pos.setdefault(texts[r], len(pos))
+    return list(pos), at
+
+
+def _shared_texts(texts: Sequence[str], rows: np.ndarray) -> tuple[list[np.ndarray], np.ndarray] | None:
+    """Per distinct text of ``rows``: its rows, and one representative row; None when no text repeats."""
+    first: dict[str, int] = {}
+    members: list[list[int]] = []
+    for r in rows.tolist():
+        k = first.setdefault(texts[r], len(members))
+        if k == len(members):
+            members.append([])
+        members[k].append(r)
+    if len(members) == len(rows):
+        return None
+    return [np.asarray(m, dtype=np.int64) for m in members], np.array([m[0] for m in members], dtype=np.int64)
+
+
+def _rows_of_texts(shared: tuple[list[np.ndarray], np.ndarray], batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of the batch's texts, and for each row its text's position in the batch (its embedding)."""
+    parts = [shared[0][u] for u in batch.tolist()]
+    rows = np.concatenate(parts)
+    at = np.repeat(np.arange(len(parts), dtype=np.int64), [len(p) for p in parts])
+    return rows, at
 
 
 def length_grouped_batches(
@@ -283,11 +325,13 @@ def _conformal_adjust(
     targets: Sequence[str] | None,
 ) -> float:
     """Log-units shift of q10 down and q90 up so the band covers 80% of validation lengths."""
+    names = [None] if targets is None else sorted(set(targets[i] for i in rows))
+    heads = [None if n is None else pred.targets.index(n) for n in names]
+    uniq, at = _distinct(texts, rows)
     raws = []
-    for name in [None] if targets is None else sorted(set(targets[i] for i in rows)):
+    for name, raw in zip(names, pred._raw_heads(uniq, heads), strict=True):  # one encoder pass per text
         sub = rows if name is None else np.array([i for i in rows if targets[i] == name])
-        head = pred if name is None else pred.with_target(name)
-        raws.append((sub, head._raw([texts[i] for i in sub])))
+        raws.append((sub, raw[at[sub]]))
     scores = []
     for sub, raw in raws:
         for j, i in enumerate(sub):

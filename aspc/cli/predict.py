@@ -33,10 +33,11 @@ from aspc.cli.predict_options import (
     data_options,
     device_option,
     metrics_table,
+    read_pairs,
     target_field_option,
     target_option,
 )
-from aspc.errors import ConfigError, InputError
+from aspc.errors import ConfigError
 
 F = Callable[..., Any]
 _DEFAULT_CMD = "apply"
@@ -189,11 +190,7 @@ def train_cmd(
                           "calibrated on held-out prompts at random); drop it")  # fmt: skip
     check_fields(prompt_field, id_field, length_field, target_field, group_field)
     check_device(device)
-    from aspc.predict.pairs import read_training_pairs
-
-    if not data.exists():
-        raise InputError(f"{data}: no such file or run log directory")
-    pairs = read_training_pairs(
+    pairs = read_pairs(
         data,
         length_field=length_field,
         prompt_field=prompt_field,

@@ -15,10 +15,11 @@ from aspc.cli.predict_options import (
     device_option,
     metrics_table,
     per_target_table,
+    read_pairs,
     target_field_option,
     target_option,
 )
-from aspc.errors import ConfigError, InputError
+from aspc.errors import ConfigError
 
 
 @click.command("eval")
@@ -60,16 +61,13 @@ def eval_cmd(
     """
     from aspc.predict import load_predictor
     from aspc.predict.metrics import baseline_prediction, evaluate, marginal_summary
-    from aspc.predict.pairs import read_training_pairs
 
     if target is not None and target_field is not None:
         raise ConfigError("give --target (one head for every row) or --target-field (each row's own), not both")
     check_fields(prompt_field, id_field, length_field, target_field, None)
     check_device(device)
     pred = load_predictor(predictor, target=target, device=device)
-    if not data.exists():
-        raise InputError(f"{data}: no such file or run log directory")
-    pairs = read_training_pairs(
+    pairs = read_pairs(
         data,
         length_field=length_field,
         prompt_field=prompt_field,

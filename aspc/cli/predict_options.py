@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from aspc.cli.options import read_options
-from aspc.errors import ConfigError
+from aspc.errors import ConfigError, InputError
 
 F = Callable[..., Any]
 
@@ -95,3 +95,12 @@ def per_target_table(per: dict[str, dict[str, Any]], mean: dict[str, float]) -> 
         t.add_row(name, str(m["n"]), f"{m['kendall_tau']:.3f}", f"{m['mae']:.1f}", f"{m['coverage_q10_q90']:.3f}")
     t.add_row("mean", "", f"{mean['kendall_tau']:.3f}", f"{mean['mae']:.1f}", f"{mean['coverage_q10_q90']:.3f}")
     return t
+
+
+def read_pairs(data: Any, **kwargs: Any) -> Any:
+    """DATA's (prompt, lengths) pairs, a dataset or a run log directory (``read_training_pairs``'s options)."""
+    from aspc.predict.pairs import read_training_pairs
+
+    if not data.exists():
+        raise InputError(f"{data}: no such file or run log directory")
+    return read_training_pairs(data, **kwargs)

@@ -206,6 +206,45 @@ def probe_predictor(
     return d, float(kendall_tau(got.mean, means)), float(kendall_tau(got.mean[rest], means[rest])), k
 
 
+class _Memo:
+    """A loaded predictor whose ``predict`` remembers its answer per list of texts.
+
+    Every repeat compiles the same prompts (only which recorded lengths replay
+    changes), and a transformer on this CPU takes minutes per compile: the
+    ``asp+pooled`` rows predict each model's prompts once and reuse the answer.
+    """
+
+    def __init__(self, pred) -> None:
+        self._pred, self._seen = pred, {}
+
+    def __getattr__(self, name):
+        return getattr(self._pred, name)
+
+    def predict(self, texts, *, ids=None):
+        import hashlib
+
+        key = hashlib.sha256("\x00".join(str(t) for t in texts).encode()).hexdigest()
+        if key not in self._seen:
+            self._seen[key] = self._pred.predict(texts, ids=ids)
+        return self._seen[key]
+
+
+def memoised_loads(directory: str) -> None:
+    """``aspc.predict.load_predictor`` answering repeated loads of ``directory`` (any head) from memory."""
+    import aspc.predict
+
+    real, loaded = aspc.predict.load_predictor, {}
+
+    def load(path, *, target=None, **kw):
+        if str(path) != directory:
+            return real(path, target=target, **kw)
+        if target not in loaded:
+            loaded[target] = _Memo(real(path, target=target, **kw))
+        return loaded[target]
+
+    aspc.predict.load_predictor = load
+
+
 def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order=None, only=None, default="default", scout_tokens=None,
                keep_through=None, scout_windows=None, pooled=None):
     from aspc.choices import BOUNDED_ORDER, DEFAULT_ORDER
@@ -328,6 +367,8 @@ def main() -> None:
     args = ap.parse_args()
     if not use_data(args.data):
         return
+    if args.pooled:
+        memoised_loads(str(args.pooled))
     if args.roll_at is not None:
         import aspc.rolling_scout
 

@@ -51,7 +51,8 @@ batch of 256 samples, static returns, and the simulator's default cost model
 - ``asp+pooled`` (with ``--pooled DIR``): asp with the model's head of a
   predictor trained on several models' rows, e.g. MiniLM fine-tuned on all
   13 models' ``train`` rows (``predict_quality.py --kinds transformer
-  --transformer-pairs 0 --save DIR``), compiled with ``--target MODEL``.
+  --transformer-pairs 0 --save DIR``), compiled with ``--target MODEL``;
+  ``asp+pooled+scout`` is asp+scout with that head as the scout's text prior.
 
 ``--rows`` limits the run to some rows (random is always run: every ratio
 is to it), e.g. ``--rows asp,asp+probe`` for an affordable probe check.
@@ -291,9 +292,14 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order=None, only=Non
             cfg_p = dataclasses.replace(cfg, predictor=str(pdir))
             out[name] = simulate_strategies(inp, inputs, cfg_p, rc, strategies=["asp"])["asp"].summary.to_dict()
             out[name].update(_tau=tau, _tau_rest=tau_rest, _k=k)
-    if pooled is not None and want("asp+pooled"):
+    if pooled is not None and (want("asp+pooled") or want("asp+pooled+scout")):
         cfg_p = dataclasses.replace(cfg, predictor=str(pooled), head=model)
-        out["asp+pooled"] = simulate_strategies(inp, inputs, cfg_p, rc, strategies=["asp"])["asp"].summary.to_dict()
+        strategies = [s for s, row in (("asp", "asp+pooled"), ("asp+scout", "asp+pooled+scout")) if want(row)]
+        got = simulate_strategies(inp, inputs, cfg_p, rc, strategies=strategies,
+                                  scout_tokens=scout_tokens if "asp+scout" in strategies else None)  # fmt: skip
+        for s, row in (("asp", "asp+pooled"), ("asp+scout", "asp+pooled+scout")):
+            if s in got:
+                out[row] = got[s].summary.to_dict()
     if want("asp+history"):
         cfg_h = dataclasses.replace(cfg, history=(str(hist),), history_length_field="lengths")
         out["asp+history"] = simulate_strategies(inp, inputs, cfg_h, rc, strategies=["asp"])["asp"].summary.to_dict()

@@ -195,6 +195,7 @@ def test_compile_target_errors(tmp_path, extra, match) -> None:
 @pytest.mark.slow
 def test_cli_reproduces_the_benchmarks_lexical_heads(shared_data, tmp_path) -> None:
     """``predict train --target-field --group-field`` is the benchmark's train-split predictor, weight for weight."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     from aspc.predict.lexical_train import train_lexical
@@ -204,7 +205,7 @@ def test_cli_reproduces_the_benchmarks_lexical_heads(shared_data, tmp_path) -> N
     train = t.filter(pc.equal(t["split"], "train"))
     # A fifth of the train prompts keeps the test short; the equality is what is checked.
     ids = sorted(set(train["prompt_id"].to_pylist()))[::5]
-    train = train.filter(pc.is_in(train["prompt_id"], value_set=__import__("pyarrow").array(ids)))
+    train = train.filter(pc.is_in(train["prompt_id"], value_set=pa.array(ids)))
     path = tmp_path / "train.parquet"
     pq.write_table(train, path)
     out = tmp_path / "pred"

@@ -273,16 +273,12 @@ def _distinct(texts: Sequence[str], rows: np.ndarray) -> tuple[list[str], np.nda
 
 def _shared_texts(texts: Sequence[str], rows: np.ndarray) -> tuple[list[np.ndarray], np.ndarray] | None:
     """Per distinct text of ``rows``: its rows, and one representative row; None when no text repeats."""
-    first: dict[str, int] = {}
-    members: list[list[int]] = []
-    for r in rows.tolist():
-        k = first.setdefault(texts[r], len(members))
-        if k == len(members):
-            members.append([])
-        members[k].append(r)
-    if len(members) == len(rows):
+    uniq, at = _distinct(texts, rows)
+    if len(uniq) == len(rows):
         return None
-    return [np.asarray(m, dtype=np.int64) for m in members], np.array([m[0] for m in members], dtype=np.int64)
+    by_text = rows[np.argsort(at[rows], kind="stable")]  # rows grouped by text, each group in row order
+    members = np.split(by_text, np.cumsum(np.bincount(at[rows], minlength=len(uniq)))[:-1])
+    return members, np.array([m[0] for m in members], dtype=np.int64)
 
 
 def _rows_of_texts(shared: tuple[list[np.ndarray], np.ndarray], batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -286,6 +286,13 @@ def bench_transformer_own(d, models, args):
     from aspc.predict.transformer_train import train_transformer
 
     config = TransformerConfig(base_model=args.base_model, epochs=args.epochs, freeze_encoder=args.freeze_encoder)
+    init = None
+    if args.init is not None:
+        from aspc.predict import load_predictor
+
+        # The product's refit (`aspc predict train PAIRS --kind transformer --init DIR`), e.g. from the
+        # MiniLM fine-tuned on all 13 models' train rows (--kinds transformer --save DIR).
+        init = load_predictor(args.init, device=args.device)
     sets = {f"transformer-own-{args.own_pairs}": args.own_pairs} | ({"transformer-own-all": 0} if args.refit_all else {})
     out: dict[str, dict] = {name: {} for name in sets}
     secs: dict[str, list[float]] = {name: [] for name in sets}
@@ -298,10 +305,12 @@ def bench_transformer_own(d, models, args):
             texts, lens = own_pairs(d, tr, k, args.seed) if k else (pick(d, "prompt_text", tr), pick(d, "output_sizes", tr))
             started = time.perf_counter()
             pred = train_transformer(texts, lens, config=config, device=args.device, seed=args.seed,
-                                     validation_split=0.1)
+                                     validation_split=0.1, init=init)
             secs[name].append(time.perf_counter() - started)
             device = str(pred.device)
             out[name][m] = evaluate(pred.predict(vt), vl)
+            if args.save is not None:
+                pred.save(Path(args.save) / (m if len(sets) == 1 else f"{m}--{name}"))
             print(f"  {m}: {name} tau {out[name][m]['kendall_tau']:.3f} ({secs[name][-1]:.0f} s)", flush=True)
             if args.json_out is not None:
                 partial = args.json_out.with_suffix(".transformer-own-partial.json")
@@ -518,12 +527,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--from-json", type=Path, nargs="*", default=None, help="print tables of saved --json-out runs")
     ap.add_argument("--lexical-cache", type=Path, default=None, help="save/reuse the train-split lexical predictor")
     ap.add_argument("--refit-all", action="store_true", help="refit: also on all the model's train rows")
+    ap.add_argument("--init", default=None,
+                    help="transformer-own: refit from this transformer predictor instead of the base encoder")
     ap.add_argument("--scratch", action="store_true", help="refit: also train from scratch on the own pairs")
     ap.add_argument("--embeddings", type=Path, default=None, help="minilm/static heads: embedding cache (.npz)")
     ap.add_argument("--static-f32", action="store_true", help="static: also with a float32 table")
     ap.add_argument("--static-cut", default="512,128", help="static: head,tail characters tokenized")
     ap.add_argument("--static-sif", action="store_true", help="static: also with rows weighted by inverse token frequency")
-    ap.add_argument("--save", type=Path, default=None, help="transformer: also save the fine-tuned predictor here")
+    ap.add_argument("--save", type=Path, default=None, help="transformer: also save the fine-tuned predictor here (transformer-own: one per model, DIR/MODEL)")
     ap.add_argument("--json-out", type=Path, default=None)
     ap.add_argument("--models", default=None, help="comma-separated substrings: only the models matching one")
     args = ap.parse_args(argv)

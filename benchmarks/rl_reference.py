@@ -52,7 +52,8 @@ batch of 256 samples, static returns, and the simulator's default cost model
   predictor trained on several models' rows, e.g. MiniLM fine-tuned on all
   13 models' ``train`` rows (``predict_quality.py --kinds transformer
   --transformer-pairs 0 --save DIR``), compiled with ``--target MODEL``;
-  ``asp+pooled+scout`` is asp+scout with that head as the scout's text prior.
+  ``asp+pooled+replan``, ``asp+pooled+scout`` (``+keep``, ``+roll``) are
+  those strategies with that head as the plan's (and the scout's) prior.
 
 ``--rows`` limits the run to some rows (random is always run: every ratio
 is to it), e.g. ``--rows asp,asp+probe`` for an affordable probe check.
@@ -92,6 +93,8 @@ N, W, GB, CAP = 8, 8, 256, 4096
 STRATS = [
     "random", "sorted", "asp", "asp+replan", "asp+scout", "asp+scout+keep", "asp+scout+roll", "oracle", "oracle-exact",
 ]  # fmt: skip
+# Strategies that also run on the --pooled predictor's head, as rows "asp+pooled<suffix>".
+POOLED_BASES = ("asp", "asp+replan", "asp+scout", "asp+scout+keep", "asp+scout+roll")
 PROBE_MAX = 4000  # aspc probe's default --prompts
 PROBE_SHARE = 0.25  # of the user's prompt set
 
@@ -230,18 +233,20 @@ class _Memo:
         return self._seen[key]
 
 
-def memoised_loads(directory: str) -> None:
-    """``aspc.predict.load_predictor`` answering repeated loads of ``directory`` (any head) from memory."""
+def memoised_loads(*roots: str) -> None:
+    """``aspc.predict.load_predictor`` answering repeated loads (any head) from memory, for predictors under ``roots``."""
     import aspc.predict
 
     real, loaded = aspc.predict.load_predictor, {}
+    prefixes = tuple(str(Path(r)) for r in roots)
 
     def load(path, *, target=None, **kw):
-        if str(path) != directory:
+        p = str(Path(path))
+        if not any(p == r or p.startswith(r + "/") for r in prefixes):
             return real(path, target=target, **kw)
-        if target not in loaded:
-            loaded[target] = _Memo(real(path, target=target, **kw))
-        return loaded[target]
+        if (p, target) not in loaded:
+            loaded[(p, target)] = _Memo(real(path, target=target, **kw))
+        return loaded[(p, target)]
 
     aspc.predict.load_predictor = load
 
@@ -292,12 +297,16 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order=None, only=Non
             cfg_p = dataclasses.replace(cfg, predictor=str(pdir))
             out[name] = simulate_strategies(inp, inputs, cfg_p, rc, strategies=["asp"])["asp"].summary.to_dict()
             out[name].update(_tau=tau, _tau_rest=tau_rest, _k=k)
-    if pooled is not None and (want("asp+pooled") or want("asp+pooled+scout")):
+    pooled_rows = {f"asp+pooled{s[3:]}": s for s in POOLED_BASES}
+    if pooled is not None and any(want(row) for row in pooled_rows):
         cfg_p = dataclasses.replace(cfg, predictor=str(pooled), head=model)
-        strategies = [s for s, row in (("asp", "asp+pooled"), ("asp+scout", "asp+pooled+scout")) if want(row)]
+        strategies = [s for row, s in pooled_rows.items() if want(row)]
+        scouting = {"asp+scout", "asp+scout+keep", "asp+scout+roll"} & set(strategies)
         got = simulate_strategies(inp, inputs, cfg_p, rc, strategies=strategies,
-                                  scout_tokens=scout_tokens if "asp+scout" in strategies else None)  # fmt: skip
-        for s, row in (("asp", "asp+pooled"), ("asp+scout", "asp+pooled+scout")):
+                                  scout_tokens=scout_tokens if scouting else None,
+                                  keep_through=keep_through if "asp+scout+keep" in strategies else None,
+                                  scout_windows=scout_windows if "asp+scout+roll" in strategies else None)  # fmt: skip
+        for row, s in pooled_rows.items():
             if s in got:
                 out[row] = got[s].summary.to_dict()
     if want("asp+history"):
@@ -373,8 +382,8 @@ def main() -> None:
     args = ap.parse_args()
     if not use_data(args.data):
         return
-    if args.pooled:
-        memoised_loads(str(args.pooled))
+    # Transformer predictors take minutes per compile on a CPU: each one predicts a model's prompts once.
+    memoised_loads(*[str(d) for d in (args.pooled, args.predictors) if d])
     if args.roll_at is not None:
         import aspc.rolling_scout
 

@@ -132,7 +132,7 @@ def test_fine_tune_with_targets_encodes_each_prompt_once_per_step(tiny, monkeypa
     def spy(shared, batch):
         rows, at = real(shared, batch)
         # Each text of the batch brings both of its rows, and each row points at its own text.
-        assert len(rows) == 2 * len(batch) and all(t[r] == t[shared[1][batch[a]]] for r, a in zip(rows, at))
+        assert len(rows) == 2 * len(batch) and all(t[r] == t[shared[1][batch[a]]] for r, a in zip(rows, at, strict=True))
         batches.append(len(batch))
         return rows, at
 
@@ -150,6 +150,42 @@ def test_fine_tune_with_targets_encodes_each_prompt_once_per_step(tiny, monkeypa
         for f in ("mean", "q10", "q50", "q90"):
             np.testing.assert_allclose(getattr(heads[name], f), getattr(alone, f), rtol=1e-5)
     assert set(pred.metadata["validation"]["per_target"]) == {"terse", "verbose"}
+
+
+def test_refit_of_a_pooled_predictor_on_one_policys_pairs(tiny, tmp_path) -> None:
+    """`aspc predict train PAIRS --kind transformer --init DIR`: a predictor with a head per policy
+    (the MiniLM fine-tuned on several models' rows) refit on a new policy's pairs keeps what it
+    ranks by and takes the new policy's level, from one epoch."""
+    import json
+
+    from click.testing import CliRunner
+
+    from aspc.cli import main
+
+    texts, lengths = synthetic(200, seed=4)
+    pooled = train_predictor(
+        "transformer", texts + texts, lengths + [a * 4 for a in lengths],
+        targets=["terse"] * 200 + ["verbose"] * 200, base_model=str(tiny), epochs=8, device="cpu",
+    )  # fmt: skip
+    pooled.save(tmp_path / "pooled")
+    # The new policy: more verbose than either head's (6x "terse"), on prompts of the same kind.
+    new_texts, new_lengths = synthetic(120, seed=5)
+    rows = [{"id": f"p{i}", "prompt": t, "lengths": (a * 6).tolist()} for i, (t, a) in enumerate(zip(new_texts, new_lengths, strict=True))]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = CliRunner().invoke(main, ["predict", "train", str(tmp_path / "pairs.jsonl"), "--length-field", "lengths",
+                                    "--kind", "transformer", "--init", str(tmp_path / "pooled"), "--epochs", "1",
+                                    "--device", "cpu", "-o", str(tmp_path / "refit")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    refit = load_predictor(tmp_path / "refit", device="cpu")
+    assert refit.metadata["base_model"].startswith("refit of")
+    held, held_lengths = synthetic(40, seed=6)
+    new = refit.predict(held).mean
+    truth = [a.mean() * 6 for a in held_lengths]
+    assert kendall_tau(new, truth) > 0.4
+    # The level moved from the heads' (1x and 4x "terse") toward the new policy's.
+    before = pooled.predict(held).mean
+    assert np.median(new / before) > 1.3
+    assert abs(np.log(np.median(new) / np.median(truth))) < 0.5 * abs(np.log(np.median(before) / np.median(truth)))
 
 
 def test_bad_base_model_and_device(tmp_path) -> None:

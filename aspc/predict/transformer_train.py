@@ -53,15 +53,13 @@ LEVEL_SAMPLE = 256
 
 
 def _start_at_their_level(
-    torch: Any,
     net: Any,
-    tokens: Any,
-    extra: np.ndarray,
+    init: TransformerPredictor,
+    texts: Sequence[str],
     y_norm: np.ndarray,
     rows: np.ndarray,
     target_of_row: np.ndarray | None,
     seed: int,
-    dev: Any,
 ) -> None:
     """Shift a refit's starting mean and median outputs to the new pairs' mean level, per target.
 
@@ -70,29 +68,20 @@ def _start_at_their_level(
     several-fold off the new policy's; at the head's small learning rate, a
     one-epoch refit moved it only a fifth of the way (1.24x of 3x, in
     ``tests/test_predict_transformer.py``). The gaps to q10/q90 (softplus
-    inputs) keep their values.
+    inputs) keep their values. Every target of ``net`` starts as ``init``'s
+    pooled head (the mean of its shifts), so that head's outputs are where
+    each target starts.
     """
     rng = np.random.default_rng([seed, 1])  # its own stream: the batches' draws stay as they were
     sample = np.sort(rng.choice(rows, size=min(len(rows), LEVEL_SAMPLE), replace=False))
     if not len(sample):
         return
-    net.eval()
-    outs = []
-    with torch.inference_mode():
-        for start in range(0, len(sample), 32):
-            r = sample[start : start + 32]
-            enc = tokens(r)
-            tgt = None if target_of_row is None else torch.from_numpy(target_of_row[r]).to(dev)
-            x = torch.from_numpy(np.ascontiguousarray(extra[r])).to(dev)
-            outs.append(net(enc["input_ids"], enc["attention_mask"], x, tgt)[:, 0].float().cpu().numpy())
-    mu = np.concatenate(outs)
+    m, s = init.norm
+    mu = (init._raw_heads([texts[i] for i in sample], [None])[0][:, 0] - m) / s
     which = np.zeros(len(sample), dtype=np.int64) if target_of_row is None else target_of_row[sample]
-    with torch.no_grad():
-        for t in np.unique(which):
-            sel = which == t
-            delta = float(y_norm[sample][sel].mean() - mu[sel].mean())
-            net.target_bias.weight[int(t), [0, 2]] += delta
-    net.train()
+    for t in np.unique(which):
+        sel = which == t
+        net.target_bias.weight.data[int(t), [0, 2]] += float(y_norm[sample][sel].mean() - mu[sel].mean())
 
 
 def train_transformer(
@@ -180,7 +169,9 @@ def train_transformer(
         mask[i, : len(a)] = 1.0
     y_norm = ((y_mu - m) / s).astype(np.float32)
     extra = _length_features(texts)
-    if target_of_row is not None and init is None:
+    if init is not None:
+        _start_at_their_level(net, init, texts, y_norm, train_rows, target_of_row, seed)
+    elif target_of_row is not None:
         # Start each target's shift at its mean level: models differ several-fold in verbosity,
         # which the head would otherwise learn slowly at its small learning rate.
         with torch.no_grad():
@@ -219,9 +210,6 @@ def train_transformer(
             max_length=_max_len(config, encoder),
             return_tensors="pt",
         ).to(dev)
-
-    if init is not None:
-        _start_at_their_level(torch, net, tokens, extra, y_norm, train_rows, target_of_row, seed, dev)
 
     cached = None
     if config.freeze_encoder:

@@ -271,12 +271,12 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order=None, only=Non
     cfg_k = dataclasses.replace(cfg, order=order or BOUNDED_ORDER)
     rc = RunConfig(workers=W, global_batch=GB, seed=seed, max_new_tokens=CAP)
     strats = [s for s in STRATS if want(s)]
-    res = simulate_strategies(
-        inp, inputs, cfg, rc, strategies=strats,
-        scout_tokens=scout_tokens if {"asp+scout", "asp+scout+keep", "asp+scout+roll"} & set(strats) else None,
-        keep_through=keep_through if "asp+scout+keep" in strats else None,
-        scout_windows=scout_windows if "asp+scout+roll" in strats else None,
+    scouts = lambda names: dict(  # noqa: E731 - the scout options of the strategies that take them
+        scout_tokens=scout_tokens if {"asp+scout", "asp+scout+keep", "asp+scout+roll"} & set(names) else None,
+        keep_through=keep_through if "asp+scout+keep" in names else None,
+        scout_windows=scout_windows if "asp+scout+roll" in names else None,
     )  # fmt: skip
+    res = simulate_strategies(inp, inputs, cfg, rc, strategies=strats, **scouts(strats))
     out = {k: v.summary.to_dict() for k, v in res.items()}
     for name, init in (("asp+probe", default), ("asp+probe-scratch", None), ("asp+default", "")):
         if want(name) or (name == "asp+probe" and want("asp+probe+replan")):
@@ -301,11 +301,7 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order=None, only=Non
     if pooled is not None and any(want(row) for row in pooled_rows):
         cfg_p = dataclasses.replace(cfg, predictor=str(pooled), head=model)
         strategies = [s for row, s in pooled_rows.items() if want(row)]
-        scouting = {"asp+scout", "asp+scout+keep", "asp+scout+roll"} & set(strategies)
-        got = simulate_strategies(inp, inputs, cfg_p, rc, strategies=strategies,
-                                  scout_tokens=scout_tokens if scouting else None,
-                                  keep_through=keep_through if "asp+scout+keep" in strategies else None,
-                                  scout_windows=scout_windows if "asp+scout+roll" in strategies else None)  # fmt: skip
+        got = simulate_strategies(inp, inputs, cfg_p, rc, strategies=strategies, **scouts(strategies))
         for row, s in pooled_rows.items():
             if s in got:
                 out[row] = got[s].summary.to_dict()

@@ -16,7 +16,7 @@ from aspc.cli import main
 from aspc.compiler import CompileConfig, InputOptions
 from aspc.emit import schema as S
 from aspc.errors import AspcError, ConfigError, PlanError, RunError
-from aspc.rolling_scout import RollingScout
+from aspc.rolling_scout import RollingScout, scout_windows
 from aspc.runtime import RunConfig, run
 from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.contracts import Replanner, Trainer, TrainResult
@@ -179,8 +179,16 @@ def _roller(tmp_path: Path, n_prompts: int, n: int, workers: int, windows: int, 
     return (lambda log=None: RollingScout(table, prior, cfg, workers, 256, windows, {}, log_dir=log, keep=keep)), lens, kept
 
 
+def _scouted(roll) -> set[str]:
+    """The prompts of the scouted windows: all of them with one window, else all but the first window's."""
+    return {str(p) for sub in roll.subs[roll.start :] for p in sub.ids}
+
+
 def _check_holds(roll, kept, n, smp, by_mb) -> None:
     """Every hold and gate of a finished rolling run against its sample columns (final ids) and minibatch rows."""
+    scouted = _scouted(roll)
+    assert roll.start == (1 if roll.windows > 1 else 0)
+    kept = {p: v and p in scouted for p, v in kept.items()}  # the first window's prompts have no scout
     w = roll.work
     ids = w.prompt_ids.tolist()
     scout = scout_row_mask(w)
@@ -189,10 +197,13 @@ def _check_holds(roll, kept, n, smp, by_mb) -> None:
     row_mb = np.repeat(np.arange(w.n_minibatches), np.diff(w.row_offsets))
     step, version = np.asarray(smp["consumed_step"]), np.asarray(smp["weights_version"])
     lag = np.asarray(smp["policy_lag"])
-    assert roll.done == roll.windows and sorted(ids) == sorted([*kept, *(p + X for p in kept)])
+    assert roll.done == roll.windows and sorted(ids) == sorted([*kept, *(p + X for p in scouted)])
     assert np.all(lag[step >= 0] == (step - version)[step >= 0])
     assert np.array_equal(w.n_samples[~scout], [n - int(kept[p]) for p, s in zip(ids, scout, strict=True) if not s])
-    for sub in roll.subs:
+    scout_end = min(by_mb[int(m)][1] for m in row_mb[scout])
+    for sub in roll.subs[: roll.start]:  # planned from the prior, never pending: dispatched before any scout returns
+        assert min(by_mb[int(row_mb[row_of[str(p)]])][0] for p in sub.ids) <= scout_end
+    for sub in roll.subs[roll.start :]:
         window = [str(p) for p in sub.ids]
         scouted = max(by_mb[int(row_mb[row_of[p + X]])][1] for p in window)
         for p in window:
@@ -215,8 +226,9 @@ def _checked_roll(tmp_path: Path, n_prompts: int, n: int, workers: int, gb: int,
     _check_holds(roll, kept, n, smp, by_mb)
     # n samples of every prompt reach the queue (cut scouts never): the trainer steps of a plain run.
     assert res.summary.n_trainer_steps == n * n_prompts // gb
-    n_kept = sum(kept.values())
-    assert res.summary.extra["samples_held"] == {"kept": n_kept, "cut": n_prompts - n_kept}
+    scouted = _scouted(roll)
+    n_kept = sum(v for p, v in kept.items() if p in scouted)
+    assert res.summary.extra["samples_held"] == {"kept": n_kept, "cut": len(scouted) - n_kept}
     return roll, res
 
 
@@ -262,9 +274,10 @@ def test_rolling_scout_under_a_staleness_bound(tmp_path, n_prompts, n, workers, 
     assert int(w.minibatch_sizes[~scouts].max()) <= bound  # a scout minibatch is never consumed: any size starts
     s = res.summary
     assert s.policy_lag_max is None or s.policy_lag_max <= k
-    assert s.extra["samples_held"] == {"kept": 0, "not_kept": n_prompts}
+    scouted = len(_scouted(roll))
+    assert s.extra["samples_held"] == {"kept": 0, "not_kept": scouted}
     assert s.n_trainer_steps == n * n_prompts // gb
-    assert s.samples_generated == s.samples_planned == n_prompts * (n + 1)
+    assert s.samples_generated == s.samples_planned == n_prompts * n + scouted
 
 
 def test_a_keeping_rolling_scout_is_refused_under_a_staleness_bound(tmp_path):
@@ -299,7 +312,8 @@ def test_a_failed_rolling_run_resumes_with_its_holds(tmp_path, mode, at):
     with pytest.raises(RuntimeError, match="trainer lost"):
         run(first.initial, config=rc, actual_lengths=lens, replanner=first, log_dir=log, trainer=_StopAt(at))
     assert json.loads((log / "meta.json").read_text())["status"] == "failed"
-    assert sorted(p.name for p in (log / "plans").iterdir()) == [f"revision-{k}.parquet" for k in range(1, first.done + 1)]
+    revised = range(1, first.done - first.start + 1)  # the first window is planned before the run, not revised
+    assert sorted(p.name for p in (log / "plans").glob("*")) == [f"revision-{k}.parquet" for k in revised]
     other, _, _ = _roller(tmp_path, 90, 4, 3, 5, 1)  # another window count: another plan, refused, log kept
     with pytest.raises(AspcError):
         run(other(log).initial, config=rc, actual_lengths=lens, replanner=other(log), log_dir=log, resume=True)
@@ -328,6 +342,30 @@ def test_later_scouts_run_inside_the_epoch(tmp_path):
     scout_mbs, rest_mbs = sorted(set(row_mb[scout].tolist())), sorted(set(row_mb[~scout].tolist()))
     assert scout_mbs[0] == 0 and scout_mbs[-1] > rest_mbs[0]  # window 1's scout first, the others within
     assert roll.windows == 4
+
+
+def test_default_windows_hold_about_one_full_scout_each():
+    # A window's scout decodes for its cut T however few prompts it holds, so windows of few prompts pay
+    # it for little work: 8 windows of 75 (the old default) ran the example at 1.23 x random; one window
+    # per 256 prompts gives it 2, measured 0.79-0.83.
+    assert [scout_windows(None, n) for n in (1, 100, 383, 384, 600, 2218, 10**6)] == [1, 1, 1, 2, 2, 8, 8]
+    assert scout_windows(3, 2) == 2 and scout_windows(12, 10**6) == 12  # an explicit count stands
+    with pytest.MonkeyPatch.context() as mp:  # the old default on the same run: worse than random
+        mp.setattr("aspc.rolling_scout.WINDOW_PROMPTS", 1)
+        old = _example_roll()
+    assert old["scout"]["windows"] == 8 and old["mean_iteration_time_vs_random"] > 1.0
+    roll = _example_roll()
+    assert roll["scout"]["windows"] == 2 and roll["mean_iteration_time_vs_random"] < 0.9
+
+
+def _example_roll() -> dict:
+    from tests.conftest import EXAMPLE
+
+    r = CliRunner().invoke(main, ["simulate", str(EXAMPLE), "--length-field", "lengths", "--samples-per-prompt", "8",
+                                  "--workers", "8", "--global-batch", "256", "--max-new-tokens", "4096",
+                                  "--strategies", "random,asp+scout+roll", "--repeats", "3", "--json", "--quiet"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)["strategies"]["asp+scout+roll"]
 
 
 def test_rolling_scout_keeps_the_gain_with_a_shorter_lag(tmp_path):
@@ -394,7 +432,8 @@ def test_run_scout_roll_under_a_bound_resumes_after_sigkill(tmp_path):
     ref = tmp_path / "REF"
     first = runner.invoke(main, [*_run_roll_args(plan, data, ref, *bound), "--json"])
     assert first.exit_code == 0, first.output
-    assert json.loads(first.stdout)["epochs"][0]["samples_held"] == {"kept": 0, "not_kept": 120}
+    # 3 windows of 40 prompts: the first planned from the prior, the other 80 scouted.
+    assert json.loads(first.stdout)["epochs"][0]["samples_held"] == {"kept": 0, "not_kept": 80}
     ref_rows = _log_rows(ref)
     assert sum(1 for p, _ in ref_rows if not p.endswith(X)) == 4 * 120
     assert not any(c for (p, _), (_, c) in ref_rows.items() if p.endswith(X))  # no scout consumed
@@ -444,10 +483,10 @@ def test_run_scout_roll_is_simulate_and_resumes_after_sigkill(tmp_path):
     assert first.exit_code == 0, first.output
     out = json.loads(first.stdout)
     held = out["epochs"][0]["samples_held"]
-    assert held["kept"] + held["cut"] == 120 and held["kept"] > 0
+    assert held["kept"] + held["cut"] == 80 and held["kept"] > 0  # windows 2 and 3 of 40 prompts each scouted
     assert not (ref / "scout").exists()
     revisions = sorted(p.name for p in (ref / "epoch-1" / "plans").iterdir())
-    assert revisions == [f"revision-{k}.parquet" for k in (1, 2, 3)]
+    assert revisions == [f"revision-{k}.parquet" for k in (1, 2)]
     for p in [ref / "plans" / "epoch-1.parquet", *(ref / "epoch-1" / "plans").iterdir()]:
         assert runner.invoke(main, ["check", str(p)]).exit_code == 0
     sim = runner.invoke(main, ["simulate", str(data), "--length-field", "lengths", "--samples-per-prompt", "4",
@@ -459,7 +498,7 @@ def test_run_scout_roll_is_simulate_and_resumes_after_sigkill(tmp_path):
     assert held == {"kept": s["scout"]["responses_kept"], "cut": s["scout"]["responses_cut"]}
     assert runner.invoke(main, [*_run_roll_args(plan, data, ref, "--resume"), "--json"]).stdout == first.stdout
     ref_rows = _log_rows(ref)
-    assert sum(k[0].endswith(X) for k in ref_rows) == 120
+    assert sum(k[0].endswith(X) for k in ref_rows) == 80
     killed = 0
     for seed in range(2):
         log = tmp_path / f"RUN{seed}"
@@ -475,7 +514,7 @@ def test_run_scout_roll_is_simulate_and_resumes_after_sigkill(tmp_path):
 
     got = read_run_log_pairs(ref / "epoch-1")
     assert len(got.ids) == 120 and not any(p.endswith(X) for p in got.ids)
-    assert sorted(len(v) for v in got.lengths) == sorted(4 - int(k) for k in _kept_of(ref))
+    assert sorted(len(v) for v in got.lengths) == sorted([4] * 40 + [4 - int(k) for k in _kept_of(ref)])
     pairs = runner.invoke(main, ["predict", "train", str(ref / "epoch-1"), "--kind", "lexical", "-o",
                                  str(tmp_path / "pred"), "--quiet"])  # fmt: skip
     assert pairs.exit_code == 0, pairs.output
@@ -527,7 +566,9 @@ def test_run_scout_roll_on_drawn_lengths_cuts_the_scouts(tmp_path):
     assert r.exit_code == 0, r.output
     rows = run_log_samples(tmp_path / "RUN" / "epoch-1")
     scouts = [s["response_len"] for s in rows if s["prompt_id"].endswith(X)]
-    assert len(scouts) == 80 and max(scouts) == 64  # some cut (drawn lengths run to hundreds)
+    # 80 prompts: one window by default (one per 256 prompts), scouted first; some cut (drawn lengths run
+    # to hundreds).
+    assert len(scouts) == 80 and max(scouts) == 64
     assert max(s["response_len"] for s in rows if not s["prompt_id"].endswith(X)) > 64
 
 
@@ -611,9 +652,10 @@ def check_roll_on_a_real_model(tmp_path: Path, engine: list[str]) -> None:
     assert r.exit_code == 0, r.output
     rows = run_log_samples(log / "epoch-1")
     scouted = {s["prompt_id"][: -len(X)]: s for s in rows if s["prompt_id"].endswith(X)}
-    assert {p: s["response_len"] for p, s in scouted.items()} == {p: min(ls[3], 12) for p, ls in lens.items()}
-    kept = {p for p, ls in lens.items() if ls[3] < 12}
-    assert 0 < len(kept) < 24
+    assert len(scouted) == 12  # window 2 of 2 (the first is planned from the prior)
+    assert {p: s["response_len"] for p, s in scouted.items()} == {p: min(lens[p][3], 12) for p in scouted}
+    kept = {p for p in scouted if lens[p][3] < 12}
+    assert 0 < len(kept) < 12
     group_rows = [s for s in rows if not s["prompt_id"].endswith(X)]
     assert len(group_rows) == 3 * 24 - len(kept)  # a kept response is its group's third sample
     assert max(s["response_len"] for s in group_rows) == min(max(max(ls[:3]) for ls in lens.values()), 40) > 12
@@ -670,7 +712,8 @@ def test_rolling_scout_under_a_bound_suggests_the_plain_scout(tmp_path):
         r = runner.invoke(main, ["simulate", str(data), *common[2:], "--samples-per-prompt", "4", *strategies, *bound])
         assert r.exit_code == 0, r.output
         assert ("--scout without --scout-roll" in r.stderr) == (bool(bound) and roll), r.stderr
-        r = runner.invoke(main, ["run", str(plan), *common, "--scout", *(["--scout-roll"] if roll else []),
+        r = runner.invoke(main, ["run", str(plan), *common, "--scout",
+                                 *(["--scout-roll", "--scout-windows", "3"] if roll else []),
                                  "--log", str(tmp_path / f"RUN{k}"), *bound])  # fmt: skip
         assert r.exit_code == 0, r.output
         assert ("--scout without --scout-roll" in r.stderr) == (bool(bound) and roll), r.stderr

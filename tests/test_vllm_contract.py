@@ -145,13 +145,14 @@ def test_vllm_rolling_scout_cuts_its_scouts_and_keeps_their_responses(tmp_path):
     done = aspc_process(["run", str(plan), "--backend", "vllm", "--model", str(model_dir), "--replay-lengths",
                          "--actual-lengths", str(data), "--length-field", "lengths", "--max-new-tokens", str(CAP),
                          "--workers", "1", "--global-batch", "8", "--scout", "--scout-roll", "--scout-tokens", "16",
-                         "--scout-windows", "2", "--log", str(run_dir), "--json"])  # fmt: skip
+                         "--scout-windows", "3", "--log", str(run_dir), "--json"])  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     held = json.loads(done.stdout)["epochs"][0]["samples_held"]
     rows = run_log_samples(run_dir / "epoch-1")
     scouts = [s for s in rows if s["prompt_id"].endswith(X)]
-    assert len(scouts) == 24 and max(s["response_len"] for s in scouts) <= 16
-    assert held["kept"] + held["cut"] == 24 and 0 < held["kept"] < 24
+    # 3 windows of 8 prompts: the first planned from the prior, the other two scouted (each a revision).
+    assert len(scouts) == 16 and max(s["response_len"] for s in scouts) <= 16
+    assert held["kept"] + held["cut"] == 16 and 0 < held["kept"] < 16
     groups = [s for s in rows if not s["prompt_id"].endswith(X)]
     assert len(groups) == 2 * 24 - held["kept"] and max(s["response_len"] for s in groups) > 16
     assert sorted(p.name for p in (run_dir / "epoch-1" / "plans").iterdir()) == ["revision-1.parquet",

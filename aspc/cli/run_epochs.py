@@ -60,12 +60,14 @@ _EPOCH_OPTIONS = [
     click.option(
         "--scout-roll",
         is_flag=True,
-        help="With --scout: scout inside epoch 1, window by window (asp+scout+roll). Window k+1's scout runs "
-        "beside window k's rest; each window's rest is planned when its scout returns (a revision in "
+        help="With --scout: scout inside epoch 1, window by window (asp+scout+roll). Window 1 is planned from the "
+        "text prior and starts at once; window k+1's scout runs beside window k's rest; each later window's rest is "
+        "planned when its scout returns (a revision in "
         "RUN/epoch-1/plans/), and a response that finished under the cut is held as one of its group's samples. "
         "Any backend, local or Ray engine (one run).",
     ),
-    click.option("--scout-windows", type=int, default=None, help="With --scout-roll: windows of prompts.  [default: 8]"),
+    click.option("--scout-windows", type=int, default=None,
+                 help="With --scout-roll: windows of prompts.  [default: one per 256 prompts, 1 to 8]"),  # fmt: skip
 ]
 
 

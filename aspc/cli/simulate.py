@@ -70,7 +70,8 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
     "asp+scout (asp planned from a length scout run first: one response per prompt cut at --scout-tokens, "
     "its time included), asp+scout+keep (the same, each scout response that finished under the cut kept as "
     "its prompt's last sample, not generated again), asp+scout+roll (the scout in --scout-windows windows inside "
-    "the run, each window's scout part-way through the previous window's rest, finished responses kept the same "
+    "the run: the first window planned from the text prior, each later window's scout ahead of the previous "
+    "window's rest, finished responses kept the same "
     "way: a kept sample is a window or two old, not an epoch), oracle (asp knowing each prompt's recorded lengths), "
     "oracle-exact (the very lengths replayed).",
 )
@@ -93,8 +94,8 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
     "--scout-windows",
     type=int,
     default=None,
-    help="asp+scout+roll: split the prompts into this many seeded windows, each scouted inside the run "
-    "[default: 8].",
+    help="asp+scout+roll: split the prompts into this many seeded windows; the first is planned from the text "
+    "prior and dispatched at once, each later one scouted inside the run [default: one per 256 prompts, 1 to 8].",
 )
 @click.option(
     "--repeats",

@@ -66,11 +66,13 @@ def scout_ids(ids: Any) -> np.ndarray:
     return np.asarray(pc.ends_with(ids, SCOUT_ID_SUFFIX).to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def initial_holds(work: WorkPlan, scout_tokens: int | None = None, keeps: bool = True) -> Holds:
+def initial_holds(work: WorkPlan, scout_tokens: int | None = None, keeps: bool = True, ready: Any = None) -> Holds:
     """The :class:`Holds` of a rolling scout's first plan: scout rows held, every other minibatch pending.
 
     ``scout_tokens``: the scout's cut, where a model backend stops a scout
-    minibatch's responses; ``keeps``: whether revisions may release them.
+    minibatch's responses; ``keeps``: whether revisions may release them;
+    ``ready``: prompt ids (an Arrow string array) planned without a scout,
+    whose minibatches are not pending.
 
     Raises
     ------
@@ -87,8 +89,14 @@ def initial_holds(work: WorkPlan, scout_tokens: int | None = None, keeps: bool =
     mixed = (per_mb > 0) & (per_mb < np.diff(work.row_offsets))
     if mixed.any():
         raise PlanError(f"minibatch {int(np.flatnonzero(mixed)[0])} mixes scout rows with others; recompile it")
+    pending = per_mb == 0
+    if ready is not None:
+        import pyarrow.compute as pc
+
+        mine = pc.is_in(work.table.column(S.PROMPT_ID), value_set=ready).to_numpy(zero_copy_only=False)
+        pending &= np.add.reduceat(np.asarray(mine, dtype=np.int64), work.row_offsets[:-1]) == 0
     n = work.n_total_samples
-    return Holds(scout[work.sample_row], np.full(n, -1, dtype=np.int64), per_mb == 0, scout_tokens, keeps)
+    return Holds(scout[work.sample_row], np.full(n, -1, dtype=np.int64), pending, scout_tokens, keeps)
 
 
 def revised_holds(work: WorkPlan, old: Holds, first: int, new_to_old: np.ndarray, kept_rows: np.ndarray,
@@ -150,7 +158,8 @@ def attach_holds(work: WorkPlan, replanner: object, *, max_staleness: int | None
     if not getattr(replanner, "holds_scouts", False):
         return
     check_holds(replanner=replanner, max_staleness=max_staleness)
-    work.holds = initial_holds(work, getattr(replanner, "tokens", None), getattr(replanner, "keeps", True))
+    work.holds = initial_holds(work, getattr(replanner, "tokens", None), getattr(replanner, "keeps", True),
+                               getattr(replanner, "ready_ids", None))  # fmt: skip
 
 
 def cut_scouts(work: WorkPlan, response_len: np.ndarray) -> None:

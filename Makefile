@@ -61,8 +61,12 @@ demo: install
 	@echo "which 8 of each prompt's 10 recorded lengths are replayed). 'vs random' is mean ± std over the repeats"
 	@echo "of each strategy's mean iteration time over random's. asp uses the shipped text-only predictor;"
 	@echo "oracle is asp knowing every prompt's recorded lengths (what a perfect per-prompt predictor buys)."
+	@echo "asp+scout+roll learns the lengths inside the run (aspc run --scout --scout-roll): one response per"
+	@echo "prompt, cut at 1,024 tokens, scouted window by window beside the rest, each window planned from it."
+	@echo "The shipped predictor was trained on these prompts' lengths among others, so asp ranks them better"
+	@echo "here than on prompts it never saw, where the scout gains more (README, 'Choosing a workflow')."
 	OPENBLAS_NUM_THREADS=1 $(BIN)/aspc simulate examples/prompts.jsonl --length-field lengths $(DEMO_SIM) \
-		--strategies random,sorted,asp,oracle --repeats 5
+		--strategies random,sorted,asp,asp+scout+roll,oracle --repeats 5
 
 # The report's browser test needs Debian's chromium; install it where we can
 # (root with apt), otherwise that one test skips with its reason.

@@ -54,6 +54,10 @@ batch of 256 samples, static returns, and the simulator's default cost model
   --transformer-pairs 0 --save DIR``), compiled with ``--target MODEL``;
   ``asp+pooled+replan``, ``asp+pooled+scout`` (``+keep``, ``+roll``) are
   those strategies with that head as the plan's (and the scout's) prior.
+  ``asp+pooled+probe`` (only when named in ``--rows``): the same probe as
+  ``asp+probe``, refitting that predictor (a transformer, one epoch on this
+  CPU) instead of the lexical default: ``aspc probe --kind transformer
+  --init DIR`` on the policy's own prompts.
 
 ``--rows`` limits the run to some rows (random is always run: every ratio
 is to it), e.g. ``--rows asp,asp+probe`` for an affordable probe check.
@@ -176,8 +180,11 @@ def probe_predictor(
     default: str = "default",
     samples: int = 1,
     share: float = PROBE_SHARE,
+    kind: str = "lexical",
 ) -> tuple[Path | str, float, float, int]:
-    """Train lexical (``--init init``) on one held-out recorded length of a seeded K of the prompts.
+    """Train ``kind`` (``--init init``) on one held-out recorded length of a seeded K of the prompts.
+
+    ``transformer`` refits ``init`` (the pooled MiniLM) for one epoch on this CPU.
 
     Returns the predictor's directory, its Kendall tau against the mean
     recorded length over every prompt and over the prompts not probed, and K.
@@ -195,14 +202,16 @@ def probe_predictor(
         rest = np.setdiff1d(np.arange(len(recs)), pick)
         return d, float(kendall_tau(got.mean, means)), float(kendall_tau(got.mean[rest], means[rest])), 0
     # lengths[N] is never replayed by this repeat (inputs_for replays lengths[:N]).
+    more = {"device": "cpu", "epochs": 1} if kind == "transformer" else {}
     pred = train_predictor(
-        "lexical",
+        kind,
         [recs[i]["prompt"] for i in pick],
         [np.asarray(recs[i]["lengths"][N : N + samples], dtype=float) for i in pick],
         init=init,
         seed=seed,
+        **more,
     )
-    d = tmp / f"probe-{model}-{seed}-{'init' if init else 'scratch'}-{samples}-{k}"
+    d = tmp / f"probe-{model}-{seed}-{kind}-{'init' if init else 'scratch'}-{samples}-{k}"
     pred.save(d)
     got = load_predictor(d).predict([r["prompt"] for r in recs])
     means = np.array([np.mean(r["lengths"]) for r in recs])
@@ -291,12 +300,20 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order=None, only=Non
                 out["asp+probe+replan"] = got["asp+replan"].summary.to_dict()
     # The same probe with both held-out lengths per probed prompt: on the same K prompts (twice the
     # generation), and on K/2 prompts (the same generation as asp+probe).
+    def asp_with(probed: tuple[Path | str, float, float, int]) -> dict:
+        """asp's summary with a probe's predictor, its Kendall taus and K beside it."""
+        pdir, tau, tau_rest, k = probed
+        cfg_p = dataclasses.replace(cfg, predictor=str(pdir))
+        got = simulate_strategies(inp, inputs, cfg_p, rc, strategies=["asp"])["asp"].summary.to_dict()
+        return {**got, "_tau": tau, "_tau_rest": tau_rest, "_k": k}
+
     for name, share in (("asp+probe2", PROBE_SHARE), ("asp+probe2-half", PROBE_SHARE / 2)):
         if only is not None and want(name):
-            pdir, tau, tau_rest, k = probe_predictor(inp, tmp, model, seed, default, default, 2, share)
-            cfg_p = dataclasses.replace(cfg, predictor=str(pdir))
-            out[name] = simulate_strategies(inp, inputs, cfg_p, rc, strategies=["asp"])["asp"].summary.to_dict()
-            out[name].update(_tau=tau, _tau_rest=tau_rest, _k=k)
+            out[name] = asp_with(probe_predictor(inp, tmp, model, seed, default, default, 2, share))
+    # The pooled MiniLM refit on the same probe (one epoch): `aspc probe --kind transformer --init DIR`
+    # on prompts of the policy's own dataset, where no source shift separates the probe from the rest.
+    if pooled is not None and only is not None and want("asp+pooled+probe"):
+        out["asp+pooled+probe"] = asp_with(probe_predictor(inp, tmp, model, seed, pooled, default, kind="transformer"))
     pooled_rows = {f"asp+pooled{s[3:]}": s for s in POOLED_BASES}
     if pooled is not None and any(want(row) for row in pooled_rows):
         cfg_p = dataclasses.replace(cfg, predictor=str(pooled), head=model)

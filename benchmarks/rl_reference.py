@@ -370,7 +370,8 @@ def main() -> None:
     ap.add_argument("--scout-tokens", type=int, default=None, help="asp+scout's cut T (default: the cap / 4)")
     ap.add_argument("--scout-keep-through", type=int, default=None,
                     help="asp+scout+keep: keep scout responses only in minibatches dispatched by this weights version")
-    ap.add_argument("--scout-windows", type=int, default=None, help="asp+scout+roll's window count (default 8)")
+    ap.add_argument("--scout-windows", type=int, default=None,
+                    help="asp+scout+roll's window count (default: one per 256 prompts, 1 to 8)")
     ap.add_argument("--roll-at", type=float, default=None,
                     help="asp+scout+roll: share of window k's rest dispatched before window k+1's scout "
                     "(default: aspc.rolling_scout.ROLL_AT)")

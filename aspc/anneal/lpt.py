@@ -127,22 +127,24 @@ def lpt_keys(
 
     Dispatch order compares keys and nothing else, so a minibatch whose
     quantile is known to lie in an interval no other minibatch's interval
-    meets needs no more precision. Every bisection runs a first
-    :data:`~aspc.anneal.lpt_kernel._COARSE_STEPS` steps; the minibatches
-    whose intervals meet another's (in tokens, end points included, so exact
-    ties are found) resume theirs to the end and get :func:`max_quantiles`'
-    exact value; the others get their interval's upper end. For any two
-    minibatches ``a``, ``b``: ``key[a] < key[b]`` exactly when
-    ``max_quantiles[a] < max_quantiles[b]``, and likewise ``==``, so
-    :func:`lpt_order` gives the same order, and plans the same bytes, at
-    about half the bisection steps.
+    meets needs no more precision. Each minibatch's quantile is first located
+    in a narrow interval: by Newton's method, confirmed by two of the
+    bisection's own comparisons, or else by a first
+    :data:`~aspc.anneal.lpt_kernel._COARSE_STEPS` bisection steps; the
+    minibatches whose intervals meet another's (in tokens, end points
+    included, so exact ties are found) run their bisection to the end and get
+    :func:`max_quantiles`' exact value; the others get their interval's upper
+    end. For any two minibatches ``a``, ``b``: ``key[a] < key[b]`` exactly
+    when ``max_quantiles[a] < max_quantiles[b]``, and likewise ``==``, so
+    :func:`lpt_order` gives the same order, and plans the same bytes, at a
+    fraction of the evaluations (Newton takes ~5-10 where the bisection takes 60).
     """
     args = _lognormal_rows(starts, n_samples, mean, q10, q50, q90, q)
     m = args[4].size - 1
-    lo, hi = np.empty(m), np.empty(m)
-    seen, exact = np.empty(m, dtype=np.int8), np.empty(m, dtype=np.int8)
-    _coarse_quantiles(*args, lo, hi, seen, exact)
-    elo, ehi = _exp_bounds(lo, hi, exact)
+    lo, hi, blo, bhi = np.empty(m), np.empty(m), np.empty(m), np.empty(m)
+    seen, exact, left = np.empty(m, dtype=np.int8), np.empty(m, dtype=np.int8), np.empty(m, dtype=np.int64)
+    _coarse_quantiles(*args, lo, hi, seen, exact, blo, bhi, left)
+    elo, ehi = _exp_bounds(blo, bhi, hi, exact)
     # Sweep the intervals by lower end: one meets an earlier one when its lower
     # end is <= the largest upper end so far; a run of such is a cluster.
     by_lo = np.argsort(elo, kind="stable")
@@ -153,7 +155,7 @@ def lpt_keys(
     which = np.sort(by_lo[shared & (exact[by_lo] == 0)]).astype(np.int64)
     key = ehi.copy()
     if which.size:
-        key[which] = _finish_quantiles(*args, lo, hi, seen, which)
+        key[which] = _finish_quantiles(*args, lo, hi, seen, left, which)
     return _checked(key)
 
 

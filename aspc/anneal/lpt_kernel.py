@@ -125,36 +125,104 @@ def _max_quantiles(mu, sigma, point, nseq, starts, q):
     return out
 
 
-# Bisection steps every minibatch takes before the order is checked: a bracket
-# ~40 wide in log space is then ~4e-8 wide, so few minibatches' brackets meet.
+# Bisection steps a minibatch takes before the order is checked where Newton's method does not
+# vouch for its answer: a bracket ~40 wide in log space is then ~4e-8 wide, so few brackets meet.
 _COARSE_STEPS = 30
+# Newton steps at most, and the half-width (relative, log tokens) of the interval around Newton's
+# root that two exact comparisons must confirm before the root stands for the bisection's answer.
+_NEWTON_STEPS = 40
+_NEWTON_HALF = 1e-9
+
+
+@njit(**NJIT_FLAGS)
+def _newton_root(logq, mu, sigma, nseq, lo_i, hi_i):
+    """The root of ``log P(max <= exp(x)) = logq`` by Newton's method from its left, or NaN.
+
+    Each row's ``log Phi((x - mu) / sigma)`` is concave in x, so their sum is:
+    from a point left of the root every Newton step lands left of it again and
+    moves right (the tangent lies above the curve), converging quadratically.
+    The start, the largest row median, puts every row's CDF at >= 1/2; NaN when
+    it is already right of the root (a low ``q``), when every row is a point
+    mass or when the steps do not settle: the bisection answers those
+    minibatches. Point masses are left out: they only make the comparison
+    true below the largest of them, which the caller's check covers.
+    """
+    x = -math.inf
+    for i in range(lo_i, hi_i):
+        if sigma[i] > 0.0:
+            x = max(x, mu[i])
+    if x == -math.inf:
+        return math.nan
+    for k in range(_NEWTON_STEPS):
+        g = -logq
+        dg = 0.0
+        for i in range(lo_i, hi_i):
+            if sigma[i] <= 0.0:
+                continue
+            z = (x - mu[i]) / sigma[i]
+            c = 0.5 * math.erfc(-z / math.sqrt(2.0))
+            g += nseq[i] * math.log(c)
+            dg += nseq[i] * math.exp(-0.5 * z * z) / (math.sqrt(2.0 * math.pi) * sigma[i] * c)
+        if g >= 0.0 or not dg > 0.0:
+            return math.nan if k == 0 else x
+        step = -g / dg
+        x += step
+        if step <= 1e-13 * (1.0 + abs(x)):
+            return x
+    return math.nan
 
 
 @njit(**NJIT_PARALLEL_FLAGS)
-def _coarse_quantiles(mu, sigma, point, nseq, starts, q, lo, hi, seen, exact):
-    """:func:`_max_quantiles` stopped after :data:`_COARSE_STEPS` steps, its state kept.
+def _coarse_quantiles(mu, sigma, point, nseq, starts, q, lo, hi, seen, exact, blo, bhi, left):
+    """Per minibatch, an interval holding :func:`_max_quantiles`' answer, and a bisection state to finish it from.
 
-    Fills, per minibatch, the bracket ``(lo, hi]`` (log tokens) that holds
-    the exact answer's log, ``seen`` (bit 0: lo was a midpoint, bit 1: hi
-    was) and ``exact`` (1 when the bisection already stopped: then
-    ``exp(hi)`` is :func:`_max_quantiles`' answer; 2 when there was no
-    bracket: then ``exp(lo)`` is).
+    Newton's root r (:func:`_newton_root`) stands where the comparison the
+    bisection makes is confirmed on both sides of it, at r - h and r + h
+    (h = :data:`_NEWTON_HALF` (1 + |r|)): below the quantile at r - h, not
+    below at r + h. Away from the root the sum the comparison adds up is off
+    by rounding only (~1e-15 of its ~0.1), while over h it moves by at least
+    the slope times h (the slope, a sum of normal hazard rates, is ~0.05 or
+    more at the root for any band the predictors give), so every midpoint the
+    bisection would evaluate outside [r - h, r + h] compares as those two do:
+    its answer's log lies in [r - h, r + h]. Those minibatches keep their
+    initial bracket as the state to finish from (``left`` = all
+    :data:`_BISECT_STEPS`). Point masses keep this true: below their largest,
+    P, every comparison is true, and the check at r + h passes only where
+    exp(r + h) >= P, so every larger midpoint clears them too. The others take
+    :data:`_COARSE_STEPS` bisection steps and keep that state.
+
+    Fills ``blo``, ``bhi`` (log tokens: the answer's log is in [blo, bhi]),
+    the bracket ``(lo, hi]``, ``seen`` (bit 0: lo was a midpoint, bit 1: hi
+    was), ``left`` (bisection steps still to take) and ``exact`` (1 when the
+    bisection already stopped: then ``exp(hi)`` is :func:`_max_quantiles`'
+    answer; 2 when there was no bracket: then ``exp(lo)`` is).
     """
     logq = math.log(q)
     for b in prange(starts.size - 1):
         lo_i, hi_i = starts[b], starts[b + 1]
         a, c = _initial_bracket(mu, sigma, point, lo_i, hi_i)
         if c <= a:
-            lo[b], hi[b], seen[b], exact[b] = a, a, 0, 2
+            lo[b], hi[b], seen[b], exact[b], left[b] = a, a, 0, 2, 0
+            blo[b], bhi[b] = a, a
             continue
+        r = _newton_root(logq, mu, sigma, nseq, lo_i, hi_i)
+        if not math.isnan(r):
+            h = _NEWTON_HALF * (1.0 + abs(r))
+            if (a < r - h and r + h < c and _cdf_max_below(r - h, logq, mu, sigma, point, nseq, lo_i, hi_i)
+                    and not _cdf_max_below(r + h, logq, mu, sigma, point, nseq, lo_i, hi_i)):  # fmt: skip
+                lo[b], hi[b], seen[b], exact[b], left[b] = a, c, 0, 0, _BISECT_STEPS
+                blo[b], bhi[b] = r - h, r + h
+                continue
         a, c, ls, hs, stopped = _bisect(logq, mu, sigma, point, nseq, lo_i, hi_i, a, c, False, False, _COARSE_STEPS)
         lo[b], hi[b] = a, c
+        blo[b], bhi[b] = a, c
         seen[b] = (1 if ls else 0) + (2 if hs else 0)
         exact[b] = 1 if stopped else 0
+        left[b] = _BISECT_STEPS - _COARSE_STEPS
 
 
 @njit(**NJIT_PARALLEL_FLAGS)
-def _finish_quantiles(mu, sigma, point, nseq, starts, q, lo, hi, seen, which):
+def _finish_quantiles(mu, sigma, point, nseq, starts, q, lo, hi, seen, left, which):
     """The exact answers of minibatches ``which``: their bisections resumed from :func:`_coarse_quantiles`' state."""
     out = np.empty(which.size, dtype=np.float64)
     logq = math.log(q)
@@ -162,28 +230,28 @@ def _finish_quantiles(mu, sigma, point, nseq, starts, q, lo, hi, seen, which):
         b = which[k]
         _, c, _, _, _ = _bisect(
             logq, mu, sigma, point, nseq, starts[b], starts[b + 1], lo[b], hi[b],
-            (seen[b] & 1) != 0, (seen[b] & 2) != 0, _BISECT_STEPS - _COARSE_STEPS,
+            (seen[b] & 1) != 0, (seen[b] & 2) != 0, left[b],
         )  # fmt: skip
         out[k] = math.exp(c)
     return out
 
 
 @njit(**NJIT_FLAGS)
-def _exp_bounds(lo, hi, exact):
+def _exp_bounds(blo, bhi, hi, exact):
     """Closed intervals (tokens) holding each minibatch's exact answer (a point where it is known)."""
-    m = lo.size
+    m = blo.size
     elo = np.empty(m, dtype=np.float64)
     ehi = np.empty(m, dtype=np.float64)
     for b in range(m):
         if exact[b] == 2:
-            elo[b] = ehi[b] = math.exp(lo[b])
+            elo[b] = ehi[b] = math.exp(blo[b])
         elif exact[b] == 1:
             elo[b] = ehi[b] = math.exp(hi[b])
         else:
-            # The answer's log is in (lo, hi] and exp never decreases (rounding
-            # included), so the answer is in [exp(lo), exp(hi)].
-            elo[b] = math.exp(lo[b])
-            ehi[b] = math.exp(hi[b])
+            # The answer's log is in [blo, bhi] and exp never decreases (rounding
+            # included), so the answer is in [exp(blo), exp(bhi)].
+            elo[b] = math.exp(blo[b])
+            ehi[b] = math.exp(bhi[b])
     return elo, ehi
 
 

@@ -166,6 +166,7 @@ def check_output(
     inputs: Iterable[str | os.PathLike | None] = (),
     kind: str = "file",
     option: str = "-o",
+    others: dict[str, str | os.PathLike] | None = None,
 ) -> Path:
     """Validate an output path before any work is done; return the path to write.
 
@@ -180,6 +181,9 @@ def check_output(
         ``"file"`` or ``"dir"``: what the command writes at ``target``.
     option
         The option's name for the message.
+    others
+        The command's other outputs by option name: ``target`` may be none of
+        them, nor lie inside one or contain one.
 
     Returns
     -------
@@ -234,6 +238,15 @@ def check_output(
         elif kind == "dir":
             raise OutputError(f"{option} {raw} is a file; give a directory path")
     ident = None if st is None else (st.st_dev, st.st_ino)
+    for other_option, other in (others or {}).items():
+        # Another output of the same command (probe's -o beside its --log): one written over or
+        # inside the other would be replaced with it.
+        o_real = Path(os.path.realpath(other))
+        if o_real == real or _is_within(real, o_real) or _is_within(o_real, real):
+            where = "is the same path as" if o_real == real else "and, one inside the other,"
+            raise OutputError(
+                f"{option} {raw} {where} {other_option} {os.fspath(other)}; give each output its own path"
+            )
     for in_real, in_ident, in_dir in _input_files(inputs):
         same = real == in_real or (ident is not None and ident == in_ident)
         if same:

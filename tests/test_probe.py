@@ -99,14 +99,18 @@ def test_probe_guards_its_outputs(tmp_path) -> None:
     before = data.read_bytes()
     common = [str(data), "--backend", "sim", "--actual-lengths", str(data), "--length-field", "lengths",
               "--prompts", "100"]  # fmt: skip
-    for extra in (
-        ["--log", str(tmp_path / "same"), "-o", str(tmp_path / "same")],
-        ["--log", str(tmp_path / "log"), "-o", str(data)],
-        ["--log", str(tmp_path / "log"), "-o", str(tmp_path / "pred"), "--seed", "-1"],
+    for extra, says in (
+        (["--log", str(tmp_path / "same"), "-o", str(tmp_path / "same")], "is the same path as -o"),
+        (["--log", str(tmp_path / "same" / "log"), "-o", str(tmp_path / "same")], "one inside the other"),
+        (["--log", str(tmp_path / "same"), "-o", str(tmp_path / "same" / "pred")], "one inside the other"),
+        (["--log", str(tmp_path / "log"), "-o", str(data)], "is a file"),
+        (["--log", str(data.parent), "-o", str(tmp_path / "pred")], "one inside the other"),
+        (["--log", str(tmp_path / "log"), "-o", str(tmp_path / "pred"), "--seed", "-1"], "seed"),
     ):
         res = probe(*common, *extra)
         assert res.exit_code == 2, res.output
         assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+        assert says in res.output, res.output
     assert data.read_bytes() == before
     assert not any(p.name in ("same", "log", "pred") for p in tmp_path.iterdir())
 

@@ -126,7 +126,7 @@ def probe_cmd(
     reads = [prompts_path, actual_lengths, None if init_arg in (None, "default") else init_arg]
     output = check_output(output, inputs=reads, kind="dir")
     check_output_dir(output)
-    check_output(log_dir, inputs=[*reads, output], kind="dir", option="--log")
+    check_output(log_dir, inputs=reads, kind="dir", option="--log", others={"-o": output})
     config, cost = run_config_from_kwargs(kwargs, seed=seed, samples_per_prompt=1)
     table = read_prompts(prompts_path, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)
     if len(table) < MIN_PAIRS:

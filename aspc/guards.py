@@ -243,9 +243,11 @@ def check_output(
         # inside the other would be replaced with it.
         o_real = Path(os.path.realpath(other))
         if o_real == real or _is_within(real, o_real) or _is_within(o_real, real):
-            where = "is the same path as" if o_real == real else "and, one inside the other,"
+            clash = (
+                "is the same path as" if o_real == real else "lies inside" if _is_within(real, o_real) else "contains"
+            )
             raise OutputError(
-                f"{option} {raw} {where} {other_option} {os.fspath(other)}; give each output its own path"
+                f"{option} {raw} {clash} {other_option} {os.fspath(other)}; give each output its own path"
             )
     for in_real, in_ident, in_dir in _input_files(inputs):
         same = real == in_real or (ident is not None and ident == in_ident)

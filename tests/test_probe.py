@@ -101,10 +101,10 @@ def test_probe_guards_its_outputs(tmp_path) -> None:
               "--prompts", "100"]  # fmt: skip
     for extra, says in (
         (["--log", str(tmp_path / "same"), "-o", str(tmp_path / "same")], "is the same path as -o"),
-        (["--log", str(tmp_path / "same" / "log"), "-o", str(tmp_path / "same")], "one inside the other"),
-        (["--log", str(tmp_path / "same"), "-o", str(tmp_path / "same" / "pred")], "one inside the other"),
+        (["--log", str(tmp_path / "same" / "log"), "-o", str(tmp_path / "same")], "lies inside -o"),
+        (["--log", str(tmp_path / "same"), "-o", str(tmp_path / "same" / "pred")], "contains -o"),
         (["--log", str(tmp_path / "log"), "-o", str(data)], "is a file"),
-        (["--log", str(data.parent), "-o", str(tmp_path / "pred")], "one inside the other"),
+        (["--log", str(data.parent), "-o", str(tmp_path / "pred")], "contains -o"),
         (["--log", str(tmp_path / "log"), "-o", str(tmp_path / "pred"), "--seed", "-1"], "seed"),
     ):
         res = probe(*common, *extra)

@@ -132,11 +132,15 @@ _COARSE_STEPS = 30
 # root that two exact comparisons must confirm before the root stands for the bisection's answer.
 _NEWTON_STEPS = 40
 _NEWTON_HALF = 1e-9
+# ... widened where the log CDF is flat, so that it moves over the half-width by at least this
+# much per sampled response: 1e4 times the ~1.1e-16 a response's term can be off by in rounding
+# (its CDF, near 1, is stored to an absolute 1.1e-16).
+_NEWTON_MARGIN = 1e-12
 
 
 @njit(**NJIT_FLAGS)
 def _newton_root(logq, mu, sigma, nseq, lo_i, hi_i):
-    """The root of ``log P(max <= exp(x)) = logq`` by Newton's method from its left, or NaN.
+    """The root of ``log P(max <= exp(x)) = logq`` by Newton's method from its left (NaN if none), and the slope there.
 
     Each row's ``log Phi((x - mu) / sigma)`` is concave in x, so their sum is:
     from a point left of the root every Newton step lands left of it again and
@@ -152,7 +156,7 @@ def _newton_root(logq, mu, sigma, nseq, lo_i, hi_i):
         if sigma[i] > 0.0:
             x = max(x, mu[i])
     if x == -math.inf:
-        return math.nan
+        return math.nan, 0.0
     for k in range(_NEWTON_STEPS):
         g = -logq
         dg = 0.0
@@ -164,12 +168,12 @@ def _newton_root(logq, mu, sigma, nseq, lo_i, hi_i):
             g += nseq[i] * math.log(c)
             dg += nseq[i] * math.exp(-0.5 * z * z) / (math.sqrt(2.0 * math.pi) * sigma[i] * c)
         if g >= 0.0 or not dg > 0.0:
-            return math.nan if k == 0 else x
+            return (math.nan if k == 0 else x), dg
         step = -g / dg
         x += step
         if step <= 1e-13 * (1.0 + abs(x)):
-            return x
-    return math.nan
+            return x, dg
+    return math.nan, 0.0
 
 
 @njit(**NJIT_PARALLEL_FLAGS)
@@ -177,14 +181,15 @@ def _coarse_quantiles(mu, sigma, point, nseq, starts, q, lo, hi, seen, exact, bl
     """Per minibatch, an interval holding :func:`_max_quantiles`' answer, and a bisection state to finish it from.
 
     Newton's root r (:func:`_newton_root`) stands where the comparison the
-    bisection makes is confirmed on both sides of it, at r - h and r + h
-    (h = :data:`_NEWTON_HALF` (1 + |r|)): below the quantile at r - h, not
-    below at r + h. Away from the root the sum the comparison adds up is off
-    by rounding only (~1e-15 of its ~0.1), while over h it moves by at least
-    the slope times h (the slope, a sum of normal hazard rates, is ~0.05 or
-    more at the root for any band the predictors give), so every midpoint the
-    bisection would evaluate outside [r - h, r + h] compares as those two do:
-    its answer's log lies in [r - h, r + h]. Those minibatches keep their
+    bisection makes is confirmed on both sides of it, at r - h and r + h:
+    below the quantile at r - h, not below at r + h. The sum the comparison
+    adds up is off by rounding only, at most ~1.1e-16 per sampled response,
+    while over h it moves by the slope times h; h is :data:`_NEWTON_HALF`
+    (1 + |r|), or wider where the slope is small, so that this move is at
+    least :data:`_NEWTON_MARGIN` per sampled response (1e4 times the
+    rounding). So every midpoint the bisection would evaluate outside
+    [r - h, r + h] compares as those two do: its answer's log lies in
+    [r - h, r + h]. Those minibatches keep their
     initial bracket as the state to finish from (``left`` = all
     :data:`_BISECT_STEPS`). Point masses keep this true: below their largest,
     P, every comparison is true, and the check at r + h passes only where
@@ -205,9 +210,12 @@ def _coarse_quantiles(mu, sigma, point, nseq, starts, q, lo, hi, seen, exact, bl
             lo[b], hi[b], seen[b], exact[b], left[b] = a, a, 0, 2, 0
             blo[b], bhi[b] = a, a
             continue
-        r = _newton_root(logq, mu, sigma, nseq, lo_i, hi_i)
-        if not math.isnan(r):
-            h = _NEWTON_HALF * (1.0 + abs(r))
+        r, slope = _newton_root(logq, mu, sigma, nseq, lo_i, hi_i)
+        if not math.isnan(r) and slope > 0.0:
+            draws = 1.0
+            for i in range(lo_i, hi_i):
+                draws += nseq[i]
+            h = max(_NEWTON_HALF * (1.0 + abs(r)), _NEWTON_MARGIN * draws / slope)
             if (a < r - h and r + h < c and _cdf_max_below(r - h, logq, mu, sigma, point, nseq, lo_i, hi_i)
                     and not _cdf_max_below(r + h, logq, mu, sigma, point, nseq, lo_i, hi_i)):  # fmt: skip
                 lo[b], hi[b], seen[b], exact[b], left[b] = a, c, 0, 0, _BISECT_STEPS

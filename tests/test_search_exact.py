@@ -19,7 +19,7 @@ from numba import njit
 
 import aspc.partition.boundaries as boundaries
 from aspc.anneal.lpt import Z90
-from aspc.anneal.lpt_kernel import _BISECT_STEPS, _log_cdf_max, _max_quantiles
+from aspc.anneal.lpt_kernel import _BISECT_STEPS, _exp_bounds, _log_cdf_max, _max_quantiles
 from aspc.partition.kernel import _partition_kernel
 
 # Interpreted (NUMBA_DISABLE_JIT=1) the DP and the bisection are ~1000x slower:
@@ -293,15 +293,9 @@ def test_lpt_keys_refine_a_bracket_that_only_touches_a_known_answer():
     # A one-row point-mass minibatch whose answer is exactly the upper end of another's
     # coarse bracket: the two keys would tie unless that bracket is resumed to the end.
     from aspc.anneal import lpt_keys, max_quantiles
-    from aspc.anneal.lpt import _lognormal_rows
-    from aspc.anneal.lpt_kernel import _coarse_quantiles, _exp_bounds
 
     starts, nseq, mean, q10, q50, q90 = _keys_inputs(11, 200, 0.0, 1.0)
-    args = _lognormal_rows(starts, nseq, mean, q10, q50, q90, 0.9)
-    m = starts.size - 1
-    lo, hi, blo, bhi = np.empty(m), np.empty(m), np.empty(m), np.empty(m)
-    seen, exact, left = np.empty(m, np.int8), np.empty(m, np.int8), np.empty(m, np.int64)
-    _coarse_quantiles(*args, lo, hi, seen, exact, blo, bhi, left)
+    _, blo, bhi, _, hi, exact, _ = _located(starts, nseq, mean, q10, q50, q90, 0.9)
     _, ehi = _exp_bounds(blo, bhi, hi, exact)
     b = int(np.flatnonzero(exact == 0)[0])
     point = ehi[b]
@@ -342,8 +336,6 @@ def test_every_located_interval_holds_the_exact_quantile(seed, n, point_share, s
     # Newton's intervals and the coarse brackets alike hold the full bisection's answer: the
     # oracle is _max_quantiles, 60 bisection steps from the initial bracket.
     args, blo, bhi, _, hi, exact, left = _located(*_keys_inputs(seed, n, point_share, spread), q)
-    from aspc.anneal.lpt_kernel import _exp_bounds
-
     answer = _max_quantiles(*args)
     elo, ehi = _exp_bounds(blo, bhi, hi, exact)
     assert np.all(elo <= answer) and np.all(answer <= ehi)

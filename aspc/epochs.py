@@ -34,9 +34,10 @@ recorded lengths per prompt for epochs whose samples differ from the
 history they are planned from; with fewer, later epochs replay some lengths
 an earlier epoch already saw.
 
-Real backends (hf, vllm; local engine). The backend and the trainer are
-built once and kept open across the epochs: the models load once, and the
-trainer goes on training from where the last epoch left it (its weights,
+Real backends (hf, vllm). The backend and the trainer are built once and
+kept open across the epochs: on the local engine the models load once (on
+the Ray engine each epoch's actors load the model again), and the trainer
+goes on training from where the last epoch left it (its weights,
 optimiser state and baseline). Before each later epoch every worker loads
 the trainer's current weights (:meth:`Trainer.current_weights`) as that
 epoch's version 0, so no sample of epoch ``k`` comes from weights older than
@@ -262,11 +263,6 @@ def run_epochs(
     if length_drift and backend is not None and not replays:
         raise ConfigError("--length-drift scales replayed lengths: a real backend replays them only with --replay-lengths")
     carry = backend is not None or trainer is not None
-    # The rolling scout is one run (its scouts are inside epoch 1), so only more runs need the local engine.
-    runs = n_epochs + int(scout and not scout_roll)
-    if carry and runs > 1 and getattr(config, "engine", "local") != "local":
-        what = "--scout" if scout and n_epochs == 1 else "--epochs"
-        raise ConfigError(f"{what} on a real backend keeps its workers across runs: use the local engine (drop --engine ray)")
     root = Path(log_dir)
     plans_dir = root / "plans"
     if resume and overwrite:

@@ -117,23 +117,16 @@ def test_epochs_with_hf_and_grpo_carry_the_trainer_and_reload_its_weights(tmp_pa
         assert c.exit_code == 0, c.output
 
 
-def test_epochs_on_a_real_backend_refuse_ray_and_drift_without_replay(tmp_path, model_dir):
+def test_epochs_on_a_real_backend_refuse_drift_without_replay(tmp_path, model_dir):
+    # (--engine ray runs epochs and the scout: tests/test_ray_engine.py.)
     _, data, plan = _files(tmp_path)
     base = ["run", str(plan), "--backend", "hf", "--model", str(model_dir), "--workers", "2",
             "--global-batch", "8", "--max-new-tokens", "4", "--epochs", "2"]
-    cases = [
-        (["--engine", "ray", "--log", str(tmp_path / "A")], "local engine"),
-        (["--length-drift", "0.1", "--actual-lengths", str(data), "--length-field", "lengths",
-          "--log", str(tmp_path / "B")], "--replay-lengths"),
-    ]
-    for extra, fragment in cases:
-        r = CliRunner().invoke(main, base + extra)
-        assert r.exit_code == 2, r.output
-        assert "Traceback" not in r.output
-        # One error line (a note about an unused option may come before it).
-        errors = [line for line in r.output.strip().splitlines() if line.startswith("Error")]
-        assert len(errors) == 1 and fragment in errors[0], r.output
-    # The scout alone (one epoch) keeps the workers across two runs too.
-    r = CliRunner().invoke(main, base[:-2] + ["--scout", "--engine", "ray", "--log", str(tmp_path / "C")])
-    assert r.exit_code == 2 and "--scout on a real backend" in r.output and "local engine" in r.output, r.output
-    assert not (tmp_path / "A").exists() and not (tmp_path / "B").exists() and not (tmp_path / "C").exists()
+    r = CliRunner().invoke(main, base + ["--length-drift", "0.1", "--actual-lengths", str(data), "--length-field",
+                                         "lengths", "--log", str(tmp_path / "B")])  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    # One error line (a note about an unused option may come before it).
+    errors = [line for line in r.output.strip().splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and "--replay-lengths" in errors[0], r.output
+    assert not (tmp_path / "B").exists()

@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
+from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from aspc.cli import main
 from aspc.runtime import BackendContext, RunConfig, run
 from aspc.runtime.registry import make_backend
+from tests.conftest import write_jsonl
 from tests.realmodel import VersionTrainer, expected_lengths, run_log_samples, small_plan, tiny_model
 
 ray = pytest.importorskip("ray")
@@ -105,3 +108,74 @@ def test_rolling_scout_on_ray(tmp_path, ray_session):
 
     check_roll_on_a_real_model(tmp_path, ["--engine", "ray"])
 
+
+
+class _ZeroStartTrainer(VersionTrainer):
+    """A VersionTrainer that hands the next run all-zero weights: every logit 0.
+
+    A greedy worker that loaded them emits one token id over and over (the
+    lowest one its length forcing leaves), which the base and published
+    weights do not; so each payload shows which weights generated it.
+    """
+
+    def __init__(self, model_dir: Path, out: Path):
+        super().__init__(model_dir)
+        self.out = out
+        self.runs = 0
+
+    def setup(self, work) -> None:
+        super().setup(work)
+        self.runs += 1
+
+    def step(self, batch):
+        with open(self.out, "a") as f:
+            for p in batch.payload:
+                tokens = p["response_token_ids"][: len(p["response_token_ids"]) - int(p["finished"])]
+                f.write(json.dumps({"run": self.runs, "version": p["weights_version"], "tokens": tokens}) + "\n")
+        return super().step(batch)
+
+    def current_weights(self) -> dict:
+        import torch
+
+        return {k: torch.zeros_like(t) for k, t in self._base.items()}
+
+
+def zero_start_trainer(context, out):
+    """``--trainer tests.test_ray_engine:zero_start_trainer``."""
+    return _ZeroStartTrainer(Path(context.options["model"]), Path(out))
+
+
+def test_scout_and_epochs_on_ray_start_each_epoch_on_the_trainers_weights(tmp_path, model_dir, ray_session):
+    # Three runs in a row on the Ray engine (the scout, epochs 1 and 2), each with its own actors;
+    # before epoch 2 every actor loads the trainer's weights as version 0, so that epoch's samples
+    # of version 0 come from them and not from the model directory the actors started from.
+    rng = np.random.default_rng(3)
+    records = [{"id": f"p{i:02d}", "prompt": f"{i:03d} say {'abcd'[i % 4]}:",
+                "lengths": [int(x) for x in rng.integers(3, 16, size=5)]} for i in range(12)]  # fmt: skip
+    data = write_jsonl(tmp_path / "IN.jsonl", records)
+    plan = tmp_path / "plan.parquet"
+    r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "--samples-per-prompt", "2",
+                                  "--batch-size", "2", "-o", str(plan), "--quiet"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "payloads.jsonl"
+    r = CliRunner().invoke(main, [
+        "run", str(plan), "--backend", "hf", "--model", str(model_dir), "--engine", "ray", "--temperature", "0",
+        "--replay-lengths", "--actual-lengths", str(data), "--length-field", "lengths", "--workers", "2",
+        "--global-batch", "8", "--max-new-tokens", "24", "--epochs", "2", "--scout", "--scout-tokens", "8",
+        "--trainer", "tests.test_ray_engine:zero_start_trainer", "--trainer-arg", f"out={out}",
+        "--log", str(tmp_path / "RUN"), "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout)
+    assert [e["epoch"] for e in summary["epochs"]] == [1, 2] and summary["scout"]["responses"] == 12
+    rows = [json.loads(line) for line in open(out)]
+    assert {x["run"] for x in rows} == {2, 3}  # the scout (run 1) takes no trainer step
+    def tokens(run, first):
+        return {t for x in rows if x["run"] == run and (x["version"] == 0) == first for t in x["tokens"]}
+
+    # Epoch 2 began on the all-zero weights on both actors: one token id, which the model
+    # directory's weights (epoch 1's version 0) and those published in epoch 2 do not emit.
+    zero = tokens(3, True)
+    assert len(zero) == 1 and sum(x["run"] == 3 and x["version"] == 0 for x in rows) >= 8
+    assert zero.isdisjoint(tokens(2, True)) and zero.isdisjoint(tokens(3, False)), (zero, tokens(2, True))
+    for k in (1, 2):
+        assert CliRunner().invoke(main, ["check", str(tmp_path / "RUN" / "plans" / f"epoch-{k}.parquet")]).exit_code == 0

@@ -64,7 +64,7 @@ _EPOCH_OPTIONS = [
         "text prior and starts at once; window k+1's scout runs beside window k's rest; each later window's rest is "
         "planned when its scout returns (a revision in "
         "RUN/epoch-1/plans/), and a response that finished under the cut is held as one of its group's samples. "
-        "Any backend, local or Ray engine (one run).",
+        "Any backend and engine.",
     ),
     click.option("--scout-windows", type=int, default=None,
                  help="With --scout-roll: windows of prompts.  [default: one per 256 prompts, 1 to 8]"),  # fmt: skip

@@ -43,12 +43,10 @@ from aspc.runtime.record.runlog import STATUS_COMPLETE, read_meta, read_run_log
 from aspc.runtime.record.runlog_writer import RunLogWriter
 from aspc.runtime.registry import (
     BackendKind,
-    EngineKind,
     make_backend,
     make_engine,
     make_trainer,
     parse_backend,
-    parse_engine,
 )
 from aspc.runtime.work import work_from_table
 
@@ -156,7 +154,8 @@ def run(
     start_weights
         A weights handle (as :attr:`TrainResult.weights`) every worker loads
         as its version 0 before the run's clock starts: the trainer's weights
-        at the end of the previous epoch. Local engines only.
+        at the end of the previous epoch (on the Ray engine, through the
+        object store into each actor; a replaced actor reloads it).
     carried, carry_through
         Per plan row, the length of a response generated before the run by
         its first weights (-1: none), kept as the row's last sample; and the
@@ -191,9 +190,6 @@ def run(
     # A revised minibatch larger than K global batches could never start: sized before the run.
     check_staleness(config, int(work.minibatch_sizes.max()) if replanner is None else replanner.largest_minibatch(work))
     kind = parse_backend(config.backend)
-    if parse_engine(config.engine) is not EngineKind.LOCAL and start_weights is not None:
-        # Workers in Ray actors are not this process's backend object: nothing here could load them.
-        raise ConfigError("carrying a trainer's weights into the next run needs the local engine; drop --engine ray")
 
     if carried is not None:
         check_carried(backend is None and kind is BackendKind.SIM, replanner)
@@ -314,8 +310,7 @@ def _run_locked(
     backend.setup(work, config.workers)
     trainer.setup(work)
     if start_weights is not None:
-        for w in range(config.workers):
-            backend.load_weights(w, 0, start_weights)
+        engine.load_start_weights(start_weights, config.workers)
     probes = _speed_probes(backend, config) if config.speed_probe else None
     # The run's clock starts at the first dispatch: model loading in setup is
     # not generation time (a no-op on the virtual clock).

@@ -97,6 +97,8 @@ EVENT_PRIORITY = {TrainFinished: 0, SamplesReturned: 1, MinibatchFinished: 2, Mi
 class Engine(ABC):
     """Executes dispatches and trainer steps; reports completions on its clock."""
 
+    backend: Any  # the GenerationBackend it drives, set by each engine
+
     @abstractmethod
     def now(self) -> float:
         """Seconds since the run started, on this engine's clock."""
@@ -131,6 +133,17 @@ class Engine(ABC):
         recorded; the scheduler is then not used again.
         """
         return None
+
+    def load_start_weights(self, weights: Any, workers: int) -> None:
+        """Put ``weights`` into every worker's model as version 0, before the run's first dispatch.
+
+        A trainer carried over from an earlier run (``aspc run --epochs``)
+        hands its current weights to the next run this way. Engines whose
+        workers live in this process load them through the backend; the Ray
+        engine overrides it for its actors.
+        """
+        for w in range(workers):
+            self.backend.load_weights(w, 0, weights)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Stop threads or actors; called once, also after a failure."""

@@ -23,6 +23,11 @@ imports ``ray``.
   often), and every sample is still generated once and returned once. The
   dead actor's slot gets a fresh actor at its next dispatch, which first
   reloads the weights version the scheduler believes that worker holds.
+- **Runs in a row.** Each run (an epoch of ``aspc run --epochs``, a scout
+  before them) starts its own actors, which load the model directory again
+  (seconds to a minute: small beside an RL epoch). A trainer carried over
+  from the previous run hands its current weights to every actor as version
+  0 (:meth:`RayEngine.load_start_weights`); a replacement actor reloads them.
 - **Clock.** Timestamps are the driver's wall clock; a minibatch's generation
   start is its end minus the generation time the actor measured, so transfer
   latency and a replacement actor's start-up count as reload time, not
@@ -72,15 +77,17 @@ class WorkerActor:
 
     def run(self, reload: tuple[int, Any] | None, request: GenerationRequest) -> tuple[float, GenerationResult]:
         """Reload weights if asked, then generate ``request``; returns (reload seconds, result)."""
-        seconds = 0.0
-        if reload is not None:
-            import ray
-
-            version, weights = reload
-            if isinstance(weights, ray.ObjectRef):
-                weights = ray.get(weights)
-            seconds = self.backend.load_weights(self.worker, version, weights)
+        seconds = 0.0 if reload is None else self.load(reload)
         return seconds, self.backend.execute(self.worker, request)
+
+    def load(self, reload: tuple[int, Any]) -> float:
+        """Load weights ``(version, handle)`` into this worker's model; returns the seconds it took."""
+        import ray
+
+        version, weights = reload
+        if isinstance(weights, ray.ObjectRef):
+            weights = ray.get(weights)
+        return self.backend.load_weights(self.worker, version, weights)
 
     def pid(self) -> int:
         """The actor's process id (lets tests and operators find it)."""
@@ -131,7 +138,8 @@ class RayEngine(ThreadEngine):
         self.model_backend = backend
         self._actors: dict[int, Any] = {}  # worker -> actor handle
         self._last: dict[int, tuple[int, Any]] = {}  # worker slot -> (version, weights handle) last loaded
-        self._fresh: set[int] = set()  # slots whose actor was replaced and holds version 0 again
+        self._fresh: set[int] = set()  # slots whose actor was replaced and holds the model's own weights again
+        self._start: tuple[int, Any] | None = None  # the run's version 0 when not the model's own (load_start_weights)
         self._weights: tuple[int, Any] | None = None  # newest published (version, object-store handle)
         self._lock = threading.Lock()
         self.restarts = 0  # actors replaced after dying, over the whole run
@@ -204,6 +212,31 @@ class RayEngine(ThreadEngine):
                 self._weights = (version, self._ray.put(weights))
             return self._weights[1]
 
+    def load_start_weights(self, weights: Any, workers: int) -> None:
+        """Every actor loads ``weights`` as version 0 before the run's first dispatch.
+
+        A trainer carried over from an earlier run (``aspc run --epochs``, a
+        scout before the epochs) hands its current weights on this way; the
+        actors of this run were started from the model directory. A slot whose
+        actor dies later gets a replacement that loads them again.
+        """
+        start = (0, self._handle(0, weights))
+        actors = [self._actor(w) for w in range(workers)]
+        try:
+            self._ray.get([a.load.remote(start) for a in actors])
+        except self._ray.exceptions.RayActorError as exc:
+            raise BackendError(f"a Ray worker could not load the trainer's weights: {_cause_line(exc)}") from None
+        except self._ray.exceptions.RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, AspcError):
+                raise cause from None
+            raise BackendError(f"a Ray worker could not load the trainer's weights: "
+                               f"{type(cause or exc).__name__}: {' '.join(str(cause or exc).split())[:200]}") from None
+        with self._lock:
+            self._start = start
+            for w in range(workers):
+                self._last[w] = start
+
     # ---- engine ------------------------------------------------------------------
 
     def start_generation(self, action: Dispatch, work: MinibatchWork, weights: Any) -> None:
@@ -232,10 +265,10 @@ class RayEngine(ThreadEngine):
         ray = self._ray
         actor = self._actor(worker)
         call_reload = reload
-        if call_reload is None and version > 0 and worker in self._fresh:
-            # A replacement actor starts from version 0: bring it back to the
-            # version this minibatch was dispatched with.
-            call_reload = self._last.get(worker)
+        if call_reload is None and worker in self._fresh and (version > 0 or self._start is not None):
+            # A replacement actor starts from the model's own weights: bring it back to
+            # the version this minibatch was dispatched with (the run's start weights at 0).
+            call_reload = self._last.get(worker, self._start)
         try:
             seconds, res = ray.get(actor.run.remote(call_reload, request))
         except ray.exceptions.RayActorError as exc:

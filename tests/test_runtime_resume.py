@@ -407,7 +407,9 @@ def test_hf_contract_sigkill_then_resume(tmp_path):
     run_dir = tmp_path / "RUN"
     args = ["run", str(plan), "--backend", "hf", "--model", str(model_dir), "--replay-lengths",
             "--actual-lengths", str(data), "--length-field", "lengths", "--workers", "2",
-            "--global-batch", "8", "--log", str(run_dir), "--log-flush-seconds", "0.1", "--quiet"]
+            "--global-batch", "8", "--log", str(run_dir), "--log-flush-seconds", "0.1", "--quiet",
+            # A trainer that learns from tokens: the samples waiting at the kill reach it with theirs.
+            "--trainer", "tests.realmodel:make_length_grpo_trainer"]
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     p = _cli(args, env=env)
     # Wait until some work is durable, then kill the whole process mid-run.

@@ -38,6 +38,7 @@ from aspc.runtime.hold import attach_holds, cut_scouts, held_record, held_summar
 from aspc.runtime.lengths import SampleLengths, join_actual_lengths, lengths_info, sample_predicted_lengths
 from aspc.runtime.record import resume as resume_log
 from aspc.runtime.record.metrics import RunSummary, summarize
+from aspc.runtime.record.payloads import restore_payloads
 from aspc.runtime.record.recorder import Recorder
 from aspc.runtime.record.runlog import STATUS_COMPLETE, read_meta, read_run_log
 from aspc.runtime.record.runlog_writer import RunLogWriter
@@ -345,6 +346,8 @@ def _run_locked(
             state = recorder.restore(read_run_log(log_dir, allow_incomplete=True))
             scheduler.restore(state.done, state.queued, state.next_step)
             batches.restore(state.response_len, state.minibatch_version)
+            notes += restore_payloads(Path(log_dir), work, state.queued, batches, recorder,
+                                      bool(getattr(getattr(backend, "options", None), "return_payload", False)))
             restore_carries(work, state.minibatch_version)
             engine.advance_clock(state.clock)
             weights = trainer.restore(state.next_step)

@@ -69,6 +69,10 @@ class BatchBuilder:
         self._response_len[:] = response_len
         self._version[:] = minibatch_version
 
+    def restore_payloads(self, ids: np.ndarray, payload: list[Any]) -> None:
+        """The stored payloads of a resumed run's waiting samples (``None`` where the log has none)."""
+        self._payload.update((int(i), p) for i, p in zip(ids.tolist(), payload, strict=True) if p is not None)
+
     def take(self, action: TrainStep) -> TrainBatch:
         """The batch of trainer step ``action.step``: its samples, oldest first."""
         if self._arrivals:

@@ -29,6 +29,7 @@ from aspc.runtime.core.scheduler import Dispatch
 from aspc.runtime.core.timeline import Timeline
 from aspc.runtime.hold import queued_on_resume
 from aspc.runtime.record import runlog as R
+from aspc.runtime.record.payloads import PendingPayloads
 from aspc.runtime.record.runlog_writer import RunLogWriter
 from aspc.runtime.record.timeline import record_timeline
 from aspc.runtime.work import WorkPlan
@@ -107,6 +108,7 @@ class Recorder:
         self._last_flush = time.monotonic()
         self.n_faults = 0  # worker faults (failed minibatch attempts) over the run
         self.faults: list[dict[str, Any]] = []  # the first MAX_FAULTS_KEPT, for meta.json
+        self.payloads = PendingPayloads()  # of samples whose consumption is not yet durable (--resume needs them)
 
     def on_revision(self, work: WorkPlan, first: int, new_to_old: np.ndarray, revision: int) -> None:
         """Minibatches ``>= first`` were replaced by revision ``revision`` (none dispatched yet)."""
@@ -154,6 +156,7 @@ class Recorder:
         # Buffered and applied in bulk (continuous mode returns up to one event
         # per sample; a numpy scatter per event would dominate the run).
         self._arrivals.append(ev)
+        self.payloads.add(ev.samples, ev.payload)
 
     def _apply_arrivals(self) -> None:
         if not self._arrivals:
@@ -214,8 +217,7 @@ class Recorder:
             self.queue_rows.append(row)
 
     def step_wait(self, k: int) -> float:
-        prev = self.step_end[k - 1] if k > 0 else 0.0
-        return self.step_start[k] - prev
+        return self.step_start[k] - (self.step_end[k - 1] if k > 0 else 0.0)
 
     def finish(self, leftover: np.ndarray) -> None:
         """Record the samples left over, check conservation, and flush everything.
@@ -270,6 +272,7 @@ class Recorder:
             self.writer.write_part(R.SAMPLES, self.sample_columns(ids, consumed=False))
             self.writer.write_part(R.MINIBATCHES, self.minibatch_columns(mbs))
         a = b = self._new_steps_from
+        durable = np.empty(0, dtype=np.int64)  # samples whose consumption this commit makes durable
         while b < self._steps_done:
             ids = self._step_ids[b]
             assert ids is not None
@@ -277,7 +280,7 @@ class Recorder:
                 break
             b += 1
         if b > a:
-            ids = np.concatenate([self._step_ids[k] for k in range(a, b)])  # type: ignore[misc]
+            ids = durable = np.concatenate([self._step_ids[k] for k in range(a, b)])  # type: ignore[misc]
             self.writer.write_part(
                 R.CONSUMED,
                 {
@@ -293,8 +296,11 @@ class Recorder:
         if len(self.queue_rows) > self._new_queue_from:
             rows = self.queue_rows[self._new_queue_from :]
             self._new_queue_from = len(self.queue_rows)
-            self.writer.write_part(R.QUEUE, _queue_columns(rows))
+            self.writer.write_part(R.QUEUE, R.queue_columns(rows))
+        if not self.payloads.idle:  # before the commit, with this commit's consumed samples still in (see payloads)
+            self.payloads.write(self.writer.path, ~np.isnan(self.mb_end)[self.sample_mb], self.work)
         self.writer.commit(faults={"count": self.n_faults, "first": self.faults})
+        self.payloads.release(durable)
 
     def restore(self, log: R.RunLog) -> ResumeState:
         """Load the committed rows of ``log`` (a run of this same plan) and say where to resume.
@@ -368,9 +374,7 @@ class Recorder:
             minibatch_version=self.mb_version.copy(),
         )
 
-    def sample_columns(
-        self, ids: np.ndarray, *, with_ids: bool = True, consumed: bool = True
-    ) -> dict[str, np.ndarray]:
+    def sample_columns(self, ids: np.ndarray, *, with_ids: bool = True, consumed: bool = True) -> dict[str, np.ndarray]:
         """Sample rows for global ids ``ids`` (``-1`` = null in consumed_step / policy_lag).
 
         ``consumed=False`` writes every ``consumed_step`` as null (rows written
@@ -441,10 +445,6 @@ class Recorder:
             R.SAMPLES: self.sample_columns(np.arange(self.response_len.size), with_ids=False),
             R.MINIBATCHES: self.minibatch_columns(done),
             R.STEPS: self.step_columns(),
-            R.QUEUE: _queue_columns(self.queue_rows),
+            R.QUEUE: R.queue_columns(self.queue_rows),
         }
 
-
-def _queue_columns(rows: list[tuple[float, int, int]]) -> dict[str, np.ndarray]:
-    arr = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
-    return {"time": arr[:, 0], "depth": arr[:, 1].astype(np.int64), "in_flight": arr[:, 2].astype(np.int64)}

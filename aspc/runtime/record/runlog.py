@@ -283,3 +283,9 @@ def read_run_log(path: str | os.PathLike, *, allow_incomplete: bool = False) -> 
     tables = live_tables(p, meta)
     tables[SAMPLES] = join_consumed(tables[SAMPLES], tables[CONSUMED])
     return RunLog(path=p, meta=meta, tables=tables)
+
+
+def queue_columns(rows: list[tuple[float, int, int]]) -> dict[str, np.ndarray]:
+    """The ``queue`` kind's columns from (time, depth, in flight) rows."""
+    arr = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
+    return {"time": arr[:, 0], "depth": arr[:, 1].astype(np.int64), "in_flight": arr[:, 2].astype(np.int64)}

@@ -131,7 +131,8 @@ class GRPOTrainer(Trainer):
         if self._model is None:
             raise RunError("GRPOTrainer.step called before setup(); this is a bug in the engine")
         if batch.payload is None or any(p is None for p in batch.payload):
-            raise ConfigError("the GRPO trainer needs generated tokens: use --backend hf or vllm, not sim")
+            raise ConfigError("the GRPO trainer needs generated tokens: use --backend hf or vllm, not sim (a resumed "
+                              "run whose log stored none for its waiting samples cannot give them: rerun with --overwrite)")
         t0 = time.perf_counter()
         samples = batch.payload
         rewards = np.asarray([float(self.reward(p["prompt"], p["text"])) for p in samples], dtype=np.float64)

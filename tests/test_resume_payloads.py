@@ -1,0 +1,101 @@
+"""A resumed run on a real backend hands its waiting samples to the trainer with their tokens (RUN/payloads.parquet)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from aspc.errors import RunError
+from aspc.runtime import BackendContext, RunConfig, Trainer, TrainResult, read_run_log, run
+from aspc.runtime.record.payloads import PAYLOAD_FILE, PendingPayloads, read_payloads
+from aspc.runtime.registry import make_backend
+from tests.realmodel import small_plan, tiny_model
+
+CAP = 24
+
+
+class _Recording(Trainer):
+    """Records every consumed sample's payload; raises at step ``fail_at`` (None: never)."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.fail_at = fail_at
+        self.seen: list[tuple[int, object]] = []  # (sample id, payload)
+
+    def step(self, batch):
+        if batch.step == self.fail_at:
+            raise RuntimeError("the trainer's node went away")
+        self.seen += list(zip(batch.samples.tolist(), batch.payload or [None] * len(batch.samples), strict=True))
+        return TrainResult(version=batch.step + 1, elapsed=0.0)
+
+
+def _backend(model_dir, lengths):
+    return make_backend("hf", BackendContext(n_workers=2, options={
+        "model": str(model_dir), "device": "cpu", "max_new_tokens": CAP, "temperature": 0.0, "replay": True,
+        "replay_lengths": lengths}))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    pytest.importorskip("transformers")
+    return tiny_model(tmp_path_factory.mktemp("models"))
+
+
+def test_resumed_waiting_samples_reach_the_trainer_with_their_tokens(tmp_path, model_dir):
+    table, lengths = small_plan(n_rows=16, rows_per_minibatch=2, n_samples=2, max_len=20)
+    cfg = RunConfig(workers=2, global_batch=4, backend="hf", log_flush_seconds=0.0)
+    log = tmp_path / "RUN"
+    with pytest.raises(RunError, match="went away"):
+        run(table, config=cfg, backend=_backend(model_dir, lengths), trainer=_Recording(fail_at=2), log_dir=log)
+    meta = read_run_log(log, allow_incomplete=True)
+    waiting = meta.tables["samples"].column("consumed_step").null_count
+    assert waiting > 0, "no sample was waiting at the failure; the test needs a longer queue"
+    stored = read_payloads(log)
+    assert len(stored) >= waiting  # every waiting sample's payload, perhaps some consumed ones too
+
+    trainer = _Recording()
+    res = run(table, config=cfg, backend=_backend(model_dir, lengths), trainer=trainer, log_dir=log, resume=True)
+    assert any("resumed" in n for n in res.notes) and not any("no stored payload" in n for n in res.notes)
+    pids = table.column("prompt_id").to_pylist()
+    n_samples = table.column("n_samples").to_pylist()
+    name_of = [(p, k) for p, n in zip(pids, n_samples, strict=True) for k in range(int(n))]
+    assert trainer.seen and all(p is not None for _, p in trainer.seen)  # the waiting ones too
+    for sid, p in trainer.seen:
+        assert p["prompt_id"] == name_of[sid][0]
+        assert len(p["response_token_ids"]) == min(lengths[name_of[sid][0]][name_of[sid][1]], CAP) + p["finished"]
+    restored = [(sid, p) for sid, p in trainer.seen if name_of[sid] in stored]
+    assert len(restored) == waiting  # those came from the file, as the backend returned them
+    assert all(p == stored[name_of[sid]] for sid, p in restored)
+    assert not (log / PAYLOAD_FILE).exists()  # a complete run resumes nothing
+
+
+def test_pending_payloads_file_holds_finished_unconsumed_samples_only(tmp_path):
+    class _Work:
+        prompt_ids = np.array(["a", "b"])
+        sample_row = np.array([0, 0, 1, 1])
+        sample_index = np.array([0, 1, 0, 1])
+
+    held = PendingPayloads()
+    assert held.idle
+    held.add(np.array([0, 1, 2, 3]), [{"t": [1]}, {"t": [2]}, {"x": object()}, {"t": [4]}])
+    finished = np.array([True, True, True, False])
+    held.write(tmp_path, finished, _Work())
+    # Sample 2's payload is not JSON (not stored), sample 3's minibatch has not finished.
+    assert read_payloads(tmp_path) == {("a", 0): {"t": [1]}, ("a", 1): {"t": [2]}}
+    held.release(np.array([0]))
+    held.write(tmp_path, finished, _Work())
+    assert read_payloads(tmp_path) == {("a", 1): {"t": [2]}}
+    held.release(np.array([1, 2, 3]))
+    held.write(tmp_path, finished, _Work())
+    assert not (tmp_path / PAYLOAD_FILE).exists() and read_payloads(tmp_path) == {}
+
+
+def test_an_unreadable_payload_file_is_one_line(tmp_path):
+    (tmp_path / PAYLOAD_FILE).write_bytes(b"PAR1 not parquet")
+    with pytest.raises(RunError, match="delete the file to resume without them"):
+        read_payloads(tmp_path)
+    pq.write_table(pa.table({"prompt_id": ["a"], "sample_index": pa.array([0], pa.int32()),
+                             "payload": pa.array(["{not json"], pa.large_string())}), tmp_path / PAYLOAD_FILE)  # fmt: skip
+    with pytest.raises(RunError, match="cannot read"):
+        read_payloads(tmp_path)

@@ -99,3 +99,16 @@ def test_an_unreadable_payload_file_is_one_line(tmp_path):
                              "payload": pa.array(["{not json"], pa.large_string())}), tmp_path / PAYLOAD_FILE)  # fmt: skip
     with pytest.raises(RunError, match="cannot read"):
         read_payloads(tmp_path)
+
+
+def test_a_run_without_a_log_holds_no_payloads():
+    # Payloads are held only for a log's payload file: without one they would pile up over the run.
+    from aspc.runtime.core.events import SamplesReturned
+    from aspc.runtime.record.recorder import Recorder
+    from aspc.runtime.work import work_from_table
+
+    table, _ = small_plan(n_rows=4, rows_per_minibatch=2, n_samples=2)
+    rec = Recorder(work_from_table(table))
+    ids = np.arange(4, dtype=np.int64)
+    rec.on_samples(SamplesReturned(1.0, 0, 0, ids, np.ones(4, dtype=np.int64), [{"t": [1]}] * 4))
+    assert len(rec.payloads) == 0 and rec.payloads.idle

@@ -39,7 +39,8 @@ class PendingPayloads:
     """Payloads by sample id, each encoded once, from its return until its consumption is durable."""
 
     def __init__(self) -> None:
-        self._held: dict[int, str | None] = {}  # sample id -> JSON text (None: not JSON, not stored)
+        self._held: dict[int, Any] = {}  # sample id -> payload, then its JSON text once written (None: not JSON)
+        self._encoded: set[int] = set()  # ids whose entry is already JSON text (or None)
         self._written: frozenset[int] | None = None  # the ids in the file as last written
 
     def __len__(self) -> int:
@@ -50,12 +51,13 @@ class PendingPayloads:
             return
         for i, p in zip(ids.tolist(), payload, strict=True):
             if p is not None:
-                self._held[int(i)] = _encode(p)
+                self._held[int(i)] = p
 
     def release(self, ids: np.ndarray) -> None:
         """Forget samples whose consumption a commit made durable."""
         for i in ids.tolist():
             self._held.pop(int(i), None)
+            self._encoded.discard(int(i))
 
     @property
     def idle(self) -> bool:
@@ -71,7 +73,10 @@ class PendingPayloads:
         """
         from aspc.atomic import atomic_path
 
-        ids = sorted(i for i, text in self._held.items() if text is not None and finished_sample[i])
+        for i in [i for i in self._held if i not in self._encoded and finished_sample[i]]:
+            self._held[i] = _encode(self._held[i])  # once per sample, at its first write
+            self._encoded.add(i)
+        ids = sorted(i for i in self._encoded if self._held[i] is not None)
         key = frozenset(ids)
         if key == self._written:
             return

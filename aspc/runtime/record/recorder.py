@@ -156,7 +156,7 @@ class Recorder:
         # Buffered and applied in bulk (continuous mode returns up to one event
         # per sample; a numpy scatter per event would dominate the run).
         self._arrivals.append(ev)
-        self.payloads.add(ev.samples, ev.payload)
+        self.payloads.add(ev.samples, None if self.writer is None else ev.payload)  # for the log's payload file
 
     def _apply_arrivals(self) -> None:
         if not self._arrivals:

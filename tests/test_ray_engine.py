@@ -179,3 +179,38 @@ def test_scout_and_epochs_on_ray_start_each_epoch_on_the_trainers_weights(tmp_pa
     assert zero.isdisjoint(tokens(2, True)) and zero.isdisjoint(tokens(3, False)), (zero, tokens(2, True))
     for k in (1, 2):
         assert CliRunner().invoke(main, ["check", str(tmp_path / "RUN" / "plans" / f"epoch-{k}.parquet")]).exit_code == 0
+
+
+def test_a_replaced_actor_loads_the_runs_start_weights_again(tmp_path, model_dir, ray_session, monkeypatch):
+    # A run that starts on carried weights (epoch 2 on): an actor killed during a version-0
+    # minibatch is replaced by one built from the model directory, which must load them again.
+    import torch
+    from safetensors.torch import load_file
+
+    from aspc.runtime.engines.ray import RayEngine
+
+    table, lengths = small_plan(n_rows=12, rows_per_minibatch=2, n_samples=2, max_len=20)
+    for pid in table.column("prompt_id").to_pylist()[:2]:  # minibatch 0 runs to the cap: long enough to be killed
+        lengths[pid][:] = CAP
+    backend = make_backend("hf", BackendContext(n_workers=2, options={
+        "model": str(model_dir), "device": "cpu", "max_new_tokens": CAP, "temperature": 0.0, "replay": True,
+        "replay_lengths": lengths}))  # fmt: skip
+    engines = []
+    original = RayEngine.start_generation
+
+    def start_and_kill(self, action, work, weights):
+        engines.append(self)
+        original(self, action, work, weights)
+        if work.index == 0 and self.restarts == 0:
+            actor = self.actor(action.worker)
+            threading.Timer(0.05, lambda: ray.kill(actor)).start()
+
+    monkeypatch.setattr(RayEngine, "start_generation", start_and_kill)
+    zero = {k: torch.zeros_like(t) for k, t in load_file(str(model_dir / "model.safetensors")).items()}
+    trainer = _ZeroStartTrainer(model_dir, tmp_path / "payloads.jsonl")
+    run(table, config=RunConfig(workers=2, global_batch=24, backend="hf", engine="ray"), backend=backend,
+        trainer=trainer, log_dir=tmp_path / "RUN", start_weights=zero)  # fmt: skip
+    assert engines[0].restarts >= 1 and 0 in engines[0].redispatched
+    rows = [json.loads(line) for line in open(tmp_path / "payloads.jsonl")]
+    assert len(rows) == 24 and {x["version"] for x in rows} == {0}  # one step: every sample at version 0
+    assert len({t for x in rows for t in x["tokens"]}) == 1  # all from the zero weights, the replacement's too

@@ -244,7 +244,9 @@ class RayEngine(ThreadEngine):
         request = self.model_backend.request(work)
         w, m = action.worker, work.index
         reload = None
-        if action.reload_version is not None:
+        if action.reload_version == 0 and weights is None and self._start is not None:
+            reload = self._start  # the run's version 0 is the carried weights, not the model directory's
+        elif action.reload_version is not None:
             reload = (action.reload_version, self._handle(action.reload_version, weights))
 
         def job() -> list[Event]:

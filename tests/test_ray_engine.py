@@ -39,6 +39,24 @@ def model_dir(tmp_path_factory):
     return tiny_model(tmp_path_factory.mktemp("models"))
 
 
+def _kill_during(monkeypatch, minibatch: int, delay: float) -> list:
+    """Kill the actor that runs ``minibatch``, ``delay`` seconds into it (once); returns the engines seen."""
+    from aspc.runtime.engines.ray import RayEngine
+
+    engines = []
+    original = RayEngine.start_generation
+
+    def start_and_kill(self, action, work, weights):
+        engines.append(self)
+        original(self, action, work, weights)
+        if work.index == minibatch and self.restarts == 0:
+            actor = self.actor(action.worker)
+            threading.Timer(delay, lambda: ray.kill(actor)).start()  # mid-minibatch
+
+    monkeypatch.setattr(RayEngine, "start_generation", start_and_kill)
+    return engines
+
+
 def _check_conservation(rows, want):
     keys = Counter((s["prompt_id"], s["sample_index"]) for s in rows)
     assert keys == Counter(want.keys())  # every planned sample generated once, logged once
@@ -69,7 +87,6 @@ def test_cli_contract_on_ray(tmp_path, model_dir, ray_session):
 
 
 def test_killed_actor_minibatch_is_redispatched(tmp_path, model_dir, ray_session, monkeypatch):
-    from aspc.runtime.engines.ray import RayEngine
 
     table, lengths = small_plan(n_rows=12, rows_per_minibatch=2, n_samples=2, max_len=50)
     ids = table.column("prompt_id").to_pylist()
@@ -77,17 +94,7 @@ def test_killed_actor_minibatch_is_redispatched(tmp_path, model_dir, ray_session
         lengths[pid][:] = CAP
     backend = make_backend("hf", BackendContext(n_workers=2, options={
         "model": str(model_dir), "device": "cpu", "max_new_tokens": CAP, "replay": True, "replay_lengths": lengths}))
-    engines = []
-    original = RayEngine.start_generation
-
-    def start_and_kill(self, action, work, weights):
-        engines.append(self)
-        original(self, action, work, weights)
-        if work.index == 3 and self.restarts == 0:
-            actor = self.actor(action.worker)
-            threading.Timer(0.02, lambda: ray.kill(actor)).start()  # mid-minibatch
-
-    monkeypatch.setattr(RayEngine, "start_generation", start_and_kill)
+    engines = _kill_during(monkeypatch, 3, 0.02)
     trainer = VersionTrainer(model_dir)
     run_dir = tmp_path / "RUN"
     res = run(table, config=RunConfig(workers=2, global_batch=4, backend="hf", engine="ray"), backend=backend,
@@ -187,7 +194,6 @@ def test_a_replaced_actor_loads_the_runs_start_weights_again(tmp_path, model_dir
     import torch
     from safetensors.torch import load_file
 
-    from aspc.runtime.engines.ray import RayEngine
 
     table, lengths = small_plan(n_rows=12, rows_per_minibatch=2, n_samples=2, max_len=20)
     for pid in table.column("prompt_id").to_pylist()[:2]:  # minibatch 0 runs to the cap: long enough to be killed
@@ -195,17 +201,7 @@ def test_a_replaced_actor_loads_the_runs_start_weights_again(tmp_path, model_dir
     backend = make_backend("hf", BackendContext(n_workers=2, options={
         "model": str(model_dir), "device": "cpu", "max_new_tokens": CAP, "temperature": 0.0, "replay": True,
         "replay_lengths": lengths}))  # fmt: skip
-    engines = []
-    original = RayEngine.start_generation
-
-    def start_and_kill(self, action, work, weights):
-        engines.append(self)
-        original(self, action, work, weights)
-        if work.index == 0 and self.restarts == 0:
-            actor = self.actor(action.worker)
-            threading.Timer(0.05, lambda: ray.kill(actor)).start()
-
-    monkeypatch.setattr(RayEngine, "start_generation", start_and_kill)
+    engines = _kill_during(monkeypatch, 0, 0.05)
     zero = {k: torch.zeros_like(t) for k, t in load_file(str(model_dir / "model.safetensors")).items()}
     trainer = _ZeroStartTrainer(model_dir, tmp_path / "payloads.jsonl")
     run(table, config=RunConfig(workers=2, global_batch=24, backend="hf", engine="ray"), backend=backend,

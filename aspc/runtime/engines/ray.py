@@ -227,11 +227,7 @@ class RayEngine(ThreadEngine):
         except self._ray.exceptions.RayActorError as exc:
             raise BackendError(f"a Ray worker could not load the trainer's weights: {_cause_line(exc)}") from None
         except self._ray.exceptions.RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, AspcError):
-                raise cause from None
-            raise BackendError(f"a Ray worker could not load the trainer's weights: "
-                               f"{type(cause or exc).__name__}: {' '.join(str(cause or exc).split())[:200]}") from None
+            raise _task_failure(exc, BackendError, "a Ray worker could not load the trainer's weights") from None
         with self._lock:
             self._start = start
             for w in range(workers):
@@ -283,11 +279,7 @@ class RayEngine(ThreadEngine):
             raise RunError(f"worker {worker}'s Ray actor died during minibatch {minibatch} "
                            f"({_cause_line(exc)})") from None
         except ray.exceptions.RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, AspcError):
-                raise cause from None
-            raise RunError(f"worker {worker} failed on minibatch {minibatch}: "
-                           f"{type(cause or exc).__name__}: {' '.join(str(cause or exc).split())[:200]}") from None
+            raise _task_failure(exc, RunError, f"worker {worker} failed on minibatch {minibatch}") from None
         with self._lock:
             self._fresh.discard(worker)
             if call_reload is not None:
@@ -305,6 +297,14 @@ class RayEngine(ThreadEngine):
                 pass
         if self._owns_ray and self._ray.is_initialized():
             self._ray.shutdown()
+
+
+def _task_failure(exc: BaseException, error: type[AspcError], what: str) -> AspcError:
+    """What to raise for a remote call that raised: an aspc error as it is, else ``error`` naming ``what``."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, AspcError):
+        return cause
+    return error(f"{what}: {type(cause or exc).__name__}: {' '.join(str(cause or exc).split())[:200]}")
 
 
 def _cause_line(exc: BaseException) -> str:

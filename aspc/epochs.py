@@ -34,10 +34,10 @@ recorded lengths per prompt for epochs whose samples differ from the
 history they are planned from; with fewer, later epochs replay some lengths
 an earlier epoch already saw.
 
-Real backends (hf, vllm). The backend and the trainer are built once and
-kept open across the epochs: on the local engine the models load once (on
-the Ray engine each epoch's actors load the model again), and the trainer
-goes on training from where the last epoch left it (its weights,
+Real backends (hf, vllm; local or Ray engine). The backend and the trainer
+are built once and kept open across the epochs: the models load once (under
+Ray the next run's engine takes over the actors), and the trainer goes on
+training from where the last epoch left it (its weights,
 optimiser state and baseline). Before each later epoch every worker loads
 the trainer's current weights (:meth:`Trainer.current_weights`) as that
 epoch's version 0, so no sample of epoch ``k`` comes from weights older than

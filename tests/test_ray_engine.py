@@ -152,10 +152,20 @@ def zero_start_trainer(context, out):
     return _ZeroStartTrainer(Path(context.options["model"]), Path(out))
 
 
-def test_scout_and_epochs_on_ray_start_each_epoch_on_the_trainers_weights(tmp_path, model_dir, ray_session):
-    # Three runs in a row on the Ray engine (the scout, epochs 1 and 2), each with its own actors;
-    # before epoch 2 every actor loads the trainer's weights as version 0, so that epoch's samples
-    # of version 0 come from them and not from the model directory the actors started from.
+def test_scout_and_epochs_on_ray_start_each_epoch_on_the_trainers_weights(tmp_path, model_dir, ray_session,
+                                                                         monkeypatch):
+    # Three runs in a row on the Ray engine (the scout, epochs 1 and 2) on the same actors, whose
+    # models load once; before epoch 2 every actor loads the trainer's weights as version 0, so
+    # that epoch's samples of version 0 come from them and not from the model directory.
+    from aspc.runtime.engines.ray import RayEngine
+
+    pids, original = [], RayEngine.start_actors
+
+    def start_and_record(self, n_workers):
+        original(self, n_workers)
+        pids.append(sorted(ray.get([self.actor(w).pid.remote() for w in range(n_workers)])))
+
+    monkeypatch.setattr(RayEngine, "start_actors", start_and_record)
     rng = np.random.default_rng(3)
     records = [{"id": f"p{i:02d}", "prompt": f"{i:03d} say {'abcd'[i % 4]}:",
                 "lengths": [int(x) for x in rng.integers(3, 16, size=5)]} for i in range(12)]  # fmt: skip
@@ -176,6 +186,7 @@ def test_scout_and_epochs_on_ray_start_each_epoch_on_the_trainers_weights(tmp_pa
     assert [e["epoch"] for e in summary["epochs"]] == [1, 2] and summary["scout"]["responses"] == 12
     rows = [json.loads(line) for line in open(out)]
     assert {x["run"] for x in rows} == {2, 3}  # the scout (run 1) takes no trainer step
+    assert len(pids) >= 3 and all(p == pids[0] for p in pids) and len(pids[0]) == 2  # one pair of actors
     def tokens(run, first):
         return {t for x in rows if x["run"] == run and (x["version"] == 0) == first for t in x["tokens"]}
 

@@ -384,7 +384,7 @@ def _run_locked(
                 raise _disk_full(exc, log_dir) from None
         raise
     finally:
-        engine.close()
+        engine.close(keep_workers=not closes[0])
         if closes[0]:
             backend.close()
         if closes[1]:

@@ -79,12 +79,15 @@ class ModelBackend(GenerationBackend):
         self._closing = threading.Event()  # set by close(): in-flight generations stop at their next step
         # Called with W at the end of setup() (see serve_remotely).
         self.on_setup: Callable[[int], None] | None = None
+        # A Ray engine's actors left running for the next run on this backend, and how to stop them.
+        self._remote: tuple[Any, Callable[[], None]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Shipped to Ray actors as a fresh worker_copy: locks do not pickle.
         state = dict(self.__dict__)
         del state["_lock"], state["_closing"]
         state["on_setup"] = None  # an engine's hook stays with the engine
+        state["_remote"] = None  # and its actors with the driver
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -161,6 +164,28 @@ class ModelBackend(GenerationBackend):
         """
         self.serve_workers = ()
         self.on_setup = start_workers
+
+    def keep_remote(self, handle: Any, release: Callable[[], None]) -> None:
+        """Hold ``handle`` (a Ray engine's running actors) for the next run's engine on this backend.
+
+        A backend kept open across runs (``aspc run --epochs``) keeps its models
+        loaded; under the Ray engine they live in actors, which the next run's
+        engine takes over (:meth:`take_remote`). ``release`` stops them, at
+        :meth:`close` at the latest.
+        """
+        self.release_remote()
+        self._remote = (handle, release)
+
+    def take_remote(self) -> Any:
+        """What :meth:`keep_remote` holds (``None``: nothing), handed over once."""
+        kept, self._remote = self._remote, None
+        return None if kept is None else kept[0]
+
+    def release_remote(self) -> None:
+        """Stop the actors :meth:`keep_remote` holds, if any (backends call it in :meth:`close`)."""
+        kept, self._remote = self._remote, None
+        if kept is not None:
+            kept[1]()
 
     def worker_copy(self, worker: int, *, device_share: float | None = None) -> ModelBackend:
         """A fresh, picklable copy that will serve only ``worker`` (for a Ray actor).

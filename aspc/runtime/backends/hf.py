@@ -220,6 +220,7 @@ class HFBackend(ModelBackend):
         return GenerationResult(response_len=lens, finish_offset=finish, elapsed=t1 - t0, payload=payload)
 
     def close(self) -> None:
+        self.release_remote()
         self.wait_idle()
         self._state.clear()
 

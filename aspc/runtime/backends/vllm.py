@@ -371,5 +371,6 @@ class VLLMBackend(ModelBackend):
                                 payload=payload if self.options.return_payload else None)
 
     def close(self) -> None:
+        self.release_remote()
         self.wait_idle()
         self._llm.clear()

@@ -145,8 +145,13 @@ class Engine(ABC):
         for w in range(workers):
             self.backend.load_weights(w, 0, weights)
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Stop threads or actors; called once, also after a failure."""
+    def close(self, *, keep_workers: bool = False) -> None:  # noqa: B027 - optional hook
+        """Stop threads or actors; called once, also after a failure.
+
+        ``keep_workers``: the backend stays open for another run (``aspc run
+        --epochs``); workers that live apart from it (Ray actors) are left
+        running, for the next run's engine to take over.
+        """
 
     def advance_clock(self, seconds: float) -> None:  # noqa: B027 - optional hook
         """Start the clock at ``seconds`` instead of 0 (a resumed run continues its log's timeline)."""

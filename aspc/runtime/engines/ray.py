@@ -23,11 +23,14 @@ imports ``ray``.
   often), and every sample is still generated once and returned once. The
   dead actor's slot gets a fresh actor at its next dispatch, which first
   reloads the weights version the scheduler believes that worker holds.
-- **Runs in a row.** Each run (an epoch of ``aspc run --epochs``, a scout
-  before them) starts its own actors, which load the model directory again
-  (seconds to a minute: small beside an RL epoch). A trainer carried over
-  from the previous run hands its current weights to every actor as version
-  0 (:meth:`RayEngine.load_start_weights`); a replacement actor reloads them.
+- **Runs in a row.** A backend kept open across runs (the epochs of ``aspc
+  run --epochs``, a scout before them) keeps its actors, as the local engine
+  keeps its models: the next run's engine takes them over
+  (:meth:`~aspc.runtime.backends.base.ModelBackend.keep_remote`), so each
+  model loads once, and the backend's ``close`` stops them. A trainer carried
+  over from the previous run hands its current weights to every actor as
+  version 0 (:meth:`RayEngine.load_start_weights`); a replacement actor
+  reloads them.
 - **Clock.** Timestamps are the driver's wall clock; a minibatch's generation
   start is its end minus the generation time the actor measured, so transfer
   latency and a replacement actor's start-up count as reload time, not
@@ -132,11 +135,14 @@ class RayEngine(ThreadEngine):
         ray = import_ray()
         self._ray = ray
         self._owns_ray = False
+        self._actors: dict[int, Any] = {}  # worker -> actor handle
+        kept = backend.take_remote()
+        if kept is not None and ray.is_initialized():  # the previous run's actors: their models are loaded
+            self._actors, self._owns_ray = dict(kept[0]), kept[1]
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
             self._owns_ray = True
         self.model_backend = backend
-        self._actors: dict[int, Any] = {}  # worker -> actor handle
         self._last: dict[int, tuple[int, Any]] = {}  # worker slot -> (version, weights handle) last loaded
         self._fresh: set[int] = set()  # slots whose actor was replaced and holds the model's own weights again
         self._start: tuple[int, Any] | None = None  # the run's version 0 when not the model's own (load_start_weights)
@@ -286,17 +292,27 @@ class RayEngine(ThreadEngine):
                 self._last[worker] = call_reload
         return seconds, res
 
-    def close(self) -> None:
+    def close(self, *, keep_workers: bool = False) -> None:
         with self._lock:
-            actors = list(self._actors.values())
+            actors = dict(self._actors)
             self._actors.clear()
-        for a in actors:
-            try:
-                self._ray.kill(a)
-            except Exception:  # already dead
-                pass
-        if self._owns_ray and self._ray.is_initialized():
-            self._ray.shutdown()
+        ray, owns = self._ray, self._owns_ray
+        if keep_workers and actors:
+            # The backend stays open for another run (--epochs): so do its actors, and the session they live in.
+            self.model_backend.keep_remote((actors, owns), lambda: _stop(ray, list(actors.values()), owns))
+            return
+        _stop(ray, list(actors.values()), owns)
+
+
+def _stop(ray: Any, actors: list[Any], owns_ray: bool) -> None:
+    """Kill ``actors``, and shut Ray down if this process started it."""
+    for a in actors:
+        try:
+            ray.kill(a)
+        except Exception:  # already dead
+            pass
+    if owns_ray and ray.is_initialized():
+        ray.shutdown()
 
 
 def _task_failure(exc: BaseException, error: type[AspcError], what: str) -> AspcError:

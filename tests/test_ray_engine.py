@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from aspc.cli import main
-from aspc.runtime import BackendContext, RunConfig, run
+from aspc.runtime import BackendContext, RunConfig, read_run_log, run
 from aspc.runtime.registry import make_backend
 from tests.conftest import write_jsonl
 from tests.realmodel import VersionTrainer, expected_lengths, run_log_samples, small_plan, tiny_model
@@ -221,3 +221,39 @@ def test_a_replaced_actor_loads_the_runs_start_weights_again(tmp_path, model_dir
     rows = [json.loads(line) for line in open(tmp_path / "payloads.jsonl")]
     assert len(rows) == 24 and {x["version"] for x in rows} == {0}  # one step: every sample at version 0
     assert len({t for x in rows for t in x["tokens"]}) == 1  # all from the zero weights, the replacement's too
+
+
+def test_continuous_returns_on_ray_reach_the_queue_before_their_minibatch_ends(tmp_path, model_dir, ray_session):
+    # --return-mode continuous on the Ray engine: an actor streams each request's samples as it ends
+    # (vLLM's way); here a streaming stand-in on the hf backend reports half of each minibatch, then
+    # holds the rest 0.5 s, so the driver must have queued that half before the minibatch ended.
+    import time
+
+    from aspc.runtime.backends.hf import HFBackend
+
+    class HalfFirst(HFBackend):  # defined here: pickled by value into the actors
+        streams = True
+
+        def execute_streaming(self, worker, request, on_samples):
+            res = self.execute(worker, request)
+            half = np.arange(res.response_len.size // 2)
+            on_samples(half, res.response_len[half], [res.payload[i] for i in half])
+            time.sleep(0.5)
+            return res
+
+    table, lengths = small_plan(n_rows=12, rows_per_minibatch=2, n_samples=2, max_len=20)
+    base = make_backend("hf", BackendContext(n_workers=2, options={
+        "model": str(model_dir), "device": "cpu", "max_new_tokens": CAP, "replay": True, "replay_lengths": lengths}))
+    trainer = VersionTrainer(model_dir)
+    run_dir = tmp_path / "RUN"
+    res = run(table, config=RunConfig(workers=2, global_batch=4, backend="hf", engine="ray", return_mode="continuous"),
+              backend=HalfFirst(base.options), trainer=trainer, log_dir=run_dir)  # fmt: skip
+    rows = run_log_samples(run_dir)
+    _check_conservation(rows, expected_lengths(table, lengths, CAP))
+    assert res.summary.samples_generated == res.summary.samples_planned == 24
+    ends = {m["minibatch"]: m["end"] for m in read_run_log(run_dir).tables["minibatches"].to_pylist()}
+    row_of = {p: r for r, p in enumerate(table.column("prompt_id").to_pylist())}
+    for s in rows:
+        early = row_of[s["prompt_id"]] % 2 == 0  # 2 prompts x 2 samples a minibatch: its first prompt's went early
+        assert (s["finish_time"] <= ends[s["minibatch"]] - 0.4) == early, s
+    assert trainer.pairs and all(stamp == logged for stamp, logged in trainer.pairs)  # payloads came with them

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from aspc.cli import main
 from aspc.errors import BackendError
-from aspc.runtime import BackendContext
+from aspc.runtime import BackendContext, read_run_log
 from aspc.runtime.registry import make_backend
 from tests.realmodel import run_log_samples, tiny_model
 
@@ -209,17 +209,23 @@ def test_vllm_cli_contract_smollm2(tmp_path):
 
 @needs_vllm
 def test_vllm_on_the_ray_engine_with_two_actors(tmp_path):
-    """Two vLLM engines in two Ray actors (~2.5 GiB each with the 1 GiB KV cache): exact lengths, reloads."""
+    """Two vLLM engines in two Ray actors (~2.5 GiB each with the 1 GiB KV cache): exact lengths, reloads,
+    and continuous returns streamed out of the actors (the static path on Ray: tests/test_ray_engine.py)."""
     pytest.importorskip("ray")
     model_dir = vllm_tiny_model(tmp_path)
     data, plan, want = replay_files(tmp_path, n=24)
     run_dir = tmp_path / "RUN"
-    args = [*contract_args(plan, str(model_dir), data, run_dir, workers=2), "--engine", "ray"]
+    args = [*contract_args(plan, str(model_dir), data, run_dir, workers=2), "--engine", "ray",
+            "--return-mode", "continuous"]
     # The sim trainer publishes no tensors, so reloads over Ray only move a version number here;
     # tensors through collective_rpc are covered in process (test_vllm_reload.py).
     summary = check_contract(aspc_process(args), run_dir, want, reloads=False)
     assert summary["n_workers"] == 2
-    assert {s["worker"] for s in run_log_samples(run_dir)} == {0, 1}
+    rows = run_log_samples(run_dir)
+    assert {s["worker"] for s in rows} == {0, 1}
+    ends = {m["minibatch"]: m["end"] for m in read_run_log(run_dir).tables["minibatches"].to_pylist()}
+    # Samples shorter than their minibatch's longest came back before it ended, as vLLM finished them.
+    assert sum(s["finish_time"] < ends[s["minibatch"]] - 1e-3 for s in rows) >= 4
 
 
 @needs_vllm

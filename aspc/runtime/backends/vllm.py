@@ -301,9 +301,13 @@ class VLLMBackend(ModelBackend):
 
     def generate(self, worker: int, work: Any, on_samples: Any = None) -> GenerationResult:
         """Generate minibatch ``work``; ``on_samples(positions, lens, payload)`` hears each request as it ends."""
+        return self.execute_streaming(worker, self.request(work), on_samples)
+
+    def execute_streaming(self, worker: int, request: GenerationRequest, on_samples: Any) -> GenerationResult:
+        """:meth:`execute`, with ``on_samples`` heard as each request ends (also where a Ray actor runs it)."""
         self._emit[worker] = on_samples  # one worker's calls never overlap, so one slot each is enough
         try:
-            return self.execute(worker, self.request(work))
+            return self.execute(worker, request)
         finally:
             self._emit.pop(worker, None)
 

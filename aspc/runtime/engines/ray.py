@@ -44,16 +44,16 @@ initialised is used as is and left running.
 from __future__ import annotations
 
 import os
+import queue
 import threading
+from collections.abc import Iterator
 from typing import Any
-
-import numpy as np
 
 from aspc.errors import AspcError, BackendError, ConfigError, RunError
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend
 from aspc.runtime.config import ReturnMode
 from aspc.runtime.contracts import Clock, GenerationBackend, GenerationResult, Trainer
-from aspc.runtime.core.events import Event, MinibatchFinished, SamplesReturned
+from aspc.runtime.core.events import Event
 from aspc.runtime.core.scheduler import Dispatch
 from aspc.runtime.engines.threads import ThreadEngine
 from aspc.runtime.work import MinibatchWork
@@ -82,6 +82,31 @@ class WorkerActor:
         """Reload weights if asked, then generate ``request``; returns (reload seconds, result)."""
         seconds = 0.0 if reload is None else self.load(reload)
         return seconds, self.backend.execute(self.worker, request)
+
+    def run_streaming(self, reload: tuple[int, Any] | None, request: GenerationRequest) -> Iterator[tuple[Any, ...]]:
+        """``run`` for ``--return-mode continuous``: yields ``("samples", positions, lens, payload)`` as each
+        request ends, then ``("done", reload seconds, result)`` (a Ray streaming generator)."""
+        seconds = 0.0 if reload is None else self.load(reload)
+        ended: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
+        out: dict[str, Any] = {}
+
+        def generate() -> None:  # the backend calls back from inside generation; the generator yields here
+            try:
+                out["result"] = self.backend.execute_streaming(
+                    self.worker, request, lambda pos, lens, payload: ended.put(("samples", pos, lens, payload)))
+            except BaseException as exc:  # re-raised below, in the actor's call
+                out["error"] = exc
+            finally:
+                ended.put(None)
+
+        thread = threading.Thread(target=generate, daemon=True)
+        thread.start()
+        while (item := ended.get()) is not None:
+            yield item
+        thread.join()
+        if "error" in out:
+            raise out["error"]
+        yield ("done", seconds, out["result"])
 
     def load(self, reload: tuple[int, Any]) -> float:
         """Load weights ``(version, handle)`` into this worker's model; returns the seconds it took."""
@@ -129,8 +154,6 @@ class RayEngine(ThreadEngine):
             raise ConfigError("the sim backend runs on the local engine; drop --engine ray or pick a real backend")
         if not isinstance(backend, ModelBackend):
             raise ConfigError("--engine ray runs the hf and vllm backends (workers need a model per actor)")
-        if ReturnMode(return_mode) is not ReturnMode.STATIC:
-            raise ConfigError("--return-mode continuous streams samples within one process; use --engine local")
         super().__init__(backend, trainer, return_mode, worker_timeout=worker_timeout)
         ray = import_ray()
         self._ray = ray
@@ -251,20 +274,19 @@ class RayEngine(ThreadEngine):
         elif action.reload_version is not None:
             reload = (action.reload_version, self._handle(action.reload_version, weights))
 
+        on_samples, early = self._samples_reporter(w, work)
+
         def job() -> list[Event]:
-            seconds, res = self._call(w, m, action.weights_version, reload, request)
+            seconds, res = self._call(w, m, action.weights_version, reload, request,
+                                      on_samples if self.continuous else None)  # fmt: skip
             end = self.now()
-            start = max(t0, end - res.elapsed)
-            ids = np.arange(work.sample_start, work.sample_end, dtype=np.int64)
-            return [
-                SamplesReturned(end, w, m, ids, np.asarray(res.response_len, dtype=np.int64), res.payload),
-                MinibatchFinished(end, w, m, t0, start, end, action.reload_version is not None, res),
-            ]
+            return self._finished(action, work, early, res, t0, max(t0, end - res.elapsed), end)
 
         self._spawn(job, w, m)  # an exception here is a worker fault: the minibatch is handed out again
 
     def _call(
-        self, worker: int, minibatch: int, version: int, reload: tuple[int, Any] | None, request: GenerationRequest
+        self, worker: int, minibatch: int, version: int, reload: tuple[int, Any] | None, request: GenerationRequest,
+        on_samples: Any = None,
     ) -> tuple[float, GenerationResult]:
         ray = self._ray
         actor = self._actor(worker)
@@ -274,7 +296,10 @@ class RayEngine(ThreadEngine):
             # the version this minibatch was dispatched with (the run's start weights at 0).
             call_reload = self._last.get(worker, self._start)
         try:
-            seconds, res = ray.get(actor.run.remote(call_reload, request))
+            if on_samples is None:
+                seconds, res = ray.get(actor.run.remote(call_reload, request))
+            else:  # continuous: the actor streams each request's samples as it ends
+                seconds, res = self._stream(actor, call_reload, request, on_samples)
         except ray.exceptions.RayActorError as exc:
             # Nothing of this minibatch was reported: the dispatcher hands it out
             # again (a worker fault, counted against --max-retries); this worker
@@ -291,6 +316,15 @@ class RayEngine(ThreadEngine):
             if call_reload is not None:
                 self._last[worker] = call_reload
         return seconds, res
+
+    def _stream(self, actor: Any, reload: tuple[int, Any] | None, request: GenerationRequest,
+                on_samples: Any) -> tuple[float, GenerationResult]:  # fmt: skip
+        for ref in actor.run_streaming.options(num_returns="streaming").remote(reload, request):
+            item = self._ray.get(ref)
+            if item[0] == "done":
+                return item[1], item[2]
+            on_samples(*item[1:])
+        raise RunError(f"minibatch {request.minibatch}'s Ray actor ended its stream without a result")
 
     def close(self, *, keep_workers: bool = False) -> None:
         with self._lock:

@@ -29,7 +29,7 @@ import numpy as np
 
 from aspc.errors import AspcError, ConfigError, RunError
 from aspc.runtime.config import ReturnMode
-from aspc.runtime.contracts import Clock, GenerationBackend, TrainBatch, Trainer
+from aspc.runtime.contracts import Clock, GenerationBackend, GenerationResult, TrainBatch, Trainer
 from aspc.runtime.core.events import (
     EVENT_PRIORITY,
     Engine,
@@ -140,33 +140,48 @@ class ThreadEngine(Engine):
 
         threading.Thread(target=target, daemon=True).start()
 
-    def start_generation(self, action: Dispatch, work: MinibatchWork, weights: Any) -> None:
-        t0 = self.now()
-        b = self.backend
+    def _samples_reporter(self, worker: int, work: MinibatchWork) -> tuple[Any, np.ndarray]:
+        """``on_samples(positions, lens, payload)`` for the next spawned call, and its mask of samples reported early.
+
+        Each report is queued at once under that call's start order (continuous
+        mode), so the driver hears the samples before the minibatch ends.
+        """
         seq = self._seq  # the order _spawn gives this job
         ids = np.arange(work.sample_start, work.sample_end, dtype=np.int64)
-        w, m = action.worker, work.index
-        early = np.zeros(ids.size, dtype=bool)  # samples already reported (continuous mode)
+        early = np.zeros(ids.size, dtype=bool)
 
         def on_samples(pos: np.ndarray, lens: np.ndarray, payload: list[Any] | None) -> None:
             early[pos] = True
-            ev = SamplesReturned(self.now(), w, m, ids[pos], np.asarray(lens, dtype=np.int64), payload)
+            ev = SamplesReturned(self.now(), worker, work.index, ids[pos], np.asarray(lens, dtype=np.int64), payload)
             self._done.put((seq, _Partial([ev])))
+
+        return on_samples, early
+
+    def _finished(self, action: Dispatch, work: MinibatchWork, early: np.ndarray, res: GenerationResult,
+                  t0: float, start: float, end: float) -> list[Event]:  # fmt: skip
+        """A generation call's last events: the samples not reported early, then the minibatch's end."""
+        w, m = action.worker, work.index
+        ids = np.arange(work.sample_start, work.sample_end, dtype=np.int64)
+        rest = np.flatnonzero(~early)
+        lens = np.asarray(res.response_len, dtype=np.int64)
+        payload = None if res.payload is None else [res.payload[i] for i in rest]
+        out: list[Event] = []
+        if rest.size or not self.continuous:
+            out.append(SamplesReturned(end, w, m, ids[rest], lens[rest], payload))
+        return [*out, MinibatchFinished(end, w, m, t0, start, end, action.reload_version is not None, res)]
+
+    def start_generation(self, action: Dispatch, work: MinibatchWork, weights: Any) -> None:
+        t0 = self.now()
+        b = self.backend
+        on_samples, early = self._samples_reporter(action.worker, work)
 
         def job() -> list[Event]:
             if action.reload_version is not None:
                 self._sleep_virtual(b.clock, b.load_weights(action.worker, action.reload_version, weights))
             start = self.now()
-            res = b.generate(w, work, on_samples) if self.continuous else b.generate(w, work)
+            res = b.generate(action.worker, work, on_samples) if self.continuous else b.generate(action.worker, work)
             self._sleep_virtual(b.clock, res.elapsed)
-            end = self.now()
-            rest = np.flatnonzero(~early)
-            lens = np.asarray(res.response_len, dtype=np.int64)
-            payload = None if res.payload is None else [res.payload[i] for i in rest]
-            out: list[Event] = []
-            if rest.size or not self.continuous:
-                out.append(SamplesReturned(end, w, m, ids[rest], lens[rest], payload))
-            return [*out, MinibatchFinished(end, w, m, t0, start, end, action.reload_version is not None, res)]
+            return self._finished(action, work, early, res, t0, start, self.now())
 
         self._spawn(job, action.worker, work.index)
 

@@ -133,7 +133,8 @@ class RayEngine(ThreadEngine):
     trainer
         Runs in the driver, as with the local engine.
     return_mode
-        ``static`` only.
+        ``static``, or ``continuous`` with a streaming backend (vllm): each
+        actor streams its samples as they end (:meth:`WorkerActor.run_streaming`).
     worker_timeout
         Wall seconds a minibatch call may take before it is abandoned (as
         with the local engine).

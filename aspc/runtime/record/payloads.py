@@ -31,6 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from aspc.atomic import atomic_path
+from aspc.errors import RunError
+
 PAYLOAD_FILE = "payloads.parquet"
 _SCHEMA = pa.schema([("prompt_id", pa.string()), ("sample_index", pa.int32()), ("payload", pa.large_string())])
 
@@ -71,8 +74,6 @@ class PendingPayloads:
         rows are in the log once this commit is); ``work`` (a ``WorkPlan``) names
         each sample as the log does. Unchanged since the last write: nothing is written.
         """
-        from aspc.atomic import atomic_path
-
         for i in [i for i in self._held if i not in self._encoded and finished_sample[i]]:
             self._held[i] = _encode(self._held[i])  # once per sample, at its first write
             self._encoded.add(i)
@@ -100,8 +101,6 @@ class PendingPayloads:
 
 def read_payloads(run_dir: Path) -> dict[tuple[str, int], Any]:
     """The payloads a run log stored, by (prompt id, sample index); empty when it stored none."""
-    from aspc.errors import RunError
-
     path = run_dir / PAYLOAD_FILE
     if not path.is_file():
         return {}

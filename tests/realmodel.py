@@ -100,7 +100,7 @@ def length_reward(prompt: str, response: str) -> float:
     return float(len(response))
 
 
-def make_length_grpo_trainer(context, lr: float = 0.05, seed: int = 0):
+def make_length_grpo_trainer(context, lr: float = 0.05, seed: int = 0, checkpoint_dir: str | None = None):
     """``--trainer tests.realmodel:make_length_grpo_trainer``: the real GRPO trainer on the run's ``--model``.
 
     Its reward is the response length, so with ``--replay-lengths`` every group of siblings has
@@ -110,4 +110,5 @@ def make_length_grpo_trainer(context, lr: float = 0.05, seed: int = 0):
     """
     from aspc.runtime.trainers.grpo import GRPOConfig, GRPOTrainer
 
-    return GRPOTrainer(context.options["model"], length_reward, GRPOConfig(lr=lr, seed=seed), device="cpu")
+    return GRPOTrainer(context.options["model"], length_reward, GRPOConfig(lr=lr, seed=seed), device="cpu",
+                       checkpoint_dir=checkpoint_dir)

@@ -88,3 +88,64 @@ def test_example_script_learns(tmp_path):
     rewards = np.array([r["reward_mean"] for r in rows])
     q = len(rows) // 4
     assert rewards[-q:].mean() > 3 * max(rewards[:q].mean(), 0.01)
+
+
+def _batch(step: int, seed: int):
+    rng = np.random.default_rng(seed)
+    payload = [
+        {"prompt_id": f"p{i // 2}", "prompt": "x", "prompt_token_ids": [5, 6, 7],
+         "response_token_ids": rng.integers(3, 90, size=4).tolist(), "text": "ab"[i % 2] * (1 + i)}
+        for i in range(4)
+    ]
+    return TrainBatch(step=step, samples=np.arange(4), response_len=np.full(4, 4), prompt_tokens=np.full(4, 3),
+                      weights_version=np.zeros(4, dtype=np.int64), payload=payload)
+
+
+def test_grpo_checkpoint_resumes_the_exact_training_state(model_dir, tmp_path):
+    """A trainer restored from the checkpoint of version 2 takes step 3 bit for bit as the one that never stopped."""
+    import torch
+
+    from aspc.runtime.trainers.grpo import GRPOTrainer
+    from aspc.runtime.work import work_from_table
+
+    work = work_from_table(plan_table(np.arange(8) // 2, n_samples=2))
+    reward = lambda p, r: float(r.count("a")) - 0.3 * len(r)  # noqa: E731 - varied rewards: every step moves
+    a = GRPOTrainer(model_dir, reward, checkpoint_dir=tmp_path / "ckpt")
+    a.setup(work)
+    for s in range(2):
+        a.step(_batch(s, s))
+    assert len(list((tmp_path / "ckpt").glob("ckpt-*.pt"))) == 2  # versions 1 and 2
+    b = GRPOTrainer(model_dir, reward, checkpoint_dir=tmp_path / "ckpt")
+    b.setup(work)
+    assert b.restore(0) is None
+    w = b.restore(2)
+    assert all(torch.equal(w[k], v) for k, v in a.current_weights().items())
+    assert [h.loss for h in b.history] == [h.loss for h in a.history] and b._baseline == a._baseline
+    ra, rb = a.step(_batch(2, 9)), b.step(_batch(2, 9))  # AdamW's moments restored too, or this differs
+    assert all(torch.equal(ra.weights[k], rb.weights[k]) for k in ra.weights)
+    names = sorted(p.name for p in (tmp_path / "ckpt").glob("ckpt-*.pt"))
+    assert len(names) == 2 and names[-1].endswith("v00000003.pt")
+
+    c = GRPOTrainer(model_dir, reward, checkpoint_dir=tmp_path / "ckpt")
+    c.setup(work)
+    c.restore(2)  # the one before the newest is kept: a kill between checkpoint and log commit
+    assert all(torch.equal(c.current_weights()[k], v) for k, v in w.items())
+
+
+def test_grpo_resume_refuses_what_it_cannot_restore(model_dir, tmp_path):
+    from aspc.errors import ConfigError
+    from aspc.runtime.trainers.grpo import GRPOTrainer
+    from aspc.runtime.work import work_from_table
+
+    work = work_from_table(plan_table(np.arange(8) // 2, n_samples=2))
+    t = GRPOTrainer(model_dir, reward=lambda p, r: 0.0)
+    t.setup(work)
+    with pytest.raises(ConfigError, match="keeps no checkpoints"):
+        t.restore(3)
+    a = GRPOTrainer(model_dir, reward=lambda p, r: float(len(r)), checkpoint_dir=tmp_path / "ckpt")
+    a.setup(work)
+    a.step(_batch(0, 0))
+    other = GRPOTrainer(model_dir, reward=lambda p, r: 0.0, checkpoint_dir=tmp_path / "ckpt")
+    other.setup(work_from_table(plan_table(np.arange(8) // 4, n_samples=2)))  # another plan
+    with pytest.raises(ConfigError, match=r"no checkpoint of weights version 1 for plan .* \(found: [0-9a-f]{16} v1\)"):
+        other.restore(1)

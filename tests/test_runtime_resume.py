@@ -63,11 +63,11 @@ def _kill_at(proc: subprocess.Popen, seconds: float) -> bool:
         return True
 
 
-def _kill_mid_run(proc: subprocess.Popen, run_dir: Path, extra: float) -> bool:
-    """Wait until ``run_dir`` has committed minibatches, then SIGKILL ``proc`` ``extra`` seconds later."""
+def _kill_mid_run(proc: subprocess.Popen, run_dir: Path, extra: float, table: str = "minibatches") -> bool:
+    """Wait until ``run_dir`` has committed rows of ``table``, then SIGKILL ``proc`` ``extra`` seconds later."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if (run_dir / "meta.json").exists() and any((run_dir / "minibatches").glob("part-*.parquet")):
+        if (run_dir / "meta.json").exists() and any((run_dir / table).glob("part-*.parquet")):
             break
         time.sleep(0.02)
     return _kill_at(proc, extra)
@@ -410,17 +410,26 @@ def test_hf_contract_sigkill_then_resume(tmp_path):
             "--global-batch", "8", "--log", str(run_dir), "--log-flush-seconds", "0.1", "--quiet",
             # A trainer that learns from tokens: the samples waiting at the kill reach it with theirs.
             "--trainer", "tests.realmodel:make_length_grpo_trainer"]
+    ckpt = ["--trainer-arg", f"checkpoint_dir={tmp_path / 'ckpt'}"]
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    p = _cli(args, env=env)
+    p = _cli([*args, *ckpt], env=env)
     # Wait until some work is durable, then kill the whole process mid-run.
-    killed = _kill_mid_run(p, run_dir, float(np.random.default_rng(0).uniform(0.0, 0.5)))
+    # Killed once a trainer step is durable: the trainer must go on from its checkpoint.
+    killed = _kill_mid_run(p, run_dir, float(np.random.default_rng(0).uniform(0.0, 0.5)), table="steps")
     assert killed, "the run finished before it could be killed; make the plan larger"
     n, status = _committed(run_dir)
     assert status == "running" and 0 < n < len(want)
+    assert read_run_log(run_dir, allow_incomplete=True).tables["steps"].num_rows
+    # Without its checkpoints the trainer would restart from its initial weights: refused, log untouched.
     p = _cli([*args, "--resume"], env=env)
+    _out, err = p.communicate(timeout=300)
+    assert p.returncode == 2 and "keeps no checkpoints" in err and "Traceback" not in err, err
+    p = _cli([*args, *ckpt, "--resume"], env=env)
     _out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
     check_contract(run_dir, want, 8)
+    steps = read_run_log(run_dir).tables["steps"].num_rows
+    assert sorted(q.name[-12:] for q in (tmp_path / "ckpt").glob("ckpt-*.pt")) == [f"v{v:08d}.pt" for v in (steps - 1, steps)]
 
 
 def test_resume_takes_the_lengths_file_by_contents_not_by_name(tmp_path):

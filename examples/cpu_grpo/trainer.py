@@ -47,8 +47,15 @@ class LoggingGRPOTrainer(GRPOTrainer):
                 fh.write(json.dumps(self.history[-1].__dict__) + "\n")
         return result
 
+    def restore(self, version: int) -> Any:
+        weights = super().restore(version)
+        if self.stats is not None:  # the steps the resumed run holds, as the checkpoint recorded them
+            self.stats.write_text("".join(json.dumps(h.__dict__) + "\n" for h in self.history))
+        return weights
 
-def make_trainer(context: Any, lr: float = 3e-3, seed: int = 0, stats: str | None = None) -> LoggingGRPOTrainer:
+
+def make_trainer(context: Any, lr: float = 3e-3, seed: int = 0, stats: str | None = None,
+                 checkpoint_dir: str | None = None) -> LoggingGRPOTrainer:
     """``--trainer`` factory: a GRPO trainer on the run's ``--model`` with the toy reward.
 
     Parameters
@@ -60,8 +67,13 @@ def make_trainer(context: Any, lr: float = 3e-3, seed: int = 0, stats: str | Non
         Optimiser learning rate and torch seed (``--trainer-arg lr=0.003``).
     stats
         Optional JSONL path for per-step reward and loss (``--trainer-arg stats=out/stats.jsonl``).
+    checkpoint_dir
+        Optional directory for a checkpoint after every step, so that ``aspc run
+        --resume`` trains on from the last logged step (``--trainer-arg
+        checkpoint_dir=out/ckpt``).
     """
     model = context.options.get("model")
     if not model:
         raise ValueError("pass --model DIR: the trainer trains the same model the workers generate with")
-    return LoggingGRPOTrainer(model, reward, GRPOConfig(lr=lr, seed=seed), device="cpu", stats=stats)
+    return LoggingGRPOTrainer(model, reward, GRPOConfig(lr=lr, seed=seed), device="cpu", stats=stats,
+                              checkpoint_dir=checkpoint_dir)

@@ -42,9 +42,11 @@ optimiser state and baseline). Before each later epoch every worker loads
 the trainer's current weights (:meth:`Trainer.current_weights`) as that
 epoch's version 0, so no sample of epoch ``k`` comes from weights older than
 the end of epoch ``k - 1``. With ``--replay-lengths`` each epoch replays its
-own rotation of the recorded lengths, as the simulator does. A trainer that
-does not checkpoint restarts from its initial weights on ``--resume``, as a
-single run's does.
+own rotation of the recorded lengths, as the simulator does. On
+``--resume`` each completed epoch read back calls :meth:`Trainer.restore`
+with its step count, so a trainer that checkpoints (the bundled GRPO trainer
+with a ``checkpoint_dir``) goes on from the end of the last one; one that
+does not restarts from its initial weights, as a single run's does.
 
 Sits above both halves (it compiles and runs); the runtime never imports it.
 """

@@ -130,3 +130,44 @@ def test_epochs_on_a_real_backend_refuse_drift_without_replay(tmp_path, model_di
     errors = [line for line in r.output.strip().splitlines() if line.startswith("Error")]
     assert len(errors) == 1 and "--replay-lengths" in errors[0], r.output
     assert not (tmp_path / "B").exists()
+
+
+def test_epochs_resume_goes_on_from_the_trainers_checkpoints(tmp_path, model_dir, monkeypatch):
+    """A multi-epoch GRPO run resumed before epoch 2 starts trains epoch 2 on from epoch 1's end, not from scratch."""
+    import shutil
+
+    import torch
+
+    monkeypatch.chdir(ROOT)
+    _records, data, plan = _files(tmp_path)
+    run_dir, ck = tmp_path / "RUN", tmp_path / "ckpt"
+    args = _args(plan, model_dir, data, run_dir, "--trainer", "tests.realmodel:make_length_grpo_trainer",
+                 "--trainer-arg", "lr=0.05", "--trainer-arg", f"checkpoint_dir={ck}")
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    steps = N_PROMPTS * SAMPLES // 8
+
+    def by_plan():
+        out: dict[str, list] = {}
+        for p in sorted(ck.glob("ckpt-*.pt")):
+            out.setdefault(p.name.split("-")[1], []).append(p)
+        return out
+
+    groups = by_plan()  # epoch 1's last checkpoint stays beside epoch 2's newest two
+    assert sorted(len(v) for v in groups.values()) == [1, 2]
+    (first,) = [v[0] for v in groups.values() if len(v) == 1]
+    (second,) = [v for v in groups.values() if len(v) == 2]
+    assert len(torch.load(second[-1], weights_only=True)["history"]) == 2 * steps
+
+    # As if killed between the epochs: epoch 2's log and checkpoints gone, epoch 1 complete.
+    shutil.rmtree(run_dir / "epoch-2")
+    for p in second:
+        p.unlink()
+    r = CliRunner().invoke(main, [*args, "--resume"])
+    assert r.exit_code == 0, r.output
+    assert [e["n_trainer_steps"] for e in json.loads(r.stdout)["epochs"]] == [steps, steps]
+    newest = max(ck.glob("ckpt-*.pt"), key=lambda p: p.stat().st_mtime_ns)
+    state = torch.load(newest, weights_only=True)
+    # Epoch 1's steps were restored into the trainer before epoch 2 trained on: 2 x steps in its history.
+    assert state["version"] == steps and len(state["history"]) == 2 * steps
+    assert first.exists()

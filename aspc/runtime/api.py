@@ -291,6 +291,9 @@ def _run_locked(
         if old.get("status") == STATUS_COMPLETE:
             writer.tidy()
             summary, columns = resume_log.completed_run(Path(log_dir))
+            if not closes[1]:  # an epoch read back: the trainer carried into the next one goes on from its end
+                trainer.setup(work)  # the plan as the run was set up, before the revisions below
+                trainer.restore(summary.n_trainer_steps)
             if work.carried is not None:  # (never revised: carried responses refuse a replanner)
                 restore_carries(work, logged_versions(work, columns["minibatches"]))
             if replanner is not None:  # the plan as the run ended: a rolling scout's revisions change its counts

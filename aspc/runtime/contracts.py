@@ -122,7 +122,10 @@ class Trainer(ABC):
         log: the next step will be ``version``. A trainer that checkpoints
         loads its checkpoint of ``version`` here and returns the weights
         handle workers reload (as :attr:`TrainResult.weights`); the default
-        keeps its current state and returns ``None``.
+        keeps its current state and returns ``None``. Under ``--epochs`` it is
+        also called for each completed epoch the resume reads back, with that
+        epoch's step count (after :meth:`setup` with its plan): the next epoch
+        goes on from the state the last one ended with.
         """
         return None
 

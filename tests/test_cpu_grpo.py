@@ -149,3 +149,6 @@ def test_grpo_resume_refuses_what_it_cannot_restore(model_dir, tmp_path):
     other.setup(work_from_table(plan_table(np.arange(8) // 4, n_samples=2)))  # another plan
     with pytest.raises(ConfigError, match=r"no checkpoint of weights version 1 for plan .* \(found: [0-9a-f]{16} v1\)"):
         other.restore(1)
+    for s in range(3):  # another run's checkpoints in the same directory are not pruned by this one
+        other.step(_batch(s, s))
+    assert len(list((tmp_path / "ckpt").glob("ckpt-*.pt"))) == 1 + 2

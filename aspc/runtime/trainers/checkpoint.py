@@ -49,13 +49,15 @@ def checkpoint_path(directory: Path, fingerprint: str, version: int) -> Path:
 
 
 def save_checkpoint(directory: Path, fingerprint: str, version: int, state: dict[str, Any],
-                    written: list[Path], keep: list[Path]) -> None:  # fmt: skip
+                    written: list[Path], keep: list[Path], mine: set[Path]) -> None:  # fmt: skip
     """Write ``state`` atomically as the checkpoint of ``version``; keep the newest :data:`KEEP` of ``written``.
 
     ``written`` lists the files this trainer wrote or loaded, oldest first;
-    ``keep`` those to keep whatever their age (each earlier epoch's last).
-    Every other checkpoint in ``directory`` (an earlier run's, or this run's
-    before a resume) is removed once this one is durable.
+    ``keep`` those to keep whatever their age (each earlier epoch's last);
+    ``mine`` every file this trainer ever wrote or loaded. Once this one is
+    durable, the others of this run's plan (also those a killed process
+    wrote before a resume) and of ``mine`` are removed; another run's
+    checkpoints in the same directory are left alone.
     """
     import torch
 
@@ -65,9 +67,11 @@ def save_checkpoint(directory: Path, fingerprint: str, version: int, state: dict
     if target in written:
         written.remove(target)
     written.append(target)
+    mine.add(target)
     del written[:-KEEP]
     for p in Path(directory).iterdir():
-        if _NAME.match(p.name) and p not in written and p not in keep:
+        m = _NAME.match(p.name)
+        if m and (m.group(1) == fingerprint or p in mine) and p not in written and p not in keep:
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
 

@@ -106,6 +106,7 @@ class GRPOTrainer(Trainer):
         self._plan = ""  # fingerprint of the run's plan: names its checkpoints
         self._written: list[Path] = []  # checkpoints this trainer wrote or loaded, oldest first
         self._finals: list[Path] = []  # each earlier epoch's last checkpoint: an --epochs --resume restores it
+        self._mine: set[Path] = set()  # every checkpoint this trainer wrote or loaded (pruned as it goes)
 
     def setup(self, work: WorkPlan) -> None:
         # Every run (each epoch too) names its checkpoints by its own plan, as set up (before revisions).
@@ -210,7 +211,7 @@ class GRPOTrainer(Trainer):
             "history": [dict(vars(h)) for h in self.history],
             "torch_rng": torch.get_rng_state(),
         }
-        ckpt.save_checkpoint(self.checkpoint_dir, self._plan, version, state, self._written, self._finals)
+        ckpt.save_checkpoint(self.checkpoint_dir, self._plan, version, state, self._written, self._finals, self._mine)
 
     def restore(self, version: int) -> Any:
         """Go on from the checkpoint of ``version`` (the steps the resumed run log holds); see the module notes.
@@ -242,6 +243,7 @@ class GRPOTrainer(Trainer):
         self.history = [StepStats(**h) for h in state["history"]]
         torch.set_rng_state(state["torch_rng"])
         self._written = [path]
+        self._mine.add(path)
         return self._weights()
 
     def current_weights(self) -> dict[str, Any] | None:

@@ -120,7 +120,6 @@ def test_run_log_then_calibrate_then_run_with_the_fit(plan, dataset, tmp_path):
         (["--backend", "hf"], "--model"),
         (["--engine", "ray"], "local engine"),
         (["--speed-probe"], "the sim backend has no machine speed"),
-        (["--speed-probe", "--backend", "hf", "--model", "m", "--engine", "ray"], "--speed-probe runs on"),
     ],
 )
 def test_run_bad_options(plan, tmp_path, args, message):

@@ -86,6 +86,24 @@ def test_cli_contract_on_ray(tmp_path, model_dir, ray_session):
     assert ray.is_initialized()  # a session the engine did not start is left running
 
 
+def test_speed_probe_on_ray_runs_in_each_actor(tmp_path, model_dir, ray_session, monkeypatch):
+    import aspc.runtime.backends.hf as hf
+    from tests.test_backend_hf import _contract_args, _contract_files
+
+    driver_loads = []
+    real_load = hf.load_causal_lm
+    monkeypatch.setattr(hf, "load_causal_lm", lambda *a, **k: driver_loads.append(a) or real_load(*a, **k))
+    data, plan, want = _contract_files(tmp_path, n=12)
+    args = _contract_args(plan, model_dir, data, tmp_path / "RUN")
+    args[2:2] = ["--engine", "ray", "--speed-probe"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)["speed_probe_s"]
+    assert len(got["before"]) == len(got["after"]) == 2 and min(got["before"] + got["after"]) > 0
+    assert read_run_log(tmp_path / "RUN").meta["summary"]["speed_probe_s"] == got
+    assert driver_loads == []  # every probe ran in an actor, on the model it generates with: none loaded here
+
+
 def test_killed_actor_minibatch_is_redispatched(tmp_path, model_dir, ray_session, monkeypatch):
 
     table, lengths = small_plan(n_rows=12, rows_per_minibatch=2, n_samples=2, max_len=50)

@@ -195,7 +195,8 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
     is_flag=True,
     help="Time a fixed reference minibatch (8 sequences x 32 replayed tokens) on every worker before the "
     "first dispatch and after the last; the JSON and the log report it as speed_probe_s, so runs of "
-    "different plans can be compared at equal machine speed (hf, vllm; local engine).",
+    "different plans can be compared at equal machine speed (hf, vllm; local or Ray engine: on Ray in each "
+    "worker's actor).",
 )
 @epoch_options
 @json_option

@@ -315,7 +315,7 @@ def _run_locked(
     trainer.setup(work)
     if start_weights is not None:
         engine.load_start_weights(start_weights, config.workers)
-    probes = _speed_probes(backend, config) if config.speed_probe else None
+    probes = _speed_probes(engine, config) if config.speed_probe else None
     # The run's clock starts at the first dispatch: model loading in setup is
     # not generation time (a no-op on the virtual clock).
     engine.advance_clock(0.0)
@@ -378,7 +378,7 @@ def _run_locked(
             revision=revision,
         )
         if probes is not None:
-            probes = {"before": probes, "after": _speed_probes(backend, config, notes)}
+            probes = {"before": probes, "after": _speed_probes(engine, config, notes)}
         notes += replanner.notes() if replanner is not None else []
     except BaseException as exc:
         if writer is not None:
@@ -420,7 +420,7 @@ def _run_locked(
     )
 
 
-def _speed_probes(backend: GenerationBackend, config: RunConfig, notes: list[str] | None = None) -> list[float | None]:
+def _speed_probes(engine: Any, config: RunConfig, notes: list[str] | None = None) -> list[float | None]:
     """Seconds of the reference minibatch on each worker, one after another (the workers are idle).
 
     Before the run a failing probe fails the run (that worker could not have
@@ -428,11 +428,11 @@ def _speed_probes(backend: GenerationBackend, config: RunConfig, notes: list[str
     logged: a worker that cannot probe any more gets ``None`` and a note.
     """
     if notes is None:
-        return [backend.speed_probe(w) for w in range(config.workers)]
+        return [engine.speed_probe(w) for w in range(config.workers)]
     out: list[float | None] = []
     for w in range(config.workers):
         try:
-            out.append(backend.speed_probe(w))
+            out.append(engine.speed_probe(w))
         except Exception as exc:  # noqa: BLE001 - a measurement after the run must not undo the run
             out.append(None)
             notes.append(f"the speed probe after the run failed on worker {w} ({type(exc).__name__}: "

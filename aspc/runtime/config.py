@@ -111,9 +111,6 @@ class RunConfig:
             raise ConfigError(f"--worker-timeout must be a finite number of seconds > 0, got {self.worker_timeout}")
         if not math.isfinite(self.log_flush_seconds) or self.log_flush_seconds < 0:
             raise ConfigError(f"--log-flush-seconds must be >= 0, got {self.log_flush_seconds}")
-        if self.speed_probe and self.engine != "local":
-            raise ConfigError("--speed-probe runs on this process's workers; Ray actors are not reachable from "
-                              "here: drop it, or use --engine local")
 
 
 # Options that change how a run copes, not what it computes: a resumed run may change them.

@@ -145,6 +145,14 @@ class Engine(ABC):
         for w in range(workers):
             self.backend.load_weights(w, 0, weights)
 
+    def speed_probe(self, worker: int) -> float | None:
+        """Seconds ``worker`` takes for the backend's reference generation (``aspc run --speed-probe``).
+
+        Runs where the worker's model lives: here through the backend; the
+        Ray engine overrides it to run in the worker's actor.
+        """
+        return self.backend.speed_probe(worker)
+
     def close(self, *, keep_workers: bool = False) -> None:  # noqa: B027 - optional hook
         """Stop threads or actors; called once, also after a failure.
 

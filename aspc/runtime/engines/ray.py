@@ -121,6 +121,10 @@ class WorkerActor:
         """The actor's process id (lets tests and operators find it)."""
         return os.getpid()
 
+    def speed_probe(self) -> float:
+        """Seconds this worker takes for the backend's reference generation (``--speed-probe``)."""
+        return self.backend.speed_probe(self.worker)
+
 
 class RayEngine(ThreadEngine):
     """Generation in Ray actors, the trainer in a driver thread; see the module docstring.
@@ -262,6 +266,15 @@ class RayEngine(ThreadEngine):
             self._start = start
             for w in range(workers):
                 self._last[w] = start
+
+    def speed_probe(self, worker: int) -> float:
+        """The reference generation run in ``worker``'s actor, on the model it serves the run with."""
+        try:
+            return float(self._ray.get(self._actor(worker).speed_probe.remote()))
+        except self._ray.exceptions.RayActorError as exc:
+            raise BackendError(f"the speed probe's Ray worker {worker} died: {_cause_line(exc)}") from None
+        except self._ray.exceptions.RayTaskError as exc:
+            raise _task_failure(exc, BackendError, f"the speed probe failed on Ray worker {worker}") from None
 
     # ---- engine ------------------------------------------------------------------
 

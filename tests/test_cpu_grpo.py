@@ -137,6 +137,9 @@ def test_grpo_resume_refuses_what_it_cannot_restore(model_dir, tmp_path):
     from aspc.runtime.trainers.grpo import GRPOTrainer
     from aspc.runtime.work import work_from_table
 
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(ConfigError, match=r"checkpoint_dir .*afile: cannot create it \(file exists\)"):
+        GRPOTrainer(model_dir, reward=lambda p, r: 0.0, checkpoint_dir=tmp_path / "afile")
     work = work_from_table(plan_table(np.arange(8) // 2, n_samples=2))
     t = GRPOTrainer(model_dir, reward=lambda p, r: 0.0)
     t.setup(work)

@@ -44,6 +44,23 @@ def plan_fingerprint(work: Any) -> str:
     return h.hexdigest()[:16]
 
 
+def checked_dir(directory: str | Path) -> Path:
+    """``directory``, created if absent; a one-line error if it cannot hold checkpoints."""
+    import os
+
+    from aspc.errors import ConfigError
+
+    d = Path(directory)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"checkpoint_dir {d}: cannot create it ({os.strerror(exc.errno or 0).lower()}); "
+                          "give a writable directory") from None  # fmt: skip
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ConfigError(f"checkpoint_dir {d}: not writable; give a writable directory")
+    return d
+
+
 def checkpoint_path(directory: Path, fingerprint: str, version: int) -> Path:
     return Path(directory) / f"ckpt-{fingerprint}-v{int(version):08d}.pt"
 

@@ -98,7 +98,7 @@ class GRPOTrainer(Trainer):
         self.reward = reward
         self.config = config or GRPOConfig()
         self.device = device
-        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.checkpoint_dir = None if checkpoint_dir is None else ckpt.checked_dir(checkpoint_dir)
         self.history: list[StepStats] = []  # one entry per step, in order
         self._model: Any = None
         self._opt: Any = None

@@ -279,7 +279,7 @@ def test_run_scout_is_simulate_asp_scout_and_resumes(tmp_path):
         (["--scout", "--scout-keep-through", "1", "--log", "RUN"], "pass --scout-keep too"),
         (["--scout", "--scout-keep", "--scout-keep-through", "-2", "--log", "RUN"], "must be an integer >= 0"),
         (["--scout", "--scout-keep", "--replan", "--log", "RUN"], "does not combine with --replan"),
-        (["--scout", "--scout-keep", "--backend", "hf", "--log", "RUN"], "simulated only so far"),
+        (["--scout", "--scout-keep", "--backend", "hf", "--log", "RUN"], "--scout-roll --scout-windows 1 scouts every"),
     ],
 )
 def test_run_scout_bad_options_fail_in_one_line_and_write_nothing(tmp_path, extra, message, monkeypatch):

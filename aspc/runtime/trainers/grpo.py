@@ -85,9 +85,10 @@ class GRPOTrainer(Trainer):
         Torch device for the trainer's copy of the model.
     checkpoint_dir
         Where a checkpoint is written after every step (None: none, and
-        ``--resume`` restarts training from the model's initial weights).
-        Costs one copy of the weights and two of the optimiser moments per
-        step on disk; the newest two are kept.
+        ``--resume`` of a run whose log holds steps is refused: it could
+        only restart training from the model's initial weights). Costs one
+        copy of the weights and two of the optimiser moments per step on
+        disk; the newest two are kept, and each finished epoch's last.
     """
 
     clock = Clock.WALL

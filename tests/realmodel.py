@@ -100,7 +100,8 @@ def length_reward(prompt: str, response: str) -> float:
     return float(len(response))
 
 
-def make_length_grpo_trainer(context, lr: float = 0.05, seed: int = 0, checkpoint_dir: str | None = None):
+def make_length_grpo_trainer(context, lr: float = 0.05, seed: int = 0, checkpoint_dir: str | None = None,
+                             checkpoint_every: int = 1):  # fmt: skip
     """``--trainer tests.realmodel:make_length_grpo_trainer``: the real GRPO trainer on the run's ``--model``.
 
     Its reward is the response length, so with ``--replay-lengths`` every group of siblings has
@@ -111,4 +112,4 @@ def make_length_grpo_trainer(context, lr: float = 0.05, seed: int = 0, checkpoin
     from aspc.runtime.trainers.grpo import GRPOConfig, GRPOTrainer
 
     return GRPOTrainer(context.options["model"], length_reward, GRPOConfig(lr=lr, seed=seed), device="cpu",
-                       checkpoint_dir=checkpoint_dir)
+                       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)

@@ -155,3 +155,43 @@ def test_grpo_resume_refuses_what_it_cannot_restore(model_dir, tmp_path):
     for s in range(3):  # another run's checkpoints in the same directory are not pruned by this one
         other.step(_batch(s, s))
     assert len(list((tmp_path / "ckpt").glob("ckpt-*.pt"))) == 1 + 2
+
+
+def test_grpo_checkpoint_every_n_steps_resumes_by_replaying_the_steps_after(model_dir, tmp_path):
+    """checkpoint_every=3 over a 4-step plan: durable() names the newest checkpoint the log reached; restoring it
+    (or the initial weights) and taking the logged steps after it again ends bit for bit where the trainer did."""
+    import torch
+
+    from aspc.errors import ConfigError
+    from aspc.runtime.trainers.grpo import GRPOTrainer
+    from aspc.runtime.work import work_from_table
+
+    for bad in (0, True, 1.5):
+        with pytest.raises(ConfigError, match="checkpoint_every must be an integer >= 1"):
+            GRPOTrainer(model_dir, reward=lambda p, r: 0.0, checkpoint_every=bad)
+    work = work_from_table(plan_table(np.arange(8) // 2, n_samples=2))  # 16 samples: 4 steps of 4
+    reward = lambda p, r: float(r.count("a")) - 0.3 * len(r)  # noqa: E731 - varied rewards: every step moves
+    ck = tmp_path / "ckpt"
+
+    def trainer():
+        t = GRPOTrainer(model_dir, reward, checkpoint_dir=ck, checkpoint_every=3)
+        t.setup(work)
+        return t
+
+    def same(w1, w2):
+        return all(torch.equal(w1[k], w2[k]) for k in w1)
+
+    a = trainer()
+    done = [a.step(_batch(s, s)) for s in range(2)]
+    assert not list(ck.glob("ckpt-*.pt")) and a.durable(2) == 0
+    done.append(a.step(_batch(2, 2)))  # version 3: a checkpoint
+    assert a.durable(2) == 0 and a.durable(3) == 3  # the log at 2: restore the initial weights, replay 0 and 1
+    b = trainer()
+    assert b.durable(2) == 0 and b.restore(0) is None
+    assert same([b.step(_batch(s, s)) for s in range(2)][-1].weights, done[1].weights)
+    done.append(a.step(_batch(3, 3)))  # version 4, the plan's last step: checkpointed whatever checkpoint_every says
+    assert sorted(p.name[-6:] for p in ck.glob("ckpt-*.pt")) == ["003.pt", "004.pt"]
+    assert a.durable(3) == 3  # the log one step behind: both stay
+    assert a.durable(4) == 4 and [p.name[-6:] for p in ck.glob("ckpt-*.pt")] == ["004.pt"]
+    c = trainer()
+    assert c.durable(4) == 4 and same(c.restore(4), done[3].weights)

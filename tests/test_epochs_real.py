@@ -132,8 +132,11 @@ def test_epochs_on_a_real_backend_refuse_drift_without_replay(tmp_path, model_di
     assert not (tmp_path / "B").exists()
 
 
-def test_epochs_resume_goes_on_from_the_trainers_checkpoints(tmp_path, model_dir, monkeypatch):
-    """A multi-epoch GRPO run resumed before epoch 2 starts trains epoch 2 on from epoch 1's end, not from scratch."""
+@pytest.mark.parametrize("every", [1, 100])
+def test_epochs_resume_goes_on_from_the_trainers_checkpoints(tmp_path, model_dir, monkeypatch, every):
+    """A multi-epoch GRPO run resumed before epoch 2 starts trains epoch 2 on from epoch 1's end, not from scratch.
+
+    ``every=100``: a checkpoint only at each epoch's last step (the plan's last; checkpoint_every is past it)."""
     import shutil
 
     import torch
@@ -142,7 +145,8 @@ def test_epochs_resume_goes_on_from_the_trainers_checkpoints(tmp_path, model_dir
     _records, data, plan = _files(tmp_path)
     run_dir, ck = tmp_path / "RUN", tmp_path / "ckpt"
     args = _args(plan, model_dir, data, run_dir, "--trainer", "tests.realmodel:make_length_grpo_trainer",
-                 "--trainer-arg", "lr=0.05", "--trainer-arg", f"checkpoint_dir={ck}")
+                 "--trainer-arg", "lr=0.05", "--trainer-arg", f"checkpoint_dir={ck}",
+                 "--trainer-arg", f"checkpoint_every={every}")
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     steps = N_PROMPTS * SAMPLES // 8
@@ -153,11 +157,12 @@ def test_epochs_resume_goes_on_from_the_trainers_checkpoints(tmp_path, model_dir
             out.setdefault(p.name.split("-")[1], []).append(p)
         return out
 
-    groups = by_plan()  # epoch 1's last checkpoint stays beside epoch 2's newest two
-    assert sorted(len(v) for v in groups.values()) == [1, 2]
-    (first,) = [v[0] for v in groups.values() if len(v) == 1]
-    (second,) = [v for v in groups.values() if len(v) == 2]
-    assert len(torch.load(second[-1], weights_only=True)["history"]) == 2 * steps
+    # Epoch 1's last checkpoint stays beside epoch 2's last: the complete log holds every step, so no older one.
+    groups = by_plan()
+    assert sorted(len(v) for v in groups.values()) == [1, 1]
+    ends = sorted((len(torch.load(v[0], weights_only=True)["history"]), v) for v in groups.values())
+    assert [n for n, _ in ends] == [steps, 2 * steps]
+    first, second = ends[0][1][0], ends[1][1]
 
     # As if killed between the epochs: epoch 2's log and checkpoints gone, epoch 1 complete.
     shutil.rmtree(run_dir / "epoch-2")

@@ -112,3 +112,84 @@ def test_a_run_without_a_log_holds_no_payloads():
     ids = np.arange(4, dtype=np.int64)
     rec.on_samples(SamplesReturned(1.0, 0, 0, ids, np.ones(4, dtype=np.int64), [{"t": [1]}] * 4))
     assert len(rec.payloads) == 0 and rec.payloads.idle
+
+
+class _EveryN(_Recording):
+    """A trainer restorable only at multiples of ``every`` (one that checkpoints every N steps); keeps each batch."""
+
+    def __init__(self, every: int, fail_at: int | None = None):
+        super().__init__(fail_at)
+        self.every = every
+        self.batches: dict[int, tuple] = {}
+        self.restored: list[int] = []
+
+    def durable(self, version):
+        return version // self.every * self.every
+
+    def restore(self, version):
+        self.restored.append(version)
+
+    def step(self, batch):
+        result = super().step(batch)
+        self.batches[batch.step] = (batch.samples.tolist(), batch.response_len.tolist(),
+                                    batch.weights_version.tolist(), batch.payload)  # fmt: skip
+        return result
+
+
+def test_resume_replays_the_steps_after_the_trainers_newest_checkpoint(tmp_path, model_dir):
+    """The log keeps the tokens of steps after the trainer's newest checkpoint; --resume takes those steps again."""
+    import shutil
+
+    table, lengths = small_plan(n_rows=16, rows_per_minibatch=2, n_samples=2, max_len=20)
+    cfg = RunConfig(workers=2, global_batch=4, backend="hf", log_flush_seconds=0.0)
+    log = tmp_path / "RUN"
+    first = _EveryN(3, fail_at=5)
+    with pytest.raises(RunError, match="went away"):
+        run(table, config=cfg, backend=_backend(model_dir, lengths), trainer=first, log_dir=log)
+    logged = read_run_log(log, allow_incomplete=True).tables["steps"].num_rows
+    floor = logged // 3 * 3
+    assert logged > floor, f"{logged} steps logged: the test needs one after the newest checkpoint"
+    shutil.copytree(log, tmp_path / "COPY")
+
+    second = _EveryN(3)
+    res = run(table, config=cfg, backend=_backend(model_dir, lengths), trainer=second, log_dir=log, resume=True)
+    assert second.restored == [floor]
+    # The replayed steps: the same samples in the same order, lengths, versions and tokens as the first run's.
+    for k in range(floor, logged):
+        assert second.batches[k] == first.batches[k]
+        assert all(p is not None for p in second.batches[k][3])
+    assert sorted(second.batches) == list(range(floor, 32 // 4))
+    assert any(f"restored weights version {floor}" in n for n in res.notes)
+    assert not (log / PAYLOAD_FILE).exists()
+
+    class _Bad(_Recording):
+        def durable(self, version):
+            return version + 1
+
+    with pytest.raises(RunError, match=rf"durable\({logged}\) returned {logged + 1}; it must be a version from 0"):
+        run(table, config=cfg, backend=_backend(model_dir, lengths), trainer=_Bad(), log_dir=tmp_path / "COPY",
+            resume=True)  # fmt: skip
+
+
+def test_consumed_payloads_stay_until_the_trainer_can_restore_past_them(tmp_path):
+    class _Work:
+        prompt_ids = np.array(["a", "b"])
+        sample_row = np.array([0, 0, 1, 1])
+        sample_index = np.array([0, 1, 0, 1])
+
+    held = PendingPayloads()
+    held.durable = lambda version: version // 2 * 2  # a checkpoint every 2 steps
+    held.add(np.arange(4), [{"t": [i]} for i in range(4)])
+    finished = np.ones(4, dtype=bool)
+    held.release(np.array([0, 1]), np.array([0, 0]), 1)  # step 0 logged; restorable: version 0
+    held.write(tmp_path, finished, _Work())
+    assert len(read_payloads(tmp_path)) == 4  # step 0 is replayed by a resume now
+    held.release(np.array([2]), np.array([1]), 2)  # version 2 restorable: steps 0 and 1 are past
+    held.write(tmp_path, finished, _Work())
+    assert read_payloads(tmp_path) == {("b", 1): {"t": [3]}}
+    held.release(np.array([3]), np.array([2]), 3)  # step 2 logged, version 2 restorable: kept for the replay
+    held.write(tmp_path, finished, _Work())
+    assert read_payloads(tmp_path) == {("b", 1): {"t": [3]}}
+    held.release(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), 4)
+    held.write(tmp_path, finished, _Work())
+    assert not (tmp_path / PAYLOAD_FILE).exists()

@@ -398,7 +398,8 @@ def test_every_worker_hung_stops_the_run(tmp_path):
 
 
 @pytest.mark.slow  # ~30 s: two processes import torch and transformers
-def test_hf_contract_sigkill_then_resume(tmp_path):
+@pytest.mark.parametrize("every", [1, 3])
+def test_hf_contract_sigkill_then_resume(tmp_path, every):
     pytest.importorskip("transformers")
     from tests.realmodel import tiny_model
 
@@ -410,12 +411,14 @@ def test_hf_contract_sigkill_then_resume(tmp_path):
             "--global-batch", "8", "--log", str(run_dir), "--log-flush-seconds", "0.1", "--quiet",
             # A trainer that learns from tokens: the samples waiting at the kill reach it with theirs.
             "--trainer", "tests.realmodel:make_length_grpo_trainer"]
-    ckpt = ["--trainer-arg", f"checkpoint_dir={tmp_path / 'ckpt'}"]
+    ckpt = ["--trainer-arg", f"checkpoint_dir={tmp_path / 'ckpt'}", "--trainer-arg", f"checkpoint_every={every}"]
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     p = _cli([*args, *ckpt], env=env)
     # Wait until some work is durable, then kill the whole process mid-run.
     # Killed once a trainer step is durable: the trainer must go on from its checkpoint.
-    killed = _kill_mid_run(p, run_dir, float(np.random.default_rng(0).uniform(0.0, 0.5)), table="steps")
+    # Every 3 steps: killed at once, before the first checkpoint, so the resume replays from the initial weights.
+    delay = float(np.random.default_rng(0).uniform(0.0, 0.5)) if every == 1 else 0.0
+    killed = _kill_mid_run(p, run_dir, delay, table="steps")
     assert killed, "the run finished before it could be killed; make the plan larger"
     n, status = _committed(run_dir)
     assert status == "running" and 0 < n < len(want)
@@ -429,7 +432,13 @@ def test_hf_contract_sigkill_then_resume(tmp_path):
     assert p.returncode == 0, err
     check_contract(run_dir, want, 8)
     steps = read_run_log(run_dir).tables["steps"].num_rows
-    assert sorted(q.name[-12:] for q in (tmp_path / "ckpt").glob("ckpt-*.pt")) == [f"v{v:08d}.pt" for v in (steps - 1, steps)]
+    # The log holds every step: only the last checkpoint stays. Its history is every step once, in order:
+    # with checkpoint_every=3 the steps after the newest checkpoint before the kill were taken again.
+    (last,) = (tmp_path / "ckpt").glob("ckpt-*.pt")
+    assert last.name.endswith(f"v{steps:08d}.pt")
+    import torch
+
+    assert [h["step"] for h in torch.load(last, weights_only=True)["history"]] == list(range(steps))
 
 
 def test_resume_takes_the_lengths_file_by_contents_not_by_name(tmp_path):

@@ -40,6 +40,7 @@ from aspc.runtime.record import resume as resume_log
 from aspc.runtime.record.metrics import RunSummary, summarize
 from aspc.runtime.record.payloads import restore_payloads
 from aspc.runtime.record.recorder import Recorder
+from aspc.runtime.record.replay import replay, restore_end
 from aspc.runtime.record.runlog import STATUS_COMPLETE, read_meta, read_run_log
 from aspc.runtime.record.runlog_writer import RunLogWriter
 from aspc.runtime.registry import (
@@ -293,7 +294,7 @@ def _run_locked(
             summary, columns = resume_log.completed_run(Path(log_dir))
             if not closes[1]:  # an epoch read back: the trainer carried into the next one goes on from its end
                 trainer.setup(work)  # the plan as the run was set up, before the revisions below
-                trainer.restore(summary.n_trainer_steps)
+                restore_end(trainer, summary.n_trainer_steps, log_dir)
             if work.carried is not None:  # (never revised: carried responses refuse a replanner)
                 restore_carries(work, logged_versions(work, columns["minibatches"]))
             if replanner is not None:  # the plan as the run ended: a rolling scout's revisions change its counts
@@ -322,6 +323,7 @@ def _run_locked(
     if writer is not None:
         writer.start(new_meta)
     recorder = Recorder(work, writer, flush_seconds=config.log_flush_seconds)
+    recorder.payloads.durable = trainer.durable  # at each commit: what a resume would restore and replay
     revision = 0
     if resuming and replanner is not None:
         # The log numbers minibatches and samples as the last revision left them.
@@ -346,20 +348,21 @@ def _run_locked(
     try:
         if resuming:
             assert log_dir is not None
-            state = recorder.restore(read_run_log(log_dir, allow_incomplete=True))
+            state = recorder.restore(log := read_run_log(log_dir, allow_incomplete=True))
             scheduler.restore(state.done, state.queued, state.next_step)
             batches.restore(state.response_len, state.minibatch_version)
-            notes += restore_payloads(Path(log_dir), work, state.queued, batches, recorder,
-                                      bool(getattr(getattr(backend, "options", None), "return_payload", False)))
+            returns_payload = bool(getattr(getattr(backend, "options", None), "return_payload", False))
+            notes += restore_payloads(Path(log_dir), work, state.queued, batches, recorder, returns_payload)
             restore_carries(work, state.minibatch_version)
             engine.advance_clock(state.clock)
-            weights = trainer.restore(state.next_step)
+            weights, replayed = replay(log, work, trainer, batches, recorder, state.next_step, returns_payload)
             steps_done = state.next_step
             notes.append(
                 f"resumed {log_dir}: {int(state.done.sum())} of {work.n_minibatches} minibatches and "
                 f"{state.next_step} trainer steps were durable; {state.queued.size} generated samples wait "
                 f"for the trainer"
             )
+            notes += replayed
         def on_revision(work_now, first, new_to_old, revision):  # noqa: ANN001 - see drive()
             backend.on_revision(work_now, first, new_to_old)  # type: ignore[union-attr]
             recorder.on_revision(work_now, first, new_to_old, revision)

@@ -115,17 +115,34 @@ class Trainer(ABC):
         Called when a global batch is queued and the previous step finished.
         """
 
+    def durable(self, version: int) -> int:
+        """The run log now holds ``version`` steps; return the newest version ``<= version`` :meth:`restore` can load.
+
+        Called after each commit of the run log, and on ``--resume`` before
+        :meth:`restore`. A trainer that checkpoints every N steps (verl's
+        ``save_freq``) returns its newest checkpoint's version: the runtime
+        then keeps the logged samples (and payloads) of the steps after it,
+        and a resume restores that checkpoint and replays those steps on the
+        same batches before generation goes on, so the policy is the one
+        the log's samples came from. A checkpoint the answer names must stay
+        restorable until a later call names a newer one. The default:
+        ``version`` (every step restorable, or no state worth restoring).
+        """
+        return version
+
     def restore(self, version: int) -> Any:
-        """Resume a run whose log holds ``version`` published versions (``aspc run --resume``).
+        """Resume a run from the state after weights version ``version`` (``aspc run --resume``).
 
         Called once, before the first step, when a run continues from its run
-        log: the next step will be ``version``. A trainer that checkpoints
-        loads its checkpoint of ``version`` here and returns the weights
-        handle workers reload (as :attr:`TrainResult.weights`); the default
-        keeps its current state and returns ``None``. Under ``--epochs`` it is
-        also called for each completed epoch the resume reads back, with that
-        epoch's step count (after :meth:`setup` with its plan): the next epoch
-        goes on from the state the last one ended with.
+        log, with the version :meth:`durable` named; the runtime then replays
+        the logged steps from ``version`` on (if any) through :meth:`step`.
+        A trainer that checkpoints loads its checkpoint of ``version`` here
+        and returns the weights handle workers reload (as
+        :attr:`TrainResult.weights`); the default keeps its current state and
+        returns ``None``. Under ``--epochs`` it is also called for each
+        completed epoch the resume reads back, with that epoch's step count
+        (after :meth:`setup` with its plan), which :meth:`durable` must name:
+        the next epoch goes on from the state the last one ended with.
         """
         return None
 

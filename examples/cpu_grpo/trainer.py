@@ -55,7 +55,7 @@ class LoggingGRPOTrainer(GRPOTrainer):
 
 
 def make_trainer(context: Any, lr: float = 3e-3, seed: int = 0, stats: str | None = None,
-                 checkpoint_dir: str | None = None) -> LoggingGRPOTrainer:
+                 checkpoint_dir: str | None = None, checkpoint_every: int = 1) -> LoggingGRPOTrainer:
     """``--trainer`` factory: a GRPO trainer on the run's ``--model`` with the toy reward.
 
     Parameters
@@ -71,9 +71,12 @@ def make_trainer(context: Any, lr: float = 3e-3, seed: int = 0, stats: str | Non
         Optional directory for a checkpoint after every step, so that ``aspc run
         --resume`` trains on from the last logged step (``--trainer-arg
         checkpoint_dir=out/ckpt``).
+    checkpoint_every
+        Steps between checkpoints (``--trainer-arg checkpoint_every=10``); a
+        resume restores the newest and takes the logged steps after it again.
     """
     model = context.options.get("model")
     if not model:
         raise ValueError("pass --model DIR: the trainer trains the same model the workers generate with")
     return LoggingGRPOTrainer(model, reward, GRPOConfig(lr=lr, seed=seed), device="cpu", stats=stats,
-                              checkpoint_dir=checkpoint_dir)
+                              checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every)

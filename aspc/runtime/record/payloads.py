@@ -15,6 +15,13 @@ so whichever commit a crash leaves in place, every sample that resume finds
 waiting has its payload in the file. Its size is bounded by the queue (plus
 one flush's worth of samples), not by the run.
 
+A trainer that checkpoints every N steps (``Trainer.durable`` names its
+newest checkpoint, older than the log) needs more: a resume restores that
+checkpoint and replays the logged steps after it, on their samples' tokens.
+So a consumed sample is kept, and stays in the file, until the trainer names
+a checkpoint at or after the step that consumed it: the file then also holds
+up to N global batches of consumed samples.
+
 Payloads are stored as JSON, one string per sample (the hf and vllm
 backends' dicts of token ids, text and flags are JSON); a payload that is not
 JSON (a custom backend's tensors) is not stored, and a resumed run says how
@@ -24,6 +31,7 @@ many waiting samples come back without one. A complete run deletes the file.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +53,9 @@ class PendingPayloads:
         self._held: dict[int, Any] = {}  # sample id -> payload, then its JSON text once written (None: not JSON)
         self._encoded: set[int] = set()  # ids whose entry is already JSON text (or None)
         self._written: frozenset[int] | None = None  # the ids in the file as last written
+        self._replay: dict[int, int] = {}  # consumed sample id -> its step, while a resume would replay that step
+        # The trainer's Trainer.durable: committed steps -> the newest version it can restore.
+        self.durable: Callable[[int], int] = lambda version: version
 
     def __len__(self) -> int:
         return len(self._held)
@@ -56,11 +67,33 @@ class PendingPayloads:
             if p is not None:
                 self._held[int(i)] = p
 
-    def release(self, ids: np.ndarray) -> None:
-        """Forget samples whose consumption a commit made durable."""
-        for i in ids.tolist():
+    def release(self, ids: np.ndarray, steps: np.ndarray | None = None, version: int | None = None) -> None:
+        """Forget samples whose consumption a commit made durable, but those a resume would replay.
+
+        ``steps``: the step that consumed each of ``ids``; ``version``: the
+        steps the log now holds, which :attr:`durable` turns into the newest
+        version the trainer can restore. Samples of steps at or after it are
+        kept (a resume replays those steps) until a later call passes them.
+        """
+        gone = ids.tolist()
+        if version is not None:
+            floor = int(self.durable(int(version)))
+            if steps is not None:
+                keep = steps >= floor
+                self._replay.update(zip(ids[keep].tolist(), steps[keep].tolist(), strict=True))
+                gone = ids[~keep].tolist()
+            passed = [i for i, s in self._replay.items() if s < floor]
+            for i in passed:
+                del self._replay[i]
+            gone += passed
+        for i in gone:
             self._held.pop(int(i), None)
             self._encoded.discard(int(i))
+
+    def hold(self, ids: np.ndarray, steps: np.ndarray, payload: list[Any]) -> None:
+        """Keep a resumed run's replayed samples (consumed at ``steps``) as a commit would have."""
+        self.add(ids, payload)
+        self._replay.update(zip(ids.tolist(), steps.tolist(), strict=True))
 
     @property
     def idle(self) -> bool:

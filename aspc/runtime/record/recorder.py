@@ -300,7 +300,7 @@ class Recorder:
         if not self.payloads.idle:  # before the commit, with this commit's consumed samples still in (see payloads)
             self.payloads.write(self.writer.path, ~np.isnan(self.mb_end)[self.sample_mb], self.work)
         self.writer.commit(faults={"count": self.n_faults, "first": self.faults})
-        self.payloads.release(durable)
+        self.payloads.release(durable, self.consumed_step[durable], self._new_steps_from)
 
     def restore(self, log: R.RunLog) -> ResumeState:
         """Load the committed rows of ``log`` (a run of this same plan) and say where to resume.

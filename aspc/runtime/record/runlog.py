@@ -34,7 +34,10 @@ Durability (what a crash keeps; ``aspc run --resume`` continues from it):
   compacted into one part with ``consumed_step`` filled in, in sample order,
   so ``pyarrow.dataset.dataset("RUN/samples")`` holds one row per generated
   sample with its fate (null = left over, or queued when a run failed).
-  Before that (a crashed run), :func:`read_run_log` joins the two.
+  Before that (a crashed run), :func:`read_run_log` joins the two. A failed
+  or interrupted run keeps its ``consumed`` parts live as well: they alone
+  hold the order each step took its samples in, which a resume that replays
+  steps needs (``Trainer.durable``).
 
 This module is the format and its reader;
 :class:`~aspc.runtime.record.runlog_writer.RunLogWriter` writes it.

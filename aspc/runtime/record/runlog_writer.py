@@ -187,8 +187,13 @@ class RunLogWriter:
             self._first[kind], self._parts[kind] = int(first), int(end)
         self.collect_garbage()
 
-    def _compact(self) -> None:
-        """Write the live samples, joined with their consumption, as one new (uncommitted) part."""
+    def _compact(self, *, keep_consumed: bool = False) -> None:
+        """Write the live samples, joined with their consumption, as one new (uncommitted) part.
+
+        ``keep_consumed``: the ``consumed`` parts stay live too. A failed run
+        keeps them: they alone hold the order each step took its samples in,
+        which a resume that replays steps (:mod:`aspc.runtime.record.replay`) needs.
+        """
         tables = live_tables(self.path, self._meta)
         samples = tables[SAMPLES]
         if samples.num_rows == 0:
@@ -198,7 +203,8 @@ class RunLogWriter:
         first = self._parts[SAMPLES]
         self.write_part(SAMPLES, joined.take(pa.array(order)))
         self._first[SAMPLES] = first
-        self._first[CONSUMED] = self._parts[CONSUMED]
+        if not keep_consumed:
+            self._first[CONSUMED] = self._parts[CONSUMED]
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Compact the samples, mark the run complete and store its summary."""
@@ -213,7 +219,7 @@ class RunLogWriter:
     def fail(self, message: str, *, status: str = STATUS_FAILED) -> None:
         """Compact what is committed and mark the run ``status`` (failed or interrupted); the log stays resumable."""
         try:
-            self._compact()
+            self._compact(keep_consumed=True)
         finally:
             self.commit(status=status, error=message)
         self.collect_garbage()

@@ -8,14 +8,22 @@ every step, before the step returns (the log commits the step only after
 that), and holds what the next step depends on: the weights, the optimiser
 state, the running baseline, the step history and the torch RNG.
 
+A checkpoint every N steps (``checkpoint_every``; verl's ``save_freq``)
+costs 1/N of the disk writes; the runtime then keeps the logged samples of
+the steps after the newest checkpoint the log has reached
+(``Trainer.durable``), and ``--resume`` restores it and takes those steps
+again (:mod:`aspc.runtime.record.replay`).
+
 Each file names its run by a fingerprint of the plan the trainer was set up
 with (prompt ids in dispatch order and minibatch sizes: ``aspc run --resume``
 refuses a changed plan, so the fingerprint matches across a resume) and the
-weights version it publishes: ``ckpt-<fingerprint>-v<version>.pt``. The
-newest two written stay: a kill between the checkpoint and the log's commit
-leaves the log one version behind the newest file. Under ``--epochs`` each
-epoch's last stays too: ``--resume`` reads the completed epochs back and the
-trainer restores the end of the last one before the next epoch starts.
+weights version it publishes: ``ckpt-<fingerprint>-v<version>.pt``. What
+stays: the newest checkpoint at or before the steps the log holds (a resume
+restores it; the trainer runs ahead of the log, so newer ones may exist)
+and every newer one; before the log says anything, the newest two. Under
+``--epochs`` each epoch's last stays too: ``--resume`` reads the completed
+epochs back and the trainer restores the end of the last one before the
+next epoch starts.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import numpy as np
 
 from aspc.atomic import atomic_path
 
-KEEP = 2  # checkpoints kept: the newest, and the one before it (see the module notes)
+KEEP = 2  # checkpoints kept before the run log says how far it got: the newest two (see the module notes)
 _NAME = re.compile(r"^ckpt-([0-9a-f]{16})-v(\d{8})\.pt$")
 
 
@@ -66,16 +74,8 @@ def checkpoint_path(directory: Path, fingerprint: str, version: int) -> Path:
 
 
 def save_checkpoint(directory: Path, fingerprint: str, version: int, state: dict[str, Any],
-                    written: list[Path], keep: list[Path], mine: set[Path]) -> None:  # fmt: skip
-    """Write ``state`` atomically as the checkpoint of ``version``; keep the newest :data:`KEEP` of ``written``.
-
-    ``written`` lists the files this trainer wrote or loaded, oldest first;
-    ``keep`` those to keep whatever their age (each earlier epoch's last);
-    ``mine`` every file this trainer ever wrote or loaded. Once this one is
-    durable, the others of this run's plan (also those a killed process
-    wrote before a resume) and of ``mine`` are removed; another run's
-    checkpoints in the same directory are left alone.
-    """
+                    written: list[Path], keep: list[Path], mine: set[Path], logged: int | None) -> None:  # fmt: skip
+    """Write ``state`` atomically as the checkpoint of ``version``, then :func:`prune`."""
     import torch
 
     target = checkpoint_path(directory, fingerprint, version)
@@ -86,9 +86,43 @@ def save_checkpoint(directory: Path, fingerprint: str, version: int, state: dict
     written.append(target)
     mine.add(target)
     del written[:-KEEP]
+    prune(directory, fingerprint, written, keep, mine, logged)
+
+
+def versions(directory: Path, fingerprint: str) -> dict[int, Path]:
+    """This plan's checkpoints in ``directory`` by weights version."""
+    out = {}
     for p in Path(directory).iterdir():
         m = _NAME.match(p.name)
-        if m and (m.group(1) == fingerprint or p in mine) and p not in written and p not in keep:
+        if m and m.group(1) == fingerprint:
+            out[int(m.group(2))] = p
+    return out
+
+
+def newest_at(directory: Path, fingerprint: str, logged: int) -> int:
+    """The newest version ``<= logged`` with a checkpoint of this plan (0: none, the initial weights)."""
+    return max((v for v in versions(directory, fingerprint) if v <= logged), default=0)
+
+
+def prune(directory: Path, fingerprint: str, written: list[Path], keep: list[Path], mine: set[Path],
+          logged: int | None) -> None:  # fmt: skip
+    """Remove the checkpoints no resume can need.
+
+    ``written`` lists the newest files this trainer wrote or loaded, oldest
+    first; ``keep`` those to keep whatever their age (each earlier epoch's
+    last); ``mine`` every file this trainer ever wrote or loaded;
+    ``logged`` the steps the run log holds (None: not known yet). With
+    ``logged``, a file older than the newest one at or before it goes (a
+    file being written is newer than the log, so never); without, any but
+    ``written``. Only this plan's files (also those a killed process wrote
+    before a resume) and ``mine`` go; another run's in the same directory stay.
+    """
+    floor = None if logged is None else newest_at(directory, fingerprint, logged)
+    for p in Path(directory).iterdir():
+        m = _NAME.match(p.name)
+        if not m or not (m.group(1) == fingerprint or p in mine) or p in keep:
+            continue
+        if (p not in written) if floor is None else (m.group(1) != fingerprint or int(m.group(2)) < floor):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
 

@@ -20,9 +20,11 @@ the bounded queue is what keeps that lag small.
 
 After the step the trainer publishes its weights as a state dict (CPU
 tensors, copied), which workers load between minibatches. With a
-``checkpoint_dir`` it also writes a checkpoint after every step
-(:mod:`aspc.runtime.trainers.checkpoint`), and ``aspc run --resume`` goes on
-from the state of the last step the run log holds.
+``checkpoint_dir`` it also writes a checkpoint after every step, or every
+``checkpoint_every`` steps (:mod:`aspc.runtime.trainers.checkpoint`), and
+``aspc run --resume`` goes on from the state of the last step the run log
+holds (restoring the newest checkpoint and taking the logged steps after it
+again).
 """
 
 from __future__ import annotations
@@ -84,17 +86,25 @@ class GRPOTrainer(Trainer):
     device
         Torch device for the trainer's copy of the model.
     checkpoint_dir
-        Where a checkpoint is written after every step (None: none, and
-        ``--resume`` of a run whose log holds steps is refused: it could
-        only restart training from the model's initial weights). Costs one
-        copy of the weights and two of the optimiser moments per step on
-        disk; the newest two are kept, and each finished epoch's last.
+        Where a checkpoint is written after every ``checkpoint_every``-th
+        step (None: none, and ``--resume`` of a run whose log holds steps is
+        refused: it could only restart training from the model's initial
+        weights). Each costs one copy of the weights and two of the
+        optimiser moments on disk; the newest at or before the steps the run
+        log holds is kept with every newer one, and each finished epoch's last.
+    checkpoint_every
+        Steps between checkpoints (verl's ``save_freq``), ``>= 1``. A resume
+        restores the newest and takes the logged steps after it again; the
+        run log keeps those steps' samples' tokens until then.
     """
 
     clock = Clock.WALL
 
     def __init__(self, model: str | Path, reward: RewardFn, config: GRPOConfig | None = None, device: str = "cpu",
-                 checkpoint_dir: str | Path | None = None):  # fmt: skip
+                 checkpoint_dir: str | Path | None = None, checkpoint_every: int = 1):  # fmt: skip
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+            raise ConfigError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+        self.checkpoint_every = checkpoint_every
         self.model_path = Path(model)
         self.reward = reward
         self.config = config or GRPOConfig()
@@ -108,10 +118,16 @@ class GRPOTrainer(Trainer):
         self._written: list[Path] = []  # checkpoints this trainer wrote or loaded, oldest first
         self._finals: list[Path] = []  # each earlier epoch's last checkpoint: an --epochs --resume restores it
         self._mine: set[Path] = set()  # every checkpoint this trainer wrote or loaded (pruned as it goes)
+        self._logged: int | None = None  # steps the run log holds, as durable() last heard (None: not yet)
+        self._version = 0  # the weights version it holds
+        self._saved = 0  # the newest version it wrote or loaded a checkpoint of
+        self._total = 0  # samples in the plan: its last step is checkpointed whatever checkpoint_every says
 
     def setup(self, work: WorkPlan) -> None:
         # Every run (each epoch too) names its checkpoints by its own plan, as set up (before revisions).
         self._plan = ckpt.plan_fingerprint(work)
+        self._logged, self._version, self._saved = None, 0, 0
+        self._total = 0 if work is None else int(work.n_total_samples)
         if self._model is not None:
             # Set up again before close(): the next epoch of the same run, whose
             # training goes on from these weights, optimiser state and baseline.
@@ -197,8 +213,10 @@ class GRPOTrainer(Trainer):
                 seconds=elapsed,
             )
         )
-        if self.checkpoint_dir is not None:  # before returning: the log commits the step after
-            self._save(batch.step + 1, weights)
+        self._version = batch.step + 1
+        last = 0 < self._total < (self._version + 1) * batch.samples.size  # no full batch left: the plan's last step
+        if self.checkpoint_dir is not None and (self._version % self.checkpoint_every == 0 or last):
+            self._save(self._version, weights)  # before returning: the log commits the step after
         return TrainResult(version=batch.step + 1, elapsed=elapsed, weights=weights)
 
     def _save(self, version: int, weights: dict[str, Any]) -> None:
@@ -212,7 +230,17 @@ class GRPOTrainer(Trainer):
             "history": [dict(vars(h)) for h in self.history],
             "torch_rng": torch.get_rng_state(),
         }
-        ckpt.save_checkpoint(self.checkpoint_dir, self._plan, version, state, self._written, self._finals, self._mine)
+        ckpt.save_checkpoint(self.checkpoint_dir, self._plan, version, state, self._written, self._finals, self._mine,
+                             self._logged)  # fmt: skip
+        self._saved = version
+
+    def durable(self, version: int) -> int:
+        """The newest checkpoint at or before ``version`` logged steps (0: none yet); prunes older ones."""
+        if self.checkpoint_dir is None:
+            return version  # nothing to restore: restore() refuses a resume with steps
+        self._logged = version
+        ckpt.prune(self.checkpoint_dir, self._plan, self._written, self._finals, self._mine, version)
+        return ckpt.newest_at(self.checkpoint_dir, self._plan, version)
 
     def restore(self, version: int) -> Any:
         """Go on from the checkpoint of ``version`` (the steps the resumed run log holds); see the module notes.
@@ -224,7 +252,7 @@ class GRPOTrainer(Trainer):
             ``checkpoint_dir`` (none given, or the files are gone).
         """
         if version == 0:
-            return None
+            return None  # the initial weights, as set up
         if self.checkpoint_dir is None:
             raise ConfigError(f"--resume: the run log holds {version} trainer steps, but this GRPO trainer keeps no "
                               "checkpoints, so it would train on from its initial weights; give it a checkpoint_dir "
@@ -245,11 +273,14 @@ class GRPOTrainer(Trainer):
         torch.set_rng_state(state["torch_rng"])
         self._written = [path]
         self._mine.add(path)
+        self._version = self._saved = version
         return self._weights()
 
     def current_weights(self) -> dict[str, Any] | None:
         if self._model is None:
             return None
+        if self.checkpoint_dir is not None and self._version and self._saved != self._version:
+            self._save(self._version, self._weights())  # an epoch's end between checkpoints: a resume restores it
         if self._written and self._written[-1] not in self._finals:
             # Read between epochs: the newest checkpoint is the last epoch's end, which a resume restores.
             self._finals.append(self._written[-1])

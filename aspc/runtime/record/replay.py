@@ -1,0 +1,116 @@
+"""On ``--resume``, replay the logged trainer steps that the trainer's newest checkpoint does not hold.
+
+A trainer that checkpoints every N steps (verl's ``save_freq``: a step's
+checkpoint of a large model costs more than the step) resumes from a state
+older than the run log. Restarting generation from there would leave the
+log's samples of the later steps consumed by a policy that no longer
+exists; throwing those steps away would generate them again. Instead the
+trainer restores its newest checkpoint (``Trainer.durable`` names it) and
+takes the logged steps after it again, each on the same samples in the
+same order, with the payloads the log kept for them
+(:mod:`aspc.runtime.record.payloads`): a trainer that is deterministic
+given its state and its batch ends where the interrupted run's did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from aspc.errors import AspcError, RunError
+from aspc.runtime.core.scheduler import TrainStep
+from aspc.runtime.record import runlog as R
+from aspc.runtime.record.payloads import read_payloads
+
+
+def consumed_batches(log: R.RunLog, work: Any, first: int, last: int) -> list[np.ndarray]:
+    """The sample ids each step ``first..last-1`` of ``log`` consumed, in the order it took them."""
+    con = log.tables[R.CONSUMED]
+    steps = np.asarray(con.column("consumed_step").to_numpy(zero_copy_only=False), dtype=np.int64)
+    pick = np.flatnonzero(steps >= first)
+    row_of = {pid: r for r, pid in enumerate(work.prompt_ids.tolist())}
+    pids = con.column("prompt_id").take(pick).to_pylist()
+    rows = np.fromiter((row_of.get(p, -1) for p in pids), np.int64, pick.size)
+    if np.any(rows < 0):
+        raise RunError(f"{log.path}: cannot resume: its consumed samples name prompts this plan does not have")
+    idx = np.asarray(con.column("sample_index").take(pick).to_numpy(zero_copy_only=False), dtype=np.int64)
+    gid = work.row_first_samples()[rows] + idx
+    out = [gid[steps[pick] == k] for k in range(first, last)]
+    if any(ids.size == 0 for ids in out):
+        raise RunError(f"{log.path}: cannot resume: the log keeps no consumed samples of a step from {first} on "
+                       "(a run log compacted at its end); rerun with --overwrite")  # fmt: skip
+    return out
+
+
+def _hold_consumed(stored: dict, work: Any, recorder: Any) -> None:
+    """Hold the stored payloads of consumed samples again, before anything can fail.
+
+    A resume refused from here on (the trainer's restore) flushes the log as
+    it stops; the payload file it rewrites must keep what a later resume replays.
+    """
+    row_of = {pid: r for r, pid in enumerate(work.prompt_ids.tolist())}
+    first = work.row_first_samples()
+    keys = [k for k in stored if k[0] in row_of and k[1] < int(work.n_samples[row_of[k[0]]])]
+    gid = np.asarray([int(first[row_of[p]]) + i for p, i in keys], dtype=np.int64)
+    steps = recorder.consumed_step[gid].astype(np.int64) if gid.size else gid
+    pick = np.flatnonzero(steps >= 0)
+    recorder.payloads.hold(gid[pick], steps[pick], [stored[keys[j]] for j in pick.tolist()])
+
+
+def replay(log: R.RunLog, work: Any, trainer: Any, batches: Any, recorder: Any, version: int,
+           expected: bool) -> tuple[Any, list[str]]:  # fmt: skip
+    """Restore ``trainer`` for a log holding ``version`` steps; the weights workers load, and notes.
+
+    ``batches`` (the run's ``BatchBuilder``, already restored from the log)
+    builds each replayed step's batch as the run did; ``recorder`` holds the
+    replayed samples' payloads again until the trainer passes them.
+    ``expected``: the backend returns payloads (hf, vllm).
+    """
+    stored = read_payloads(Path(log.path))
+    _hold_consumed(stored, work, recorder)
+    floor = trainer.durable(version)
+    if isinstance(floor, bool) or not isinstance(floor, (int, np.integer)) or not 0 <= floor <= version:
+        raise RunError(f"the trainer's durable({version}) returned {floor!r}; it must be a version from 0 to {version}")
+    floor = int(floor)
+    weights = trainer.restore(floor)
+    if floor == version:
+        return weights, []
+    ids_per_step = consumed_batches(log, work, floor, version)
+    ids = np.concatenate(ids_per_step)
+    names = zip(work.prompt_ids[work.sample_row[ids]].tolist(), work.sample_index[ids].tolist(), strict=True)
+    payload = [stored.get((str(p), int(i))) for p, i in names]
+    missing = sum(p is None for p in payload)
+    if missing and (expected or stored):
+        raise RunError(f"{log.path}: cannot resume: the trainer restores weights version {floor}, and {missing} "
+                       f"samples of the steps from {floor} to {version - 1} it must take again have no stored "
+                       "payload; resume with the checkpoints the run wrote, or rerun with --overwrite")  # fmt: skip
+    batches.restore_payloads(ids, payload)
+    for k, step_ids in enumerate(ids_per_step, start=floor):
+        try:
+            result = trainer.step(batches.take(TrainStep(k, step_ids)))
+        except AspcError:
+            raise
+        except Exception as exc:  # user code: one line, as a step in the run would give
+            raise RunError(f"the trainer failed replaying step {k}: {type(exc).__name__}: {exc}") from exc
+        if result.version != k + 1:
+            raise RunError(f"the trainer replaying step {k} published version {result.version}, not {k + 1}")
+        weights = result.weights
+    return weights, [f"the trainer restored weights version {floor} and took the logged steps {floor}..{version - 1} "
+                     "again on their samples"]  # fmt: skip
+
+
+def restore_end(trainer: Any, version: int, log_dir: Any) -> None:
+    """Restore ``trainer`` to the end of a completed epoch (``version`` steps) that ``--epochs --resume`` reads back.
+
+    A complete log keeps no payloads to replay steps with, so the trainer
+    must restore that very version (the bundled GRPO trainer checkpoints
+    each epoch's last step).
+    """
+    floor = trainer.durable(version)
+    if floor != version:
+        raise RunError(f"{log_dir}: cannot resume: the trainer restores weights version {floor}, not the end of "
+                       f"this completed epoch ({version}); resume with the checkpoints the run wrote, or rerun "
+                       "with --overwrite")  # fmt: skip
+    trainer.restore(version)

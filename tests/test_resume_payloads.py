@@ -1,4 +1,4 @@
-"""A resumed run on a real backend hands its waiting samples to the trainer with their tokens (RUN/payloads.parquet)."""
+"""A resumed run on a real backend hands its waiting samples to the trainer with their tokens (RUN/payloads/)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from aspc.errors import RunError
 from aspc.runtime import BackendContext, RunConfig, Trainer, TrainResult, read_run_log, run
-from aspc.runtime.record.payloads import PAYLOAD_FILE, PendingPayloads, read_payloads
+from aspc.runtime.record.payloads import PAYLOAD_DIR, PAYLOAD_FILE, PendingPayloads, read_payloads
 from aspc.runtime.registry import make_backend
 from tests.realmodel import small_plan, tiny_model
 
@@ -67,28 +67,63 @@ def test_resumed_waiting_samples_reach_the_trainer_with_their_tokens(tmp_path, m
     restored = [(sid, p) for sid, p in trainer.seen if name_of[sid] in stored]
     assert len(restored) == waiting  # those came from the file, as the backend returned them
     assert all(p == stored[name_of[sid]] for sid, p in restored)
-    assert not (log / PAYLOAD_FILE).exists()  # a complete run resumes nothing
+    assert not (log / PAYLOAD_DIR).exists()  # a complete run resumes nothing
 
 
-def test_pending_payloads_file_holds_finished_unconsumed_samples_only(tmp_path):
-    class _Work:
-        prompt_ids = np.array(["a", "b"])
-        sample_row = np.array([0, 0, 1, 1])
-        sample_index = np.array([0, 1, 0, 1])
+class _Work:
+    prompt_ids = np.array(["a", "b"])
+    sample_row = np.array([0, 0, 1, 1])
+    sample_index = np.array([0, 1, 0, 1])
+    n_samples = np.array([2, 2])
 
+    def row_first_samples(self):
+        return np.array([0, 2])
+
+
+def _parts(run_dir):
+    return sorted(p.name for p in (run_dir / PAYLOAD_DIR).glob("part-*.parquet"))
+
+
+def test_pending_payloads_are_written_once_in_parts_deleted_when_released(tmp_path):
     held = PendingPayloads()
     assert held.idle
     held.add(np.array([0, 1, 2, 3]), [{"t": [1]}, {"t": [2]}, {"x": object()}, {"t": [4]}])
     finished = np.array([True, True, True, False])
     held.write(tmp_path, finished, _Work())
     # Sample 2's payload is not JSON (not stored), sample 3's minibatch has not finished.
-    assert read_payloads(tmp_path) == {("a", 0): {"t": [1]}, ("a", 1): {"t": [2]}}
+    assert read_payloads(tmp_path) == {("a", 0): {"t": [1]}, ("a", 1): {"t": [2]}} and _parts(tmp_path) == [
+        "part-000000.parquet"]  # fmt: skip
+    before = (tmp_path / PAYLOAD_DIR / "part-000000.parquet").stat().st_mtime_ns
     held.release(np.array([0]))
-    held.write(tmp_path, finished, _Work())
-    assert read_payloads(tmp_path) == {("a", 1): {"t": [2]}}
-    held.release(np.array([1, 2, 3]))
-    held.write(tmp_path, finished, _Work())
-    assert not (tmp_path / PAYLOAD_FILE).exists() and read_payloads(tmp_path) == {}
+    held.write(tmp_path, finished, _Work())  # nothing new: nothing written, the part not rewritten
+    assert _parts(tmp_path) == ["part-000000.parquet"]
+    assert (tmp_path / PAYLOAD_DIR / "part-000000.parquet").stat().st_mtime_ns == before
+    held.write(tmp_path, np.ones(4, dtype=bool), _Work())
+    assert _parts(tmp_path) == ["part-000000.parquet", "part-000001.parquet"]
+    held.release(np.array([1, 2]))  # part 0's samples all released: it goes
+    assert read_payloads(tmp_path) == {("b", 1): {"t": [4]}}
+    held.release(np.array([3]))
+    assert _parts(tmp_path) == [] and read_payloads(tmp_path) == {} and held.idle
+
+
+def test_a_resumed_run_adopts_the_parts_of_samples_its_log_holds(tmp_path):
+    held = PendingPayloads()
+    held.add(np.arange(4), [{"t": [i]} for i in range(4)])
+    held.write(tmp_path, np.array([True, True, False, False]), _Work())
+    held.write(tmp_path, np.ones(4, dtype=bool), _Work())  # as if its commit was cut off by a crash
+    again = PendingPayloads()
+    generated = np.array([1, 1, 0, 0])  # the log holds samples 0 and 1 only (0 consumed at step 0)
+    again.adopt(tmp_path, {0: np.array([0, 1]), 1: np.array([2, 3])}, generated, np.array([0, -1, -1, -1]))
+    assert _parts(tmp_path) == ["part-000000.parquet"]  # the crash's part goes: its samples are generated again
+    again.add(np.array([2, 3]), [{"t": [20]}, {"t": [30]}])
+    again.write(tmp_path, np.ones(4, dtype=bool), _Work())
+    assert _parts(tmp_path) == ["part-000000.parquet", "part-000002.parquet"]  # numbers are never reused
+    assert read_payloads(tmp_path)[("b", 0)] == {"t": [20]}
+    again.release(np.array([1]), np.array([0]), 1)  # before the trainer is restored (a refused resume): kept
+    assert _parts(tmp_path) == ["part-000000.parquet", "part-000002.parquet"]
+    again.resumed()
+    again.release(np.array([1]), np.array([0]), 1)  # step 0 durable, restorable: sample 0 (step 0) passed too
+    assert _parts(tmp_path) == ["part-000002.parquet"]
 
 
 def test_an_unreadable_payload_file_is_one_line(tmp_path):
@@ -160,7 +195,7 @@ def test_resume_replays_the_steps_after_the_trainers_newest_checkpoint(tmp_path,
         assert all(p is not None for p in second.batches[k][3])
     assert sorted(second.batches) == list(range(floor, 32 // 4))
     assert any(f"restored weights version {floor}" in n for n in res.notes)
-    assert not (log / PAYLOAD_FILE).exists()
+    assert not (log / PAYLOAD_DIR).exists()
 
     class _Bad(_Recording):
         def durable(self, version):
@@ -172,24 +207,16 @@ def test_resume_replays_the_steps_after_the_trainers_newest_checkpoint(tmp_path,
 
 
 def test_consumed_payloads_stay_until_the_trainer_can_restore_past_them(tmp_path):
-    class _Work:
-        prompt_ids = np.array(["a", "b"])
-        sample_row = np.array([0, 0, 1, 1])
-        sample_index = np.array([0, 1, 0, 1])
-
     held = PendingPayloads()
     held.durable = lambda version: version // 2 * 2  # a checkpoint every 2 steps
     held.add(np.arange(4), [{"t": [i]} for i in range(4)])
-    finished = np.ones(4, dtype=bool)
+    held.write(tmp_path, np.array([True, True, False, False]), _Work())  # part 0: samples 0, 1
+    held.write(tmp_path, np.ones(4, dtype=bool), _Work())  # part 1: samples 2, 3
     held.release(np.array([0, 1]), np.array([0, 0]), 1)  # step 0 logged; restorable: version 0
-    held.write(tmp_path, finished, _Work())
-    assert len(read_payloads(tmp_path)) == 4  # step 0 is replayed by a resume now
+    assert _parts(tmp_path) == ["part-000000.parquet", "part-000001.parquet"]  # a resume replays step 0
     held.release(np.array([2]), np.array([1]), 2)  # version 2 restorable: steps 0 and 1 are past
-    held.write(tmp_path, finished, _Work())
-    assert read_payloads(tmp_path) == {("b", 1): {"t": [3]}}
+    assert _parts(tmp_path) == ["part-000001.parquet"]
     held.release(np.array([3]), np.array([2]), 3)  # step 2 logged, version 2 restorable: kept for the replay
-    held.write(tmp_path, finished, _Work())
-    assert read_payloads(tmp_path) == {("b", 1): {"t": [3]}}
+    assert _parts(tmp_path) == ["part-000001.parquet"]
     held.release(np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), 4)
-    held.write(tmp_path, finished, _Work())
-    assert not (tmp_path / PAYLOAD_FILE).exists()
+    assert _parts(tmp_path) == [] and held.idle

@@ -63,11 +63,21 @@ def _kill_at(proc: subprocess.Popen, seconds: float) -> bool:
         return True
 
 
+def _has_committed(run_dir: Path, table: str) -> bool:
+    """Whether ``run_dir``'s meta.json commits a part of ``table`` (a part on disk may not be committed yet)."""
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    first, end = meta.get("parts", {}).get(table, [0, 0])
+    return end > first
+
+
 def _kill_mid_run(proc: subprocess.Popen, run_dir: Path, extra: float, table: str = "minibatches") -> bool:
     """Wait until ``run_dir`` has committed rows of ``table``, then SIGKILL ``proc`` ``extra`` seconds later."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
-        if (run_dir / "meta.json").exists() and any((run_dir / table).glob("part-*.parquet")):
+        if _has_committed(run_dir, table):
             break
         time.sleep(0.02)
     return _kill_at(proc, extra)

@@ -355,7 +355,7 @@ def _run_locked(
             notes += restore_payloads(Path(log_dir), work, state.queued, batches, recorder, returns_payload)
             restore_carries(work, state.minibatch_version)
             engine.advance_clock(state.clock)
-            weights, replayed = replay(log, work, trainer, batches, recorder, state.next_step, returns_payload)
+            weights, replayed = replay(log, work, trainer, batches, recorder.payloads, state.next_step, returns_payload)
             steps_done = state.next_step
             notes.append(
                 f"resumed {log_dir}: {int(state.done.sum())} of {work.n_minibatches} minibatches and "

@@ -156,7 +156,7 @@ class Recorder:
         # Buffered and applied in bulk (continuous mode returns up to one event
         # per sample; a numpy scatter per event would dominate the run).
         self._arrivals.append(ev)
-        self.payloads.add(ev.samples, None if self.writer is None else ev.payload)  # for the log's payload file
+        self.payloads.add(ev.samples, None if self.writer is None else ev.payload)  # for the log's payload parts
 
     def _apply_arrivals(self) -> None:
         if not self._arrivals:
@@ -297,7 +297,7 @@ class Recorder:
             rows = self.queue_rows[self._new_queue_from :]
             self._new_queue_from = len(self.queue_rows)
             self.writer.write_part(R.QUEUE, R.queue_columns(rows))
-        if not self.payloads.idle:  # before the commit, with this commit's consumed samples still in (see payloads)
+        if not self.payloads.idle:  # before the commit: the parts hold what it commits (see payloads)
             self.payloads.write(self.writer.path, ~np.isnan(self.mb_end)[self.sample_mb], self.work)
         self.writer.commit(faults={"count": self.n_faults, "first": self.faults})
         self.payloads.release(durable, self.consumed_step[durable], self._new_steps_from)

@@ -44,32 +44,23 @@ def consumed_batches(log: R.RunLog, work: Any, first: int, last: int) -> list[np
     return out
 
 
-def _hold_consumed(stored: dict, work: Any, recorder: Any) -> None:
-    """Hold the stored payloads of consumed samples again, before anything can fail.
-
-    A resume refused from here on (the trainer's restore) flushes the log as
-    it stops; the payload file it rewrites must keep what a later resume replays.
-    """
-    row_of = {pid: r for r, pid in enumerate(work.prompt_ids.tolist())}
-    first = work.row_first_samples()
-    keys = [k for k in stored if k[0] in row_of and k[1] < int(work.n_samples[row_of[k[0]]])]
-    gid = np.asarray([int(first[row_of[p]]) + i for p, i in keys], dtype=np.int64)
-    steps = recorder.consumed_step[gid].astype(np.int64) if gid.size else gid
-    pick = np.flatnonzero(steps >= 0)
-    recorder.payloads.hold(gid[pick], steps[pick], [stored[keys[j]] for j in pick.tolist()])
-
-
-def replay(log: R.RunLog, work: Any, trainer: Any, batches: Any, recorder: Any, version: int,
+def replay(log: R.RunLog, work: Any, trainer: Any, batches: Any, payloads: Any, version: int,
            expected: bool) -> tuple[Any, list[str]]:  # fmt: skip
     """Restore ``trainer`` for a log holding ``version`` steps; the weights workers load, and notes.
 
     ``batches`` (the run's ``BatchBuilder``, already restored from the log)
-    builds each replayed step's batch as the run did; ``recorder`` holds the
-    replayed samples' payloads again until the trainer passes them.
-    ``expected``: the backend returns payloads (hf, vllm).
+    builds each replayed step's batch as the run did. ``payloads`` (the
+    recorder's ``PendingPayloads``) already holds the parts the resume found
+    (``restore_payloads``); they stay whole until the trainer is restored,
+    so a resume refused here leaves them for the next. ``expected``: the
+    backend returns payloads (hf, vllm).
     """
-    stored = read_payloads(Path(log.path))
-    _hold_consumed(stored, work, recorder)
+    weights, notes = _replay(log, work, trainer, batches, version, expected)
+    payloads.resumed()
+    return weights, notes
+
+
+def _replay(log: R.RunLog, work: Any, trainer: Any, batches: Any, version: int, expected: bool) -> tuple[Any, list[str]]:
     floor = trainer.durable(version)
     if isinstance(floor, bool) or not isinstance(floor, (int, np.integer)) or not 0 <= floor <= version:
         raise RunError(f"the trainer's durable({version}) returned {floor!r}; it must be a version from 0 to {version}")
@@ -79,6 +70,7 @@ def replay(log: R.RunLog, work: Any, trainer: Any, batches: Any, recorder: Any, 
         return weights, []
     ids_per_step = consumed_batches(log, work, floor, version)
     ids = np.concatenate(ids_per_step)
+    stored = read_payloads(Path(log.path))
     names = zip(work.prompt_ids[work.sample_row[ids]].tolist(), work.sample_index[ids].tolist(), strict=True)
     payload = [stored.get((str(p), int(i))) for p, i in names]
     missing = sum(p is None for p in payload)

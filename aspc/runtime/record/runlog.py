@@ -9,6 +9,9 @@ Layout::
     RUN/queue/part-*.parquet            queue depth after every change
     RUN/consumed/part-*.parquet         (prompt_id, sample_index, consumed_step) per
                                         consumed sample, while the run is not finished
+    RUN/payloads/part-*.parquet         the tokens of samples a resume may hand to the
+                                        trainer, while the run is not finished (not a
+                                        kind: :mod:`aspc.runtime.record.payloads`)
 
 Every part is written whole or not at all (temp file + fsync + rename);
 ``meta.json`` says ``running`` until the run completes (``complete``) or

@@ -18,7 +18,7 @@ from aspc.errors import AspcError, ConfigError, Interrupted, OutputError
 from aspc.io.runlog_meta import RUNLOG_FORMAT, RUNLOG_VERSION
 from aspc.io.table import column_numpy
 from aspc.runtime.record.lock import LOCK_FILE, RunLogLock
-from aspc.runtime.record.payloads import PAYLOAD_FILE
+from aspc.runtime.record.payloads import delete_payloads
 from aspc.runtime.record.runlog import (
     CONSUMED,
     KINDS,
@@ -211,7 +211,7 @@ class RunLogWriter:
         self._compact()
         self.commit(status=STATUS_COMPLETE, summary=summary)
         self.collect_garbage()
-        (self.path / PAYLOAD_FILE).unlink(missing_ok=True)  # a complete run resumes nothing
+        delete_payloads(self.path)  # a complete run resumes nothing
         consumed = self.path / CONSUMED
         if consumed.is_dir() and not any(consumed.iterdir()):
             consumed.rmdir()

@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_ORDER",
     "BOUNDED_ORDER",
     "PREDICTOR_KINDS",
+    "REPLAN_EVERY",
     "STRATEGIES",
     "TARGETS",
     "Strategy",
@@ -70,3 +71,8 @@ PREDICTOR_KINDS = ("lexical", "transformer", "static")
 
 # aspc export --format.
 EXPORT_FORMATS = ("verl", "jsonl")
+
+# --replan re-plans after every this many trainer steps by default (8 beat 2
+# and 4 on the CASTILLO reference scenario: a correction needs enough new
+# prompts). Here so the CLI shows it without loading the re-planner.
+REPLAN_EVERY = 8

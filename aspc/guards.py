@@ -65,8 +65,10 @@ def check_number(
     below = lo is not None and (value <= lo if lo_open else value < lo)
     above = hi is not None and value > hi
     if below or above:
-        lo_txt = "" if lo is None else (f"> {lo:g}" if lo_open else f">= {lo:g}")
-        hi_txt = "" if hi is None else f"<= {hi:g}"
+        # Integer bounds print exactly (2147483647, not 2.14748e+09).
+        fmt = (lambda x: f"{int(x)}") if integer else (lambda x: f"{x:g}")
+        lo_txt = "" if lo is None else (f"> {fmt(lo)}" if lo_open else f">= {fmt(lo)}")
+        hi_txt = "" if hi is None else f"<= {fmt(hi)}"
         rng = " and ".join(t for t in (lo_txt, hi_txt) if t)
         shown = value if integer or abs(float(value)) < 1e15 else f"{float(value):.3g}"
         raise ConfigError(f"{name} must be {rng}, got {shown}")
@@ -102,6 +104,8 @@ def check_run_config(config: object) -> None:
     check_number("--workers", g(config, "workers"), lo=1, hi=2**31 - 1, integer=True)
     check_number("--global-batch", g(config, "global_batch"), lo=1, hi=2**62, integer=True)
     check_number("--reload-time", g(config, "reload_time"), lo=0, hi=1e12)
+    # The simulator's kernels hold K in an int64 and add it to a step count.
+    check_number("--max-staleness", g(config, "max_staleness"), lo=1, hi=2**31 - 1, integer=True)
     check_number("--max-new-tokens", g(config, "max_new_tokens"), lo=1, hi=MAX_LENGTH, integer=True)
     check_number("--samples-per-prompt", g(config, "samples_per_prompt"), lo=1, hi=2**31 - 1, integer=True)
     check_number("--max-retries", g(config, "max_retries"), lo=0, hi=2**31 - 1, integer=True)
@@ -209,7 +213,8 @@ def check_output(
     try:
         link = path.is_symlink()
         if link and not path.exists():
-            raise OutputError(f"{option} {raw} is a dangling symlink; remove it or point it at a regular file")
+            want = "a directory" if kind == "dir" else "a regular file"
+            raise OutputError(f"{option} {raw} is a dangling symlink; remove it or point it at {want}")
         real = Path(os.path.realpath(path))
     except OSError as exc:
         # ENAMETOOLONG, ELOOP: the OS refuses the name itself.

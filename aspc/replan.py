@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from aspc import portable_math as pm
+from aspc.choices import REPLAN_EVERY
 from aspc.compiler import CompileConfig, compile_plan
 from aspc.emit import schema as S
 from aspc.emit.plan import write_plan
@@ -44,6 +45,7 @@ from aspc.io.prompts import PromptTable
 from aspc.predict.base import LengthPrediction
 from aspc.predict.features import FeatureConfig, Features, featurize
 from aspc.predict.ridge import ridge_fit
+from aspc.runtime.config import revised_minibatch_bound
 from aspc.runtime.contracts import Replanner, ReplanView
 
 # Fewest fully returned prompts before a correction is fitted: below this the
@@ -62,9 +64,7 @@ HOLDOUT_SHARE = 0.25
 # Sibling shrinkage: a remainder prompt with j returned samples takes
 # (sum of them + SIBLING_PRIOR * predicted) / (j + SIBLING_PRIOR).
 SIBLING_PRIOR = 1.0
-# Re-plan after every this many trainer steps by default (8 beat 2 and 4 on
-# the CASTILLO reference scenario: a correction needs enough new prompts).
-DEFAULT_EVERY_STEPS = 8
+DEFAULT_EVERY_STEPS = REPLAN_EVERY
 # No revision once fewer than this many minibatches per worker are left.
 TAIL_ROUNDS = 4
 # How the note of a run that re-planned nothing starts (OnlineReplanner.notes): the commands that print a
@@ -303,10 +303,8 @@ class OnlineReplanner(Replanner):
         ``b`` prompts on average, kept at most the plan's largest, and each
         holds at most ``b`` plus the slack (:func:`aspc.compiler.resolve_sizes`).
         """
-        rows = self._rows
-        slack = self.config.slack if self.config.slack is not None and self.config.slack < rows else rows // 4
-        most = (rows + max(slack, rows // 4)) * int(work.n_samples.max())
-        return max(int(work.minibatch_sizes.max()), most)
+        return revised_minibatch_bound(self._rows, self.config.slack, int(work.n_samples.max()),
+                                       int(work.minibatch_sizes.max()))  # fmt: skip
 
     def revise(self, view: ReplanView) -> pa.Table | None:
         # Near the end a revision can only hurt: prompts it now thinks long

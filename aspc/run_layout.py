@@ -50,17 +50,30 @@ def log_layout(root: str | os.PathLike) -> str | None:
     return SINGLE if is_run_log(p) else None
 
 
+def logged_epochs(root: str | os.PathLike) -> int:
+    """The highest K of the ``epoch-K`` logs and ``plans/epoch-K.parquet`` plans under ``root`` (0: none)."""
+    p = Path(root)
+    names = [e.name for e in p.iterdir() if e.is_dir()] if p.is_dir() else []
+    names += [f.stem for f in (p / "plans").glob("epoch-*.parquet")]
+    return max((int(n[6:]) for n in names if _EPOCH_DIR.match(n)), default=0)
+
+
 def check_log_layout(
-    root: str | os.PathLike | None, *, epochs: bool, scout: bool, resume: bool, overwrite: bool
-) -> str | None:
+    root: str | os.PathLike | None, *, epochs: bool, scout: bool, resume: bool, overwrite: bool,
+    n_epochs: int | None = None,
+) -> str | None:  # fmt: skip
     """Refuse a ``--log`` that holds another kind of run than this one (``epochs``: the epochs layout).
 
     Returns the layout found (None for an absent or empty directory).
 
+    ``n_epochs``: the epochs this run asks for, where known; a resume that
+    asks for fewer than the log holds is refused (it would leave the later
+    epochs out and still exit 0).
+
     Raises
     ------
     ConfigError
-        ``--resume`` on another kind of run; without ``--resume`` and
+        ``--resume`` on another kind of run, or of fewer epochs; without ``--resume`` and
         ``--overwrite``, a directory that already holds anything; and a
         directory of files that are not an aspc run (resumed, overwritten or
         not), in the single-run writer's words.
@@ -81,9 +94,23 @@ def check_log_layout(
             )
         return None
     want = SCOUT if scout else (EPOCHS if epochs else SINGLE)
+    logged = logged_epochs(p) if layout != SINGLE else 0
     if resume and layout != want:
+        if want == SINGLE and logged:  # --epochs left at 1: name the options that resume it
+            how = f"--epochs {max(logged, 2)}"
+            if layout == SCOUT:
+                how = f"--epochs {logged} --scout" if logged > 1 else "--scout"
+            raise ConfigError(
+                f"--log {p} holds a run of {logged} epoch{'s' if logged != 1 else ''} started {_STARTED[layout]}: "
+                f"resume it with {how} (or more epochs to go on), or pick a new --log"
+            )
         raise ConfigError(
             f"--log {p} holds a run started {_STARTED[layout]}: resume it the same way, or pick a new --log"
+        )
+    if resume and n_epochs is not None and logged > n_epochs:
+        raise ConfigError(
+            f"--log {p} holds {logged} epochs, more than --epochs {n_epochs}: resume it with --epochs {logged} "
+            "(or more to go on), or pass --overwrite to start again"
         )
     if not (resume or overwrite):
         if layout == want and layout != SINGLE:

@@ -23,8 +23,10 @@ Repeats. One simulation is one draw: which recorded lengths the samples
 replay, and the random baseline's shuffle, move a single ratio by several
 percent. With ``repeats`` R, repeat r uses seed ``seed + r`` for the compile
 (random baseline, annealer) and the run, and when prompts have more recorded
-lengths than samples, draws (seeded) which of them the samples replay;
-ratios to ``random`` are then reported as mean and standard deviation.
+lengths than samples, repeats after the first draw (seeded) which of them the
+samples replay; repeat 0 replays them in recorded order, so it is the single
+run of seed ``seed``. :func:`aspc.simulate_compare.comparison_table` reports
+the repeats' means (maxima for ``*_max``) and each ratio's spread.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.api import run
 from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.config import RunConfig
+from aspc.simulate_compare import comparison_table  # noqa: F401  (the results' table, re-exported)
 
 ORACLE = "oracle"
 ORACLE_EXACT = "oracle-exact"
@@ -60,16 +63,6 @@ SCOUTS = (SCOUT, SCOUT_KEEP, SCOUT_ROLL)
 EXTRA_STRATEGIES = (REPLAN, SCOUT, SCOUT_KEEP, SCOUT_ROLL, ORACLE, ORACLE_EXACT)
 # Strategies that read every prompt's actual lengths before the run.
 NEEDS_ALL_LENGTHS = (SCOUT, SCOUT_KEEP, SCOUT_ROLL, ORACLE, ORACLE_EXACT)
-# Keys averaged over repeats (with their spread) in comparison_table.
-REPEAT_KEYS = (
-    "mean_iteration_time",
-    "steady_iteration_time",
-    "makespan",
-    "makespan_over_lower_bound",
-    "trainer_wait_fraction",
-    "policy_lag_max",
-)
-
 
 # Every repeat's result is kept for the spread; a thousand already pins a mean down.
 MAX_REPEATS = 1000
@@ -172,7 +165,8 @@ def simulate_strategies(
         prediction, identity = None, {}
     if actual_lengths_path is not None:
         actual = read_history(
-            actual_lengths_path, id_field=inputs.id_field, length_field=inputs.length_field or "length"
+            actual_lengths_path, id_field=inputs.id_field, length_field=inputs.length_field or "length",
+            option="--length-field",
         )
         name = os.path.basename(os.fspath(actual_lengths_path))
     else:
@@ -203,7 +197,7 @@ def simulate_strategies(
         cap = config.max_response_length or run_config.max_new_tokens
         cfg_r = dataclasses.replace(config, seed=seed, max_response_length=cap)
         run_r = dataclasses.replace(run_config, seed=seed)
-        actual_r = actual if repeats == 1 else draw_lengths(_unaligned(actual), seed)
+        actual_r = actual if r == 0 else draw_lengths(_unaligned(actual), seed)
         for strategy in strategies:
             res = _simulate_one(
                 strategy, table, prediction, identity, actual_r, name, inputs, cfg_r, run_r,
@@ -409,38 +403,3 @@ def _kept(table: PromptTable, plan_table: Any, scouted: np.ndarray, tokens: int)
     order = np.array([row[str(p)] for p in plan_table.column(S.PROMPT_ID).to_pylist()], dtype=np.int64)
     s = np.asarray(scouted, dtype=np.float64)[order]
     return np.where(s < tokens, np.rint(s), -1).astype(np.int64)
-
-
-def comparison_table(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Summaries per strategy, with ``*_vs_random`` ratios when ``random`` ran.
-
-    With repeats (lists of results), each strategy's entry holds the mean of
-    :data:`REPEAT_KEYS` over the repeats, the ratios as the mean of the
-    per-repeat ratios, and ``repeats``: key -> {mean, std, values}.
-    """
-    runs = {k: (v if isinstance(v, list) else [v]) for k, v in results.items()}
-    n = len(next(iter(runs.values()))) if runs else 0
-    base = runs.get("random")
-    out: dict[str, dict[str, Any]] = {}
-    for name, rs in runs.items():
-        dicts = [r.summary.to_dict() for r in rs]
-        for i, d in enumerate(dicts):
-            for key in ("mean_iteration_time", "steady_iteration_time"):
-                b = base[i].summary.to_dict().get(key) if base else None
-                m = d.get(key)
-                d[f"{key}_vs_random"] = m / b if (b and m is not None) else None
-        entry = dict(dicts[0])
-        if n > 1:
-            spread: dict[str, Any] = {}
-            keys = (*REPEAT_KEYS, "mean_iteration_time_vs_random", "steady_iteration_time_vs_random")
-            for key in keys:
-                vals = [d.get(key) for d in dicts]
-                if any(v is None for v in vals):
-                    continue
-                arr = np.asarray(vals, dtype=np.float64)
-                spread[key] = {"mean": float(arr.mean()), "std": float(arr.std(ddof=1)), "values": arr.tolist()}
-                entry[key] = float(arr.mean())
-            entry["repeats"] = spread
-            entry["n_repeats"] = n
-        out[name] = entry
-    return out

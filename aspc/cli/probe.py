@@ -137,7 +137,7 @@ def probe_cmd(
     if actual_lengths is not None:
         from aspc.io.history import read_history
 
-        lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field)
+        lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field, option="--length-field")
     backend, trainer, backend_notes = build_real_components(
         kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
     )

@@ -8,6 +8,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from aspc.choices import REPLAN_EVERY
 from aspc.cli.backend_options import build_real_components, real_backend_options
 from aspc.cli.common import (
     CliError,
@@ -66,7 +67,7 @@ _ROWS = (
 )
 
 
-def _interrupted_message(exc: Interrupted, log_dir: Path | None) -> str:
+def _interrupted_message(exc: Interrupted, log_dir: Path | None, epochs: int = 1) -> str:
     """One line: what the signal did to the run, and the command that continues it."""
     import json
     import shlex
@@ -78,9 +79,9 @@ def _interrupted_message(exc: Interrupted, log_dir: Path | None) -> str:
     if log_dir is None:
         return f"interrupted by {name}; the run had no --log, so there is nothing to resume"
     # The epochs layout (--epochs): the latest epoch's log is the one a signal stopped.
-    epochs = sorted(log_dir.glob("epoch-*/meta.json"), key=lambda m: int(k) if (k := m.parent.name[6:]).isdigit() else -1)
+    logs = sorted(log_dir.glob("epoch-*/meta.json"), key=lambda m: int(k) if (k := m.parent.name[6:]).isdigit() else -1)
     scout = log_dir / "scout" / "meta.json"  # --scout: the scout runs before epoch 1
-    meta_file = epochs[-1] if epochs else (scout if scout.is_file() else log_dir / "meta.json")
+    meta_file = logs[-1] if logs else (scout if scout.is_file() else log_dir / "meta.json")
     if not meta_file.is_file():
         return f"interrupted by {name} before the run log was started; nothing was written to {log_dir}"
     argv = sys.argv[1:]
@@ -93,6 +94,12 @@ def _interrupted_message(exc: Interrupted, log_dir: Path | None) -> str:
         status = json.loads(meta_file.read_text(encoding="utf-8")).get("status", "?")
     except (OSError, ValueError, AttributeError):
         status = "?"
+    if status == "complete" and meta_file.parent != log_dir:  # between epochs: the next one never began
+        done = "the length scout" if meta_file == scout else f"epoch {meta_file.parent.name[6:]} of {epochs}"
+        return (
+            f"interrupted by {name} after {done} finished, before the next epoch started; "
+            f"run log {log_dir} keeps every finished epoch: continue it with --resume: {cmd}"
+        )
     return (
         f"interrupted by {name}; run log {log_dir} is marked {status} and keeps every committed sample: "
         f"continue it with --resume: {cmd}"
@@ -219,7 +226,7 @@ def run_cmd(
     epochs: int,
     length_drift: float,
     replan: bool,
-    replan_every: int,
+    replan_every: int | None,
     scout: bool,
     scout_tokens: int | None,
     scout_keep: bool,
@@ -255,7 +262,7 @@ def run_cmd(
 
     layout = check_log_layout(
         log_dir, epochs=epochs != 1 or bool(length_drift) or scout, scout=scout and not scout_roll, resume=resume,
-        overwrite=overwrite,
+        overwrite=overwrite, n_epochs=epochs if epochs != 1 or length_drift or scout else None,
     )
     config, cost = run_config_from_kwargs(
         kwargs,
@@ -276,11 +283,11 @@ def run_cmd(
 
         lengths = None
         if actual_lengths is not None:
-            lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field)
+            lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field, option="--length-field")
         backend, trainer, backend_notes = build_real_components(
             kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
         )
-        notes = [*global_batch_note(config, plan.table), *staleness_notes(config, plan, check=not scout)]
+        notes = [*global_batch_note(config, plan.table), *staleness_notes(config, plan, check=not scout, replan=replan)]
         for msg in [*backend_notes, *notes]:
             note(msg, quiet)
         if epochs != 1 or length_drift or scout:
@@ -300,7 +307,7 @@ def run_cmd(
                 plan.config or {}, workers=config.workers, max_response_length=config.max_new_tokens
             )
             replanner = OnlineReplanner(
-                plan.table, cfg, every_steps=replan_every, log_dir=log_dir, input_hash=plan.input_hash
+                plan.table, cfg, every_steps=replan_every or REPLAN_EVERY, log_dir=log_dir, input_hash=plan.input_hash
             )
         if overwrite and layout not in (None, SINGLE):  # epochs replaced by one run: none of them may survive
             clear_run_dir(log_dir)
@@ -326,7 +333,7 @@ def run_cmd(
                 progress=progress,
             )
     except Interrupted as exc:
-        raise CliError(_interrupted_message(exc, log_dir), exc.exit_code) from None
+        raise CliError(_interrupted_message(exc, log_dir, epochs), exc.exit_code) from None
     if log_dir is not None:  # the plan's prompt texts let 'aspc predict train RUN' learn from the run
         from aspc.predict.pairs import keep_plan_in_log
 

@@ -7,8 +7,10 @@ from typing import Any
 
 import click
 
+from aspc.choices import REPLAN_EVERY
 from aspc.cli.common import RichProgress, emit_json, note, out_console
 from aspc.errors import ConfigError
+from aspc.guards import check_number
 
 # The options of the multi-epoch branch, applied to ``aspc run`` (kept here, beside what they drive).
 _EPOCH_OPTIONS = [
@@ -33,7 +35,8 @@ _EPOCH_OPTIONS = [
         help="Re-plan the undispatched remainder from the lengths returned so far, every --replan-every "
         "trainer steps (any backend); revisions go to RUN/plans/revision-R.parquet.",
     ),
-    click.option("--replan-every", type=int, default=8, show_default=True, help="Trainer steps per re-planning window."),
+    click.option("--replan-every", type=int, default=None,
+                 help=f"With --replan: trainer steps per re-planning window.  [default: {REPLAN_EVERY}]"),  # fmt: skip
     click.option(
         "--scout",
         is_flag=True,
@@ -79,7 +82,7 @@ def epoch_options(f: Any) -> Any:
 
 
 def check_epoch_options(
-    epochs: int, log_dir: Path | None, length_drift: float, replan: bool, replan_every: int, scout: bool = False,
+    epochs: int, log_dir: Path | None, length_drift: float, replan: bool, replan_every: int | None, scout: bool = False,
     scout_tokens: int | None = None, scout_keep: bool = False, scout_keep_through: int | None = None,
     backend: str = "sim", *, scout_roll: bool = False, scout_windows: int | None = None,
 ) -> None:  # fmt: skip
@@ -88,8 +91,9 @@ def check_epoch_options(
         raise ConfigError("--length-drift scales the epochs after the first: pass --epochs N with N >= 2")
     if epochs != 1 and log_dir is None:
         raise ConfigError("--epochs writes one plan and one run log per epoch: pass --log RUN")
-    if replan and replan_every < 1:
-        raise ConfigError(f"--replan-every must be >= 1, got {replan_every}")
+    if replan_every is not None and not replan:
+        raise ConfigError("--replan-every sets how often --replan re-plans: pass --replan too, or drop it")
+    check_number("--replan-every", replan_every, lo=1, hi=2**31 - 1, integer=True)
     if scout_tokens is not None and not scout:
         raise ConfigError("--scout-tokens sets the cut of the length scout: pass --scout too, or drop it")
     if scout and log_dir is None:
@@ -115,7 +119,7 @@ def run_epochs_cmd(
     actual_lengths: Path | None,
     length_drift: float,
     replan: bool,
-    replan_every: int,
+    replan_every: int | None,
     *,
     overwrite: bool,
     resume: bool,
@@ -153,7 +157,7 @@ def run_epochs_cmd(
             overwrite=overwrite,
             resume=resume,
             compile_overrides={"max_response_length": config.max_new_tokens} if config.max_new_tokens else None,
-            replan_every=replan_every if replan else None,
+            replan_every=(replan_every or REPLAN_EVERY) if replan else None,
             sim_cost_model=cost,
             lengths_name=actual_lengths.name if actual_lengths else "",
             progress=progress,

@@ -102,8 +102,9 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
     type=int,
     default=1,
     show_default=True,
-    help="Simulate seeds seed..seed+R-1 (random baseline, annealer, which recorded lengths are replayed); "
-    "ratios are shown as mean ± std.",
+    help="Simulate seeds seed..seed+R-1 (random baseline, annealer; repeats after the first also draw which "
+    "recorded lengths are replayed, so repeat 0 is the single run). Ratios are shown as mean ± std; --json holds "
+    "each field's mean over the repeats (the max for *_max fields).",
 )
 @input_options
 # No --strategy here: --strategies names them all, and a --strategy beside it

@@ -35,6 +35,7 @@ def read_history(
     prompts: tuple[Sequence[str], Sequence[str]] | None = None,
     tokenizer: Any | None = None,
     verl_stats: list[dict[str, Any]] | None = None,
+    option: str = "--history-length-field",
 ) -> dict[str, np.ndarray]:
     """Prompt id -> every observed length (float64) over ``sources``.
 
@@ -53,6 +54,9 @@ def read_history(
     verl_stats
         When given, one dict per verl rollout source is appended (files,
         samples, matched, counted_with), for the plan metadata and notes.
+    option
+        The flag a missing length field's error tells the user to pass
+        (``--length-field`` where the source is ``--actual-lengths``).
 
     Raises
     ------
@@ -75,7 +79,7 @@ def read_history(
                 )
             found = got.lengths
         else:
-            found = read_lengths(path, id_field=id_field, length_field=length_field, option="--history-length-field")
+            found = read_lengths(path, id_field=id_field, length_field=length_field, option=option)
         for pid, lens in found.items():
             merged.setdefault(pid, []).append(lens)
     return {k: np.concatenate(v) for k, v in merged.items()}

@@ -189,8 +189,8 @@ def run(
     table, plan_info = _plan_parts(plan)
     work = work_from_table(table, samples_per_prompt=config.samples_per_prompt)
     capacity = resolve_queue_capacity(config, int(work.minibatch_sizes.max()))
-    # A revised minibatch larger than K global batches could never start: sized before the run.
-    check_staleness(config, int(work.minibatch_sizes.max()) if replanner is None else replanner.largest_minibatch(work))
+    largest = int(work.minibatch_sizes.max()) if replanner is None else replanner.largest_minibatch(work)
+    check_staleness(config, largest, revised=replanner is not None)  # a revision too large never starts
     kind = parse_backend(config.backend)
 
     if carried is not None:

@@ -184,12 +184,25 @@ def global_batch_note(config: RunConfig, plan_table: object) -> list[str]:
     ]
 
 
-def staleness_notes(config: RunConfig, plan: object, *, check: bool = True) -> list[str]:
+def revised_minibatch_bound(rows: int, slack: int | None, samples: int, largest: int) -> int:
+    """Samples a minibatch of a ``--replan`` revision can hold, at most.
+
+    A revision cuts the remainder into as many minibatches as it had, of ``b``
+    prompts on average, kept at most the plan's largest (``rows`` prompts), and
+    each holds at most ``b`` plus the slack (:func:`aspc.compiler.resolve_sizes`),
+    of at most ``samples`` samples each; ``largest`` is the plan's own largest.
+    """
+    d = slack if slack is not None and slack < rows else rows // 4
+    return max(int(largest), (rows + max(d, rows // 4)) * int(samples))
+
+
+def staleness_notes(config: RunConfig, plan: object, *, check: bool = True, replan: bool = False) -> list[str]:
     """Under ``--max-staleness``: refuse a bound no minibatch of ``plan`` can meet, else note an unbounded order.
 
     The refusal (``check``: the plan runs as it is, not replaced by a scout's)
     comes here, before the command prints any note, as well as in
-    :func:`aspc.runtime.run` (which also sizes it by a replanner's revisions).
+    :func:`aspc.runtime.run`. Under ``replan`` it is sized by the largest
+    revision, as the run sizes it, so the K it suggests is one the run accepts.
     The note is not an error: the bound holds whatever the order; but asp's
     interleaving of long and short minibatches costs the most under a bound,
     where equal minibatches shortest first (``--order ascending``) cost the least.
@@ -204,7 +217,12 @@ def staleness_notes(config: RunConfig, plan: object, *, check: bool = True) -> l
     if check and table.num_rows:
         per = config.samples_per_prompt
         n = np.full(table.num_rows, per) if per else table.column(S.N_SAMPLES).to_numpy()
-        check_staleness(config, int(np.bincount(table.column(S.MINIBATCH).to_numpy(), weights=n).max()))
+        mb = table.column(S.MINIBATCH).to_numpy()
+        largest = int(np.bincount(mb, weights=n).max())
+        if replan:
+            slack = (plan.config or {}).get("slack")  # type: ignore[attr-defined]
+            largest = revised_minibatch_bound(int(np.bincount(mb).max()), slack, int(n.max()), largest)
+        check_staleness(config, largest, revised=replan)
     cfg = plan.config or {}  # type: ignore[attr-defined]
     if cfg.get("strategy", "asp") != "asp" or cfg.get("order", "lpt") == "ascending":
         return []
@@ -215,7 +233,7 @@ def staleness_notes(config: RunConfig, plan: object, *, check: bool = True) -> l
     ]
 
 
-def check_staleness(config: RunConfig, largest_minibatch: int) -> None:
+def check_staleness(config: RunConfig, largest_minibatch: int, *, revised: bool = False) -> None:
     """Refuse a staleness bound that no dispatch could meet (the run would deadlock).
 
     With nothing in flight and up to one global batch minus one sample queued,
@@ -225,8 +243,9 @@ def check_staleness(config: RunConfig, largest_minibatch: int) -> None:
     k = config.max_staleness
     if k is not None and largest_minibatch > k * config.global_batch:
         raise ConfigError(
-            f"--max-staleness {k}: the plan's largest minibatch ({largest_minibatch} samples) is more than "
-            f"{k} global batches ({k * config.global_batch} samples), so it could never start; raise "
+            f"--max-staleness {k}: {'a re-planned' if revised else 'the plan' + chr(39) + 's largest'} minibatch "
+            f"({'up to ' if revised else ''}{largest_minibatch} samples) is more than "
+            f"{k} global batch{'es' if k != 1 else ''} ({k * config.global_batch} samples), so it could never start; raise "
             f"--max-staleness to {-(-largest_minibatch // config.global_batch)} or --global-batch to "
             f"{-(-largest_minibatch // k)}, or compile smaller minibatches"
         )

@@ -55,6 +55,12 @@ from pathlib import Path
 from aspc.atomic import atomic_write_bytes
 from aspc.errors import ConfigError
 
+# Seconds per step, per sequence or per token. A million seconds (11.6 days) is
+# far past any device; the bound keeps every simulated time finite (a step of
+# 10^9 context tokens for 10^9 steps stays below 1e33 s), where 1e306 made the
+# simulator's sums overflow to inf and its kernels index out of range.
+COEFFICIENT_MAX = 1e6
+
 
 @dataclass(frozen=True)
 class SimCostModel:
@@ -73,6 +79,11 @@ class SimCostModel:
             v = getattr(self, f.name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ConfigError(f"cost model {f.name} must be a finite number >= 0, got {v!r}")
+            if v > COEFFICIENT_MAX:
+                raise ConfigError(
+                    f"cost model {f.name} must be <= {COEFFICIENT_MAX:g} seconds, got {v:.3g}; "
+                    "fix the cost-model file (aspc calibrate writes one)"
+                )
 
     def to_dict(self) -> dict[str, float]:
         return {f.name: float(getattr(self, f.name)) for f in dataclasses.fields(self)}

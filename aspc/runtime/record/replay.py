@@ -22,7 +22,7 @@ import numpy as np
 from aspc.errors import AspcError, RunError
 from aspc.runtime.core.scheduler import TrainStep
 from aspc.runtime.record import runlog as R
-from aspc.runtime.record.payloads import read_payloads
+from aspc.runtime.record.payloads import read_payloads, sample_ids
 
 
 def consumed_batches(log: R.RunLog, work: Any, first: int, last: int) -> list[np.ndarray]:
@@ -30,13 +30,10 @@ def consumed_batches(log: R.RunLog, work: Any, first: int, last: int) -> list[np
     con = log.tables[R.CONSUMED]
     steps = np.asarray(con.column("consumed_step").to_numpy(zero_copy_only=False), dtype=np.int64)
     pick = np.flatnonzero(steps >= first)
-    row_of = {pid: r for r, pid in enumerate(work.prompt_ids.tolist())}
     pids = con.column("prompt_id").take(pick).to_pylist()
-    rows = np.fromiter((row_of.get(p, -1) for p in pids), np.int64, pick.size)
-    if np.any(rows < 0):
-        raise RunError(f"{log.path}: cannot resume: its consumed samples name prompts this plan does not have")
-    idx = np.asarray(con.column("sample_index").take(pick).to_numpy(zero_copy_only=False), dtype=np.int64)
-    gid = work.row_first_samples()[rows] + idx
+    gid = sample_ids(work, list(zip(pids, con.column("sample_index").take(pick).to_pylist(), strict=True)))
+    if np.any(gid < 0):
+        raise RunError(f"{log.path}: cannot resume: its consumed samples name samples this plan does not have")
     out = [gid[steps[pick] == k] for k in range(first, last)]
     if any(ids.size == 0 for ids in out):
         raise RunError(f"{log.path}: cannot resume: the log keeps no consumed samples of a step from {first} on "

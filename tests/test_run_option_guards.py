@@ -1,0 +1,195 @@
+"""Runtime options a bug hunt broke: each case failed on the code before its fix.
+
+Out-of-range K and cost coefficients reached the simulator's kernels (a Numba
+TypingError traceback, an overflow to a null mean); a refusal suggested a K
+the next check refused; errors named the wrong flag; an option without the
+one it modifies was silently ignored; ``--repeats`` mixed one repeat's fields
+with another's means; epoch resumes that asked for fewer epochs than the log
+held exited 0.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from aspc.cli import main
+from tests.conftest import lognormal_records, write_jsonl
+
+
+def _run(*args: str) -> object:
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def _one_line_error(r) -> str:
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2, r.output
+    assert len(lines) == 1 and lines[0].startswith("Error: "), r.output
+    return lines[0]
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "x.jsonl", lognormal_records(120))
+
+
+@pytest.fixture
+def plan(tmp_path: Path, small: Path) -> Path:
+    out = tmp_path / "p.parquet"
+    r = _run("compile", small, "--length-field", "lengths", "-o", out, "-q")
+    assert r.exit_code == 0, r.output
+    return out
+
+
+# --------------------------------------------------------------------------- ranges
+
+
+@pytest.mark.parametrize("cmd", ["run", "simulate"])
+def test_max_staleness_past_int64_is_one_line(tmp_path, small, plan, cmd):
+    head = ["run", plan] if cmd == "run" else ["simulate", small, "--length-field", "lengths"]
+    msg = _one_line_error(_run(*head, "--max-staleness", str(2**64), "-q"))
+    assert "--max-staleness must be >= 1 and <= 2147483647" in msg
+    assert not any(tmp_path.glob("**/meta.json"))
+
+
+def test_largest_max_staleness_runs(plan):
+    r = _run("run", plan, "--max-staleness", str(2**31 - 1), "--json", "-q")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["policy_lag_max"] >= 0
+
+
+@pytest.mark.parametrize("key", ["decode_base", "prefill_per_token", "train_per_token"])
+@pytest.mark.parametrize("cmd", ["run", "simulate"])
+def test_huge_cost_coefficient_is_one_line(tmp_path, small, plan, key, cmd):
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({key: 1e306}))
+    head = ["run", plan] if cmd == "run" else ["simulate", small, "--length-field", "lengths"]
+    msg = _one_line_error(_run(*head, "--cost-model", cost, "-q"))
+    assert f"cost model {key} must be <= 1e+06 seconds, got 1e+306" in msg
+
+
+def test_largest_cost_coefficients_give_finite_metrics(tmp_path, plan):
+    from aspc.runtime.backends.sim_cost import COEFFICIENT_MAX, SIM_COST_MODEL_KEYS
+
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({k: COEFFICIENT_MAX for k in SIM_COST_MODEL_KEYS}))
+    r = _run("run", plan, "--cost-model", cost, "--json", "-q")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["mean_iteration_time"] is not None and 0 < out["mean_iteration_time"] < 1e300
+
+
+# --------------------------------------------------------------------------- a refusal's advice is accepted
+
+
+def _advice(msg: str) -> tuple[int, int]:
+    m = re.search(r"raise --max-staleness to (\d+) or --global-batch to (\d+)", msg)
+    assert m, msg
+    return int(m.group(1)), int(m.group(2))
+
+
+@pytest.mark.parametrize("extra", [[], ["--replan"]])
+def test_staleness_refusal_suggests_values_the_run_accepts(plan, extra):
+    msg = _one_line_error(_run("run", plan, "--max-staleness", "1", "--global-batch", "8", *extra, "-q"))
+    if extra:
+        assert "a re-planned minibatch (up to" in msg
+    k, b = _advice(msg)
+    for args in (["--max-staleness", k, "--global-batch", "8"], ["--max-staleness", "1", "--global-batch", b]):
+        r = _run("run", plan, *args, *extra, "--json", "-q")
+        assert r.exit_code == 0, (args, r.output)
+        assert json.loads(r.output)["policy_lag_max"] <= int(args[1])
+
+
+# --------------------------------------------------------------------------- flags named right
+
+
+def test_missing_actual_length_field_names_length_field(tmp_path, small, plan):
+    hist = write_jsonl(tmp_path / "h.jsonl", [{"id": "p00000", "len": 3}])
+    for args in (
+        ["run", plan, "--actual-lengths", hist],
+        ["simulate", small, "--actual-lengths", hist],
+        ["probe", small, "--backend", "sim", "--actual-lengths", hist, "--log", tmp_path / "pr", "-o", tmp_path / "pr.jsonl"],
+    ):
+        msg = _one_line_error(_run(*args, "-q"))
+        assert "missing length field 'length'; pass --length-field NAME" in msg, args
+
+
+def test_replan_every_needs_replan(plan):
+    msg = _one_line_error(_run("run", plan, "--replan-every", "3", "-q"))
+    assert "--replan-every sets how often --replan re-plans: pass --replan too" in msg
+    assert "must be >= 1" in _one_line_error(_run("run", plan, "--replan", "--replan-every", "0", "-q"))
+    assert _run("run", plan, "--replan", "--replan-every", "3", "-q").exit_code == 0
+
+
+# --------------------------------------------------------------------------- simulate --repeats
+
+
+def test_repeats_aggregate_every_field_and_repeat_zero_is_the_single_run(small):
+    def sim(*extra):
+        r = _run("simulate", small, "--length-field", "lengths", "--strategies", "random,asp", "--json", "-q", *extra)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)["strategies"]["asp"]
+
+    single, rep = sim(), sim("--repeats", "3")
+    spread = rep["repeats"]
+    assert spread["makespan"]["values"][0] == single["makespan"]
+    assert spread["mean_iteration_time"]["values"][0] == single["mean_iteration_time"]
+    assert rep["policy_lag_max"] == max(spread["policy_lag_max"]["values"])
+    assert isinstance(rep["policy_lag_max"], int)
+    assert rep["makespan"] == pytest.approx(sum(spread["makespan"]["values"]) / 3)
+    # Every field is one aggregate: repeat 0's lower bound beside the mean makespan could exceed it.
+    assert rep["lower_bound"] <= rep["makespan"]
+    assert rep["samples_planned"] == single["samples_planned"]
+    assert set(rep["bubbles"]) == set(single["bubbles"])
+
+
+def test_aggregate_rules():
+    from aspc.simulate_compare import aggregate
+
+    assert aggregate("policy_lag_max", [2, 5, 3]) == 5
+    assert aggregate("makespan", [1.0, 2.0, 6.0]) == 3.0
+    assert aggregate("n_workers", [8, 8]) == 8
+    assert aggregate("bubbles", [{"a": 1.0, "b": 0.0}, {"a": 3.0, "b": 1.0}]) == {"a": 2.0, "b": 0.5}
+    assert aggregate("w", [[1.0, 2.0], [3.0, 4.0]]) == [2.0, 3.0]
+    assert aggregate("x", [1.0, None]) is None
+    assert aggregate("w", [[1.0], [1.0, 2.0]]) is None
+
+
+# --------------------------------------------------------------------------- epochs and --log
+
+
+def test_signal_between_epochs_names_the_epoch(tmp_path):
+    from aspc.cli.run import _interrupted_message
+    from aspc.errors import Interrupted
+
+    (tmp_path / "epoch-1").mkdir()
+    (tmp_path / "epoch-1" / "meta.json").write_text(json.dumps({"status": "complete"}))
+    msg = _interrupted_message(Interrupted(2), tmp_path, 3)
+    assert "after epoch 1 of 3 finished, before the next epoch started" in msg
+    assert "marked complete" not in msg
+    (tmp_path / "epoch-2").mkdir()
+    (tmp_path / "epoch-2" / "meta.json").write_text(json.dumps({"status": "interrupted"}))
+    assert "is marked interrupted" in _interrupted_message(Interrupted(2), tmp_path, 3)
+
+
+def test_resume_with_fewer_epochs_than_logged_is_refused(tmp_path, plan):
+    log = tmp_path / "E"
+    assert _run("run", plan, "--epochs", "3", "--log", log, "-q").exit_code == 0
+    before = sorted(str(p.relative_to(log)) for p in log.rglob("*"))
+    msg = _one_line_error(_run("run", plan, "--epochs", "2", "--log", log, "--resume", "-q"))
+    assert "holds 3 epochs, more than --epochs 2: resume it with --epochs 3" in msg
+    msg = _one_line_error(_run("run", plan, "--log", log, "--resume", "-q"))
+    assert "holds a run of 3 epochs" in msg and "resume it with --epochs 3" in msg
+    assert sorted(str(p.relative_to(log)) for p in log.rglob("*")) == before
+    assert _run("run", plan, "--epochs", "3", "--log", log, "--resume", "-q").exit_code == 0
+
+
+def test_dangling_log_symlink_asks_for_a_directory(tmp_path, plan):
+    link = tmp_path / "L"
+    link.symlink_to(tmp_path / "absent")
+    msg = _one_line_error(_run("run", plan, "--log", link, "-q"))
+    assert "is a dangling symlink; remove it or point it at a directory" in msg

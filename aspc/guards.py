@@ -35,6 +35,13 @@ SEED_MAX = 2**63 - 1
 # far past any useful value (κ ≫ B already means "fewest minibatches") and
 # keeps every DP cost finite for lengths up to MAX_LENGTH and 10^8 prompts.
 MINIBATCH_OVERHEAD_MAX = 1e6
+# Generation workers: the simulator and the dispatcher keep state per worker
+# (2**31 of them ran out of memory with no message); no RL deployment runs
+# anywhere near 65,536 generation engines.
+MAX_WORKERS = 2**16
+# Samples per trainer step: a trillion is far past any; the queue's auto
+# capacity (one batch plus a minibatch per worker) then stays in range.
+MAX_GLOBAL_BATCH = 2**40
 # Response lengths in tokens: no model generates 10^9 tokens, and the largest
 # cost (prompts × samples × length) then stays far below float64 overflow.
 MAX_LENGTH = 1e9
@@ -101,8 +108,8 @@ def check_compile_config(config: object) -> None:
 def check_run_config(config: object) -> None:
     """Range-check the numeric fields of a :class:`aspc.runtime.RunConfig`."""
     g = getattr
-    check_number("--workers", g(config, "workers"), lo=1, hi=2**31 - 1, integer=True)
-    check_number("--global-batch", g(config, "global_batch"), lo=1, hi=2**62, integer=True)
+    check_number("--workers", g(config, "workers"), lo=1, hi=MAX_WORKERS, integer=True)
+    check_number("--global-batch", g(config, "global_batch"), lo=1, hi=MAX_GLOBAL_BATCH, integer=True)
     check_number("--reload-time", g(config, "reload_time"), lo=0, hi=1e12)
     # The simulator's kernels hold K in an int64 and add it to a step count.
     check_number("--max-staleness", g(config, "max_staleness"), lo=1, hi=2**31 - 1, integer=True)

@@ -43,6 +43,7 @@ from aspc.choices import STRATEGIES
 from aspc.compiler import compile_plan, prediction_from_lengths, prepare
 from aspc.emit import schema as S
 from aspc.errors import ConfigError, InputError
+from aspc.guards import SEED_MAX
 from aspc.io.history import read_history
 from aspc.io.lengths_by_id import LengthsById
 from aspc.io.ragged import RaggedLengths
@@ -136,6 +137,9 @@ def simulate_strategies(
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
         raise ConfigError(f"--repeats must be an integer in 1..{MAX_REPEATS}, got {repeats!r}")
+    if isinstance(config.seed, int) and 0 <= config.seed <= SEED_MAX < config.seed + repeats - 1:
+        raise ConfigError(f"--seed {config.seed} with --repeats {repeats}: repeat r runs seed {config.seed} + r, past "
+                          f"2**63-1; use a --seed of at most {SEED_MAX - repeats + 1}")  # fmt: skip
     if scout_tokens is not None:
         from aspc.scout import scout_tokens as check_tokens
 

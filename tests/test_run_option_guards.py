@@ -193,3 +193,23 @@ def test_dangling_log_symlink_asks_for_a_directory(tmp_path, plan):
     link.symlink_to(tmp_path / "absent")
     msg = _one_line_error(_run("run", plan, "--log", link, "-q"))
     assert "is a dangling symlink; remove it or point it at a directory" in msg
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["--workers", str(2**31 - 1)], "--workers must be >= 1 and <= 65536"),  # ran out of memory, no message
+        (["--global-batch", str(2**62)], "--global-batch must be >= 1 and <= 1099511627776"),  # named --queue-capacity
+        (["--seed", str(2**63 - 1), "--repeats", "2"], "use a --seed of at most 9223372036854775806"),
+    ],
+)
+def test_simulate_extremes_are_one_line(small, args, want):
+    assert want in _one_line_error(_run("simulate", small, "--length-field", "lengths", *args, "-q"))
+
+
+def test_most_workers_run(plan):
+    from aspc.guards import MAX_WORKERS
+
+    r = _run("run", plan, "--workers", MAX_WORKERS, "--json", "-q")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["n_workers"] == MAX_WORKERS

@@ -35,6 +35,10 @@ SEED_MAX = 2**63 - 1
 # far past any useful value (κ ≫ B already means "fewest minibatches") and
 # keeps every DP cost finite for lengths up to MAX_LENGTH and 10^8 prompts.
 MINIBATCH_OVERHEAD_MAX = 1e6
+# Annealing proposals: the kernel runs them in one compiled call that no
+# signal interrupts (10^8 take ~8 s on 2 cores; 2**62 ran for hours, deaf to
+# SIGTERM). 250 times the largest default, far past where the balance settles.
+MAX_ANNEAL_ITERATIONS = 10**8
 # Generation workers: the simulator and the dispatcher keep state per worker
 # (2**31 of them ran out of memory with no message); no RL deployment runs
 # anywhere near 65,536 generation engines.
@@ -100,7 +104,9 @@ def check_compile_config(config: object) -> None:
     check_number("--groups", g(config, "groups"), lo=1, hi=2**31 - 1, integer=True)
     check_number("--group-size", g(config, "group_size"), lo=1, hi=2**31 - 1, integer=True)
     check_number("--samples-per-prompt", g(config, "samples_per_prompt"), lo=1, hi=2**31 - 1, integer=True)
-    check_number("--anneal-iterations", g(config, "anneal_iterations"), lo=0, hi=2**62, integer=True)
+    check_number("--anneal-iterations", g(config, "anneal_iterations"), lo=0, hi=MAX_ANNEAL_ITERATIONS, integer=True)
+    check_number("--max-response-length", g(config, "max_response_length", None), lo=1, hi=MAX_LENGTH, integer=True)
+    check_number("--max-prompt-length", g(config, "max_prompt_length", None), lo=1, hi=MAX_LENGTH, integer=True)
     check_number("--workers", g(config, "workers", None), lo=1, hi=2**31 - 1, integer=True)
     check_seed(g(config, "seed"))
 

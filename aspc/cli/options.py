@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from aspc.choices import DEFAULT_ORDER, MINIBATCH_COSTS, ON_BAD_LINE, ORDERS, STRATEGIES, TARGETS
+from aspc.errors import ConfigError
 
 if TYPE_CHECKING:  # the compiler loads numba and pyarrow: imported when a command runs, not for --help
     from aspc.compiler import CompileConfig, InputOptions
@@ -181,4 +182,19 @@ def compile_config_from_kwargs(kwargs: dict[str, Any]) -> tuple[InputOptions, Co
         vals["order"] = DEFAULT_ORDER
     if "history" in vals:
         vals["history"] = tuple(vals["history"])
+    check_history_field(bool(vals.get("history")))
     return inputs, CompileConfig(**vals)
+
+
+def check_history_field(history: bool) -> None:
+    """Refuse ``--history-length-field`` given on the command line without ``--history``: it would be ignored.
+
+    Its default ("length") is recorded in every plan's config, so an explicit
+    flag is told from the default by where click took the value from.
+    """
+    ctx = click.get_current_context(silent=True)
+    if history or ctx is None:
+        return
+    if ctx.get_parameter_source("history_length_field") == click.core.ParameterSource.COMMANDLINE:
+        raise ConfigError("--history-length-field names the length field of --history datasets: pass --history "
+                          "too, or drop it")  # fmt: skip

@@ -26,6 +26,7 @@ from aspc.cli.common import (
     out_console,
     quiet_option,
 )
+from aspc.cli.options import check_history_field
 from aspc.cli.predict_eval import eval_cmd
 from aspc.cli.predict_options import (
     check_device,
@@ -299,6 +300,7 @@ def apply_cmd(
     from aspc.predict import HistoryPredictor, load_predictor
 
     small_pages_only()  # a million prompts' texts and features (a MiniLM, if any, is small)
+    check_history_field(bool(history))
     output = check_output(output, inputs=[data, *history, None if predictor == "default" else predictor])
     check_device(device)
     pred = load_predictor(predictor, target=target, device=device)

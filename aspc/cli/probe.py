@@ -127,6 +127,10 @@ def probe_cmd(
     output = check_output(output, inputs=reads, kind="dir")
     check_output_dir(output)
     check_output(log_dir, inputs=reads, kind="dir", option="--log", others={"-o": output})
+    # Said here: the run log's own words offer --resume, which probe does not have.
+    if not overwrite and log_dir.is_dir() and any(log_dir.iterdir()):
+        raise ConfigError(f"--log {log_dir}: directory exists and is not empty; pick a new path, or pass --overwrite "
+                          "to probe again")  # fmt: skip
     config, cost = run_config_from_kwargs(kwargs, seed=seed, samples_per_prompt=1)
     table = read_prompts(prompts_path, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)
     if len(table) < MIN_PAIRS:

@@ -311,8 +311,39 @@ def read_plan(path: str | os.PathLike, *, verify: bool = True) -> Plan:
         from_file=True,
         token_counter=_json(S.META_PROMPT_TOKENS),
     )
+    _check_metadata(plan, path.name)
     if verify:
         from aspc.emit.validate import validate_table
 
         validate_table(plan.table, name=path.name)
     return plan
+
+
+def _check_metadata(plan: Plan, name: str) -> None:
+    """Refuse metadata values of the wrong type that commands read (the rows hash covers only the rows).
+
+    A hand-edited ``response_cap: "x"`` made check, inspect, report and
+    export fail with a traceback; export after writing its output.
+    """
+    from aspc.guards import MAX_LENGTH
+
+    def bad(where: str, what: str) -> PlanError:
+        return PlanError(f"{name}: plan metadata {where} must be {what} (edited by hand?); recompile the plan")
+
+    for where, d, key in (("aspc.metrics", plan.metrics, "response_cap"),
+                          ("aspc.config", plan.config, "max_response_length"),
+                          ("aspc.config", plan.config, "max_prompt_length")):  # fmt: skip
+        v = d.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_LENGTH):
+            raise bad(f"{where} {key}", f"null or an integer in 1..{MAX_LENGTH:.0e}")
+    for where, d, key in (("aspc.metrics", plan.metrics, "cost_model"), ("aspc.config", plan.config, "minibatch_cost"),
+                          ("aspc.config", plan.config, "cost_model")):  # fmt: skip
+        if d.get(key) is not None and not isinstance(d[key], str):
+            raise bad(f"{where} {key}", "a string")
+    inputs = plan.config.get("inputs")
+    if inputs is not None and not (
+        isinstance(inputs, dict) and all(v is None or isinstance(v, (str, bool, int)) for v in inputs.values())
+        and all(inputs.get(k) is None or isinstance(inputs[k], str)
+                for k in ("prompt_field", "id_field", "length_field", "on_bad_line"))
+    ):  # fmt: skip
+        raise bad("aspc.config inputs", "an object of field names")

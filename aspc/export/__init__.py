@@ -40,6 +40,7 @@ from aspc.atomic import atomic_path
 from aspc.choices import EXPORT_FORMATS
 from aspc.emit import Plan, read_plan
 from aspc.emit import schema as S
+from aspc.emit.check import verify_integrity
 from aspc.errors import ConfigError, InputError, PlanError
 from aspc.export.overrides import override_args, verl_settings
 from aspc.export.source import check_rows, locate_source, source_records, source_table
@@ -174,6 +175,7 @@ def export_plan(
         raise ConfigError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
     plan_path, out_path = Path(plan_path), Path(out_path)
     plan = read_plan(plan_path)
+    verify_integrity(plan, plan_path.name)  # a plan 'aspc check' refuses (rows edited by hand) is not exported
     if plan.config.get("scout_roll") or any(str(p).endswith(S.SCOUT_ID_SUFFIX) for p in plan.column(S.PROMPT_ID)):
         raise PlanError(f"{plan_path.name}: a rolling scout's plan (aspc run --scout-roll) is planned again inside "
                         "the run as its scouts return, so no static order stands for it; export the plan it "
@@ -313,9 +315,23 @@ def _write_jsonl(
                 rec["data_source"] = data_source
             elif "data_source" not in rec:
                 rec["data_source"] = DEFAULT_DATA_SOURCE
-            fh.write(json.dumps(rec, ensure_ascii=False, default=_json_default) + "\n")
+            fh.write(_json_line(rec))
         _share(tmp)
     return has_ds or data_source is not None
+
+
+def _json_line(rec: dict) -> str:
+    """One strict JSON line; a value strict readers reject is an InputError (no line of the file is written)."""
+    try:
+        line = json.dumps(rec, ensure_ascii=False, default=_json_default, allow_nan=False) + "\n"
+        line.encode("utf-8")
+    # UnicodeEncodeError first: it is a ValueError too.
+    except UnicodeEncodeError:
+        raise InputError("a field of the source holds invalid Unicode (lone surrogates); re-encode the data as UTF-8") from None
+    except ValueError:
+        raise InputError("a field of the source holds NaN or Infinity, which JSON has no value for (strict readers "
+                         "refuse the line); fix the field, or export --format verl") from None  # fmt: skip
+    return line
 
 
 def _share(path: Path) -> None:

@@ -108,6 +108,9 @@ def source_table(source: Path, rows: list[int]) -> pa.Table:
             f"{source.name}: a field mixes value types across rows ({short_reason(exc, limit=100)}); "
             "it cannot be a Parquet column: export --format jsonl, or fix the field"
         ) from None
+    except UnicodeEncodeError:
+        raise InputError(f"{source.name}: a field holds invalid Unicode (lone surrogates); "
+                         "re-encode the data as UTF-8") from None  # fmt: skip
 
 
 def source_name(source: Path | None) -> str | None:

@@ -193,12 +193,13 @@ def iter_csv(path: Path) -> Iterator[tuple[int, int, Any]]:
         for line, cells in rows:
             if not cells:
                 continue
-            # csv.DictReader's layout: missing cells are None, extra ones go under None.
-            rec: dict[Any, Any] = dict(zip(names, cells, strict=False))
+            # csv.DictReader's layout: missing cells are None. Extra cells are a bad row: an unquoted comma in a
+            # prompt ("Hello, world") would otherwise cut the prompt at the comma and drop the rest silently.
+            rec: Any = dict(zip(names, cells, strict=False))
             if len(cells) < len(names):
                 rec.update({k: None for k in names[len(cells) :]})
             elif len(cells) > len(names):
-                rec[None] = cells[len(names) :]
+                rec = BadRecord(f"{len(cells)} fields but the header has {len(names)}; quote fields that hold commas")
             yield row, line, rec
             row += 1
     except _CsvError as exc:

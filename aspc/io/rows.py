@@ -139,7 +139,18 @@ def _parse_id(rec: dict, id_field: str) -> str | None:
     s = str(v)
     if not s.strip():
         raise _RowError(f"id field {id_field!r} is empty")
+    if not _utf8(s):
+        raise _RowError(f"id field {id_field!r} holds invalid Unicode (lone surrogates); re-encode the data as UTF-8")
     return s
+
+
+def _utf8(s: str) -> bool:
+    """Whether ``s`` encodes as UTF-8 (a JSON escape such as \\ud800 decodes to a lone surrogate, which does not)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _verl_index(rec: dict) -> str | None:
@@ -151,6 +162,8 @@ def _verl_index(rec: dict) -> str | None:
     if isinstance(v, bool) or not isinstance(v, (str, int, np.integer)) or isinstance(v, HugeInt):
         return None
     s = str(v)
+    if s.strip() and not _utf8(s):
+        raise _RowError("extra_info.index holds invalid Unicode (lone surrogates); re-encode the data as UTF-8")
     return s if s.strip() else None
 
 

@@ -1,0 +1,145 @@
+"""Inputs and plans a bug hunt broke in compile, export, check, inspect and probe: each case failed on the code
+before its fix (a traceback, a silently cut prompt, an output left behind, a flag the command does not have).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from aspc.cli import main
+from tests.conftest import lognormal_records, write_jsonl
+
+
+def _run(*args: object) -> object:
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def _one_line_error(r) -> str:
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code != 0, r.output
+    assert len(lines) == 1 and lines[0].startswith("Error: "), r.output
+    return lines[0]
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Path:
+    return write_jsonl(tmp_path / "x.jsonl", lognormal_records(60))
+
+
+@pytest.fixture
+def plan(tmp_path: Path, small: Path) -> Path:
+    out = tmp_path / "p.parquet"
+    assert _run("compile", small, "--length-field", "lengths", "-o", out, "-q").exit_code == 0
+    return out
+
+
+def test_lone_surrogate_id_is_one_line(tmp_path):
+    src = tmp_path / "s.jsonl"
+    src.write_text('{"id":"\\ud800","prompt":"x","lengths":[3]}\n')
+    for args in (["compile", src, "--length-field", "lengths", "-o", tmp_path / "o.parquet"],
+                 ["predict", "default", src, "-o", tmp_path / "a.parquet"]):  # fmt: skip
+        msg = _one_line_error(_run(*args))
+        assert "id field 'id' holds invalid Unicode (lone surrogates)" in msg
+    assert not list(tmp_path.glob("*.parquet"))
+
+
+@pytest.mark.parametrize(("value", "want"), [('"\\ud800"', "invalid Unicode"), ("NaN", "NaN or Infinity")])
+def test_export_jsonl_refuses_values_json_cannot_hold(tmp_path, value, want):
+    src = tmp_path / "s.jsonl"
+    src.write_text('{"id":"a","prompt":"x","lengths":[3],"extra":' + value + "}\n")
+    plan = tmp_path / "p.parquet"
+    assert _run("compile", src, "--length-field", "lengths", "-o", plan, "-q").exit_code == 0
+    formats = ["jsonl"] + (["verl"] if "Unicode" in want else [])
+    for fmt in formats:
+        out = tmp_path / f"e.{fmt}"
+        assert want in _one_line_error(_run("export", plan, "--format", fmt, "-o", out))
+        assert not out.exists()
+
+
+def test_csv_row_with_more_fields_than_the_header_is_refused(tmp_path):
+    src = tmp_path / "t.csv"
+    src.write_text("id,lengths,prompt\na,5,Hello, world\nb,6,Hi there\n")
+    out = tmp_path / "t.parquet"
+    msg = _one_line_error(_run("compile", src, "--length-field", "lengths", "-o", out))
+    assert "t.csv: line 2: 4 fields but the header has 3; quote fields that hold commas" in msg
+    assert not out.exists()
+    r = _run("compile", src, "--length-field", "lengths", "-o", out, "--on-bad-line", "skip", "-q")
+    assert r.exit_code == 0, r.output
+    assert pq.read_table(out).column("prompt").to_pylist() == ["Hi there"]
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "want"),
+    [
+        ("--anneal-iterations", 2**62, "--anneal-iterations must be >= 0 and <= 100000000"),
+        ("--max-response-length", 2**64, "--max-response-length must be >= 1 and <= 1000000000"),
+        ("--max-prompt-length", 2**64, "--max-prompt-length must be >= 1 and <= 1000000000"),
+    ],
+)
+def test_compile_option_bounds(tmp_path, small, option, value, want):
+    out = tmp_path / "o.parquet"
+    assert want in _one_line_error(_run("compile", small, "--length-field", "lengths", option, value, "-o", out))
+    assert not out.exists()
+
+
+def _edit(plan: Path, out: Path, key: str, field: str, value: object) -> Path:
+    t = pq.read_table(plan)
+    meta = dict(t.schema.metadata)
+    d = json.loads(meta[key.encode()])
+    d[field] = value
+    meta[key.encode()] = json.dumps(d).encode()
+    pq.write_table(t.replace_schema_metadata(meta), out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("key", "field", "value"),
+    [
+        ("aspc.metrics", "response_cap", "x"),
+        ("aspc.metrics", "response_cap", 1e300),
+        ("aspc.config", "max_prompt_length", "abc"),
+        ("aspc.config", "inputs", "s"),
+        ("aspc.config", "inputs", {"id_field": 3}),
+    ],
+)
+def test_edited_plan_metadata_is_one_line_everywhere(tmp_path, plan, key, field, value):
+    bad = _edit(plan, tmp_path / "bad.parquet", key, field, value)
+    out = tmp_path / "e.parquet"
+    for args in (["export", bad, "-o", out], ["check", bad], ["inspect", bad], ["report", bad, "-o", tmp_path / "r"]):
+        assert "plan metadata" in _one_line_error(_run(*args)), args
+    assert not out.exists()
+
+
+def test_export_refuses_edited_rows(tmp_path, plan):
+    t = pq.read_table(plan)
+    i = t.schema.get_field_index("predicted_len")
+    t = t.set_column(i, t.schema.field(i), pc.multiply(t["predicted_len"], 2))
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(t, bad)
+    out = tmp_path / "e.parquet"
+    assert "rows do not match the plan's metadata" in _one_line_error(_run("export", bad, "-o", out))
+    assert not out.exists()
+
+
+def test_probe_on_a_used_log_names_only_its_own_options(tmp_path, small):
+    log = tmp_path / "L"
+    log.mkdir()
+    (log / "f").write_text("x")
+    msg = _one_line_error(_run("probe", small, "--backend", "sim", "--actual-lengths", small, "--length-field",
+                               "lengths", "--log", log, "-o", tmp_path / "O"))  # fmt: skip
+    assert "pass --overwrite to probe again" in msg and "--resume" not in msg
+
+
+def test_history_length_field_without_history_is_refused(tmp_path, small):
+    want = "--history-length-field names the length field of --history datasets: pass --history too"
+    out = tmp_path / "o.parquet"
+    for args in (["compile", small, "--length-field", "lengths", "-o", out],
+                 ["predict", "apply", "default", small, "-o", out]):  # fmt: skip
+        assert want in _one_line_error(_run(*args, "--history-length-field", "n"))
+    assert not out.exists()

@@ -143,3 +143,10 @@ def test_history_length_field_without_history_is_refused(tmp_path, small):
                  ["predict", "apply", "default", small, "-o", out]):  # fmt: skip
         assert want in _one_line_error(_run(*args, "--history-length-field", "n"))
     assert not out.exists()
+
+
+def test_missing_path_without_a_suffix_says_no_such_file(tmp_path):
+    msg = _one_line_error(_run("compile", tmp_path / "nonexist", "--length-field", "lengths", "-o", tmp_path / "o.parquet"))
+    assert "nonexist: no such file; check the path" in msg
+    (tmp_path / "data.txt").write_text("x\n")  # an existing file of another type still names the types
+    assert "unsupported file type .txt" in _one_line_error(_run("compile", tmp_path / "data.txt", "-o", tmp_path / "o.parquet"))

@@ -135,8 +135,11 @@ def test_file_level_errors(tmp_path):
     (tmp_path / "real.jsonl").write_bytes((tmp_path / "real.parquet").read_bytes())
     with pytest.raises(InputError, match="Parquet file, not JSONL"):
         read_prompts(tmp_path / "real.jsonl")
+    (tmp_path / "data.txt").write_text("x\n")  # exists: a missing one says "no such file" first
     with pytest.raises(InputError, match="unsupported file type"):
         read_prompts(tmp_path / "data.txt")
+    with pytest.raises(InputError, match="no such file"):
+        read_prompts(tmp_path / "missing")
     with pytest.raises(InputError, match="no such file"):
         read_prompts(tmp_path / "missing.jsonl")
     with pytest.raises(ConfigError):

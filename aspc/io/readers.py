@@ -68,6 +68,8 @@ def detect_format(path: Path) -> str:
         return "csv"
     if suffix in (".parquet", ".pq"):
         return "parquet"
+    if not os.path.lexists(path):  # say so before the suffix: "nonexist" is a typo more often than a format
+        raise InputError(f"{path}: no such file; check the path")
     raise InputError(
         f"{path.name}: unsupported file type {suffix or '(none)'}; use one of {', '.join(SUPPORTED_SUFFIXES)}"
     )

@@ -20,6 +20,23 @@ def write_jsonl(path: Path, records: list) -> Path:
     return path
 
 
+def invoke_cli(*args: object):
+    """``aspc ARGS`` in this process (click's runner): exceptions propagate, so a traceback fails the test."""
+    from click.testing import CliRunner
+
+    from aspc.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def one_line_error(result, code: int | None = None) -> str:
+    """The single ``Error: ...`` line a refused command printed (asserts the exit code, else any non-zero)."""
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == code if code is not None else result.exit_code != 0, result.output
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    return lines[0]
+
+
 def lognormal_records(n: int, seed: int = 0, n_lengths: int = 4) -> list[dict]:
     rng = np.random.default_rng(seed)
     mu = rng.normal(5.5, 0.8, size=n)
@@ -31,6 +48,21 @@ def lognormal_records(n: int, seed: int = 0, n_lengths: int = 4) -> list[dict]:
         }
         for i in range(n)
     ]
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Path:
+    """120 prompts with 4 known lengths each (field ``lengths``)."""
+    return write_jsonl(tmp_path / "x.jsonl", lognormal_records(120))
+
+
+@pytest.fixture
+def plan(tmp_path: Path, small: Path) -> Path:
+    """``small`` compiled with its known lengths."""
+    out = tmp_path / "p.parquet"
+    r = invoke_cli("compile", small, "--length-field", "lengths", "-o", out, "-q")
+    assert r.exit_code == 0, r.output
+    return out
 
 
 @pytest.fixture

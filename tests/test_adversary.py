@@ -50,17 +50,7 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.fixture
-def small(tmp_path: Path) -> Path:
-    return write_jsonl(tmp_path / "x.jsonl", lognormal_records(120))
-
-
-@pytest.fixture
-def plan(tmp_path: Path, small: Path) -> Path:
-    out = tmp_path / "p.parquet"
-    r = _run("compile", str(small), "--length-field", "lengths", "-o", str(out), "-q")
-    assert r.exit_code == 0, r.output
-    return out
+# The fixtures small (120 prompts) and plan (compiled from it) are in conftest.
 
 
 # --------------------------------------------------------------------------- output over input

@@ -10,33 +10,9 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-from click.testing import CliRunner
 
-from aspc.cli import main
-from tests.conftest import lognormal_records, write_jsonl
-
-
-def _run(*args: object) -> object:
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-
-
-def _one_line_error(r) -> str:
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert r.exit_code != 0, r.output
-    assert len(lines) == 1 and lines[0].startswith("Error: "), r.output
-    return lines[0]
-
-
-@pytest.fixture
-def small(tmp_path: Path) -> Path:
-    return write_jsonl(tmp_path / "x.jsonl", lognormal_records(60))
-
-
-@pytest.fixture
-def plan(tmp_path: Path, small: Path) -> Path:
-    out = tmp_path / "p.parquet"
-    assert _run("compile", small, "--length-field", "lengths", "-o", out, "-q").exit_code == 0
-    return out
+from tests.conftest import invoke_cli as _run
+from tests.conftest import one_line_error as _one_line_error
 
 
 def test_lone_surrogate_id_is_one_line(tmp_path):

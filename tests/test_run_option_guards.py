@@ -12,37 +12,16 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from aspc.cli import main
-from tests.conftest import lognormal_records, write_jsonl
-
-
-def _run(*args: str) -> object:
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+from tests.conftest import invoke_cli as _run
+from tests.conftest import one_line_error, write_jsonl
 
 
-def _one_line_error(r) -> str:
-    lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert r.exit_code == 2, r.output
-    assert len(lines) == 1 and lines[0].startswith("Error: "), r.output
-    return lines[0]
+def _one_line_error(result) -> str:
+    return one_line_error(result, code=2)  # a usage error: click's exit code
 
-
-@pytest.fixture
-def small(tmp_path: Path) -> Path:
-    return write_jsonl(tmp_path / "x.jsonl", lognormal_records(120))
-
-
-@pytest.fixture
-def plan(tmp_path: Path, small: Path) -> Path:
-    out = tmp_path / "p.parquet"
-    r = _run("compile", small, "--length-field", "lengths", "-o", out, "-q")
-    assert r.exit_code == 0, r.output
-    return out
 
 
 # --------------------------------------------------------------------------- ranges

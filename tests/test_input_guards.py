@@ -126,3 +126,17 @@ def test_missing_path_without_a_suffix_says_no_such_file(tmp_path):
     assert "nonexist: no such file; check the path" in msg
     (tmp_path / "data.txt").write_text("x\n")  # an existing file of another type still names the types
     assert "unsupported file type .txt" in _one_line_error(_run("compile", tmp_path / "data.txt", "-o", tmp_path / "o.parquet"))
+
+
+def test_export_refuses_an_empty_data_source(tmp_path, plan):
+    out = tmp_path / "e.parquet"
+    for value in ("", "  "):
+        assert "--data-source is empty" in _one_line_error(_run("export", plan, "--data-source", value, "-o", out))
+    assert not out.exists()
+
+
+def test_top_k_past_int32_is_one_line(tmp_path, small):
+    r = _run("probe", small, "--backend", "sim", "--actual-lengths", small, "--length-field", "lengths",
+             "--top-k", 2**64, "--log", tmp_path / "L", "-o", tmp_path / "O")  # fmt: skip
+    assert "--top-k must be >= 0 (0 = off) and <= 2147483647" in _one_line_error(r)
+    assert not (tmp_path / "L").exists()

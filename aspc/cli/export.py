@@ -8,6 +8,7 @@ import click
 
 from aspc.choices import EXPORT_FORMATS
 from aspc.cli.common import RichProgress, emit_json, err_console, handle_errors, json_option, out_console, quiet_option
+from aspc.errors import ConfigError
 
 
 @click.command("export")
@@ -70,6 +71,8 @@ def export_cmd(
     from aspc.guards import check_output
 
     output = check_output(output, inputs=[plan_path, source])
+    if data_source is not None and not data_source.strip():  # verl picks the reward function by it
+        raise ConfigError("--data-source is empty; give the name verl's reward manager knows (e.g. openai/gsm8k)")
 
     with RichProgress(quiet) as progress:
         progress.stage("export")

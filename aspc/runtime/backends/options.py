@@ -74,8 +74,8 @@ def check_sampling(temperature: float | None, top_p: float | None, top_k: int | 
         raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_p is not None and not (0 < top_p <= 1):
         raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
-    if top_k is not None and top_k < 0:
-        raise ConfigError(f"--top-k must be >= 0 (0 = off), got {top_k}")
+    if top_k is not None and not 0 <= top_k <= 2**31 - 1:  # engines hold k in an int32
+        raise ConfigError(f"--top-k must be >= 0 (0 = off) and <= 2147483647, got {top_k}")
 
 
 DEFAULT_MAX_NEW_TOKENS = 256  # without replay or --max-new-tokens: long enough for short RL answers

@@ -140,3 +140,10 @@ def test_top_k_past_int32_is_one_line(tmp_path, small):
              "--top-k", 2**64, "--log", tmp_path / "L", "-o", tmp_path / "O")  # fmt: skip
     assert "--top-k must be >= 0 (0 = off) and <= 2147483647" in _one_line_error(r)
     assert not (tmp_path / "L").exists()
+
+
+def test_lexical_training_refuses_a_device(tmp_path, small):
+    out = tmp_path / "pred"
+    r = _run("predict", "train", small, "--length-field", "lengths", "--kind", "lexical", "--device", "cpu", "-o", out)
+    assert "--device cpu: the lexical predictor trains on the CPU" in _one_line_error(r)
+    assert not out.exists()

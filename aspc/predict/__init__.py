@@ -177,6 +177,9 @@ def train_predictor(
     if kind == "lexical":
         if base_model is not None or freeze_encoder or epochs is not None:
             raise ConfigError("--base-model, --epochs and --freeze-encoder apply to --kind transformer only")
+        if device not in (None, "auto"):
+            raise ConfigError(f"--device {device}: the lexical predictor trains on the CPU with no device to "
+                              "choose; drop --device, or use --kind transformer or static")  # fmt: skip
         from aspc.predict.lexical_train import train_lexical
 
         return train_lexical(

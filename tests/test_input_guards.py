@@ -147,3 +147,21 @@ def test_lexical_training_refuses_a_device(tmp_path, small):
     r = _run("predict", "train", small, "--length-field", "lengths", "--kind", "lexical", "--device", "cpu", "-o", out)
     assert "--device cpu: the lexical predictor trains on the CPU" in _one_line_error(r)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "want"),
+    [
+        (lambda m: m["config"]["features"].update(bits=-1), "features.bits -1 is not an integer in 1..30"),
+        (lambda m: m.update(targets="abc"), "targets 'abc' are not names"),
+        (lambda m: m.update(targets=["a", "b", "c"]), "are not names of the weights'"),
+        (lambda m: m["marginal"].update(mean=float("nan")), "its metadata 'marginal' is not four finite lengths"),
+    ],
+)
+def test_edited_predictor_metadata_is_one_line(tmp_path, small, edit, want):
+    pred = tmp_path / "pred"
+    assert _run("predict", "train", small, "--length-field", "lengths", "-o", pred, "-q").exit_code == 0
+    meta = json.loads((pred / "metadata.json").read_text())
+    edit(meta)
+    (pred / "metadata.json").write_text(json.dumps(meta))
+    assert want in _one_line_error(_run("predict", "eval", pred, small, "--length-field", "lengths", "--json"))

@@ -19,7 +19,7 @@ from aspc.cli.predict_options import (
     target_field_option,
     target_option,
 )
-from aspc.errors import ConfigError
+from aspc.errors import ConfigError, PredictorError
 
 
 @click.command("eval")
@@ -90,6 +90,9 @@ def eval_cmd(
         result["coverage_q10_q90_samples"] = result["coverage_q10_q90"]
     marginal = pred.metadata.get("marginal")
     source = "training marginal"
+    if marginal and not _finite_marginal(marginal):  # hand-edited metadata: NaN would print as invalid JSON
+        raise PredictorError(f"{predictor}: its metadata 'marginal' is not four finite lengths >= 0 (mean, q10, "
+                             "q50, q90); retrain the predictor")  # fmt: skip
     if not marginal:
         marginal, source = marginal_summary(pairs.lengths), "evaluation-data marginal"
     result["baseline"] = {
@@ -140,3 +143,11 @@ def _eval_per_target(pred: Any, pairs: Any) -> dict[str, Any]:
     result["per_target"] = per
     result["mean_over_targets"] = {k: float(np.mean([m[k] for m in per.values()])) for k in keys}
     return result
+
+
+def _finite_marginal(m: object) -> bool:
+    keys = ("mean", "q10", "q50", "q90")
+    return isinstance(m, dict) and all(
+        isinstance(m.get(k), (int, float)) and not isinstance(m.get(k), bool) and 0 <= m[k] < float("inf")
+        for k in keys
+    )

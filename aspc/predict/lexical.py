@@ -200,8 +200,16 @@ class LexicalPredictor(Predictor):
             config = LexicalConfig.from_dict(meta["config"])
             targets = list(meta["targets"])
             cals = [Calibration.from_arrays(arrays, f"cal{i}_") for i in range(len(arrays["intercepts"]))]
+            # Checked before use: a hand-edited bits of -1 raised "negative shift count", targets "abc" an IndexError.
+            bits = config.features.bits
+            if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 30:
+                raise ValueError(f"features.bits {bits!r} is not an integer in 1..30")
+            heads = len(arrays["intercepts"])  # one per target, the pooled one after them
+            names = isinstance(meta["targets"], list) and all(isinstance(t, str) for t in targets)
+            if not names or len(targets) >= heads:
+                raise ValueError(f"targets {meta['targets']!r} are not names of the weights' {heads - 1} target heads")
             pred = cls(config, arrays["beta"], arrays["alpha"], arrays["intercepts"], targets, cals, meta)
-        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        except (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
             raise PredictorError(
                 f"{path}: lexical predictor weights are missing or corrupt ({exc}); retrain it"
             ) from None

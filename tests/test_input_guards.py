@@ -165,3 +165,32 @@ def test_edited_predictor_metadata_is_one_line(tmp_path, small, edit, want):
     edit(meta)
     (pred / "metadata.json").write_text(json.dumps(meta))
     assert want in _one_line_error(_run("predict", "eval", pred, small, "--length-field", "lengths", "--json"))
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["--strategy", "sorted", "--slack", "2", "--order", "lpt"], "--slack, --order: --strategy sorted cuts"),
+        (["--strategy", "random", "--anneal-iterations", "5"], "--anneal-iterations: --strategy random cuts"),
+        (["--order", "ascending", "--minibatch-overhead", "3", "--equal-samples"],
+         "--minibatch-overhead, --equal-samples: --order ascending cuts equal minibatches"),
+    ],
+)
+def test_options_the_strategy_ignores_are_refused(tmp_path, small, args, want):
+    out = tmp_path / "o.parquet"
+    assert want in _one_line_error(_run("compile", small, "--length-field", "lengths", *args, "-o", out))
+    assert not out.exists()
+
+
+def test_ignored_options_change_no_row(tmp_path, small, monkeypatch):
+    """What the refusal rests on: let through, these options do not move a row of a sorted plan."""
+    import aspc.cli.options as options
+
+    monkeypatch.setattr(options, "check_used", lambda *a: None)
+    hashes = set()
+    for extra in ([], ["--slack", "3", "--anneal-iterations", "7", "--minibatch-overhead", "9", "--equal-samples"]):
+        out = tmp_path / f"o{len(extra)}.parquet"
+        r = _run("compile", small, "--length-field", "lengths", "--strategy", "sorted", *extra, "-o", out, "-q")
+        assert r.exit_code == 0, r.output
+        hashes.add(pq.read_schema(out).metadata[b"aspc.rows_hash"])
+    assert len(hashes) == 1

@@ -183,7 +183,34 @@ def compile_config_from_kwargs(kwargs: dict[str, Any]) -> tuple[InputOptions, Co
     if "history" in vals:
         vals["history"] = tuple(vals["history"])
     check_history_field(bool(vals.get("history")))
+    check_used(vals.get("strategy", "asp"), vals.get("order"))
     return inputs, CompileConfig(**vals)
+
+
+# Options only asp's DP and annealer read: the baselines cut fixed-size minibatches and dispatch them in
+# their own order, and asp with --order ascending cuts equal ones and keeps them ascending.
+_ASP_ONLY = ("slack", "minibatch_overhead", "anneal_iterations", "equal_samples")
+
+
+def _given(name: str) -> bool:
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+
+
+def check_used(strategy: str, order: str | None) -> None:
+    """Refuse compile options given on the command line that this strategy and order would ignore."""
+    if strategy in ("sorted", "random"):
+        unused = [n for n in (*_ASP_ONLY, "order") if _given(n)]
+        why = f"--strategy {strategy} cuts fixed-size minibatches in its own order"
+    elif order == "ascending":
+        unused = [n for n in _ASP_ONLY if _given(n)]
+        why = "--order ascending cuts equal minibatches and keeps them in ascending order"
+    else:
+        return
+    if unused:
+        flags = ", ".join("--" + n.replace("_", "-") for n in unused)
+        raise ConfigError(f"{flags}: {why}, so {'it is' if len(unused) == 1 else 'they are'} not used; drop "
+                          f"{'it' if len(unused) == 1 else 'them'}")  # fmt: skip
 
 
 def check_history_field(history: bool) -> None:
@@ -192,9 +219,6 @@ def check_history_field(history: bool) -> None:
     Its default ("length") is recorded in every plan's config, so an explicit
     flag is told from the default by where click took the value from.
     """
-    ctx = click.get_current_context(silent=True)
-    if history or ctx is None:
-        return
-    if ctx.get_parameter_source("history_length_field") == click.core.ParameterSource.COMMANDLINE:
+    if not history and _given("history_length_field"):
         raise ConfigError("--history-length-field names the length field of --history datasets: pass --history "
                           "too, or drop it")  # fmt: skip

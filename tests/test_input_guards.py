@@ -194,3 +194,8 @@ def test_ignored_options_change_no_row(tmp_path, small, monkeypatch):
         assert r.exit_code == 0, r.output
         hashes.add(pq.read_schema(out).metadata[b"aspc.rows_hash"])
     assert len(hashes) == 1
+
+
+def test_missing_run_log_says_no_such_directory(tmp_path):
+    msg = _one_line_error(_run("calibrate", tmp_path / "nonexist"))
+    assert "nonexist: no such directory; pass the directory given to 'aspc run --log'" in msg

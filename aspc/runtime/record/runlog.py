@@ -216,6 +216,8 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     meta_path = p / META_FILE
     if not meta_path.is_file():
+        if not os.path.lexists(p):
+            raise RunError(f"{p}: no such directory; pass the directory given to 'aspc run --log'")
         hint = epochs_root_hint(p) or "; pass the directory given to 'aspc run --log'"
         raise RunError(f"{p}: not an aspc run log (no {META_FILE}){hint}")
     try:

@@ -8,7 +8,13 @@ from pathlib import Path
 import click
 
 from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, out_console, quiet_option
-from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options, tokenizer_option
+from aspc.cli.options import (
+    compile_config_from_kwargs,
+    compile_options,
+    input_options,
+    tokenizer_option,
+    unused_note,
+)
 from aspc.cli.render import metrics_table
 
 
@@ -41,6 +47,8 @@ def compile_cmd(
     inputs, config = compile_config_from_kwargs(kwargs)
     config = dataclasses.replace(config, workers=workers)
     check_compile_config(config)
+    for msg in unused_note(config.strategy, config.order):
+        note(msg, quiet)
     predictor_dir = None if config.predictor in (None, "default") else config.predictor
     output = check_output(output, inputs=[input_path, *config.history, predictor_dir])
     with RichProgress(quiet) as progress:

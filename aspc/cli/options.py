@@ -183,7 +183,6 @@ def compile_config_from_kwargs(kwargs: dict[str, Any]) -> tuple[InputOptions, Co
     if "history" in vals:
         vals["history"] = tuple(vals["history"])
     check_history_field(bool(vals.get("history")))
-    check_used(vals.get("strategy", "asp"), vals.get("order"))
     return inputs, CompileConfig(**vals)
 
 
@@ -197,8 +196,12 @@ def _given(name: str) -> bool:
     return ctx is not None and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
 
 
-def check_used(strategy: str, order: str | None) -> None:
-    """Refuse compile options given on the command line that this strategy and order would ignore."""
+def unused_note(strategy: str, order: str | None) -> list[str]:
+    """A note naming compile options given on the command line that this strategy and order ignore.
+
+    A note, not an error: a script that compiles every strategy with one set
+    of options (a comparison) is right to pass them all.
+    """
     if strategy in ("sorted", "random"):
         unused = [n for n in (*_ASP_ONLY, "order") if _given(n)]
         why = f"--strategy {strategy} cuts fixed-size minibatches in its own order"
@@ -206,11 +209,11 @@ def check_used(strategy: str, order: str | None) -> None:
         unused = [n for n in _ASP_ONLY if _given(n)]
         why = "--order ascending cuts equal minibatches and keeps them in ascending order"
     else:
-        return
-    if unused:
-        flags = ", ".join("--" + n.replace("_", "-") for n in unused)
-        raise ConfigError(f"{flags}: {why}, so {'it is' if len(unused) == 1 else 'they are'} not used; drop "
-                          f"{'it' if len(unused) == 1 else 'them'}")  # fmt: skip
+        return []
+    if not unused:
+        return []
+    flags = ", ".join("--" + n.replace("_", "-") for n in unused)
+    return [f"{flags}: {why}, so {'it is' if len(unused) == 1 else 'they are'} not used"]
 
 
 def check_history_field(history: bool) -> None:

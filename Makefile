@@ -57,8 +57,8 @@ demo: install
 	$(BIN)/aspc run examples/out/plan.parquet $(DEMO_RUN) --actual-lengths examples/prompts.jsonl \
 		--length-field lengths --log examples/out/run --overwrite
 	@echo
-	@echo "Schedules on the example's real lengths, 5 repeats (seeds 0-4: the random baseline's shuffle and"
-	@echo "which 8 of each prompt's 10 recorded lengths are replayed). 'vs random' is mean ± std over the repeats"
+	@echo "Schedules on the example's real lengths, 5 repeats (seeds 0-4: the random baseline's shuffle and,"
+	@echo "after the first, which 8 of each prompt's 10 recorded lengths are replayed). 'vs random' is mean ± std over the repeats"
 	@echo "of each strategy's mean iteration time over random's. asp uses the shipped text-only predictor;"
 	@echo "oracle is asp knowing every prompt's recorded lengths (what a perfect per-prompt predictor buys)."
 	@echo "asp+scout+roll learns the lengths inside the run (aspc run --scout --scout-roll): one response per"

@@ -64,7 +64,6 @@ HOLDOUT_SHARE = 0.25
 # Sibling shrinkage: a remainder prompt with j returned samples takes
 # (sum of them + SIBLING_PRIOR * predicted) / (j + SIBLING_PRIOR).
 SIBLING_PRIOR = 1.0
-DEFAULT_EVERY_STEPS = REPLAN_EVERY
 # No revision once fewer than this many minibatches per worker are left.
 TAIL_ROUNDS = 4
 # How the note of a run that re-planned nothing starts (OnlineReplanner.notes): the commands that print a
@@ -205,7 +204,7 @@ class OnlineReplanner(Replanner):
         plan_table: pa.Table,
         config: CompileConfig,
         *,
-        every_steps: int = DEFAULT_EVERY_STEPS,
+        every_steps: int = REPLAN_EVERY,
         log_dir: str | os.PathLike | None = None,
         input_hash: str = "",
     ):

@@ -62,13 +62,13 @@ def comparison_table(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """
     runs = {k: (v if isinstance(v, list) else [v]) for k, v in results.items()}
     n = len(next(iter(runs.values()))) if runs else 0
-    base = runs.get("random")
+    base = [r.summary.to_dict() for r in runs["random"]] if "random" in runs else None
     out: dict[str, dict[str, Any]] = {}
     for name, rs in runs.items():
         dicts = [r.summary.to_dict() for r in rs]
         for i, d in enumerate(dicts):
             for key in ("mean_iteration_time", "steady_iteration_time"):
-                b = base[i].summary.to_dict().get(key) if base else None
+                b = base[i].get(key) if base else None
                 m = d.get(key)
                 d[f"{key}_vs_random"] = m / b if (b and m is not None) else None
         if n == 1:

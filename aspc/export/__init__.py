@@ -300,7 +300,7 @@ def _write_jsonl(
             msgs = chat_messages(p)
             recs.append({id_field: pid, "prompt": p if msgs is None else msgs, "extra_info": {"index": r}})
     has_ds = all("data_source" in r for r in recs)
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
         for rec, extra in zip(recs, aspc, strict=True):
             rec = dict(rec)
             info = rec.get("extra_info")
@@ -320,11 +320,10 @@ def _write_jsonl(
     return has_ds or data_source is not None
 
 
-def _json_line(rec: dict) -> str:
-    """One strict JSON line; a value strict readers reject is an InputError (no line of the file is written)."""
+def _json_line(rec: dict) -> bytes:
+    """One strict JSON line, UTF-8; a value strict readers reject is an InputError (the file is not kept)."""
     try:
-        line = json.dumps(rec, ensure_ascii=False, default=_json_default, allow_nan=False) + "\n"
-        line.encode("utf-8")
+        line = (json.dumps(rec, ensure_ascii=False, default=_json_default, allow_nan=False) + "\n").encode("utf-8")
     # UnicodeEncodeError first: it is a ValueError too.
     except UnicodeEncodeError:
         raise InputError("a field of the source holds invalid Unicode (lone surrogates); re-encode the data as UTF-8") from None

@@ -70,10 +70,8 @@ def parse_prompt_value(value: Any) -> tuple[str, str]:
     size = len(stored.encode("utf-8", errors="surrogatepass"))
     if size > MAX_PROMPT_BYTES:
         raise _RowError(f"prompt is {size / 1e6:.1f} MB, over the {MAX_PROMPT_BYTES // (1024 * 1024)} MiB limit")
-    try:
-        stored.encode("utf-8")
-    except UnicodeEncodeError:
-        raise _RowError("prompt holds invalid Unicode (lone surrogates); re-encode the data as UTF-8") from None
+    if not _utf8(stored):
+        raise _RowError("prompt holds invalid Unicode (lone surrogates); re-encode the data as UTF-8")
     return stored, text
 
 

@@ -241,10 +241,10 @@ def check_staleness(config: RunConfig, largest_minibatch: int, *, revised: bool 
     steps ahead, so ``s <= K * B`` is needed for it ever to start.
     """
     k = config.max_staleness
+    what = "a re-planned minibatch (up to " if revised else "the plan's largest minibatch ("
     if k is not None and largest_minibatch > k * config.global_batch:
         raise ConfigError(
-            f"--max-staleness {k}: {'a re-planned' if revised else 'the plan' + chr(39) + 's largest'} minibatch "
-            f"({'up to ' if revised else ''}{largest_minibatch} samples) is more than "
+            f"--max-staleness {k}: {what}{largest_minibatch} samples) is more than "
             f"{k} global batch{'es' if k != 1 else ''} ({k * config.global_batch} samples), so it could never start; raise "
             f"--max-staleness to {-(-largest_minibatch // config.global_batch)} or --global-batch to "
             f"{-(-largest_minibatch // k)}, or compile smaller minibatches"

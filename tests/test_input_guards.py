@@ -199,3 +199,34 @@ def test_ignored_options_change_no_row(tmp_path, small):
 def test_missing_run_log_says_no_such_directory(tmp_path):
     msg = _one_line_error(_run("calibrate", tmp_path / "nonexist"))
     assert "nonexist: no such directory; pass the directory given to 'aspc run --log'" in msg
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "csv"])
+def test_a_named_id_field_in_no_row_is_refused(tmp_path, fmt):
+    # Before: a misspelt --id-field silently gave content-hash ids, so history and actual lengths matched nothing.
+    rows = [{"id": "a", "prompt": "x", "len": 3}, {"id": "b", "prompt": "y", "len": 4}]
+    src = tmp_path / f"p.{fmt}"
+    if fmt == "jsonl":
+        src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elif fmt == "parquet":
+        import pyarrow as pa
+
+        pq.write_table(pa.Table.from_pylist(rows), src)
+    else:
+        src.write_text("id,prompt,len\na,x,3\nb,y,4\n")
+    out = tmp_path / "o.parquet"
+    msg = _one_line_error(_run("compile", src, "--id-field", "uid", "--length-field", "len", "-o", out))
+    assert f"p.{fmt}: line " in msg and "missing id field 'uid' (named by --id-field)" in msg
+    assert not out.exists()
+    r = _run("compile", src, "--id-field", "id", "--length-field", "len", "-o", out, "-q")
+    assert r.exit_code == 0, r.output
+    assert sorted(pq.read_table(out).column("prompt_id").to_pylist()) == ["a", "b"]
+
+
+def test_a_named_id_field_missing_from_one_row_names_that_row(tmp_path):
+    src = tmp_path / "p.jsonl"
+    src.write_text('{"uid":"a","prompt":"x","len":3}\n{"prompt":"y","len":4}\n')
+    for args in (["compile", src, "--id-field", "uid", "--length-field", "len", "-o", tmp_path / "o.parquet"],
+                 ["predict", "train", src, "--id-field", "uid", "--length-field", "len", "-o", tmp_path / "pred"]):  # fmt: skip
+        assert "p.jsonl: line 2: missing id field 'uid'" in _one_line_error(_run(*args))
+    assert not (tmp_path / "o.parquet").exists() and not (tmp_path / "pred").exists()

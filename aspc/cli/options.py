@@ -21,7 +21,7 @@ def read_options(fn: F) -> F:
     for opt in reversed(
         [
             click.option("--prompt-field", default="prompt", show_default=True, help="Field with the prompt text or chat list."),
-            click.option("--id-field", default="id", show_default=True, help="Field with the prompt id (else a content hash)."),
+            click.option("--id-field", default="id", show_default=True, help="Field with the prompt id (default id: else extra_info.index or a content hash; another name must be in every row)."),
             click.option(
                 "--on-bad-line",
                 type=click.Choice(ON_BAD_LINE),

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from aspc.io import gather
 from aspc.io.ragged import RaggedLengths
 from aspc.io.rows import (
+    DEFAULT_ID_FIELD,
     MAX_LENGTH,
     MAX_PROMPT_BYTES,
     VERL_INDEX,
@@ -203,6 +204,8 @@ def table_from_columns(
     unique = None
     try:
         _check(len(tab) > 0)
+        # A named id field missing from some row: the row reader words it.
+        _check(id_field == DEFAULT_ID_FIELD or (id_field in tab.column_names and tab[id_field].null_count == 0))
         if id_field in tab.column_names and tab[id_field].null_count != len(tab):
             # Ids from their own field: checked for duplicates on a thread while the prompts are checked.
             ids = _ids(tab, id_field, None)

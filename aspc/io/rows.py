@@ -29,6 +29,8 @@ MAX_LENGTH = 10_000_000
 # Rough tokens-per-byte for English BPE vocabularies; only used where no
 # tokenizer is given (the prefill term of cost models).
 BYTES_PER_TOKEN = 4.0
+# The id field looked for by default; a field named otherwise must be in every row.
+DEFAULT_ID_FIELD = "id"
 # verl datasets carry their row id here when they have no id column.
 VERL_INDEX = ("extra_info", "index")
 
@@ -142,6 +144,26 @@ def _parse_id(rec: dict, id_field: str) -> str | None:
     return s
 
 
+def required_id(rec: dict, id_field: str) -> str | None:
+    """The row's id; a field the user named (not the default ``id``) must be in every row.
+
+    Without this, a misspelt ``--id-field`` silently gave content-hash ids,
+    and history, actual lengths and exports keyed by the real ids matched nothing.
+    """
+    pid = _parse_id(rec, id_field)
+    if pid is None:
+        _check_unnamed(id_field)
+    return pid
+
+
+def _check_unnamed(id_field: str) -> None:
+    if id_field != DEFAULT_ID_FIELD:
+        raise _RowError(
+            f"missing id field {id_field!r} (named by --id-field); add it to every row, "
+            "or leave --id-field out for ids from extra_info.index or the prompt's content"
+        )
+
+
 def _utf8(s: str) -> bool:
     """Whether ``s`` encodes as UTF-8 (a JSON escape such as \\ud800 decodes to a lone surrogate, which does not)."""
     try:
@@ -186,6 +208,8 @@ class _Ids:
 
     def of(self, rec: dict, stored: str) -> str:
         pid = _parse_id(rec, self.id_field)
+        if pid is None and self.mode != "field":
+            _check_unnamed(self.id_field)  # rows after the first keep the older "earlier rows have one" message
         index = _verl_index(rec) if pid is None else None
         if self.mode is None:
             self.mode = "field" if pid is not None else ("index" if index is not None else "content")

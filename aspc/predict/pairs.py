@@ -218,7 +218,7 @@ def read_dataset_pairs(
     from aspc.errors import ConfigError
     from aspc.io.prompts import file_hash
     from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
-    from aspc.io.rows import _parse_id, _parse_prompt, _RowError, content_id, parse_length
+    from aspc.io.rows import _parse_prompt, _RowError, content_id, parse_length, required_id
 
     if on_bad_line not in ON_BAD_LINE:
         raise ConfigError(f"--on-bad-line must be 'error' or 'skip', not {on_bad_line!r}")
@@ -238,7 +238,7 @@ def read_dataset_pairs(
             if not isinstance(rec, dict):
                 raise _RowError(f"expected an object with a {prompt_field!r} field, got {type(rec).__name__}")
             stored, text = _parse_prompt(rec, prompt_field)
-            pid = _parse_id(rec, id_field)
+            pid = required_id(rec, id_field)
             pid = content_id(stored) if pid is None else pid
             if length_field not in rec or rec[length_field] is None:
                 raise _RowError(f"missing length field {length_field!r}; pass --length-field NAME")

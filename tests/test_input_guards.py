@@ -230,3 +230,26 @@ def test_a_named_id_field_missing_from_one_row_names_that_row(tmp_path):
                  ["predict", "train", src, "--id-field", "uid", "--length-field", "len", "-o", tmp_path / "pred"]):  # fmt: skip
         assert "p.jsonl: line 2: missing id field 'uid'" in _one_line_error(_run(*args))
     assert not (tmp_path / "o.parquet").exists() and not (tmp_path / "pred").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (["compile", ""], "'INPUT'"),
+        (["compile", "{src}", "--predictor", ""], "'--predictor'"),
+        (["compile", "{src}", "--tokenizer", ""], "'--tokenizer'"),
+        (["check", ""], "'PLAN'"),
+        (["run", "{plan}", "--log", ""], "'--log'"),
+        (["predict", "eval", "", "{src}"], "'PREDICTOR'"),
+        (["predict", "train", "{src}", "--init", ""], "'--init'"),
+        (["report", "{plan}", ""], "'[RUN]...'"),
+    ],
+)
+def test_an_empty_path_is_refused(tmp_path, small, plan, args, name):
+    # Before: pathlib read '' as '.', so INPUT became the current directory and --predictor '' the default predictor.
+    out = tmp_path / "out"
+    argv = [a.format(src=small, plan=plan) for a in args] + (["-o", out] if args[0] in ("compile", "report") else [])
+    argv += ["-o", out] if args[:2] == ["predict", "train"] else []
+    msg = _one_line_error(_run(*argv), code=2)
+    assert f"Invalid value for {name}: is empty; give a file or directory name" in msg
+    assert not out.exists()

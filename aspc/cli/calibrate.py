@@ -8,14 +8,15 @@ import click
 from rich.table import Table
 
 from aspc.cli.common import emit_json, handle_errors, json_option, note, out_console, quiet_option
+from aspc.cli.paths import PathArg
 
 
 @click.command("calibrate")
-@click.argument("run_dir", metavar="RUN", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("run_dir", metavar="RUN", type=PathArg(file_okay=False, path_type=Path))
 @click.option(
     "-o",
     "--output",
-    type=click.Path(path_type=str),
+    type=PathArg(path_type=str),
     default=None,
     help="Write the fitted cost model here (JSON for --cost-model).",
 )

@@ -8,11 +8,12 @@ from pathlib import Path
 import click
 
 from aspc.cli.common import emit_json, err_console, handle_errors, json_option, out_console
+from aspc.cli.paths import PathArg
 from aspc.cli.render import metrics_table
 
 
 @click.command("check")
-@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
+@click.argument("plan_path", metavar="PLAN", type=PathArg(path_type=Path))
 @click.option("--max-imbalance", type=float, default=None, help="Fail when group_imbalance exceeds this.")
 @click.option("--max-padding", type=float, default=None, help="Fail when padding_ratio exceeds this.")
 @click.option("--max-drift", type=float, default=None, help="Fail when delivery_drift exceeds this.")

@@ -15,12 +15,13 @@ from aspc.cli.options import (
     tokenizer_option,
     unused_note,
 )
+from aspc.cli.paths import PathArg
 from aspc.cli.render import metrics_table
 
 
 @click.command("compile")
-@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=str), required=True, help="Plan file to write.")
+@click.argument("input_path", metavar="INPUT", type=PathArg(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=PathArg(path_type=str), required=True, help="Plan file to write.")
 @click.option(
     "--workers",
     "-w",

@@ -8,11 +8,12 @@ import click
 
 from aspc.choices import EXPORT_FORMATS
 from aspc.cli.common import RichProgress, emit_json, err_console, handle_errors, json_option, out_console, quiet_option
+from aspc.cli.paths import PathArg
 from aspc.errors import ConfigError
 
 
 @click.command("export")
-@click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("plan_path", metavar="PLAN", type=PathArg(dir_okay=False, path_type=Path))
 @click.option(
     "--format",
     "fmt",
@@ -21,7 +22,7 @@ from aspc.errors import ConfigError
     show_default=True,
     help="verl: Parquet with a chat 'prompt' column; jsonl: one JSON record per line.",
 )
-@click.option("-o", "--output", type=click.Path(path_type=str), required=True, help="File to write.")
+@click.option("-o", "--output", type=PathArg(path_type=str), required=True, help="File to write.")
 @click.option(
     "--data-source",
     default=None,
@@ -30,7 +31,7 @@ from aspc.errors import ConfigError
 )
 @click.option(
     "--source",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=PathArg(dir_okay=False, path_type=Path),
     default=None,
     help="The dataset the plan was compiled from. [default: found next to the plan or in the working "
     "directory by the hash the plan records]",

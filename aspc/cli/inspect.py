@@ -8,11 +8,12 @@ import click
 from rich.table import Table
 
 from aspc.cli.common import emit_json, handle_errors, json_option, out_console
+from aspc.cli.paths import PathArg
 from aspc.cli.render import metrics_table
 
 
 @click.command("inspect")
-@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
+@click.argument("plan_path", metavar="PLAN", type=PathArg(path_type=Path))
 @json_option
 @handle_errors
 def inspect_cmd(plan_path: Path, as_json: bool) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from aspc.choices import DEFAULT_ORDER, MINIBATCH_COSTS, ON_BAD_LINE, ORDERS, STRATEGIES, TARGETS
+from aspc.cli.paths import PathArg
 from aspc.errors import ConfigError
 
 if TYPE_CHECKING:  # the compiler loads numba and pyarrow: imported when a command runs, not for --help
@@ -49,6 +50,7 @@ def tokenizer_option(fn: F) -> F:
     """``--tokenizer DIR|qwen``: count prompt tokens with a real tokenizer."""
     return click.option(
         "--tokenizer",
+        type=PathArg(),
         default=None,
         metavar="DIR|qwen",
         help="Count prompt tokens with this tokenizer: a Hugging Face tokenizer directory (the policy's own) "
@@ -88,7 +90,7 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
             "interleave = the preprint's work-tracks-samples order; ascending = equal minibatches, shortest "
             "first, for a run under --max-staleness.  [default: lpt; simulate under --max-staleness: ascending]",
         ),
-        click.option("--predictor", default=None, help="Predictor directory, or 'default' (the shipped one)."),
+        click.option("--predictor", type=PathArg(), default=None, help="Predictor directory, or 'default' (the shipped one)."),
         click.option(
             "--target",
             "head",
@@ -100,7 +102,7 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
         click.option(
             "--history",
             multiple=True,
-            type=click.Path(),
+            type=PathArg(),
             help="Run log, dataset or verl rollout dir of observed lengths to blend in (repeatable: one per earlier epoch, oldest first; recent epochs weigh more).",
         ),
         click.option(

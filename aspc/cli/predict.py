@@ -27,6 +27,7 @@ from aspc.cli.common import (
     quiet_option,
 )
 from aspc.cli.options import check_history_field
+from aspc.cli.paths import PathArg
 from aspc.cli.predict_eval import eval_cmd
 from aspc.cli.predict_options import (
     check_device,
@@ -70,6 +71,7 @@ predict_group.add_command(eval_cmd)
 def _init_option(fn: F) -> F:
     return click.option(
         "--init",
+        type=PathArg(),
         default=None,
         metavar="DIR|default",
         help="Refit from an existing predictor (a directory, or 'default'): a few hundred pairs re-level and "
@@ -78,11 +80,11 @@ def _init_option(fn: F) -> F:
 
 
 @predict_group.command("train")
-@click.argument("data", type=click.Path(path_type=Path))
+@click.argument("data", type=PathArg(path_type=Path))
 @click.option(
     "-o",
     "--output",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=PathArg(file_okay=False, path_type=Path),
     required=True,
     help="Predictor directory to write (replaced atomically).",
 )
@@ -102,6 +104,7 @@ def _init_option(fn: F) -> F:
 )
 @click.option(
     "--base-model",
+    type=PathArg(),
     default=None,
     help="Transformer, static: local Hugging Face encoder dir (static distils it). [default: all-MiniLM-L6-v2]",
 )
@@ -118,7 +121,7 @@ def _init_option(fn: F) -> F:
 )
 @click.option(
     "--plan",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=PathArg(dir_okay=False, path_type=Path),
     default=None,
     help="With a run log DATA: the plan that was run, for prompt texts. [default: RUN/plan.parquet]",
 )
@@ -253,12 +256,12 @@ def train_from_pairs(pairs: Any, kind: str, *, where: str, init: str | None = No
 
 
 @predict_group.command(_DEFAULT_CMD, hidden=True)
-@click.argument("predictor", type=str)
-@click.argument("data", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("predictor", type=PathArg())
+@click.argument("data", type=PathArg(dir_okay=False, path_type=Path))
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=PathArg(dir_okay=False, path_type=Path),
     required=True,
     help="Parquet file to write: prompt_id, predicted_len, predicted_q10/_q50/_q90.",
 )
@@ -267,7 +270,7 @@ def train_from_pairs(pairs: Any, kind: str, *, where: str, init: str | None = No
     "--history",
     "history",
     multiple=True,
-    type=click.Path(path_type=Path),
+    type=PathArg(path_type=Path),
     help="Observed lengths by prompt id: an aspc run log or a dataset (repeatable: one per earlier "
     "epoch, oldest first; newer epochs weigh more).",
 )

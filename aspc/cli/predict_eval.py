@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, out_console, quiet_option
+from aspc.cli.paths import PathArg
 from aspc.cli.predict_options import (
     check_device,
     check_fields,
@@ -23,8 +24,8 @@ from aspc.errors import ConfigError, PredictorError
 
 
 @click.command("eval")
-@click.argument("predictor", type=str)
-@click.argument("data", type=click.Path(path_type=Path))
+@click.argument("predictor", type=PathArg())
+@click.argument("data", type=PathArg(path_type=Path))
 @click.option(
     "--length-field",
     default="length",

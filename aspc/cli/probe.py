@@ -30,6 +30,7 @@ import click
 from aspc.choices import ON_BAD_LINE, PREDICTOR_KINDS
 from aspc.cli.backend_options import build_real_components, real_backend_options
 from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, quiet_option
+from aspc.cli.paths import PathArg
 from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
 from aspc.errors import AspcError, ConfigError
 
@@ -45,7 +46,7 @@ def _subset(table: Any, k: int, seed: int) -> Any:
 
 
 @click.command("probe")
-@click.argument("prompts_path", metavar="PROMPTS", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("prompts_path", metavar="PROMPTS", type=PathArg(dir_okay=False, path_type=Path))
 @click.option(
     "--prompts",
     "n_prompts",
@@ -54,20 +55,20 @@ def _subset(table: Any, k: int, seed: int) -> Any:
     show_default=True,
     help="Prompts to probe (a seeded sample; all of them when the dataset is smaller).",
 )
-@click.option("--log", "log_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--log", "log_dir", type=PathArg(file_okay=False, path_type=Path), required=True,
               help="Run log directory to write (new, or --overwrite).")  # fmt: skip
-@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("-o", "--output", type=PathArg(file_okay=False, path_type=Path), required=True,
               help="Predictor directory to write (replaced atomically).")  # fmt: skip
 @click.option("--kind", type=click.Choice(PREDICTOR_KINDS), default="lexical", show_default=True,
               help="Predictor kind to train on the probe's pairs.")  # fmt: skip
 @click.option("--batch-size", type=int, default=None,
               help="Prompts per probe minibatch [default: 16]. A length scout (aspc.scout) uses wide ones, "
                    "e.g. 256: one response per prompt has no sibling to share its minibatch's longest one.")  # fmt: skip
-@click.option("--init", default="default", show_default=True, metavar="DIR|default|none",
+@click.option("--init", type=PathArg(), default="default", show_default=True, metavar="DIR|default|none",
               help="Predictor to refit (and to schedule the probe with); 'none' trains from scratch.")  # fmt: skip
 @runtime_options
 @real_backend_options
-@click.option("--actual-lengths", type=click.Path(path_type=Path), default=None,
+@click.option("--actual-lengths", type=PathArg(path_type=Path), default=None,
               help="sim backend: dataset (or run log) of real lengths by prompt id; sample 0 replays the "
                    "first length. Without it the sim draws lengths from the predictions.")  # fmt: skip
 @click.option("--length-field", default="length", show_default=True, help="Length field in --actual-lengths.")

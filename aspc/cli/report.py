@@ -7,15 +7,16 @@ from pathlib import Path
 import click
 
 from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, out_console, quiet_option
+from aspc.cli.paths import PathArg
 
 
 @click.command("report")
-@click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False, path_type=Path))
-@click.argument("run_dirs", metavar="[RUN]...", nargs=-1, type=click.Path(file_okay=False, path_type=Path))
+@click.argument("plan_path", metavar="PLAN", type=PathArg(dir_okay=False, path_type=Path))
+@click.argument("run_dirs", metavar="[RUN]...", nargs=-1, type=PathArg(file_okay=False, path_type=Path))
 @click.option(
     "-o",
     "--output",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=PathArg(file_okay=False, path_type=Path),
     default=Path("report"),
     show_default=True,
     help="Report directory (replaced whole if it holds an earlier aspc report; any other non-empty directory is refused).",

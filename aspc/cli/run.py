@@ -20,6 +20,7 @@ from aspc.cli.common import (
     out_console,
     quiet_option,
 )
+from aspc.cli.paths import PathArg
 from aspc.cli.preload import runtime_loading
 from aspc.cli.run_epochs import check_epoch_options, epoch_options
 from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
@@ -130,12 +131,12 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
 
 
 @click.command("run")
-@click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("plan_path", metavar="PLAN", type=PathArg(dir_okay=False, path_type=Path))
 @runtime_options
 @real_backend_options
 @click.option(
     "--actual-lengths",
-    type=click.Path(path_type=Path),
+    type=PathArg(path_type=Path),
     default=None,
     help="Dataset (or run log) of real response lengths, joined by prompt id. "
     "Without it the sim draws lengths from the plan's predictions.",
@@ -164,7 +165,7 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
 @click.option(
     "--log",
     "log_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=PathArg(file_okay=False, path_type=Path),
     default=None,
     help="Write the run log (Parquet parts) into this new directory.",
 )

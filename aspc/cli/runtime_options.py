@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from aspc.cli.paths import PathArg
+
 # Light modules (no numba, pyarrow or torch), so --help stays fast.
 from aspc.runtime.config import RETURN_MODES, ReturnMode, RunConfig
 from aspc.runtime.registry import BACKENDS, ENGINES, BackendKind, EngineKind
@@ -75,7 +77,7 @@ def runtime_options(fn: F, *, cost_model_flags: tuple[str, ...] = ("--cost-model
         click.option(
             *cost_model_flags,
             "sim_cost_model",
-            type=click.Path(dir_okay=False, path_type=Path),
+            type=PathArg(dir_okay=False, path_type=Path),
             default=None,
             help="JSON of simulator coefficients (as 'aspc calibrate' writes).",
         ),

@@ -14,6 +14,7 @@ from aspc.choices import BOUNDED_ORDER
 from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, quiet_option
 from aspc.cli.common import out_console as _out
 from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options
+from aspc.cli.paths import PathArg
 from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
 
 
@@ -61,7 +62,7 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
 
 
 @click.command("simulate")
-@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("input_path", metavar="INPUT", type=PathArg(dir_okay=False, path_type=Path))
 @click.option(
     "--strategies",
     default="random,sorted,asp,oracle",
@@ -113,7 +114,7 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
 @runtime_options
 @click.option(
     "--actual-lengths",
-    type=click.Path(path_type=Path),
+    type=PathArg(path_type=Path),
     default=None,
     help="Separate dataset (or run log) of real lengths; default: --length-field of INPUT.",
 )

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from aspc.compiler import CompileConfig, compile_plan
+from aspc.compiler import CompileConfig, compile_plan, resolve_sizes
 from aspc.emit import schema as S
 from aspc.errors import ConfigError, InputError
 from aspc.io.table import PromptTable
@@ -72,6 +72,31 @@ def scout_windows(windows: int | None, n_prompts: int) -> int:
     if windows is None:
         windows = min(DEFAULT_WINDOWS, int(n_prompts / WINDOW_PROMPTS + 0.5))
     return max(1, min(n_prompts, windows))
+
+
+def window_sizes(n_prompts: int, windows: int) -> np.ndarray:
+    """Prompts in each of the rolling scout's windows (as even as rounding allows)."""
+    return np.diff(np.linspace(0, n_prompts, windows + 1).round().astype(np.int64))
+
+
+def rest_bound(config: CompileConfig, sizes: Any, samples: int) -> int:
+    """Samples a minibatch of a window's rest holds at most: its b + slack prompts, ``samples`` each."""
+    return max(sum(resolve_sizes(config, int(s))) for s in sizes) * int(samples)
+
+
+def check_roll_staleness(config: Any, n_prompts: int, samples: int, windows: int | None) -> None:
+    """Refuse a ``--max-staleness`` no minibatch of ``aspc run --scout --scout-roll`` could meet.
+
+    Sized as :func:`rolling_epoch` sizes the windows (each window's batch size
+    resolved for the window), so it comes before the command prints a note or
+    writes the epoch's plan, not from inside the run.
+    """
+    if config.max_staleness is None:
+        return
+    from aspc.runtime.config import check_staleness
+
+    sizes = window_sizes(n_prompts, scout_windows(windows, n_prompts))
+    check_staleness(config, rest_bound(CompileConfig(samples_per_prompt=samples), sizes, samples), revised=True)
 
 
 def check_rolling(chosen: bool, windows: int | None) -> None:
@@ -134,7 +159,7 @@ class RollingScout(Replanner):
         self.prior_metadata = prior_metadata
         self.log_dir = None if log_dir is None else Path(log_dir)
         perm = np.random.default_rng([int(config.seed), 7]).permutation(len(ids))
-        bounds = np.linspace(0, len(ids), windows + 1).round().astype(np.int64)
+        bounds = np.r_[0, np.cumsum(window_sizes(len(ids), windows))]
         self.rows = [np.sort(perm[bounds[k] : bounds[k + 1]]) for k in range(windows)]
         self.subs = [_subset(table, r) for r in self.rows]
         self.priors = [prior.take(r) for r in self.rows]
@@ -189,9 +214,7 @@ class RollingScout(Replanner):
         ``--max-staleness`` none is ever consumed, so the bound does not apply
         to it (the scheduler's gate counts only samples that can be consumed).
         """
-        from aspc.compiler import resolve_sizes
-
-        most = max(sum(resolve_sizes(self.asp, len(sub.ids))) for sub in self.subs) * self.n
+        most = rest_bound(self.asp, [len(sub.ids) for sub in self.subs], self.n)
         return max(int(work.minibatch_sizes.max()), most) if self.keeps else most
 
     def _scout_samples(self, work: Any) -> np.ndarray:

@@ -83,6 +83,41 @@ def test_staleness_refusal_suggests_values_the_run_accepts(plan, extra):
         assert json.loads(r.output)["policy_lag_max"] <= int(args[1])
 
 
+def test_rolling_scout_staleness_refusal_comes_first_and_writes_nothing(tmp_path, small):
+    # Before: the notes printed, then epoch 1's plan was written under --log, then the run refused
+    # the bound, and the rerun with the suggested K asked for --resume or --overwrite.
+    plan = tmp_path / "n3.parquet"
+    assert _run("compile", small, "--length-field", "lengths", "-n", "3", "-o", plan, "-q").exit_code == 0
+    log = tmp_path / "R"
+    head = ["run", plan, "--scout", "--scout-roll", "--actual-lengths", small, "--length-field", "lengths", "--log", log]
+    msg = _one_line_error(_run(*head, "--max-staleness", "1", "--global-batch", "8"))  # no -q: no note before it
+    assert "a re-planned minibatch (up to" in msg
+    assert not log.exists()
+    k, b = _advice(msg)
+    for args in (["--max-staleness", k, "--global-batch", "8"], ["--max-staleness", "1", "--global-batch", b]):
+        r = _run(*head, *args, "--overwrite", "--json", "-q")
+        assert r.exit_code == 0, (args, r.output)
+        assert json.loads(r.output)["policy_lag_max"] <= int(args[1])
+
+
+@pytest.mark.parametrize(("n_prompts", "windows", "samples"), [(120, None, 4), (120, 7, 2), (1000, 3, 8), (9, 9, 1)])
+def test_rolling_scout_bound_is_the_runs(n_prompts, windows, samples):
+    from aspc.compiler import CompileConfig
+    from aspc.io.table import PromptTable
+    from aspc.predict.base import LengthPrediction
+    from aspc.rolling_scout import RollingScout, rest_bound, scout_windows, window_sizes
+
+    ids = [f"p{i}" for i in range(n_prompts)]
+    table = PromptTable(ids=ids, prompts=ids, texts=ids, source_rows=list(range(n_prompts)),
+                        prompt_tokens=[1] * n_prompts, lengths=None, input_hash="")  # fmt: skip
+    mean = [100.0] * n_prompts
+    prior = LengthPrediction(mean=mean, q10=mean, q50=mean, q90=mean)
+    w = scout_windows(windows, n_prompts)
+    roll = RollingScout(table, prior, CompileConfig(samples_per_prompt=samples), 4, 64, w, {}, keep=False)
+    want = rest_bound(CompileConfig(samples_per_prompt=samples), window_sizes(n_prompts, w), samples)
+    assert roll.largest_minibatch(None) == want
+
+
 # --------------------------------------------------------------------------- flags named right
 
 

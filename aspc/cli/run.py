@@ -288,6 +288,12 @@ def run_cmd(
         backend, trainer, backend_notes = build_real_components(
             kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
         )
+        if scout and scout_roll:
+            from aspc.emit import schema as S
+            from aspc.rolling_scout import check_roll_staleness
+
+            n = config.samples_per_prompt or int(plan.table.column(S.N_SAMPLES)[0].as_py())
+            check_roll_staleness(config, plan.table.num_rows, n, scout_windows)  # before any note
         notes = [*global_batch_note(config, plan.table), *staleness_notes(config, plan, check=not scout, replan=replan)]
         for msg in [*backend_notes, *notes]:
             note(msg, quiet)

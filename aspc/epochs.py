@@ -63,18 +63,18 @@ import numpy as np
 
 from aspc import portable_math as pm
 from aspc.caps import cap_for_plan, cap_prediction
-from aspc.choices import BOUNDED_ORDER, DEFAULT_ORDER
 from aspc.compiler import CompileConfig, compile_plan
 from aspc.emit import schema as S
 from aspc.emit.plan import Plan, write_plan
+from aspc.epoch_staleness import check_epochs_staleness, epoch_compile_config
 from aspc.errors import ConfigError
 from aspc.io.history import read_history
 from aspc.io.rows import MAX_LENGTH
 from aspc.predict.base import LengthPrediction
 from aspc.predict.history import DEFAULT_KAPPA, blend_history
 from aspc.predict.pairs import keep_plan_in_log
-from aspc.replan import OnlineReplanner, compile_config_of, prediction_of, prompt_table_of, refit_factor
-from aspc.rolling_scout import check_roll_run, check_roll_staleness, rolling_epoch
+from aspc.replan import OnlineReplanner, prediction_of, prompt_table_of, refit_factor
+from aspc.rolling_scout import check_roll_run, rolling_epoch
 from aspc.rolling_scout import scout_lengths as scout_lengths_of
 from aspc.run_layout import check_log_layout, clear_run_dir
 from aspc.runtime.api import RunResult, run
@@ -278,11 +278,11 @@ def run_epochs(
         raise ConfigError(f"--scout-roll keeps a scout response as one of its prompt's samples, so it needs "
                           f"--samples-per-prompt >= 2 (got {n}) or --max-staleness (under which it keeps none); use --scout or "
                           "--scout --scout-keep")  # fmt: skip
-    if scout_roll:  # refused here, before the lock, the plans directory or epoch 1's plan
-        check_roll_staleness(config, plan.table.num_rows, n, scout_windows)
-    cfg: CompileConfig = compile_config_of(plan.config or {}, **(compile_overrides or {}))
-    if config.max_staleness is not None and cfg.order == DEFAULT_ORDER:  # plans made here are for the bound
-        cfg = dataclasses.replace(cfg, order=BOUNDED_ORDER)
+    # Refused here, before the lock, the plans directory, a scout or epoch 1.
+    check_epochs_staleness(plan, config, epochs=n_epochs, scout=tokens is not None, scout_roll=scout_roll,
+                           windows=scout_windows, replan=replan_every is not None,
+                           compile_overrides=compile_overrides)  # fmt: skip
+    cfg = epoch_compile_config(plan, config, compile_overrides)
     table = prompt_table_of(plan.table, plan.input_hash)
     replay_base = backend.options.replay_lengths if replays else None
     scout_lengths = scout_replay = None

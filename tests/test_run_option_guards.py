@@ -83,18 +83,28 @@ def test_staleness_refusal_suggests_values_the_run_accepts(plan, extra):
         assert json.loads(r.output)["policy_lag_max"] <= int(args[1])
 
 
-def test_rolling_scout_staleness_refusal_comes_first_and_writes_nothing(tmp_path, small):
-    # Before: the notes printed, then epoch 1's plan was written under --log, then the run refused
-    # the bound, and the rerun with the suggested K asked for --resume or --overwrite.
+@pytest.mark.parametrize(
+    ("mode", "compile_args", "global_batch"),
+    [
+        (["--scout", "--scout-roll"], [], "8"),
+        (["--scout"], [], "8"),
+        # Epoch 1 (random: 16 prompts a minibatch) meets K = 1 at 48 samples; epoch 2, asp cut by the DP, would not.
+        (["--epochs", "2"], ["--strategy", "random", "--order", "interleave"], "48"),
+    ],
+)
+def test_staleness_refusal_for_plans_made_during_the_run_comes_first(tmp_path, small, mode, compile_args, global_batch):
+    # Before: the scout (or epoch 1) ran and epoch 1's plan was written under --log before the run
+    # refused the bound, and the rerun with the suggested K asked for --resume or --overwrite.
     plan = tmp_path / "n3.parquet"
-    assert _run("compile", small, "--length-field", "lengths", "-n", "3", "-o", plan, "-q").exit_code == 0
+    r = _run("compile", small, "--length-field", "lengths", "-n", "3", *compile_args, "-o", plan, "-q")
+    assert r.exit_code == 0, r.output
     log = tmp_path / "R"
-    head = ["run", plan, "--scout", "--scout-roll", "--actual-lengths", small, "--length-field", "lengths", "--log", log]
-    msg = _one_line_error(_run(*head, "--max-staleness", "1", "--global-batch", "8"))  # no -q: no note before it
+    head = ["run", plan, *mode, "--actual-lengths", small, "--length-field", "lengths", "--log", log]
+    msg = _one_line_error(_run(*head, "--max-staleness", "1", "--global-batch", global_batch))  # no -q: no note first
     assert "a re-planned minibatch (up to" in msg
     assert not log.exists()
     k, b = _advice(msg)
-    for args in (["--max-staleness", k, "--global-batch", "8"], ["--max-staleness", "1", "--global-batch", b]):
+    for args in (["--max-staleness", k, "--global-batch", global_batch], ["--max-staleness", "1", "--global-batch", b]):
         r = _run(*head, *args, "--overwrite", "--json", "-q")
         assert r.exit_code == 0, (args, r.output)
         assert json.loads(r.output)["policy_lag_max"] <= int(args[1])

@@ -288,12 +288,12 @@ def run_cmd(
         backend, trainer, backend_notes = build_real_components(
             kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
         )
-        if scout and scout_roll:
-            from aspc.emit import schema as S
-            from aspc.rolling_scout import check_roll_staleness
+        from aspc.cli.run_epochs import epoch_overrides
+        from aspc.epoch_staleness import check_epochs_staleness
 
-            n = config.samples_per_prompt or int(plan.table.column(S.N_SAMPLES)[0].as_py())
-            check_roll_staleness(config, plan.table.num_rows, n, scout_windows)  # before any note
+        # The plans the run compiles as it goes (from a scout, for epochs 2..N): refused before any note.
+        check_epochs_staleness(plan, config, epochs=epochs, scout=scout, scout_roll=scout_roll, windows=scout_windows,
+                               replan=replan, compile_overrides=epoch_overrides(config))  # fmt: skip
         notes = [*global_batch_note(config, plan.table), *staleness_notes(config, plan, check=not scout, replan=replan)]
         for msg in [*backend_notes, *notes]:
             note(msg, quiet)

@@ -109,6 +109,11 @@ def check_epoch_options(
 
     check_roll_run(scout, scout_roll, scout_windows, keep=scout_keep, replan=replan)
 
+def epoch_overrides(config: Any) -> dict[str, Any] | None:
+    """What the run's later plans change of the plan's compile settings: the response cap of --max-new-tokens."""
+    return {"max_response_length": config.max_new_tokens} if config.max_new_tokens else None
+
+
 def run_epochs_cmd(
     plan: Any,
     epochs: int,
@@ -156,7 +161,7 @@ def run_epochs_cmd(
             length_drift=length_drift,
             overwrite=overwrite,
             resume=resume,
-            compile_overrides={"max_response_length": config.max_new_tokens} if config.max_new_tokens else None,
+            compile_overrides=epoch_overrides(config),
             replan_every=(replan_every or REPLAN_EVERY) if replan else None,
             sim_cost_model=cost,
             lengths_name=actual_lengths.name if actual_lengths else "",

@@ -253,3 +253,44 @@ def test_an_empty_path_is_refused(tmp_path, small, plan, args, name):
     msg = _one_line_error(_run(*argv), code=2)
     assert f"Invalid value for {name}: is empty; give a file or directory name" in msg
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- damaged run logs
+
+
+@pytest.fixture
+def run_log(tmp_path, plan) -> Path:
+    log = tmp_path / "RUN"
+    assert _run("run", plan, "--log", log, "-q").exit_code == 0
+    return log
+
+
+def _readers(tmp_path, plan, log):
+    return {
+        "report": ["report", plan, log, "-o", tmp_path / "rep"],
+        "calibrate": ["calibrate", log, "-o", tmp_path / "c.json"],
+        "predict train": ["predict", "train", log, "-o", tmp_path / "pred"],
+        "compile --history": ["compile", plan.parent / "x.jsonl", "--history", log, "-o", tmp_path / "h.parquet"],
+        "run --resume": ["run", plan, "--log", log, "--resume"],
+    }
+
+
+@pytest.mark.parametrize("parts", [[], 5, {"samples": [0]}, {"samples": "x"}, {"samples": [2, 1]}, {"steps": [0.5, 1]}])
+def test_corrupt_part_ranges_are_one_line_everywhere(tmp_path, plan, run_log, parts):
+    # Before: a traceback (unpacking, comparison or .get on a list) in every reader but compile --history.
+    meta = json.loads((run_log / "meta.json").read_text())
+    meta["parts"] = parts
+    (run_log / "meta.json").write_text(json.dumps(meta))
+    for name, args in _readers(tmp_path, plan, run_log).items():
+        msg = _one_line_error(_run(*args, "-q"))
+        assert "RUN: corrupt part ranges in meta.json; the run log is damaged" in msg, name
+    assert not any((tmp_path / p).exists() for p in ("rep", "c.json", "pred", "h.parquet"))
+
+
+def test_deleted_committed_parts_are_refused_everywhere(tmp_path, plan, run_log):
+    # Before: report and calibrate exited 0 on the empty log (a "complete" run with no samples, default coefficients).
+    for f in (run_log / "samples").glob("part-*.parquet"):
+        f.unlink()
+    for name, args in _readers(tmp_path, plan, run_log).items():
+        msg = _one_line_error(_run(*args, "-q"))
+        assert "RUN: committed parts of samples/ are missing; the run log is damaged" in msg, name

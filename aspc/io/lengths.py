@@ -8,7 +8,6 @@ hold one row per generated sample with ``prompt_id`` and ``response_len``.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +16,7 @@ from aspc.errors import InputError, epochs_root_hint, short_reason
 from aspc.io.prompts import check_field_names
 from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
 from aspc.io.rows import _RowError, parse_length
-from aspc.io.runlog_meta import check_runlog_version, is_runlog_meta
-
-_PART_RE = re.compile(r"^part-(\d{6,})\.parquet$")
+from aspc.io.runlog_meta import check_runlog_version, committed, is_runlog_meta, part_number, part_ranges
 
 
 def committed_sample_parts(path: str | os.PathLike) -> list[Path]:
@@ -50,17 +47,8 @@ def committed_sample_parts(path: str | os.PathLike) -> list[Path]:
     if not is_runlog_meta(meta):
         raise InputError(f"{path}: meta.json is not an aspc run log's")
     check_runlog_version(meta, path, InputError)
-    ranges = meta.get("parts")
-    files = sorted(f for f in samples.iterdir() if _PART_RE.match(f.name))
-    if isinstance(ranges, dict):
-        try:
-            first, end = (int(x) for x in ranges.get("samples", [0, 0]))
-        except (TypeError, ValueError):
-            raise InputError(f"{path}: corrupt part ranges in meta.json; pass a readable run log") from None
-        files = [f for f in files if first <= int(_PART_RE.match(f.name).group(1)) < end]  # type: ignore[union-attr]
-        if len(files) != max(0, end - first):
-            raise InputError(f"{path}: committed sample parts are missing; the run log is damaged")
-    return files
+    files = sorted(f for f in samples.iterdir() if part_number(f) is not None)
+    return committed(files, "samples", part_ranges(meta, path, InputError), path, InputError)
 
 
 def _read_run_log(path: Path) -> dict[str, np.ndarray]:

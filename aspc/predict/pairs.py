@@ -28,7 +28,7 @@ import numpy as np
 
 from aspc.choices import ON_BAD_LINE
 from aspc.errors import InputError, epochs_root_hint, short_reason
-from aspc.io.runlog_meta import check_runlog_version, is_runlog_meta
+from aspc.io.runlog_meta import check_runlog_version, committed, is_runlog_meta, part_ranges
 
 PLAN_IN_LOG = "plan.parquet"
 """Where ``aspc run --log`` and ``aspc probe`` keep a copy of the plan they ran."""
@@ -157,8 +157,6 @@ def _committed_samples(path: Path):
     ``meta.json`` lists each kind's live part range, parts outside it are
     leftovers of an interrupted flush and are ignored, as the runtime's reader does.
     """
-    import re
-
     import pyarrow as pa
     import pyarrow.dataset as ds
 
@@ -173,12 +171,8 @@ def _committed_samples(path: Path):
     if not is_runlog_meta(meta):
         raise InputError(f"{path}: meta.json is not an aspc run log's")
     check_runlog_version(meta, path, InputError)
-    part = re.compile(r"^part-(\d{6,})\.parquet$")
     files = sorted((path / "samples").glob("part-*.parquet")) if (path / "samples").is_dir() else []
-    ranges = meta.get("parts")
-    if isinstance(ranges, dict):
-        first, end = ranges.get("samples", [0, 0])
-        files = [f for f in files if (m := part.match(f.name)) and first <= int(m.group(1)) < end]
+    files = committed(files, "samples", part_ranges(meta, path, InputError), path, InputError)
     cols = ["prompt_id", "sample_index", "response_len"]
     schema = pa.schema([("prompt_id", pa.string()), ("sample_index", pa.int32()), ("response_len", pa.int64())])
     if not files:

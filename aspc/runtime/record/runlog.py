@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,7 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from aspc.errors import RunError, epochs_root_hint, short_reason
-from aspc.io.runlog_meta import check_runlog_version, is_runlog_meta
+from aspc.io.runlog_meta import check_runlog_version, committed, is_runlog_meta, part_ranges
 
 META_FILE = "meta.json"
 
@@ -181,13 +180,6 @@ def is_run_log(path: str | os.PathLike) -> bool:
     return (Path(path) / META_FILE).is_file()
 
 
-_PART_RE = re.compile(r"^part-(\d{6,})\.parquet$")
-
-
-def part_number(path: Path) -> int | None:
-    """The number of a ``part-NNNNNN.parquet`` file, or None for any other name."""
-    m = _PART_RE.match(path.name)
-    return int(m.group(1)) if m else None
 
 
 @dataclass
@@ -232,14 +224,11 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
 
 def live_tables(p: Path, meta: dict[str, Any]) -> dict[str, pa.Table]:
     """Every kind's committed parts concatenated (all parts for a log without ``parts``)."""
-    ranges = meta.get("parts")
+    ranges = part_ranges(meta, p, RunError)
     tables = {}
     for kind, schema in SCHEMAS.items():
         d = p / kind
-        files = sorted(d.glob("part-*.parquet")) if d.is_dir() else []
-        if isinstance(ranges, dict):
-            first, end = ranges.get(kind, [0, 0])
-            files = [f for f in files if (n := part_number(f)) is not None and first <= n < end]
+        files = committed(sorted(d.glob("part-*.parquet")) if d.is_dir() else [], kind, ranges, p, RunError)
         if not files:
             tables[kind] = schema.empty_table()
             continue

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 
 from aspc import __version__, interrupt
 from aspc.atomic import atomic_path, atomic_write_bytes
-from aspc.errors import AspcError, ConfigError, Interrupted, OutputError
-from aspc.io.runlog_meta import RUNLOG_FORMAT, RUNLOG_VERSION
+from aspc.errors import AspcError, ConfigError, Interrupted, OutputError, RunError
+from aspc.io.runlog_meta import RUNLOG_FORMAT, RUNLOG_VERSION, part_number, part_ranges
 from aspc.io.table import column_numpy
 from aspc.runtime.record.lock import LOCK_FILE, RunLogLock
 from aspc.runtime.record.payloads import delete_payloads
@@ -31,7 +31,6 @@ from aspc.runtime.record.runlog import (
     is_run_log,
     join_consumed,
     live_tables,
-    part_number,
     read_meta,
     to_table,
 )
@@ -112,9 +111,9 @@ class RunLogWriter:
                     "start a new run with --overwrite"
                 )
             self._meta = old
+            ranges = part_ranges(old, self.path, RunError) or {}
             for kind in KINDS:
-                first, end = old["parts"].get(kind, [0, 0])
-                self._first[kind], self._parts[kind] = int(first), int(end)
+                self._first[kind], self._parts[kind] = ranges.get(kind, (0, 0))
             self.collect_garbage()
             self._meta.pop("error", None)
             self._meta.update(status=STATUS_RUNNING, resumes=int(old.get("resumes", 0)) + 1,
@@ -147,9 +146,11 @@ class RunLogWriter:
         if table.num_rows == 0:
             return
         target = self.path / kind / f"part-{self._parts[kind]:06d}.parquet"
-        self._parts[kind] += 1
         with atomic_path(target) as tmp:
             pq.write_table(table, tmp, compression="zstd")
+        # Counted once written: a failed write (a full disk) must not enter the ranges a commit records,
+        # which readers hold to (a committed part that is missing means a damaged log).
+        self._parts[kind] += 1
 
     def commit(self, **meta: Any) -> None:
         """Make every part written so far live (one atomic ``meta.json`` write), with ``meta`` updates."""
@@ -181,10 +182,9 @@ class RunLogWriter:
         as ``pyarrow.dataset``) would see them, so ``--resume`` tidies even a
         complete log.
         """
-        meta = read_meta(self.path)
+        ranges = part_ranges(read_meta(self.path), self.path, RunError) or {}
         for kind in KINDS:
-            first, end = meta.get("parts", {}).get(kind, [0, 0])
-            self._first[kind], self._parts[kind] = int(first), int(end)
+            self._first[kind], self._parts[kind] = ranges.get(kind, (0, 0))
         self.collect_garbage()
 
     def _compact(self, *, keep_consumed: bool = False) -> None:
@@ -266,11 +266,11 @@ def _committed_ranges(
 ) -> tuple[dict[str, int], dict[str, int]]:
     """The part ranges ``meta.json`` last committed (the in-memory ones if it cannot be read)."""
     try:
-        ranges = read_meta(path).get("parts") or {}
+        ranges = part_ranges(read_meta(path), path, RunError) or {}
     except AspcError:
         return first, parts
-    f = {k: int(ranges.get(k, [0, 0])[0]) for k in KINDS}
-    e = {k: int(ranges.get(k, [0, 0])[1]) for k in KINDS}
+    f = {k: ranges.get(k, (0, 0))[0] for k in KINDS}
+    e = {k: ranges.get(k, (0, 0))[1] for k in KINDS}
     return f, e
 
 

@@ -65,6 +65,7 @@ from aspc.runtime.calibrate_fit import (  # noqa: F401 - nnls and select_free ar
     fit_with_speeds,
     nnls,
     select_free,
+    unseparated,
 )
 from aspc.runtime.record import runlog as R
 
@@ -268,6 +269,7 @@ def calibrate_columns(
         held = [k for k, c in zip(GEN_COEFS, g, strict=True) if c == 0]
         notes.append(f"{fy.size} rows for {len(GEN_COEFS)} coefficients: free ones chosen by cross-validation over "
                      f"minibatches" + (f" ({', '.join(held)} held at 0)" if held else ""))
+    _withhold(se, unseparated(fx, g), GEN_COEFS, "generation", rows, notes)
     pred = x @ g
     values = dict(zip(GEN_COEFS, g, strict=True))
     std_errors: dict[str, float | None] = {k: (None if np.isnan(e) else float(e)) for k, e in zip(GEN_COEFS, se,
@@ -280,6 +282,7 @@ def calibrate_columns(
         t = nnls(xs, ys)
         values.update(train_base=t[0], train_per_token=t[1])
         t_se = cluster_std_errors(xs, ys, np.arange(n_st), t)
+        _withhold(t_se, unseparated(xs, t), ("train_base", "train_per_token"), "trainer", "steps", notes)
         std_errors.update({k: (None if np.isnan(e) else float(e)) for k, e in zip(("train_base", "train_per_token"),
                                                                                  t_se, strict=True)})
         r2_t = _r2(ys, xs @ t)
@@ -301,6 +304,16 @@ def calibrate_columns(
     )
 
 
+def _withhold(se: np.ndarray, mask: np.ndarray, names: tuple[str, ...], what: str, rows: str, notes: list[str]) -> None:
+    """No standard error for coefficients the rows cannot separate (:func:`unseparated`), and a note naming them."""
+    if mask.any():
+        se[mask] = np.nan
+        named = ", ".join(k for k, m in zip(names, mask, strict=True) if m)
+        notes.append(f"the log's {rows} do not vary enough to separate the {what} coefficients {named}: they "
+                     "reproduce its times, but their split is not measured (no standard errors); calibrate on a run "
+                     "with varied prompt and response lengths")  # fmt: skip
+
+
 def calibrate(path: str | os.PathLike) -> Calibration:
     """Fit a cost model from the run log at ``path`` (see :func:`calibrate_columns`)."""
     log = R.read_run_log(path, allow_incomplete=True)
@@ -315,6 +328,8 @@ def calibrate(path: str | os.PathLike) -> Calibration:
 
 def mean_speed_probe(meta: dict) -> float | None:
     """Mean of a run log's speed probes (``summary.speed_probe_s``: before/after, per worker), or None."""
-    probes = ((meta.get("summary") or {}).get("speed_probe_s") or {}) if isinstance(meta, dict) else {}
+    summary = meta.get("summary") if isinstance(meta, dict) else None
+    probes = summary.get("speed_probe_s") if isinstance(summary, dict) else None
+    probes = probes if isinstance(probes, dict) else {}
     values = [v for k in ("before", "after") for v in (probes.get(k) or []) if isinstance(v, (int, float)) and v > 0]
     return float(np.mean(values)) if values else None

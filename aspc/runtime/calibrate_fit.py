@@ -195,3 +195,29 @@ def bootstrap_std_errors(
         g, _, _ = fit_with_speeds(x[rows], y[rows], np.repeat(np.arange(n_mb), sizes), iters=BOOTSTRAP_ITERS)
         out[d] = g * float(mb_y[pick].sum()) / max(float((mb_x[pick] @ g).sum()), 1e-300)
     return out.std(axis=0, ddof=1)
+
+
+def unseparated(x: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """Which fitted (non-zero) coefficients the rows of ``x`` cannot tell apart from the others.
+
+    Where features do not vary independently (a run of identical minibatches:
+    every column constant), some combinations of the coefficients fit the
+    rows equally well; NNLS picks one and its standard errors come out near
+    zero, a confident split the data never measured. A coefficient is
+    separated iff its unit vector lies in the row space of its free columns
+    (no null vector of the scaled design touches it).
+    """
+    free = np.flatnonzero(coef > 0)
+    out = np.zeros(coef.size, dtype=bool)
+    if free.size == 0:
+        return out
+    xf = x[:, free]
+    norms = np.linalg.norm(xf, axis=0)
+    xf = xf / np.where(norms > 0, norms, 1.0)
+    _, s, vt = np.linalg.svd(xf, full_matrices=True)
+    tol = (s[0] if s.size else 0.0) * max(xf.shape) * 1e-9
+    rank = int((s > tol).sum())
+    null = vt[rank:]  # rows spanning the null space
+    if null.shape[0]:
+        out[free] = np.abs(null).max(axis=0) > 1e-6
+    return out

@@ -169,7 +169,9 @@ def read_revisions(log_dir: Path | None, what: str) -> list[tuple[int, Any]]:
         try:
             plan = read_plan(path)
         except AspcError as exc:
-            raise RunError(f"{where}: {exc}") from None
+            # The plan reader's own advice (compile it again) does not apply to a run's revision.
+            reason = str(exc).split("; ")[0]
+            raise RunError(f"{where}: {reason}; the run log is damaged: start a new run with --overwrite") from None
         rev = plan.config.get("revision") or {}
         first = rev.get("first_minibatch")
         if rev.get("id") != k or _revision_number(path.name) != k or not isinstance(first, int):

@@ -453,3 +453,17 @@ def test_epoch_refit_is_bounded_like_a_revision():
     f = refit_factor(texts, np.full(121, 300.0), obs, y)
     ratio = 30.0 * size[obs] / 300.0
     assert np.isfinite(f).all() and ratio.min() * (1 - 1e-9) <= f.min() and f.max() <= ratio.max() * (1 + 1e-9)
+
+
+def test_a_damaged_revision_says_to_start_over_not_to_compile(tmp_path):
+    # Before: the plan reader's advice, "compile it again with 'aspc compile'", which no revision can be.
+    from aspc.errors import RunError
+    from aspc.replan import read_revisions
+
+    (tmp_path / "plans").mkdir()
+    (tmp_path / "plans" / "revision-1.parquet").write_bytes(b"PAR1 not a plan")
+    with pytest.raises(RunError) as info:
+        read_revisions(tmp_path, "--replan")
+    msg = str(info.value)
+    assert "revision-1.parquet: cannot resume with --replan" in msg and "not a readable Parquet file" in msg
+    assert msg.endswith("the run log is damaged: start a new run with --overwrite") and "compile it" not in msg

@@ -436,7 +436,9 @@ def _check_stored_plan(plan: Plan, path: Path, epoch: int) -> None:
     try:
         stored = read_plan(path)
     except PlanError as exc:
-        raise ConfigError(f"cannot resume epoch {epoch}: {exc}") from None
+        reason = str(exc).split("; ")[0]  # not the reader's advice: an epoch's plan is compiled by the run
+        raise ConfigError(f"cannot resume epoch {epoch}: {reason}; delete it (the resume compiles it again from the "
+                          "run logs) or pass --overwrite to start the epochs again") from None  # fmt: skip
     same_rows = stored.stored_rows_hash == rows_hash(plan.table.cast(S.PLAN_SCHEMA))
     if not (same_rows and stored.config == as_stored(plan.config)):
         raise ConfigError(

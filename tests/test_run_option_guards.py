@@ -237,3 +237,17 @@ def test_most_workers_run(plan):
     r = _run("run", plan, "--workers", MAX_WORKERS, "--json", "-q")
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["n_workers"] == MAX_WORKERS
+
+
+def test_a_damaged_epoch_plan_says_how_to_resume(tmp_path, small, plan):
+    # Before: the plan reader's advice, "compile it again with 'aspc compile'", for a plan the run itself compiles.
+    log = tmp_path / "E"
+    args = ("run", plan, "--epochs", "2", "--actual-lengths", small, "--length-field", "lengths", "--log", log, "-q")
+    assert _run(*args).exit_code == 0
+    stored = log / "plans" / "epoch-2.parquet"
+    stored.write_bytes(stored.read_bytes()[:100])
+    msg = _one_line_error(_run(*args, "--resume"))
+    assert "cannot resume epoch 2: epoch-2.parquet: not a readable Parquet file" in msg
+    assert "delete it (the resume compiles it again from the run logs)" in msg and "aspc compile" not in msg
+    stored.unlink()
+    assert _run(*args, "--resume").exit_code == 0 and stored.is_file()

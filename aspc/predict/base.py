@@ -225,8 +225,9 @@ def read_metadata(directory: str | Path, kind: str | None = None) -> dict[str, A
     if not isinstance(meta, dict) or "aspc_predictor" not in meta or "format_version" not in meta:
         raise PredictorError(f"{path}: not aspc predictor metadata; retrain the predictor")
     if meta["format_version"] != FORMAT_VERSION:
+        # repr: a string "2" printed bare read as "version 2, this aspc reads version 2"
         raise PredictorError(
-            f"{directory}: predictor format version {meta['format_version']}, this aspc reads version "
+            f"{directory}: predictor format version {meta['format_version']!r}, this aspc reads version "
             f"{FORMAT_VERSION}; retrain it with this aspc"
         )
     if kind is not None and meta["aspc_predictor"] != kind:

@@ -161,6 +161,36 @@ def blend_history(
     return LengthPrediction(mean, q50 * pm.exp(np.minimum(lo, 0.0)), q50, q50 * pm.exp(np.maximum(hi, 0.0)))
 
 
+def check_history_prior(meta: Mapping[str, Any]) -> None:
+    """Refuse a base predictor's ``history_*`` metadata that training could not have written.
+
+    Read only here, they were used unchecked: a string raised ValueError or a NumPy loop error, a
+    number where a mapping belongs AttributeError, and a NaN or negative kappa went into the plan.
+    """
+    fields = {
+        "history_kappa": "a positive number",
+        "history_within_log_var": "a non-negative number",
+        "history_within_band_var": "a non-negative number",
+        "history_within_log_var_by_target": "a mapping of target names to non-negative numbers",
+        "history_within_band_var_by_target": "a mapping of target names to non-negative numbers",
+    }
+    for field, what in fields.items():
+        value = meta.get(field)
+        if value is None:  # absent, or null where no prompt had two lengths: the defaults apply
+            continue
+        if field.endswith("_by_target"):
+            good = isinstance(value, Mapping) and all(_variance(v) for v in value.values())
+        else:
+            good = _variance(value) and (field != "history_kappa" or value > 0)
+        if not good:
+            name = meta.get("name") or "base"
+            raise PredictorError(f"predictor {name}: metadata {field} {repr(value)[:80]} is not {what}; retrain it")
+
+
+def _variance(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x)) and x >= 0
+
+
 class HistoryPredictor(Predictor):
     """A base predictor plus observed lengths keyed by prompt id.
 
@@ -197,6 +227,7 @@ class HistoryPredictor(Predictor):
         # Per-observation weights (older epochs < 1); None: every observation weighs 1.
         self.weights = None if weights is None else {str(k): np.asarray(v, dtype=np.float64) for k, v in weights.items()}
         meta = getattr(base, "metadata", {}) or {}
+        check_history_prior(meta)
         if kappa is not None and kappa <= 0:
             raise ConfigError(f"history kappa {kappa} must be positive")
         self.fixed_kappa = kappa

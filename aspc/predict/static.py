@@ -53,6 +53,7 @@ HEAD_FILE = "head.npz"
 TOKENIZER_FILE = "tokenizer.json"
 PRIOR_DIR = "prior"  # the lexical prior of a static head fitted on top of one
 _CHUNK = 8192  # prompts tokenized at once: bounds the Encoding objects and id lists held in Python
+_MAX_CUT = 1_000_000  # largest head_chars / tail_chars a predictor may hold (training writes 512 and 128)
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,15 @@ class StaticConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StaticConfig:
+        # Checked, not cast: the cut is not in the weights' hash, so an edited -5 or 1e300 silently
+        # changed every prediction of a predictor whose hash still matched.
+        for key, low in (("head_chars", 1), ("tail_chars", 0)):
+            v = d[key]
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= _MAX_CUT:
+                raise ValueError(f"config.{key} {v!r} is not an integer in {low}..{_MAX_CUT}")
         return cls(
-            head_chars=int(d["head_chars"]),
-            tail_chars=int(d["tail_chars"]),
+            head_chars=d["head_chars"],
+            tail_chars=d["tail_chars"],
             folds=int(d["folds"]),
             calibration_bins=int(d["calibration_bins"]),
             lam_grid=tuple(float(x) for x in d["lam_grid"]),
@@ -264,18 +271,17 @@ class StaticPredictor(Predictor):
             with np.load(path / HEAD_FILE, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
             head = {k[len("head_") :]: v for k, v in arrays.items() if k.startswith("head_")}
+            targets = _check_arrays(table, head, meta["targets"])
             n_cal = len(head["intercepts"])
             cals = [Calibration.from_arrays(arrays, f"cal{i}_") for i in range(n_cal)]
             tok_json = (path / TOKENIZER_FILE).read_text(encoding="utf-8")
             config = StaticConfig.from_dict(meta["config"])
-            if table.ndim != 2 or head["w"].shape != (table.shape[1],) or head["w_len"].shape != (2,):
-                raise ValueError("table and head shapes disagree")
             prior = None
             if meta.get("prior") is not None:
                 from aspc.predict.lexical import LexicalPredictor
 
                 prior = LexicalPredictor.load(path / PRIOR_DIR)
-            pred = cls(config, tok_json, table, head, list(meta["targets"]), cals, meta, prior=prior)
+            pred = cls(config, tok_json, table, head, targets, cals, meta, prior=prior)
         except PredictorError:
             raise
         except Exception as exc:  # numpy, zipfile and the Rust tokenizer each raise their own kinds
@@ -284,6 +290,35 @@ class StaticPredictor(Predictor):
         if meta.get("weights_sha256") not in (None, pred.content_hash()):
             raise PredictorError(f"{path}: weights do not match their recorded hash (modified or corrupt); retrain it")
         return pred.with_target(target) if target is not None else pred
+
+
+def _check_arrays(table: np.ndarray, head: dict[str, np.ndarray], targets: Any) -> list[str]:
+    """Raise ValueError unless the arrays and target names fit together; return the names.
+
+    The weights' hash catches edits only while ``weights_sha256`` is there; without it an empty
+    or 2-D intercepts array raised IndexError or a broadcasting error, a zero ``sd`` made every
+    prediction NaN, and a complex table only warned.
+    """
+    if table.ndim != 2 or table.dtype.kind != "f" or not np.isfinite(table).all():
+        raise ValueError(f"{TABLE_FILE} is not a 2-D array of finite real numbers")
+    dim = table.shape[1]
+    for key, shape in (("w", (dim,)), ("mu", (dim,)), ("sd", (dim,)), ("w_len", (2,)), ("intercepts", None)):
+        v = head[key]
+        if v.dtype.kind not in "fiu" or v.ndim != 1 or (shape is not None and v.shape != shape):
+            raise ValueError(f"head {key} is not a real vector of length {shape[0] if shape else 'targets + 1'}")
+        if not np.isfinite(v).all():
+            raise ValueError(f"head {key} is not finite")
+    if not (head["sd"] > 0).all():
+        raise ValueError("head sd is not positive")
+    # One head per target (one unnamed head when trained without targets), then the pooled one:
+    # an edited name list that does not match indexed past the heads (IndexError).
+    heads = len(head["intercepts"]) - 1
+    if heads < 1:
+        raise ValueError(f"head intercepts has {heads + 1} entries, not one per target plus a pooled one")
+    names = isinstance(targets, list) and all(isinstance(t, str) and t for t in targets)
+    if not names or len(set(targets)) != len(targets) or max(1, len(targets)) != heads:
+        raise ValueError(f"targets {targets!r} are not distinct names of the weights' {heads} target head(s)")
+    return list(targets)
 
 
 def prior_text_scores(prior: Any, texts: Sequence[str]) -> np.ndarray:

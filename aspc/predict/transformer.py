@@ -292,9 +292,13 @@ class TransformerPredictor(Predictor):
             tokenizer = transformers.AutoTokenizer.from_pretrained(
                 str(path / ENCODER_DIR), local_files_only=True
             )
-            net = _build_net(torch, encoder, len(meta["targets"]))
+            targets, norm, cqr_adjust = _checked_meta(meta)
+            net = _build_net(torch, encoder, len(targets))
             net.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
             config = TransformerConfig(**meta["config"])
+            max_tokens = config.max_tokens
+            if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+                raise ValueError(f"config.max_tokens {max_tokens!r} is not a positive integer")
         except (OSError, KeyError, ValueError, RuntimeError, TypeError, SafetensorError) as exc:
             msg = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
             raise PredictorError(
@@ -305,9 +309,9 @@ class TransformerPredictor(Predictor):
             net.to(dev),
             tokenizer,
             config,
-            meta["targets"],
-            tuple(meta["norm"]),
-            meta["cqr_adjust"],
+            targets,
+            norm,
+            cqr_adjust,
             meta,
             dev,
         )
@@ -316,6 +320,30 @@ class TransformerPredictor(Predictor):
                 f"{path}: weights do not match their recorded hash (modified or corrupt); retrain it"
             )
         return pred.with_target(target) if target is not None else pred
+
+
+def _checked_meta(meta: dict[str, Any]) -> tuple[list[str], tuple[float, float], float]:
+    """Target names, output units and CQR widening from the metadata; ValueError unless well-formed.
+
+    They were used unchecked: a missing or hand-edited ``norm`` or ``cqr_adjust`` raised KeyError,
+    TypeError or ValueError from deep inside prediction.
+    """
+    missing = [k for k in ("targets", "norm", "cqr_adjust") if k not in meta]
+    if missing:
+        raise ValueError(f"metadata has no {', '.join(missing)}")
+    targets, norm, cqr = meta["targets"], meta["norm"], meta["cqr_adjust"]
+    names = isinstance(targets, list) and all(isinstance(t, str) and t for t in targets)
+    if not names or len(set(targets)) != len(targets):
+        raise ValueError(f"targets {targets!r} is not a list of distinct names")
+    if not isinstance(norm, list) or len(norm) != 2 or not all(_finite(x) for x in norm) or not norm[1] > 0:
+        raise ValueError(f"norm {norm!r} is not [mean, positive std]")
+    if not _finite(cqr):
+        raise ValueError(f"cqr_adjust {cqr!r} is not a finite number")
+    return list(targets), (norm[0], norm[1]), cqr
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
 
 
 def _load_base(torch: Any, transformers: Any, base_model: str | None) -> tuple[Any, Any, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -76,3 +77,28 @@ def shared_data() -> Path:
     if not SHARED_DATA.exists():
         pytest.skip("../shared/data/castillo-dev.parquet not present (only on development machines)")
     return SHARED_DATA
+
+
+def save_tiny_bert(d: Path, words: Sequence[str], chars: str) -> Path:
+    """A 2-layer, 32-wide BERT with random weights and a word-piece vocabulary of ``words`` and ``chars``, saved in ``d``.
+
+    Built with the tokenizers library itself: a BertTokenizerFast(vocab_file=...) keeps only the
+    special tokens under transformers 5, and every word would be [UNK].
+    """
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *chars, *("##" + c for c in chars)]
+    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
+                                                cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")  # fmt: skip
+    fast.save_pretrained(str(d))
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(str(d))
+    return d

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from aspc.cli import main
 from aspc.predict.static_kernel import _segmented_mean_kernel, segmented_mean
+from tests.conftest import save_tiny_bert
 
 WORDS = ["describe", "topic", "ticket", "in", "one", "word", "briefly", "a", "paragraph", "detail", "as", "long",
          "essay", "explain", "the", "code", "above"]  # fmt: skip
@@ -83,27 +84,7 @@ def torch():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, torch) -> Path:
     """A 2-layer, 32-wide BERT with random weights and a word-piece vocabulary covering the test prompts."""
-    import transformers
-
-    d = tmp_path_factory.mktemp("tiny-encoder")
-    chars = list(string.ascii_lowercase + string.digits + ".,()")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *chars, *("##" + c for c in chars)]
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-
-    # Built with the tokenizers library itself: a BertTokenizerFast(vocab_file=...) keeps only the
-    # special tokens under transformers 5, and every word would be [UNK].
-    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
-                                                cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")  # fmt: skip
-    fast.save_pretrained(str(d))
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)  # fmt: skip
-    torch.manual_seed(0)
-    transformers.BertModel(config).save_pretrained(str(d))
-    return d
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-encoder"), WORDS, string.ascii_lowercase + string.digits + ".,()")
 
 
 def write_data(path: Path, n: int, seed: int = 0, start: int = 0, n_lengths: int = 3, field: str = "length") -> Path:

@@ -14,31 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import invoke_cli, lognormal_records, one_line_error, write_jsonl
+from tests.conftest import invoke_cli, lognormal_records, one_line_error, save_tiny_bert, write_jsonl
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     """A 2-layer, 32-wide BERT with random weights (seconds to distil or train on, where MiniLM takes ~20 s)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-
-    d = tmp_path_factory.mktemp("tiny-encoder")
-    chars = list(string.ascii_lowercase + string.digits)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "prompt", "number", "word", *chars, *("##" + c for c in chars)]
-    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
-    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
-                                                cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")  # fmt: skip
-    fast.save_pretrained(str(d))
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)  # fmt: skip
-    torch.manual_seed(0)
-    transformers.BertModel(config).save_pretrained(str(d))
-    return d
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    words = ["prompt", "number", "word"]
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-encoder"), words, string.ascii_lowercase + string.digits)
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,20 @@ def broken(context):
 
 def wrong_type(context):
     return object()
+
+class Misbehaving(Trainer):
+    def __init__(self, how):
+        self.how = how
+
+    def step(self, batch):
+        if batch.step == 2 and self.how == "raise":
+            raise RuntimeError("boom\\nat step two")
+        elapsed = {"nan": float("nan"), "negative": -1.0}.get(self.how, 0.01)
+        version = batch.step + (5 if self.how == "version" else 1)
+        return None if self.how == "none" else TrainResult(version=version, elapsed=elapsed)
+
+def misbehaving(context, how):
+    return Misbehaving(how)
 """
 
 
@@ -114,3 +128,28 @@ def test_cli_trainer_import_failure_is_one_line(plan, user_dir):
     assert "needs a package you lack" in r.output and "Traceback" not in r.output
     assert len(r.output.strip().splitlines()) == 1
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("how", "fragment"),
+    [
+        ("raise", "the trainer failed at step 2: RuntimeError: boom at step two; fix it and rerun"),
+        ("nan", "the trainer at step 0 returned elapsed nan; step() must return the seconds the step took"),
+        ("negative", "the trainer at step 0 returned elapsed -1.0"),
+        ("version", "the trainer at step 0 published version 5, not 1"),
+        ("none", "the trainer at step 0 returned NoneType, not a TrainResult"),
+    ],
+)
+def test_a_misbehaving_trainer_step_is_one_line_and_the_log_resumes(plan, user_dir, how, fragment):
+    # Before, under the simulated clock: a traceback (raise, none), a run that spun forever (nan),
+    # or a result taken as it was (a negative time, a version the contract does not allow).
+    path, data = plan
+    run_dir = user_dir / "RUN"
+    args = ["run", str(path), "--actual-lengths", str(data), "--length-field", "lengths", "--workers", "2",
+            "--global-batch", "8", "--log", str(run_dir), "-q"]  # fmt: skip
+    r = CliRunner().invoke(main, [*args, "--trainer", "good_trainer_mod:misbehaving", "--trainer-arg", f"how={how}"])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and fragment in r.output, r.output
+    r = CliRunner().invoke(main, [*args, "--trainer", "good_trainer_mod:factory", "--resume", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["n_trainer_steps"] == 40 // 8

@@ -62,6 +62,39 @@ class TrainResult:
     weights: Any = None  # where workers load that version from (path, handle); None in sim
 
 
+def take_step(trainer: Trainer, batch: TrainBatch, *, replay: bool = False) -> TrainResult:
+    r"""``trainer.step(batch)``, with its failures and malformed results as one-line :class:`RunError`\ s.
+
+    A trainer is often the user's code (``--trainer module:factory``): under
+    the simulated clock an exception from it was a traceback, and a result
+    with a NaN ``elapsed`` never advanced the clock (the run spun forever).
+    """
+    import math
+    import numbers
+
+    from aspc.errors import AspcError, RunError
+
+    where = f"replaying step {batch.step}" if replay else f"at step {batch.step}"
+    try:
+        res = trainer.step(batch)
+    except AspcError:
+        raise
+    except Exception as exc:  # user code: one line (its message may span several)
+        msg = " ".join(str(exc).split())[:300]
+        raise RunError(f"the trainer failed {where}: {type(exc).__name__}{': ' + msg if msg else ''}; fix it and "
+                       "rerun (a run with --log continues with --resume)") from exc  # fmt: skip
+    if not isinstance(res, TrainResult):
+        raise RunError(f"the trainer {where} returned {type(res).__name__}, not a TrainResult; fix its step()")
+    el = res.elapsed
+    if isinstance(el, bool) or not isinstance(el, numbers.Real) or not math.isfinite(el) or el < 0:
+        raise RunError(f"the trainer {where} returned elapsed {el!r}; step() must return the seconds the step took "
+                       "(finite, >= 0)")  # fmt: skip
+    if res.version != batch.step + 1:
+        raise RunError(f"the trainer {where} published version {res.version!r}, not {batch.step + 1}; step() must "
+                       "return version batch.step + 1")  # fmt: skip
+    return res
+
+
 class GenerationBackend(ABC):
     """Generates minibatches for the workers of one run."""
 

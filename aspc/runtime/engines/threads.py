@@ -29,7 +29,7 @@ import numpy as np
 
 from aspc.errors import AspcError, ConfigError, RunError
 from aspc.runtime.config import ReturnMode
-from aspc.runtime.contracts import Clock, GenerationBackend, GenerationResult, TrainBatch, Trainer
+from aspc.runtime.contracts import Clock, GenerationBackend, GenerationResult, TrainBatch, Trainer, take_step
 from aspc.runtime.core.events import (
     EVENT_PRIORITY,
     Engine,
@@ -189,7 +189,7 @@ class ThreadEngine(Engine):
         start = self.now()
 
         def job() -> list[Event]:
-            res = self.trainer.step(batch)
+            res = take_step(self.trainer, batch)
             self._sleep_virtual(self.trainer.clock, res.elapsed)
             end = self.now()
             return [TrainFinished(end, batch.step, start, end, res)]

@@ -25,7 +25,7 @@ import numpy as np
 
 from aspc.errors import RunError
 from aspc.runtime.config import ReturnMode
-from aspc.runtime.contracts import GenerationBackend, TrainBatch, Trainer
+from aspc.runtime.contracts import GenerationBackend, TrainBatch, Trainer, take_step
 from aspc.runtime.core.events import (
     EVENT_PRIORITY,
     Engine,
@@ -141,7 +141,7 @@ class VirtualClockEngine(Engine):
         return timeline
 
     def start_train(self, batch: TrainBatch) -> None:
-        res = self.trainer.step(batch)
+        res = take_step(self.trainer, batch)
         end = self._now + res.elapsed
         self._push(TrainFinished(end, batch.step, self._now, end, res))
 

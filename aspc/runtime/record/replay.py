@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from aspc.errors import AspcError, RunError
+from aspc.errors import RunError
+from aspc.runtime.contracts import take_step
 from aspc.runtime.core.scheduler import TrainStep
 from aspc.runtime.record import runlog as R
 from aspc.runtime.record.payloads import read_payloads, sample_ids
@@ -77,15 +78,7 @@ def _replay(log: R.RunLog, work: Any, trainer: Any, batches: Any, version: int, 
                        "payload; resume with the checkpoints the run wrote, or rerun with --overwrite")  # fmt: skip
     batches.restore_payloads(ids, payload)
     for k, step_ids in enumerate(ids_per_step, start=floor):
-        try:
-            result = trainer.step(batches.take(TrainStep(k, step_ids)))
-        except AspcError:
-            raise
-        except Exception as exc:  # user code: one line, as a step in the run would give
-            raise RunError(f"the trainer failed replaying step {k}: {type(exc).__name__}: {exc}") from exc
-        if result.version != k + 1:
-            raise RunError(f"the trainer replaying step {k} published version {result.version}, not {k + 1}")
-        weights = result.weights
+        weights = take_step(trainer, batches.take(TrainStep(k, step_ids)), replay=True).weights
     return weights, [f"the trainer restored weights version {floor} and took the logged steps {floor}..{version - 1} "
                      "again on their samples"]  # fmt: skip
 

@@ -60,8 +60,9 @@ def user_dir(tmp_path, monkeypatch):
     (tmp_path / "good_trainer_mod.py").write_text(textwrap.dedent(GOOD))
     (tmp_path / "raising_mod.py").write_text("raise ImportError('needs a package you lack')\n")
     (tmp_path / "syntax_mod.py").write_text("def f(:\n")
+    (tmp_path / "exiting_mod.py").write_text("import sys\nsys.exit(3)\n")
     monkeypatch.chdir(tmp_path)
-    for name in ("good_trainer_mod", "raising_mod", "syntax_mod"):
+    for name in ("good_trainer_mod", "raising_mod", "syntax_mod", "exiting_mod"):
         monkeypatch.delitem(__import__("sys").modules, name, raising=False)
     return tmp_path
 
@@ -153,3 +154,10 @@ def test_a_misbehaving_trainer_step_is_one_line_and_the_log_resumes(plan, user_d
     r = CliRunner().invoke(main, [*args, "--trainer", "good_trainer_mod:factory", "--resume", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["n_trainer_steps"] == 40 // 8
+
+
+def test_a_trainer_module_that_exits_at_import_is_one_line(plan, user_dir):
+    # Before: aspc ended with the module's exit code 3 and no message at all.
+    r = CliRunner().invoke(main, ["run", str(plan[0]), "--trainer", "exiting_mod:factory", "-q"])
+    assert r.exit_code == 2, r.output
+    assert "importing 'exiting_mod' called sys.exit(3)" in r.output and len(r.output.strip().splitlines()) == 1

@@ -49,6 +49,9 @@ def load_factory(spec: str) -> Callable[..., Any]:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any error while importing user code is the user's to fix
         raise ConfigError(f"--trainer {spec}: cannot import {module_name!r} ({short_reason(exc, limit=200, with_type=True)})") from None
+    except SystemExit as exc:  # a script's sys.exit() at import: it ended aspc with its code and no word
+        raise ConfigError(f"--trainer {spec}: importing {module_name!r} called sys.exit({exc.code!r}); "
+                          "keep the script part of the module under 'if __name__ == \"__main__\":'") from None
     finally:
         if added:
             sys.path.remove(cwd)
@@ -74,6 +77,8 @@ def make_user_trainer(spec: str, context: Any, trainer_args: dict[str, Any] | No
         raise
     except Exception as exc:
         raise ConfigError(f"--trainer {spec}: the factory failed ({short_reason(exc, limit=200, with_type=True)})") from None
+    except SystemExit as exc:
+        raise ConfigError(f"--trainer {spec}: the factory called sys.exit({exc.code!r}); return a Trainer instead") from None
     if not isinstance(trainer, Trainer):
         raise ConfigError(
             f"--trainer {spec}: the factory returned {type(trainer).__name__}, not an aspc.runtime.Trainer; "

@@ -234,3 +234,23 @@ def test_export_errors(tmp_path, text_data, chat_data):
     with pytest.raises(InputError, match="aspc"):
         export_plan(tmp_path / "clash.parquet", tmp_path / "clash_train.parquet")
     assert not (tmp_path / "clash_train.parquet").exists()
+
+
+@pytest.mark.parametrize("fmt", ["verl", "jsonl"])
+def test_an_export_of_an_export_replaces_its_schedule(tmp_path, fmt):
+    # Before: the second export refused the 'aspc' key its own first export had written ("rename it").
+    src = write_jsonl(tmp_path / "in.jsonl", lognormal_records(40, seed=5))
+    first_plan = _compile(src, tmp_path / "p1.parquet")
+    first = tmp_path / f"e1.{'parquet' if fmt == 'verl' else 'jsonl'}"
+    assert _cli(["export", tmp_path / "p1.parquet", "--format", fmt, "-o", first, "-q"]).exit_code == 0
+    second_plan = _compile(first, tmp_path / "p2.parquet", "--strategy", "random")
+    second = tmp_path / f"e2.{'parquet' if fmt == 'verl' else 'jsonl'}"
+    r = _cli(["export", tmp_path / "p2.parquet", "--format", fmt, "-o", second, "-q"])
+    assert r.exit_code == 0, r.output
+    assert second_plan.column(S.PROMPT_ID).tolist() != first_plan.column(S.PROMPT_ID).tolist()  # another order
+    if fmt == "verl":
+        rows = pq.read_table(second).column("extra_info").to_pylist()
+    else:
+        rows = [json.loads(line)["extra_info"] for line in second.read_text().splitlines()]
+    assert [r["aspc"]["prompt_id"] for r in rows] == second_plan.column(S.PROMPT_ID).tolist()
+    assert [r["aspc"]["dispatch_rank"] for r in rows] == list(range(40))

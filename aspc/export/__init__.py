@@ -61,6 +61,9 @@ ASPC_FIELDS = (
     pa.field("predicted_len", pa.float64()),  # predicted mean response length, tokens (capped)
 )
 ASPC_TYPE = pa.struct(list(ASPC_FIELDS))
+_ASPC_NAMES = {f.name for f in ASPC_TYPE}
+_TAKEN = (f"the source's extra_info has an {ASPC_KEY!r} key that is not an aspc export's schedule; rename that key "
+          "in the source (aspc writes its schedule there)")  # fmt: skip
 
 
 @dataclass
@@ -239,10 +242,13 @@ def _extra_info(table: pa.Table | None, plan: Plan) -> pa.Array:
         raise InputError(
             f"the source's extra_info is {info.type}, not a struct; verl reads it as a dict: fix the column"
         )
-    if info.type.get_field_index(ASPC_KEY) >= 0:
-        raise InputError(f"the source's extra_info already has an {ASPC_KEY!r} key; rename it so aspc does not overwrite it")
-    names = [info.type.field(i).name for i in range(info.type.num_fields)]
-    children = [info.field(i) for i in range(info.type.num_fields)]
+    at = info.type.get_field_index(ASPC_KEY)
+    if at >= 0 and info.type.field(at).type != ASPC_TYPE:
+        raise InputError(_TAKEN)
+    # An earlier export's schedule (its exact type) is aspc's own: the new schedule replaces it.
+    keep = [i for i in range(info.type.num_fields) if i != at]
+    names = [info.type.field(i).name for i in keep]
+    children = [info.field(i) for i in keep]
     # A row whose extra_info is null stays null: the user's value is never replaced.
     return pa.StructArray.from_arrays(children + [aspc], names=names + [ASPC_KEY], mask=info.is_null())
 
@@ -308,9 +314,10 @@ def _write_jsonl(
                 info = {}
             if not isinstance(info, dict):
                 raise InputError("the source's extra_info is not an object; verl reads it as a dict: fix the field")
-            if ASPC_KEY in info:
-                raise InputError(f"the source's extra_info already has an {ASPC_KEY!r} key; rename it")
-            rec["extra_info"] = {**info, ASPC_KEY: extra}
+            old = info.get(ASPC_KEY)
+            if ASPC_KEY in info and not (isinstance(old, dict) and set(old) == _ASPC_NAMES):
+                raise InputError(_TAKEN)
+            rec["extra_info"] = {**info, ASPC_KEY: extra}  # an earlier export's schedule is replaced
             if data_source is not None:
                 rec["data_source"] = data_source
             elif "data_source" not in rec:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 
@@ -198,6 +199,23 @@ def test_signal_between_epochs_names_the_epoch(tmp_path):
     (tmp_path / "epoch-2").mkdir()
     (tmp_path / "epoch-2" / "meta.json").write_text(json.dumps({"status": "interrupted"}))
     assert "is marked interrupted" in _interrupted_message(Interrupted(2), tmp_path, 3)
+
+
+def test_signal_after_epoch_one_plan_says_resume_not_nothing_written(tmp_path, small, plan):
+    # Before: "nothing was written to RUN" beside RUN/plans/epoch-1.parquet, and the rerun the
+    # message implied was refused ("already holds epoch plans").
+    from aspc.cli.run import _interrupted_message
+    from aspc.errors import Interrupted
+
+    log = tmp_path / "E"
+    args = ("run", plan, "--epochs", "2", "--actual-lengths", small, "--length-field", "lengths", "--log", log, "-q")
+    assert _run(*args).exit_code == 0
+    for d in ("epoch-1", "epoch-2"):  # the state a signal leaves between epoch 1's plan and its log
+        shutil.rmtree(log / d)
+    (log / "plans" / "epoch-2.parquet").unlink()
+    msg = _interrupted_message(Interrupted(2), log, 2)
+    assert "before epoch 1's run log was started" in msg and "holds its plan: continue it with --resume" in msg
+    assert _run(*args, "--resume").exit_code == 0
 
 
 def test_resume_with_fewer_epochs_than_logged_is_refused(tmp_path, plan):

@@ -83,14 +83,17 @@ def _interrupted_message(exc: Interrupted, log_dir: Path | None, epochs: int = 1
     logs = sorted(log_dir.glob("epoch-*/meta.json"), key=lambda m: int(k) if (k := m.parent.name[6:]).isdigit() else -1)
     scout = log_dir / "scout" / "meta.json"  # --scout: the scout runs before epoch 1
     meta_file = logs[-1] if logs else (scout if scout.is_file() else log_dir / "meta.json")
-    if not meta_file.is_file():
-        return f"interrupted by {name} before the run log was started; nothing was written to {log_dir}"
     argv = sys.argv[1:]
     if "run" in argv:
         args = [a for a in argv if a != "--overwrite"]
         cmd = shlex.join(["aspc", *args] + ([] if "--resume" in args else ["--resume"]))
     else:  # called as a library (tests); say it in words
         cmd = f"aspc run PLAN <the same options> --log {shlex.quote(str(log_dir))} --resume"
+    if not meta_file.is_file():
+        if any((log_dir / "plans").glob("epoch-*.parquet")):  # epoch 1's plan was written, its log not begun
+            return (f"interrupted by {name} before epoch 1's run log was started; {log_dir} holds its plan: "
+                    f"continue it with --resume: {cmd}")  # fmt: skip
+        return f"interrupted by {name} before the run log was started; nothing was written to {log_dir}"
     try:
         status = json.loads(meta_file.read_text(encoding="utf-8")).get("status", "?")
     except (OSError, ValueError, AttributeError):

@@ -270,7 +270,7 @@ def run_epochs(
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other; pass one of them")
     layout = check_log_layout(root, epochs=True, scout=scout and not scout_roll, resume=resume, overwrite=overwrite,
-                              n_epochs=n_epochs)  # fmt: skip
+                              n_epochs=n_epochs, scout_roll=scout and scout_roll)  # fmt: skip
     if resume and tokens is not None and not scout_roll:
         check_scout_cut(root, tokens)
     n = config.samples_per_prompt or int(plan.table.column(S.N_SAMPLES)[0].as_py())

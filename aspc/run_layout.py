@@ -28,13 +28,14 @@ from aspc.errors import ConfigError
 from aspc.runtime.record.lock import LOCK_FILE, RunLogLock
 from aspc.runtime.record.runlog import is_run_log
 
-SINGLE, EPOCHS, SCOUT = "single", "epochs", "scout"
+SINGLE, EPOCHS, SCOUT, ROLL = "single", "epochs", "scout", "roll"
 _EPOCH_DIR = re.compile(r"^epoch-\d+$")
 # How each kind is resumed, for the message that names the other kind.
 _STARTED = {
     SINGLE: "without --epochs or --scout",
     EPOCHS: "with --epochs and without --scout",
     SCOUT: "with --scout",
+    ROLL: "with --scout --scout-roll",
 }
 
 
@@ -46,8 +47,21 @@ def log_layout(root: str | os.PathLike) -> str | None:
     if (p / "scout").is_dir():
         return SCOUT
     if any(e.is_dir() and _EPOCH_DIR.match(e.name) for e in p.iterdir()) or any((p / "plans").glob("epoch-*.parquet")):
-        return EPOCHS
+        return ROLL if _rolled(p / "plans" / "epoch-1.parquet") else EPOCHS
     return SINGLE if is_run_log(p) else None
+
+
+def _rolled(plan_path: Path) -> bool:
+    """Whether epoch 1's plan is a rolling scout's (``--scout --scout-roll`` keeps no ``RUN/scout/``)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    try:
+        config = json.loads(pq.read_schema(plan_path).metadata[b"aspc.config"])
+    except Exception:  # unreadable or not a plan: the resume's own checks word it
+        return False
+    return isinstance(config, dict) and "scout_roll" in config
 
 
 def logged_epochs(root: str | os.PathLike) -> int:
@@ -60,7 +74,7 @@ def logged_epochs(root: str | os.PathLike) -> int:
 
 def check_log_layout(
     root: str | os.PathLike | None, *, epochs: bool, scout: bool, resume: bool, overwrite: bool,
-    n_epochs: int | None = None,
+    n_epochs: int | None = None, scout_roll: bool = False,
 ) -> str | None:  # fmt: skip
     """Refuse a ``--log`` that holds another kind of run than this one (``epochs``: the epochs layout).
 
@@ -93,13 +107,14 @@ def check_log_layout(
                 "or --resume to continue it"
             )
         return None
-    want = SCOUT if scout else (EPOCHS if epochs else SINGLE)
+    want = SCOUT if scout else (ROLL if scout_roll else (EPOCHS if epochs else SINGLE))
     logged = logged_epochs(p) if layout != SINGLE else 0
     if resume and layout != want:
         if want == SINGLE and logged:  # --epochs left at 1: name the options that resume it
             how = f"--epochs {max(logged, 2)}"
-            if layout == SCOUT:
-                how = f"--epochs {logged} --scout" if logged > 1 else "--scout"
+            if layout in (SCOUT, ROLL):
+                flags = "--scout" if layout == SCOUT else "--scout --scout-roll"
+                how = f"--epochs {logged} {flags}" if logged > 1 else flags
             raise ConfigError(
                 f"--log {p} holds a run of {logged} epoch{'s' if logged != 1 else ''} started {_STARTED[layout]}: "
                 f"resume it with {how} (or more epochs to go on), or pick a new --log"

@@ -269,3 +269,16 @@ def test_a_damaged_epoch_plan_says_how_to_resume(tmp_path, small, plan):
     assert "delete it (the resume compiles it again from the run logs)" in msg and "aspc compile" not in msg
     stored.unlink()
     assert _run(*args, "--resume").exit_code == 0 and stored.is_file()
+
+
+def test_a_rolling_scout_log_names_its_options_on_resume(tmp_path, small):
+    # Before: "started with --epochs and without --scout", and its advice (--epochs 2) was refused next.
+    plan = tmp_path / "n3.parquet"
+    assert _run("compile", small, "--length-field", "lengths", "-n", "3", "-o", plan, "-q").exit_code == 0
+    log = tmp_path / "R"
+    head = ["run", plan, "--actual-lengths", small, "--length-field", "lengths", "--log", log, "-q"]
+    assert _run(*head, "--scout", "--scout-roll").exit_code == 0
+    for args, want in (([], "resume it with --scout --scout-roll"), (["--scout"], "started with --scout --scout-roll"),
+                       (["--epochs", "2"], "started with --scout --scout-roll")):  # fmt: skip
+        assert want in _one_line_error(_run(*head, *args, "--resume")), args
+    assert _run(*head, "--scout", "--scout-roll", "--resume").exit_code == 0

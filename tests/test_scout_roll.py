@@ -309,7 +309,7 @@ def test_a_failed_rolling_run_resumes_with_its_holds(tmp_path, mode, at):
     rc = RunConfig(workers=3, global_batch=8, seed=1, max_new_tokens=1024, return_mode=mode, log_flush_seconds=0.0)
     log = tmp_path / "RUN"
     first = make(log)
-    with pytest.raises(RuntimeError, match="trainer lost"):
+    with pytest.raises(RunError, match="the trainer failed at step .*: RuntimeError: trainer lost"):  # one line
         run(first.initial, config=rc, actual_lengths=lens, replanner=first, log_dir=log, trainer=_StopAt(at))
     assert json.loads((log / "meta.json").read_text())["status"] == "failed"
     revised = range(1, first.done - first.start + 1)  # the first window is planned before the run, not revised

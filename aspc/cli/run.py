@@ -267,6 +267,7 @@ def run_cmd(
     layout = check_log_layout(
         log_dir, epochs=epochs != 1 or bool(length_drift) or scout, scout=scout and not scout_roll, resume=resume,
         overwrite=overwrite, n_epochs=epochs if epochs != 1 or length_drift or scout else None,
+        scout_roll=scout and scout_roll,
     )
     config, cost = run_config_from_kwargs(
         kwargs,

@@ -1,9 +1,11 @@
 """What a ``--log`` directory holds, checked before a run writes there.
 
-Three kinds of run write a run directory: one run (its log at the root:
+Four kinds of run write a run directory: one run (its log at the root:
 ``RUN/meta.json``, ...), epochs (``aspc run --epochs N``: ``RUN/epoch-K/``
-logs and ``RUN/plans/epoch-K.parquet``), and epochs after a length scout
-(``--scout``: also ``RUN/scout/``). Each kind's writer only looked for its
+logs and ``RUN/plans/epoch-K.parquet``), epochs after a length scout
+(``--scout``: also ``RUN/scout/``), and epochs whose first is a rolling
+scout's (``--scout --scout-roll``: laid out as epochs, told apart by epoch 1's
+plan). Each kind's writer only looked for its
 own files, so a run of another kind went into the same directory: ``--epochs
 2`` without ``--overwrite`` wrote its epochs beside a finished single run;
 ``--resume --epochs 2`` on a single run's log started epochs inside it;

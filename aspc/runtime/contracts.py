@@ -12,11 +12,15 @@ classes.
 
 from __future__ import annotations
 
+import math
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from aspc.errors import AspcError, RunError
 
 if TYPE_CHECKING:  # annotations only: the contracts load neither numpy nor pyarrow (fast --help)
     import numpy as np
@@ -60,39 +64,6 @@ class TrainResult:
     version: int  # the weights version it published: step + 1
     elapsed: float  # seconds the step took
     weights: Any = None  # where workers load that version from (path, handle); None in sim
-
-
-def take_step(trainer: Trainer, batch: TrainBatch, *, replay: bool = False) -> TrainResult:
-    r"""``trainer.step(batch)``, with its failures and malformed results as one-line :class:`RunError`\ s.
-
-    A trainer is often the user's code (``--trainer module:factory``): under
-    the simulated clock an exception from it was a traceback, and a result
-    with a NaN ``elapsed`` never advanced the clock (the run spun forever).
-    """
-    import math
-    import numbers
-
-    from aspc.errors import AspcError, RunError
-
-    where = f"replaying step {batch.step}" if replay else f"at step {batch.step}"
-    try:
-        res = trainer.step(batch)
-    except AspcError:
-        raise
-    except Exception as exc:  # user code: one line (its message may span several)
-        msg = " ".join(str(exc).split())[:300]
-        raise RunError(f"the trainer failed {where}: {type(exc).__name__}{': ' + msg if msg else ''}; fix it and "
-                       "rerun (a run with --log continues with --resume)") from exc  # fmt: skip
-    if not isinstance(res, TrainResult):
-        raise RunError(f"the trainer {where} returned {type(res).__name__}, not a TrainResult; fix its step()")
-    el = res.elapsed
-    if isinstance(el, bool) or not isinstance(el, numbers.Real) or not math.isfinite(el) or el < 0:
-        raise RunError(f"the trainer {where} returned elapsed {el!r}; step() must return the seconds the step took "
-                       "(finite, >= 0)")  # fmt: skip
-    if res.version != batch.step + 1:
-        raise RunError(f"the trainer {where} published version {res.version!r}, not {batch.step + 1}; step() must "
-                       "return version batch.step + 1")  # fmt: skip
-    return res
 
 
 class GenerationBackend(ABC):
@@ -190,6 +161,34 @@ class Trainer(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Called once when the run ends."""
+
+
+def take_step(trainer: Trainer, batch: TrainBatch, *, replay: bool = False) -> TrainResult:
+    r"""``trainer.step(batch)``, with its failures and malformed results as one-line :class:`RunError`\ s.
+
+    A trainer is often the user's code (``--trainer module:factory``): under
+    the simulated clock an exception from it was a traceback, and a result
+    with a NaN ``elapsed`` never advanced the clock (the run spun forever).
+    """
+    where = f"replaying step {batch.step}" if replay else f"at step {batch.step}"
+    try:
+        res = trainer.step(batch)
+    except AspcError:
+        raise
+    except Exception as exc:  # user code: one line (its message may span several)
+        msg = " ".join(str(exc).split())[:300]
+        raise RunError(f"the trainer failed {where}: {type(exc).__name__}{': ' + msg if msg else ''}; fix it and "
+                       "rerun (a run with --log continues with --resume)") from exc  # fmt: skip
+    if not isinstance(res, TrainResult):
+        raise RunError(f"the trainer {where} returned {type(res).__name__}, not a TrainResult; fix its step()")
+    el = res.elapsed
+    if isinstance(el, bool) or not isinstance(el, numbers.Real) or not math.isfinite(el) or el < 0:
+        raise RunError(f"the trainer {where} returned elapsed {el!r}; step() must return the seconds the step took "
+                       "(finite, >= 0)")  # fmt: skip
+    if res.version != batch.step + 1:
+        raise RunError(f"the trainer {where} published version {res.version!r}, not {batch.step + 1}; step() must "
+                       "return version batch.step + 1")  # fmt: skip
+    return res
 
 
 @dataclass

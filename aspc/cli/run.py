@@ -282,6 +282,13 @@ def run_cmd(
         with runtime_loading(config.backend, plan_path):
             plan = read_plan(plan_path)
         verify_integrity(plan, plan_path.name)  # a plan `aspc check` refuses is not run either
+        from aspc.cli.run_epochs import epoch_overrides
+        from aspc.epoch_staleness import check_epochs_staleness
+
+        # The plans the run compiles as it goes (from a scout, for epochs 2..N): refused before any note,
+        # and before a model backend loads.
+        check_epochs_staleness(plan, config, epochs=epochs, scout=scout, scout_roll=scout_roll, windows=scout_windows,
+                               replan=replan, compile_overrides=epoch_overrides(config))  # fmt: skip
         from aspc.io.history import read_history
         from aspc.runtime.api import run
         from aspc.runtime.config import global_batch_note, staleness_notes
@@ -292,12 +299,6 @@ def run_cmd(
         backend, trainer, backend_notes = build_real_components(
             kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
         )
-        from aspc.cli.run_epochs import epoch_overrides
-        from aspc.epoch_staleness import check_epochs_staleness
-
-        # The plans the run compiles as it goes (from a scout, for epochs 2..N): refused before any note.
-        check_epochs_staleness(plan, config, epochs=epochs, scout=scout, scout_roll=scout_roll, windows=scout_windows,
-                               replan=replan, compile_overrides=epoch_overrides(config))  # fmt: skip
         notes = [*global_batch_note(config, plan.table), *staleness_notes(config, plan, check=not scout, replan=replan)]
         for msg in [*backend_notes, *notes]:
             note(msg, quiet)

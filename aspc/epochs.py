@@ -431,13 +431,13 @@ def _scout_epoch(
 def _check_stored_plan(plan: Plan, path: Path, epoch: int) -> None:
     """Raise :class:`ConfigError` unless ``path`` holds ``plan``: its rows and its configuration."""
     from aspc.emit.plan import as_stored, read_plan, rows_hash
-    from aspc.errors import PlanError
+    from aspc.errors import PlanError, finding
 
     try:
         stored = read_plan(path)
     except PlanError as exc:
-        reason = str(exc).split("; ")[0]  # not the reader's advice: an epoch's plan is compiled by the run
-        raise ConfigError(f"cannot resume epoch {epoch}: {reason}; delete it (the resume compiles it again from the "
+        # Not the reader's advice: an epoch's plan is compiled by the run.
+        raise ConfigError(f"cannot resume epoch {epoch}: {finding(exc)}; delete it (the resume compiles it again from the "
                           "run logs) or pass --overwrite to start the epochs again") from None  # fmt: skip
     same_rows = stored.stored_rows_hash == rows_hash(plan.table.cast(S.PLAN_SCHEMA))
     if not (same_rows and stored.config == as_stored(plan.config)):

@@ -24,6 +24,15 @@ def short_reason(exc: BaseException, *, limit: int = 160, with_type: bool = Fals
     return msg or type(exc).__name__
 
 
+def finding(exc: BaseException) -> str:
+    """An aspc error's finding without its advice: its text before the first ``"; "``.
+
+    For a message re-worded where the reader's advice does not apply (a plan that a
+    run, not the user, compiled: "compile it again" would be wrong there).
+    """
+    return str(exc).split("; ")[0]
+
+
 def epochs_root_hint(path: object) -> str:
     """How to name one epoch's log when ``path`` is the root of an ``aspc run --epochs`` run, else "".
 

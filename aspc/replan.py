@@ -157,7 +157,7 @@ def read_revisions(log_dir: Path | None, what: str) -> list[tuple[int, Any]]:
         edited or mixed with another run's).
     """
     from aspc.emit.plan import read_plan
-    from aspc.errors import AspcError, RunError
+    from aspc.errors import AspcError, RunError, finding
 
     if log_dir is None:
         return []
@@ -170,8 +170,7 @@ def read_revisions(log_dir: Path | None, what: str) -> list[tuple[int, Any]]:
             plan = read_plan(path)
         except AspcError as exc:
             # The plan reader's own advice (compile it again) does not apply to a run's revision.
-            reason = str(exc).split("; ")[0]
-            raise RunError(f"{where}: {reason}; the run log is damaged: start a new run with --overwrite") from None
+            raise RunError(f"{where}: {finding(exc)}; the run log is damaged: start a new run with --overwrite") from None
         rev = plan.config.get("revision") or {}
         first = rev.get("first_minibatch")
         if rev.get("id") != k or _revision_number(path.name) != k or not isinstance(first, int):

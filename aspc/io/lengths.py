@@ -19,26 +19,29 @@ from aspc.io.rows import _RowError, parse_length
 from aspc.io.runlog_meta import check_runlog_version, committed, is_runlog_meta, part_number, part_ranges
 
 
-def committed_sample_parts(path: str | os.PathLike) -> list[Path]:
+def committed_sample_parts(path: str | os.PathLike, *, require_meta: bool = False) -> list[Path]:
     """The ``samples/`` parts of the run log at ``path`` that its ``meta.json`` committed.
 
     A run killed before a commit leaves parts no commit covers (and a crash
     during compaction leaves replaced ones); ``meta.json``'s ``parts`` ranges
     say which are live (the format is :mod:`aspc.runtime.record.runlog`'s;
     read here without importing the runtime). A log without ranges (format
-    1.0) had only whole, live parts; a bare ``samples/`` directory with no
+    1.0) had only whole, live parts. A bare ``samples/`` directory with no
     ``meta.json`` (not written by ``aspc run``) has no commits to consult and
-    is read whole.
+    is read whole, unless ``require_meta``: training pairs need the log's
+    plan too, so there a directory without ``meta.json`` is no run log.
     """
     import json
 
     path = Path(path)
     samples = path / "samples"
     meta_path = path / "meta.json"
-    if not samples.is_dir():
+    has_meta = meta_path.is_file()
+    if not has_meta and (require_meta or not samples.is_dir()):
+        missing = "meta.json" if require_meta else "samples/"
         hint = epochs_root_hint(path) or "; pass a run log or a dataset"
-        raise InputError(f"{path}: a directory but not an aspc run log (no samples/){hint}")
-    if not meta_path.is_file():
+        raise InputError(f"{path}: a directory but not an aspc run log (no {missing}){hint}")
+    if not has_meta:
         return sorted(f for f in samples.iterdir() if f.suffix == ".parquet" and not f.name.startswith("."))
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
@@ -47,7 +50,9 @@ def committed_sample_parts(path: str | os.PathLike) -> list[Path]:
     if not is_runlog_meta(meta):
         raise InputError(f"{path}: meta.json is not an aspc run log's")
     check_runlog_version(meta, path, InputError)
-    files = sorted(f for f in samples.iterdir() if part_number(f) is not None)
+    # A log whose run committed nothing yet may have no samples/ at all; committed() says
+    # whether parts its meta.json counts are gone.
+    files = sorted(f for f in samples.iterdir() if part_number(f) is not None) if samples.is_dir() else []
     return committed(files, "samples", part_ranges(meta, path, InputError), path, InputError)
 
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from aspc.choices import ON_BAD_LINE
-from aspc.errors import InputError, epochs_root_hint, short_reason
-from aspc.io.runlog_meta import check_runlog_version, committed, is_runlog_meta, part_ranges
+from aspc.errors import InputError, short_reason
+from aspc.io.lengths import committed_sample_parts
 
 PLAN_IN_LOG = "plan.parquet"
 """Where ``aspc run --log`` and ``aspc probe`` keep a copy of the plan they ran."""
@@ -153,26 +153,13 @@ def read_run_log_pairs(
 def _committed_samples(path: Path):
     """``prompt_id, sample_index, response_len`` of every committed sample part of a run log.
 
-    Read here with pyarrow alone (the compile side never imports the runtime):
-    ``meta.json`` lists each kind's live part range, parts outside it are
-    leftovers of an interrupted flush and are ignored, as the runtime's reader does.
+    Read here with pyarrow alone (the compile side never imports the runtime);
+    which parts are live is :func:`aspc.io.lengths.committed_sample_parts`'s to say.
     """
     import pyarrow as pa
     import pyarrow.dataset as ds
 
-    meta_path = path / "meta.json"
-    if not meta_path.is_file():
-        hint = epochs_root_hint(path) or "; pass a run log or a dataset"
-        raise InputError(f"{path}: a directory but not an aspc run log (no meta.json){hint}")
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        raise InputError(f"{path}: corrupt meta.json; the run log cannot be read") from None
-    if not is_runlog_meta(meta):
-        raise InputError(f"{path}: meta.json is not an aspc run log's")
-    check_runlog_version(meta, path, InputError)
-    files = sorted((path / "samples").glob("part-*.parquet")) if (path / "samples").is_dir() else []
-    files = committed(files, "samples", part_ranges(meta, path, InputError), path, InputError)
+    files = committed_sample_parts(path, require_meta=True)
     cols = ["prompt_id", "sample_index", "response_len"]
     schema = pa.schema([("prompt_id", pa.string()), ("sample_index", pa.int32()), ("response_len", pa.int64())])
     if not files:

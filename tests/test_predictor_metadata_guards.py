@@ -4,6 +4,7 @@ warning or a silently changed prediction. Both predictors are trained once on a 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import string
@@ -165,6 +166,27 @@ def test_static_cut_must_be_a_sane_integer(tmp_path, data, static, key, value) -
     pred = _edited(static, tmp_path / "t", _set(key, value, "config"))
     msg = _compile_error(data, pred)
     assert f"config.{key} {value!r} is not an integer" in msg, msg
+
+
+@pytest.mark.parametrize(("key", "value"), [("head_chars", 1024), ("tail_chars", 0)])
+def test_static_cut_in_range_is_in_the_hash(tmp_path, data, static, key, value) -> None:
+    # A sane but edited cut changes every prediction: before, the weights' hash did not cover it
+    # and the plan named the trained predictor's hash.
+    pred = _edited(static, tmp_path / "t", _set(key, value, "config"))
+    msg = _compile_error(data, pred)
+    assert "weights do not match their recorded hash" in msg, msg
+
+
+def test_static_cut_changes_the_identity_only_off_its_default(static) -> None:
+    from aspc.predict.static import StaticPredictor
+
+    pred = StaticPredictor.load(static)
+    assert (pred.config.head_chars, pred.config.tail_chars) == (512, 128)
+    trained = pred.content_hash()
+    meta = json.loads((static / "metadata.json").read_text())
+    assert meta["weights_sha256"] == trained  # the trained cut adds nothing: hashes (and plans) stay
+    pred.config, pred._hash = dataclasses.replace(pred.config, head_chars=1024), None
+    assert pred.content_hash() != trained
 
 
 def _head(key: str, value: Any) -> Any:

@@ -85,8 +85,8 @@ class StaticConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StaticConfig:
-        # Checked, not cast: the cut is not in the weights' hash, so an edited -5 or 1e300 silently
-        # changed every prediction of a predictor whose hash still matched.
+        # Checked, not cast: an edited -5 or 1e300 would change every prediction (an edit within
+        # range the weights' hash catches, see content_hash).
         for key, low in (("head_chars", 1), ("tail_chars", 0)):
             v = d[key]
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= _MAX_CUT:
@@ -246,6 +246,11 @@ class StaticPredictor(Predictor):
             arrays["tokenizer"] = np.frombuffer(self.tokenizer_json.encode(), dtype=np.uint8)
             if self.prior is not None:
                 arrays["prior"] = np.frombuffer(self.prior.content_hash().encode(), dtype=np.uint8)
+            cut = (self.config.head_chars, self.config.tail_chars)
+            if cut != (StaticConfig.head_chars, StaticConfig.tail_chars):
+                # The cut changes every prediction, so it is part of the identity; only when it is not
+                # training's own, so that the hashes (and plans) of every predictor trained so far stay.
+                arrays["cut"] = np.asarray(cut, dtype=np.int64)
             self._hash = hash_arrays(arrays)
         return self._hash
 

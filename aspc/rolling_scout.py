@@ -381,7 +381,9 @@ def rolling_epoch(plan: Any, table: PromptTable, config: CompileConfig, workers:
     # In input order, and each window's minibatch size resolved for the window (not the epoch's): the
     # windows and plans `simulate --strategies asp+scout+roll` makes of the same input and options.
     order = np.argsort(plan.table.column(S.SOURCE_ROW).to_numpy(), kind="stable")
-    config = dataclasses.replace(config, batch_size=None, slack=None)
+    # No trainer target either: the windows are planned inside aspc's runtime as the scouts return (no
+    # export takes such a plan), and --for verl's equal minibatches would drop each window's remainder.
+    config = dataclasses.replace(config, batch_size=None, slack=None, target=None)
     roll = RollingScout(table.take(order), prediction_of(plan.table).take(order), config, workers, tokens,
                         scout_windows(windows, len(table.ids)), prior_metadata, log_dir=log_dir,
                         prior_cap=cap_for_plan(plan.config, config.max_response_length), keep=keep)  # fmt: skip

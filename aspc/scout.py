@@ -158,9 +158,10 @@ def scouted_prediction(
 def scout_plan(table: PromptTable, prior: LengthPrediction, config: CompileConfig, workers: int, tokens: int) -> Plan:
     """The scout's own plan: asp over the prior, one sample per prompt, responses cut at ``tokens``, wide minibatches."""
     b = scout_batch_size(len(table.ids), workers)
-    cfg = dataclasses.replace(
-        config, strategy="asp", samples_per_prompt=1, batch_size=b, slack=b // 4, max_response_length=tokens, history=()
-    )
+    # No trainer target: the scout runs in aspc's own runtime, never in verl, and its wide, unequal
+    # minibatches are what --for verl refuses (the epoch's plans keep the target).
+    cfg = dataclasses.replace(config, strategy="asp", samples_per_prompt=1, batch_size=b, slack=b // 4,
+                              max_response_length=tokens, history=(), target=None)  # fmt: skip
     return compile_plan(table, prior, cfg, predictor_identity={"kind": "scout"})
 
 

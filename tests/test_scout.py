@@ -560,3 +560,24 @@ def test_run_scout_keep_is_simulate_and_resumes_after_sigkill(tmp_path):
     i = other.index("--scout-keep-through")
     r = runner.invoke(main, other[:i] + other[i + 2 :])  # keep every finished one this time
     assert r.exit_code == 2 and "--scout-keep (" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+@pytest.mark.parametrize("extra", [(), ("--scout-roll",)], ids=["scout", "roll"])
+def test_run_scout_takes_a_verl_plan(tmp_path, extra):
+    # The scout (and a rolling scout's windows) run in aspc's runtime: before, their wide unequal
+    # minibatches went through --for verl's equal-groups check, so every verl plan was refused with
+    # "use --slack 0", an option `run` does not have.
+    import pyarrow.parquet as pq
+
+    ids, _, lens = _levels(160, 3, 5)
+    data = _write(tmp_path / "in.jsonl", ids, lens)
+    plan = tmp_path / "plan.parquet"
+    r = CliRunner().invoke(main, ["compile", str(data), "--for", "verl", "-b", "8", "--group-size", "4",
+                                  "--max-response-length", "2000", "-n", "4", "-o", str(plan), "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    log = tmp_path / "RUN"
+    r = CliRunner().invoke(main, [*_run_scout_args(plan, data, log), *extra])
+    assert r.exit_code == 0, r.output
+    e1 = pq.read_table(log / "plans" / "epoch-1.parquet").column("minibatch").to_numpy()
+    if not extra:  # the epoch's own plan keeps the verl shape: minibatches of exactly B prompts
+        assert set(np.bincount(e1).tolist()) == {8}

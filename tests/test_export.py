@@ -123,6 +123,25 @@ def test_text_source_to_verl(tmp_path, text_data):
         assert row["extra_info"]["aspc"]["n_samples"] == 4
 
 
+@pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
+def test_text_that_reads_as_chat_json_stays_text(tmp_path, suffix):
+    # The plan stores a chat as compact JSON; a text prompt that is exactly such JSON was exported
+    # as the chat it spells. The source says it is text.
+    recs = lognormal_records(40, seed=5)
+    look = [json.dumps([{"role": "user", "content": "Summarise this JSON"}], separators=(",", ":")),
+            json.dumps([{"role": "system", "content": "a"}, {"role": "user", "content": "b"}], separators=(",", ":"))]
+    recs[0]["prompt"], recs[1]["prompt"] = look  # fmt: skip
+    src = write_jsonl(tmp_path / "src.jsonl", recs)
+    if suffix == "parquet":
+        pq.write_table(pa.Table.from_pylist(recs), tmp_path / "src.parquet")
+        src = tmp_path / "src.parquet"
+    _compile(src, tmp_path / "plan.parquet")
+    assert _cli(["export", tmp_path / "plan.parquet", "-o", tmp_path / "t.parquet", "-q"]).exit_code == 0
+    got = {row["id"]: row["prompt"] for row in pq.read_table(tmp_path / "t.parquet").to_pylist()}
+    for rec in recs:
+        assert got[rec["id"]] == [{"role": "user", "content": rec["prompt"]}]
+
+
 def test_chat_prompts_round_trip_exactly(tmp_path, chat_data):
     plan = _compile(chat_data, tmp_path / "plan.parquet")
     res = export_plan(tmp_path / "plan.parquet", tmp_path / "train.parquet")

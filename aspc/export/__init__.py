@@ -275,7 +275,14 @@ def _write_verl(
         and pa.types.is_list(table.schema.field("prompt").type)
     )
     if not keep_prompt:
-        cols["prompt"] = pa.array([_as_chat(p) for p in plan.column(S.PROMPT).tolist()], pa.list_(MESSAGE_TYPE))
+        # The plan stores a chat as compact JSON, so text that is exactly such JSON reads as a chat there;
+        # the source says which it was: a string column holds text, each cell one user message.
+        kind = table.schema.field(prompt_field).type if table is not None and prompt_field in cols else None
+        if kind is not None and (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            chats = [[{"role": "user", "content": p}] for p in table.column(prompt_field).to_pylist()]
+        else:
+            chats = [_as_chat(p) for p in plan.column(S.PROMPT).tolist()]
+        cols["prompt"] = pa.array(chats, pa.list_(MESSAGE_TYPE))
     has_ds = "data_source" in cols
     if data_source is not None:
         cols["data_source"] = pa.array([data_source] * n, pa.string())

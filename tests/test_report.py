@@ -310,3 +310,22 @@ def test_run_labels_are_unique():
 
     assert run_labels([Path("a/asp"), Path("b/random")]) == ["asp", "random"]
     assert run_labels([Path("x/a/run"), Path("x/b/run")]) == ["a/run", "b/run"]
+    assert run_labels([Path("/a"), Path("/b/a")]) == ["/a", "b/a"]  # the root part was joined as "//a"
+
+
+def test_report_draws_run_names_as_written(inputs, tmp_path):
+    # A '$...$' pair in a run directory's name was parsed as mathtext: an unmatched one raised a
+    # traceback from matplotlib, a matched one was drawn as math.
+    import shutil
+
+    for i, name in enumerate(["cost_$1_vs_$2", r"lr$\frac$"]):
+        log = tmp_path / name
+        shutil.copytree(inputs["run_asp"], log)
+        r = _cli(["report", inputs["plan_asp"], log, "-o", tmp_path / f"out{i}", "-q"])
+        assert r.exit_code == 0, r.output
+
+
+def test_the_same_run_twice_is_refused(inputs, tmp_path):
+    r = _cli(["report", inputs["plan_asp"], inputs["run_asp"], inputs["run_asp"], "-o", tmp_path / "out"])
+    assert r.exit_code == 2 and "given twice; name each run once" in r.output, r.output
+    assert not (tmp_path / "out").exists()

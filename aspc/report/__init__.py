@@ -56,8 +56,10 @@ def write_report(
     plan_path
         A plan written by ``aspc compile``.
     run_dirs
-        Run log directories written by ``aspc run --log`` from this plan;
-        several are overlaid in the same figures (legend: directory name).
+        Run log directories written by ``aspc run --log`` from this plan, or
+        from other plans of the same prompts (one per strategy, say: their
+        observed lengths are drawn against this plan's predictions); several
+        are overlaid in the same figures (legend: directory name), each once.
     out_dir
         Report directory, written whole or not at all. An earlier aspc report
         there is replaced; any other non-empty directory is refused.
@@ -76,16 +78,24 @@ def write_report(
     ------
     AspcError
         matplotlib missing (install ``aspc[report]``), an unreadable plan or
-        run log, a run log of another plan, or an unusable ``out_dir``.
+        run log, a run log that shares no prompt with the plan, one given
+        twice, or an unusable ``out_dir``.
     """
     from aspc.emit import read_plan
     from aspc.report import figures as F
+    from aspc.report.canvas import literal_text
     from aspc.report.data import plan_view, run_labels, run_view
     from aspc.runtime.record.runlog import read_run_log
 
     F.require_matplotlib()  # fail before any work when the extra is missing
     plan_path, out_dir = Path(plan_path), Path(out_dir)
     run_paths = [Path(r) for r in run_dirs]
+    seen: dict[Path, Path] = {}
+    for r in run_paths:
+        if (key := r.resolve()) in seen:
+            same = "given twice" if r == seen[key] else f"the same run log as {seen[key]}"
+            raise ConfigError(f"{r}: {same}; name each run once")
+        seen[key] = r
     _check_out_dir(out_dir)
 
     progress.stage("read", total=1 + len(run_paths))
@@ -104,13 +114,14 @@ def write_report(
         # The temporary directory is private (0700); a report is meant to be shared like any directory.
         os.chmod(tmp, 0o777 & ~_umask())
         progress.stage("figures", total=len(specs))
-        for spec in F.PLAN_FIGURES:
-            spec.draw(pv, tmp / spec.file)
-            progress.advance()
-        if runs:
-            for spec in F.RUN_FIGURES:
-                spec.draw(pv, runs, tmp / spec.file)
+        with literal_text():
+            for spec in F.PLAN_FIGURES:
+                spec.draw(pv, tmp / spec.file)
                 progress.advance()
+            if runs:
+                for spec in F.RUN_FIGURES:
+                    spec.draw(pv, runs, tmp / spec.file)
+                    progress.advance()
         progress.done()
         progress.stage("html")
         (tmp / INDEX).write_text(_page(pv, runs, tmp, embed), encoding="utf-8")

@@ -39,6 +39,17 @@ def require_matplotlib() -> Any:
     return matplotlib
 
 
+def literal_text() -> Any:
+    """A context in which every text is drawn as written, not parsed as mathtext.
+
+    Labels carry user text (run directory names, plan fields): ``cost_$1_vs_$2``
+    raised a mathtext parse error, and ``$lr$`` was drawn as math. No label of
+    the report uses mathtext. Text artists read the setting when created, so the
+    figures are drawn, not only saved, inside it.
+    """
+    return require_matplotlib().rc_context({"text.parse_math": False})
+
+
 def new_figure(nrows: int = 1, height: float = 4.2, sharex: bool = True, width: float = WIDTH) -> tuple[Any, Any]:
     require_matplotlib()
     from matplotlib.figure import Figure

@@ -235,7 +235,7 @@ def run_labels(paths: list[Path]) -> list[str]:
     paths = [Path(p).resolve() for p in paths]
     depth = 1
     while True:
-        labels = ["/".join(p.parts[-depth:]) for p in paths]
+        labels = [str(Path(*p.parts[-depth:])) for p in paths]  # a root part ("/") joins as a path does
         if len(set(labels)) == len(labels) or all(depth >= len(p.parts) for p in paths):
             return labels
         depth += 1

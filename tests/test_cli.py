@@ -19,6 +19,21 @@ def _run(args):
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
 
 
+def test_user_text_is_printed_as_written(tmp_path):
+    # A file name or a plan's stored value is user text; rich read '[...]' in it as markup:
+    # inspect raised MarkupError (a traceback) on a plan compiled with --id-field '[/]', and
+    # showed 'p[red]x.parquet' as 'px.parquet'.
+    recs = [{"[/]": f"id{i}", "prompt": f"p {i}", "lengths": [i + 1]} for i in range(20)]
+    data = write_jsonl(tmp_path / "f.jsonl", recs)
+    plan = tmp_path / "p[red]x.parquet"
+    assert _run(["compile", data, "--length-field", "lengths", "--id-field", "[/]", "-o", plan, "-q"]).exit_code == 0
+    for cmd in (["inspect", plan], ["check", plan]):
+        r = _run(cmd)
+        assert r.exit_code == 0, r.output
+        assert "p[red]x.parquet" in r.output
+    assert "[/]" in _run(["inspect", plan]).output
+
+
 def test_compile_check_inspect_contract(tmp_path, dataset):
     plan = tmp_path / "plan.parquet"
     r = _run(["compile", dataset, *CONTRACT, "-o", plan, "--json"])

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from aspc.cli.common import emit_json, handle_errors, json_option, note, out_console, quiet_option
 from aspc.cli.paths import PathArg
+from aspc.cli.render import plain
 
 
 @click.command("calibrate")
@@ -57,7 +58,7 @@ def calibrate_cmd(run_dir: Path, output: str | Path | None, as_json: bool, quiet
     if as_json:
         emit_json({"cost_model": cal.sim_cost_model.to_dict(), "std_errors": cal.std_errors, **fit})
     elif not quiet:
-        t = Table(title=f"cost model fitted from {run_dir.name}", header_style="bold")
+        t = Table(title=plain(f"cost model fitted from {run_dir.name}"), header_style="bold")
         t.add_column("coefficient")
         t.add_column("value", justify="right")
         t.add_column("std. error", justify="right")
@@ -65,5 +66,5 @@ def calibrate_cmd(run_dir: Path, output: str | Path | None, as_json: bool, quiet
             se = cal.std_errors.get(k)
             t.add_row(k, f"{v:.6g}", "-" if se is None else f"{se:.3g}")
         for k, v in fit.items():
-            t.add_row(k, "-" if v is None else (v if isinstance(v, str) else f"{v:.6g}"), "")
+            t.add_row(k, "-" if v is None else (plain(v) if isinstance(v, str) else f"{v:.6g}"), "")
         out_console.print(t)

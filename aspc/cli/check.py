@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from aspc.cli.common import emit_json, err_console, handle_errors, json_option, out_console
 from aspc.cli.paths import PathArg
@@ -35,7 +36,7 @@ def check_cmd(plan_path: Path, max_imbalance, max_padding, max_drift, as_json: b
     else:
         out_console.print(metrics_table(m, title=f"check {plan_path.name}"))
         for v in res.violations:
-            err_console.print(f"[red]FAIL[/] {v}")
+            err_console.print(f"[red]FAIL[/] {escape(v)}")
         if res.ok:
             err_console.print("[green]OK[/] plan is consistent and within bounds")
     if not res.ok:

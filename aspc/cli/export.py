@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from aspc.choices import EXPORT_FORMATS
 from aspc.cli.common import RichProgress, emit_json, err_console, handle_errors, json_option, out_console, quiet_option
@@ -85,9 +86,9 @@ def export_cmd(
     if quiet:
         return
     origin = f", columns of {res.source.name}" if res.source is not None else ", aspc's columns only"
-    out_console.print(f"wrote {res.rows:,} rows in dispatch order to {res.path} ({res.format}{origin})")
+    out_console.print(f"wrote {res.rows:,} rows in dispatch order to {res.path} ({res.format}{origin})", markup=False)
     if res.format == "verl":
         out_console.print("verl overrides for this plan:")
         out_console.print("  " + " \\\n  ".join(res.verl_overrides()), soft_wrap=True, highlight=False, markup=False)
         for w in res.warnings:
-            err_console.print(f"[yellow]note[/] {w}", soft_wrap=True, highlight=False)
+            err_console.print(f"[yellow]note[/] {escape(w)}", soft_wrap=True, highlight=False)

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from aspc.cli.common import emit_json, handle_errors, json_option, out_console
 from aspc.cli.paths import PathArg
-from aspc.cli.render import metrics_table
+from aspc.cli.render import metrics_table, plain
 
 
 @click.command("inspect")
@@ -52,9 +52,9 @@ def inspect_cmd(plan_path: Path, as_json: bool) -> None:
     cfg.add_column("key")
     cfg.add_column("value")
     for k in sorted(plan.config):
-        cfg.add_row(k, str(plan.config[k]))
-    cfg.add_row("predictor", str(plan.predictor))
-    cfg.add_row("input sha256", plan.input_hash[:16] + "…")
+        cfg.add_row(plain(k), plain(plan.config[k]))
+    cfg.add_row("predictor", plain(plan.predictor))
+    cfg.add_row("input sha256", plain(plan.input_hash[:16] + "…"))
     out_console.print(cfg)
     g = Table(title="group loads (predicted)", header_style="bold")
     g.add_column("group", justify="right")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 _FMT = {
     "padding_ratio": "{:.4f}",
@@ -27,10 +28,16 @@ def fmt_value(key: str, value: Any) -> str:
     return str(value)
 
 
+def plain(text: object) -> Text:
+    """``text`` as rich draws it literally: a file name or a plan's stored value is user text, and rich
+    reads ``[...]`` in a string as markup (``[/]`` raised MarkupError, ``p[red]x`` lost its ``[red]``)."""
+    return Text(str(text))
+
+
 def metrics_table(metrics: dict[str, Any], title: str = "plan metrics") -> Table:
-    t = Table(title=title, show_header=True, header_style="bold")
+    t = Table(title=plain(title), show_header=True, header_style="bold")
     t.add_column("metric")
     t.add_column("value", justify="right")
     for key in sorted(metrics):
-        t.add_row(key, fmt_value(key, metrics[key]))
+        t.add_row(plain(key), plain(fmt_value(key, metrics[key])))
     return t

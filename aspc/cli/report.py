@@ -54,4 +54,4 @@ def report_cmd(
     if as_json:
         emit_json({"report": str(output / "index.html"), "files": [str(f) for f in files]})
     elif not quiet:
-        out_console.print(f"wrote {output / 'index.html'} and {len(files) - 1} figures")
+        out_console.print(f"wrote {output / 'index.html'} and {len(files) - 1} figures", markup=False)

@@ -126,13 +126,15 @@ def _translate(exc: OSError, target: Path, ours: bool, tmp: Path | None) -> Outp
         return OutputError(
             f"no space left on the device holding {target}; free space or write elsewhere"
         )
-    if exc.errno in _DENIED:
+    # A directory that takes no new file may say "no such file" of the one being created (/proc
+    # does): that message named aspc's temporary, a file the user never asked for.
+    made_here = ours and tmp is None and exc.errno == errno.ENOENT and target.parent.is_dir()
+    if exc.errno in _DENIED or made_here:
         names = {str(target), str(target.parent)} | ({str(tmp)} if tmp is not None else set())
         if ours or str(getattr(exc, "filename", "")) in names:
-            return OutputError(
-                f"cannot write {target}: {os.strerror(exc.errno).lower()} in {target.parent}; "
-                "choose a writable output path"
-            )
+            why = f"{target.parent} takes no new files" if made_here else \
+                f"{os.strerror(exc.errno).lower()} in {target.parent}"  # fmt: skip
+            return OutputError(f"cannot write {target}: {why}; choose a writable output path")
     return None
 
 

@@ -27,6 +27,26 @@ def test_atomic_path_leaves_nothing_on_error(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["file", "dir"])
+def test_a_directory_that_takes_no_new_file_names_the_output(tmp_path, monkeypatch, kind):
+    # /proc answers ENOENT when asked to create a file in it: the message named aspc's temporary
+    # ("file not found: /proc/.x.12393.wigjygi0.tmp"), a file the user never asked for.
+    import errno
+    import tempfile
+
+    from aspc.errors import OutputError
+
+    def refuse(*, prefix, suffix, dir):  # noqa: A002  (tempfile's own keyword)
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", os.path.join(dir, prefix + "abc" + suffix))
+
+    monkeypatch.setattr(tempfile, "mkstemp" if kind == "file" else "mkdtemp", refuse)
+    target = tmp_path / "out"
+    with pytest.raises(OutputError, match=rf"^cannot write {target}: {tmp_path} takes no new files; choose a writable"):
+        with (atomic_path if kind == "file" else atomic_dir)(target):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
 def test_signal_right_after_the_temporary_is_created_removes_it(tmp_path, monkeypatch, kind):
     # SIGTERM delivered the instant mkstemp/mkdtemp has created the temporary, before the
     # writer's cleanup owns it: the window a real SIGTERM hit in a CI run (a stray .tmp).

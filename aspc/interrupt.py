@@ -132,6 +132,9 @@ def outcome() -> str:
     """
     with _lock:
         names = list(dict.fromkeys(_written))
+    # A run log compacts its parts (and a resume replaces them): a file written whole and since
+    # removed is not left behind.
+    names = [n for n in names if os.path.lexists(n)]
     if not names:
         return "nothing was written"
     return f"{', '.join(names)} had already been written in full"

@@ -155,6 +155,12 @@ def test_an_interrupt_after_the_output_is_in_place_says_so(tmp_path):
         assert interrupt.outcome() == f"{tmp_path / 'out.bin'} had already been written in full"
     with interrupt.handlers():
         assert interrupt.outcome() == "nothing was written"  # per command
+    with interrupt.handlers():
+        # A run log compacts its parts: one written whole and since removed was still listed.
+        atomic_write_bytes(tmp_path / "part-0", b"x")
+        atomic_write_bytes(tmp_path / "part-1", b"x")
+        (tmp_path / "part-0").unlink()
+        assert interrupt.outcome() == f"{tmp_path / 'part-1'} had already been written in full"
 
 
 def test_a_signal_during_teardown_keeps_the_commands_exit_code(tmp_path):

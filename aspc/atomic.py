@@ -138,6 +138,27 @@ def _translate(exc: OSError, target: Path, ours: bool, tmp: Path | None) -> Outp
     return None
 
 
+def check_writable(target: str | os.PathLike) -> None:
+    """Refuse, before any costly work, an output whose directory takes no new file.
+
+    For a command that writes its output last, after minutes of generation or training (``aspc
+    probe``, ``aspc predict train``): a read-only or denied directory is found now, by creating
+    and removing an empty temporary where the output's would go (its nearest existing ancestor
+    when the directory is still to be made). A full disk can only be found by the write itself.
+    """
+    target = Path(target)
+    here = target.absolute().parent
+    while not here.is_dir() and here != here.parent:
+        here = here.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=here))
+    except OSError as exc:
+        err = _translate(exc, target, True, None)
+        if err is None:
+            raise
+        raise err from None
+
+
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary file path; on success fsync it and rename onto ``target``.

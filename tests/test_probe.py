@@ -127,3 +127,110 @@ def test_a_probe_whose_training_fails_keeps_its_log_and_says_how_to_reuse_it(tmp
     assert r.exit_code == 2
     assert "observed lengths equal 1" in r.output and f"aspc predict train {log}" in r.output, r.output
     assert (log / "meta.json").is_file() and not out.exists()
+
+
+def _sim(data: Path, log: Path, out: Path, *extra: str) -> list[str]:
+    return [str(data), "--backend", "sim", "--actual-lengths", str(data), "--length-field", "lengths",
+            "--prompts", "100", "--log", str(log), "-o", str(out), "-q", *extra]  # fmt: skip
+
+
+def test_a_wrong_init_kind_is_refused_before_any_generation(tmp_path):
+    # Before: refused only after the whole probe run, and both suggested fixes failed the same way.
+    data = write_prompts(tmp_path / "p.jsonl", 120)
+    log, out = tmp_path / "L", tmp_path / "P"
+    res = probe(*_sim(data, log, out, "--kind", "transformer", "--init", "default"))
+    assert res.exit_code == 2 and "holds a lexical predictor, but --kind is transformer" in res.output, res.output
+    assert "pass --kind lexical" in res.output
+    assert not log.exists() and not out.exists()
+
+
+def test_an_output_that_takes_no_file_is_refused_before_any_generation(tmp_path, monkeypatch):
+    # A read-only -o was found only when the predictor was saved, after the whole run.
+    import errno
+    import tempfile
+
+    data = write_prompts(tmp_path / "p.jsonl", 120)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = tempfile.mkdtemp
+
+    def mkdtemp(*a, dir=None, **kw):  # noqa: A002  (tempfile's own keyword)
+        if dir is not None and Path(dir) == ro:
+            raise OSError(errno.EROFS, "Read-only file system", str(ro))
+        return real(*a, dir=dir, **kw)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    res = probe(*_sim(data, tmp_path / "L", ro / "pred"))
+    assert res.exit_code == 2 and f"cannot write {ro / 'pred'}: read-only file system" in res.output, res.output
+    assert not (tmp_path / "L").exists()
+
+
+def test_a_failed_save_keeps_the_log_and_names_the_refit(tmp_path, monkeypatch):
+    # The save was outside the hint: a full disk at the end said nothing of the kept log.
+    from aspc.errors import OutputError
+    from aspc.predict.lexical import LexicalPredictor
+
+    def full(self, path):
+        raise OutputError(f"no space left on the device holding {path}; free space or write elsewhere")
+
+    monkeypatch.setattr(LexicalPredictor, "save", full)
+    data = write_prompts(tmp_path / "p.jsonl", 120)
+    log, out = tmp_path / "L", tmp_path / "P"
+    res = probe(*_sim(data, log, out))
+    assert res.exit_code != 0 and "no space left" in res.output, res.output
+    assert f"aspc predict train {log} --kind lexical --init default -o {out}" in res.output
+    assert (log / "plan.parquet").is_file()
+
+
+def test_length_field_without_actual_lengths_is_refused(tmp_path):
+    data = write_prompts(tmp_path / "p.jsonl", 120)
+    res = probe(str(data), "--backend", "sim", "--length-field", "lengths", "--log", str(tmp_path / "L"),
+                "-o", str(tmp_path / "P"))  # fmt: skip
+    assert res.exit_code == 2 and "--length-field names the length field of --actual-lengths" in res.output
+    assert not (tmp_path / "L").exists()
+    plan = tmp_path / "plan.parquet"
+    assert CliRunner().invoke(main, ["compile", str(data), "-o", str(plan), "-q"]).exit_code == 0
+    res = CliRunner().invoke(main, ["run", str(plan), "--length-field", "lengths", "-q"])
+    assert res.exit_code == 2 and "--length-field names the length field of --actual-lengths" in res.output
+
+
+def test_a_locked_log_is_worded_for_probe(tmp_path):
+    # Another process writing the log: the run's words said "rerun with --resume", which probe lacks.
+    from aspc.runtime.record.lock import RunLogLock
+
+    data = write_prompts(tmp_path / "p.jsonl", 120)
+    log, out = tmp_path / "L", tmp_path / "P"
+    assert probe(*_sim(data, log, out)).exit_code == 0
+    lock = RunLogLock(log)
+    lock.acquire()
+    try:
+        res = probe(*_sim(data, log, out, "--overwrite"))
+    finally:
+        lock.release()
+    assert res.exit_code != 0 and "is locked by another aspc run" in res.output, res.output
+    assert "--resume" not in res.output and "pass --overwrite to probe again once nothing else writes it" in res.output
+
+
+def test_an_interrupted_probe_leaves_a_log_to_train_from(tmp_path, monkeypatch):
+    # Interrupted during its run, a probe left a log without its plan: 'aspc predict train LOG'
+    # then asked for --plan, a plan that was never written anywhere.
+    import signal
+
+    import aspc.runtime
+    from aspc.errors import Interrupted
+
+    real = aspc.runtime.run
+
+    def interrupted(*args, **kwargs):
+        real(*args, **kwargs)  # the log as a signal would leave it once the run committed its samples
+        raise Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(aspc.runtime, "run", interrupted)
+    data = write_prompts(tmp_path / "p.jsonl", 120)
+    log, out = tmp_path / "L", tmp_path / "P"
+    res = probe(*_sim(data, log, out))
+    assert res.exit_code == 130 and f"{log / 'plan.parquet'}" in res.output, res.output
+    assert not out.exists()
+    monkeypatch.undo()
+    res = CliRunner().invoke(main, ["predict", "train", str(log), "-o", str(out), "-q"])
+    assert res.exit_code == 0, res.output

@@ -227,3 +227,10 @@ def check_history_field(history: bool) -> None:
     if not history and _given("history_length_field"):
         raise ConfigError("--history-length-field names the length field of --history datasets: pass --history "
                           "too, or drop it")  # fmt: skip
+
+
+def check_lengths_field(actual_lengths: object) -> None:
+    """Refuse ``--length-field`` given on the command line without ``--actual-lengths`` (run, probe): it would be ignored."""
+    if actual_lengths is None and _given("length_field"):
+        raise ConfigError("--length-field names the length field of --actual-lengths: pass --actual-lengths too, "
+                          "or drop it")  # fmt: skip

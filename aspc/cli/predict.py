@@ -180,6 +180,7 @@ def train_cmd(
     aspc predict train all.parquet --length-field lengths --target-field model --group-field dataset -o pred/
     then pick a head: aspc compile P --predictor pred/ --target NAME
     """
+    from aspc.atomic import check_writable
     from aspc.guards import check_output, check_seed
     from aspc.predict.base import check_output_dir
 
@@ -187,6 +188,7 @@ def train_cmd(
     reads = [data, plan, None if init in (None, "default") else init, base_model]
     output = check_output(output, inputs=reads, kind="dir")
     check_output_dir(output)
+    check_writable(output)  # found now, not after the training
     if epochs is not None and epochs < 1:
         raise ConfigError(f"--epochs {epochs}: give at least 1")
     if group_field is not None and kind == "transformer":

@@ -30,6 +30,7 @@ import click
 from aspc.choices import ON_BAD_LINE, PREDICTOR_KINDS
 from aspc.cli.backend_options import build_real_components, real_backend_options
 from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, quiet_option
+from aspc.cli.options import check_lengths_field
 from aspc.cli.paths import PathArg
 from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
 from aspc.errors import AspcError, ConfigError
@@ -107,11 +108,13 @@ def probe_cmd(
     aspc probe prompts.jsonl --backend sim --actual-lengths prompts.jsonl --length-field lengths \\
         --prompts 500 --seed 0 --log probe/ -o pred/
     """
+    from aspc.atomic import check_writable
     from aspc.cli.predict import train_from_pairs
     from aspc.compiler import CompileConfig, compile_plan
     from aspc.emit import write_plan
+    from aspc.errors import Interrupted, finding
     from aspc.io import read_prompts
-    from aspc.predict import MIN_PAIRS, load_predictor
+    from aspc.predict import MIN_PAIRS, check_init_kind, load_predictor
     from aspc.predict.base import check_output_dir
     from aspc.predict.pairs import PLAN_IN_LOG, read_run_log_pairs
     from aspc.runtime import run
@@ -127,17 +130,22 @@ def probe_cmd(
     reads = [prompts_path, actual_lengths, None if init_arg in (None, "default") else init_arg]
     output = check_output(output, inputs=reads, kind="dir")
     check_output_dir(output)
+    check_writable(output)  # found now, not after the generations
     check_output(log_dir, inputs=reads, kind="dir", option="--log", others={"-o": output})
     # Said here: the run log's own words offer --resume, which probe does not have.
     if not overwrite and log_dir.is_dir() and any(log_dir.iterdir()):
         raise ConfigError(f"--log {log_dir}: directory exists and is not empty; pick a new path, or pass --overwrite "
                           "to probe again")  # fmt: skip
+    check_lengths_field(actual_lengths)
     config, cost = run_config_from_kwargs(kwargs, seed=seed, samples_per_prompt=1)
     table = read_prompts(prompts_path, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)
     if len(table) < MIN_PAIRS:
         raise ConfigError(
             f"{prompts_path.name}: {len(table)} prompts, a probe needs at least {MIN_PAIRS} to train a predictor"
         )
+    scheduler = load_predictor(init_arg or "default")
+    if init_arg is not None:  # before any generation: the refit needs it to be of --kind's kind
+        check_init_kind(scheduler, kind, init_arg)
     lengths = None
     if actual_lengths is not None:
         from aspc.io.history import read_history
@@ -151,7 +159,6 @@ def probe_cmd(
     sample = _subset(table, n_prompts, seed)
     if len(sample) < n_prompts:
         note(f"{prompts_path.name} has {len(table)} prompts: probing all of them", quiet)
-    scheduler = load_predictor(init_arg or "default")
     with RichProgress(quiet) as progress:
         progress.stage("predict", total=1)
         prediction = scheduler.predict(sample.texts, ids=sample.ids)
@@ -163,32 +170,47 @@ def probe_cmd(
             predictor_identity=scheduler.identity(),
             progress=progress,
         )
-        result = run(
-            plan,
-            config=config,
-            sim_cost_model=cost,
-            actual_lengths=lengths,
-            lengths_name=actual_lengths.name if actual_lengths else "",
-            backend=backend,
-            trainer=trainer,
-            log_dir=log_dir,
-            overwrite=overwrite,
-            progress=progress,
-        )
+        try:
+            result = run(
+                plan,
+                config=config,
+                sim_cost_model=cost,
+                actual_lengths=lengths,
+                lengths_name=actual_lengths.name if actual_lengths else "",
+                backend=backend,
+                trainer=trainer,
+                log_dir=log_dir,
+                overwrite=overwrite,
+                progress=progress,
+            )
+        except Interrupted:
+            # This run's log (it started one: no plan inside yet) keeps its committed samples: with
+            # the plan beside them 'aspc predict train LOG' can use them.
+            if (log_dir / "meta.json").is_file() and not (log_dir / PLAN_IN_LOG).exists():
+                write_plan(plan, log_dir / PLAN_IN_LOG)
+            raise
+        except AspcError as exc:
+            if "--resume" not in str(exc):
+                raise
+            # The run log's words (a log made meanwhile by another probe or run) offer --resume,
+            # which probe does not have.
+            raise type(exc)(f"{finding(exc)}; pick a new --log, or pass --overwrite to probe again once "
+                            "nothing else writes it") from None  # fmt: skip
         # The plan goes inside the log: it holds the prompt texts 'aspc predict train RUN' needs.
         write_plan(plan, log_dir / PLAN_IN_LOG)
         try:
             pairs = read_run_log_pairs(log_dir)
             pred = train_from_pairs(pairs, kind, where=str(log_dir), init=init_arg, seed=seed, progress=progress)
+            progress.stage("write")
+            pred.save(output)
+            progress.done()
         except AspcError as exc:
             # The generations are the costly part (a real backend): keep them and say how to reuse them.
+            again = f"aspc predict train {log_dir} --kind {kind}" + (f" --init {init_arg}" if init_arg else "")
             raise type(exc)(
-                f"{exc}; the probe's run log {log_dir} is kept: train from it with "
-                f"'aspc predict train {log_dir} -o {output}', or pass --overwrite to probe again"
+                f"{exc}; the probe's run log {log_dir} is kept: once the cause is fixed, train from it with "
+                f"'{again} -o {output}' (or, if the generations are the cause, probe again with --overwrite)"
             ) from None
-        progress.stage("write")
-        pred.save(output)
-        progress.done()
     for msg in result.notes:
         note(msg, quiet)
     summary = {

@@ -20,6 +20,7 @@ from aspc.cli.common import (
     out_console,
     quiet_option,
 )
+from aspc.cli.options import check_lengths_field
 from aspc.cli.paths import PathArg
 from aspc.cli.preload import runtime_loading
 from aspc.cli.run_epochs import check_epoch_options, epoch_options
@@ -254,6 +255,7 @@ def run_cmd(
 
     # Before a real backend resolves its model or a history file is read.
     check_log_options(log_dir, overwrite=overwrite, resume=resume)
+    check_lengths_field(actual_lengths)
     check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens, scout_keep,
                         scout_keep_through, kwargs.get("backend") or "sim", scout_roll=scout_roll,
                         scout_windows=scout_windows)  # fmt: skip

@@ -213,7 +213,7 @@ def train_predictor(
             raise ConfigError("--epochs and --freeze-encoder apply to --kind transformer only")
         from aspc.predict.static_train import train_static
 
-        start = _init_predictor(init, ("static", "transformer", "lexical"), device)
+        start = _init_predictor(init, init_kinds("static"), device)
         prior = load_predictor(DEFAULT) if static_prior and getattr(start, "kind", None) in (None, "transformer") else None
         return train_static(
             texts,
@@ -244,11 +244,24 @@ def _init_predictor(init: str | Path | Predictor | None, kind: str | tuple[str, 
             pred = load_predictor(init, device=device) if "transformer" in kinds else load_predictor(init)
         except PredictorError as exc:
             raise ConfigError(f"--init: {exc}") from None
-    if pred.kind not in kinds:
-        if len(kinds) > 1:
-            raise ConfigError(f"--init {init}: holds a {pred.kind} predictor; --kind {kinds[0]} starts from "
-                              f"one of {', '.join(kinds)}")  # fmt: skip
-        raise ConfigError(
-            f"--init {init}: holds a {pred.kind} predictor, but --kind is {kind}; a refit keeps the kind"
-        )
+    check_init_kind(pred, kinds[0], init)
     return pred
+
+
+def init_kinds(kind: str) -> tuple[str, ...]:
+    """The predictor kinds a ``--kind`` refit may start from (``--init``): its own; a static one, any."""
+    return ("static", "transformer", "lexical") if kind == "static" else (kind,)
+
+
+def check_init_kind(pred: Any, kind: str, init: object) -> None:
+    """Raise :class:`ConfigError` unless ``pred`` (loaded from ``--init init``) can start a ``--kind kind`` refit."""
+    kinds = init_kinds(kind)
+    if pred.kind in kinds:
+        return
+    if len(kinds) > 1:
+        raise ConfigError(f"--init {init}: holds a {pred.kind} predictor; --kind {kind} starts from one of "
+                          f"{', '.join(kinds)}")  # fmt: skip
+    raise ConfigError(
+        f"--init {init}: holds a {pred.kind} predictor, but --kind is {kind}; a refit keeps the kind: "
+        f"pass --kind {pred.kind}, or an --init of kind {kind}"
+    )

@@ -57,13 +57,18 @@ _RETRY_SECONDS = 0.005
 # the exception) and Numba's compiler, loader and type registry (their weakref
 # callbacks and llvmlite object disposal are not exception-safe).
 _UNSAFE_DIRS = (f"{os.sep}numba{os.sep}", f"{os.sep}llvmlite{os.sep}")
+# The import system: its module-lock weakref callback drops the exception and leaves the lock
+# held, so a thread importing the same module (the plan preload's) waits for ever, and so does
+# the main thread joining it. Seen as a traceback, then a hang, on a signal during `aspc run`'s start.
+_UNSAFE_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 
 
 def _in_finalizer(frame: FrameType | None) -> bool:
-    """Whether the main thread is inside a ``__del__`` or Numba/llvmlite code."""
+    """Whether the main thread is inside a ``__del__``, the import system, or Numba/llvmlite code."""
     while frame is not None:
         code = frame.f_code
-        if code.co_name == "__del__" or any(d in code.co_filename for d in _UNSAFE_DIRS):
+        name = code.co_filename
+        if code.co_name == "__del__" or name in _UNSAFE_FILES or any(d in name for d in _UNSAFE_DIRS):
             return True
         frame = frame.f_back
     return False

@@ -146,6 +146,19 @@ def test_a_signal_inside_a_finalizer_is_delivered_after_it(monkeypatch):
     assert not interrupt._in_finalizer(sys._getframe())
 
 
+@pytest.mark.parametrize("where", ["<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>"])
+def test_a_signal_is_not_raised_inside_the_import_system(where):
+    # importlib's module-lock weakref callback printed the Interrupted ("Exception ignored in
+    # _get_module_lock.<locals>.cb"), dropped it and left the lock held: `aspc run` on a large
+    # plan then hung, its preload thread waiting on an import for ever.
+    from aspc import interrupt
+
+    ns: dict = {}
+    exec(compile("import sys\nframe = sys._getframe()", where, "exec"), ns)
+    assert interrupt._in_finalizer(ns["frame"])
+    assert not interrupt._in_finalizer(sys._getframe())
+
+
 def test_an_interrupt_after_the_output_is_in_place_says_so(tmp_path):
     from aspc import interrupt
 

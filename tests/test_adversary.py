@@ -697,6 +697,8 @@ def test_run_options_past_what_the_kernels_hold_are_one_line(tmp_path, small, pl
     for extra, words in (
         (["--queue-capacity", "99999999999999999999"], "give a smaller count"),
         (["--epochs", "2", "--length-drift", "1e7", "--log", str(tmp_path / "LD")], "use a smaller drift"),
+        # (1 + F) ** (N - 1) past a float: Python's ** raised OverflowError, a traceback.
+        (["--epochs", "3", "--length-drift", "1e200", "--log", str(tmp_path / "LD")], "use a smaller drift"),
     ):
         r = _cli(*base, *extra)
         assert r.returncode == 2 and words in _one_line_error(r.stderr), r.stderr

@@ -71,7 +71,7 @@ from aspc.errors import ConfigError
 from aspc.io.history import read_history
 from aspc.io.rows import MAX_LENGTH
 from aspc.predict.base import LengthPrediction
-from aspc.predict.history import DEFAULT_KAPPA, blend_history
+from aspc.predict.history import DEFAULT_KAPPA, at_least_one_token, blend_history
 from aspc.predict.pairs import keep_plan_in_log
 from aspc.replan import OnlineReplanner, prediction_of, prompt_table_of, refit_factor
 from aspc.rolling_scout import check_roll_run, rolling_epoch
@@ -111,7 +111,7 @@ def epoch_prediction(plan: Plan, logs: list[Path]) -> LengthPrediction:
     """Predictions for the next epoch of ``plan``'s prompts from the run logs of the epochs so far."""
     t = plan.table
     ids = t.column(S.PROMPT_ID).to_pylist()
-    base = prediction_of(t)
+    base = at_least_one_token(prediction_of(t))  # the refit below works in log space too
     per_epoch = [read_history(p) for p in logs]
     last = per_epoch[-1]
     observed = [last.get(pid) for pid in ids]

@@ -290,3 +290,33 @@ def test_bad_weights_name_the_prompt() -> None:
         blend_history(pred, [np.array([1.0]), np.array([5.0, 6.0])], 1.0, weights=[None, np.array([0.5, 1.5])])
     with pytest.raises(ValueError, match="prompt 0"):
         blend_history(pred, [np.array([1.0]), None], 1.0, weights=[np.array([0.5, 0.5]), None])
+
+
+def test_a_zero_length_base_blends_as_one_token() -> None:
+    # Known lengths of 0 give a plan's prediction of 0; the blend works in log space and made
+    # every figure NaN ('length nan', refused), so 'aspc run --epochs 2' failed at epoch 2.
+    zero = LengthPrediction(*(np.array([0.0, 0.0, 200.0]) for _ in range(4)))
+    got = blend_history(zero, [np.array([0.0, 0.0]), None, np.array([300.0])], 4.0)
+    for a in (got.mean, got.q10, got.q50, got.q90):
+        assert np.all(np.isfinite(a)) and np.all(a >= 1.0)
+    assert got.mean[1] == 1.0  # nothing observed: the base, counted as 1 token like an observation
+
+
+def test_epochs_run_over_prompts_whose_responses_were_all_empty(tmp_path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from aspc.cli import main
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "z.jsonl"
+    with open(data, "w") as fh:
+        for i in range(80):
+            lens = [0, 0, 0] if i == 5 else rng.integers(1, 500, size=3).tolist()
+            fh.write(json.dumps({"id": f"p{i}", "prompt": f"question {i}", "lengths": lens}) + "\n")
+    plan = tmp_path / "plan.parquet"
+    assert CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "-o", str(plan), "-q"]).exit_code == 0
+    r = CliRunner().invoke(main, ["run", str(plan), "--epochs", "2", "--actual-lengths", str(data), "--length-field",
+                                  "lengths", "--log", str(tmp_path / "RUN"), "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output

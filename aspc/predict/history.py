@@ -103,6 +103,7 @@ def blend_history(
         raise ValueError(f"{len(observed)} history entries for {len(base)} predictions")
     if weights is not None and len(weights) != len(observed):
         raise ValueError(f"{len(weights)} weight entries for {len(observed)} observations")
+    base = at_least_one_token(base)
     n = len(base)
     k = np.zeros(n)
     obs_mean = np.ones(n)
@@ -159,6 +160,18 @@ def blend_history(
     lo = (1 - w2) * base_lo + w2 * obs_lo
     hi = (1 - w2) * base_hi + w2 * obs_hi
     return LengthPrediction(mean, q50 * pm.exp(np.minimum(lo, 0.0)), q50, q50 * pm.exp(np.maximum(hi, 0.0)))
+
+
+def at_least_one_token(pred: LengthPrediction) -> LengthPrediction:
+    """``pred`` with every figure at least 1 token, as observed lengths are counted here.
+
+    Known lengths of 0 (a response that ended at once) give a plan's prediction of 0, and the
+    blend works in log space: log(0) made every figure NaN, refused as 'length nan'. Figures of
+    1 token or more are unchanged.
+    """
+    if all(float(np.min(a, initial=1.0)) >= 1.0 for a in (pred.mean, pred.q10, pred.q50, pred.q90)):
+        return pred
+    return LengthPrediction(*(np.maximum(a, 1.0) for a in (pred.mean, pred.q10, pred.q50, pred.q90)))
 
 
 def check_history_prior(meta: Mapping[str, Any]) -> None:

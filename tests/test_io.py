@@ -161,6 +161,20 @@ def test_read_lengths_from_dataset_accumulates(tmp_path):
     assert got["a"].tolist() == [3.0, 5.0, 7.0] and got["9"].tolist() == [1.0]
 
 
+@pytest.mark.parametrize(
+    ("row", "says"),
+    [({"length": 3}, "missing id field 'id'; pass --id-field NAME"),
+     ({"id": None, "length": 3}, "id field 'id' is null; give every row an id"),
+     ({"id": 1.0, "length": 3}, "id field 'id' must be a string or integer, got float; fix the row's id")],
+)  # fmt: skip
+def test_read_lengths_says_what_is_wrong_with_an_id(tmp_path, row, says):
+    # A null or float id was "missing ...; pass --id-field NAME": a flag the user had right.
+    p = write_jsonl(tmp_path / "h.jsonl", [{"id": "a", "length": 1}, row])
+    with pytest.raises(InputError) as exc:
+        read_lengths(p)
+    assert str(exc.value) == f"h.jsonl: line 2: {says}"
+
+
 def test_read_lengths_from_run_log_dir(tmp_path):
     (tmp_path / "run" / "samples").mkdir(parents=True)
     pq.write_table(

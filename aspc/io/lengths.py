@@ -103,8 +103,14 @@ def read_lengths(
         if not isinstance(rec, dict):
             raise InputError(f"{where}: expected an object with {id_field!r} and {length_field!r}")
         pid = rec.get(id_field)
-        if pid is None or isinstance(pid, bool) or not isinstance(pid, (str, int)):
+        if id_field not in rec:
             raise InputError(f"{where}: missing id field {id_field!r}; pass --id-field NAME")
+        # Present but unusable: "missing ... pass --id-field" named a flag the user had right.
+        if pid is None:
+            raise InputError(f"{where}: id field {id_field!r} is null; give every row an id")
+        if isinstance(pid, bool) or not isinstance(pid, (str, int)):
+            raise InputError(f"{where}: id field {id_field!r} must be a string or integer, got {type(pid).__name__}; "
+                             "fix the row's id")  # fmt: skip
         try:
             lens = parse_length(rec.get(length_field), length_field, from_text, option)
         except _RowError as exc:

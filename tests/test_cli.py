@@ -174,3 +174,13 @@ def test_a_failing_lean_command_keeps_its_exit_code(tmp_path):
     )  # fmt: skip
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert (tmp_path / "atexit").exists() and not (tmp_path / "p.parquet").exists()
+
+
+def test_simulate_says_when_the_global_batch_is_more_than_the_plans_samples(tmp_path):
+    # A table of '-' (no trainer step) came with no word; aspc run says it.
+    recs = [{"id": f"p{i}", "prompt": f"q {i}", "lengths": [i + 1]} for i in range(40)]
+    data = write_jsonl(tmp_path / "d.jsonl", recs)
+    r = _run(["simulate", data, "--length-field", "lengths", "--strategies", "asp,random", "--global-batch", "41"])
+    assert r.exit_code == 0 and "--global-batch 41 is more than the plans' 40 samples" in " ".join(r.output.split())
+    r = _run(["simulate", data, "--length-field", "lengths", "--strategies", "asp,random", "--global-batch", "40"])
+    assert r.exit_code == 0 and "is more than" not in r.output

@@ -168,6 +168,10 @@ def simulate_cmd(
             progress=progress,
         )
     table = comparison_table(results)
+    planned = min((r[0] if isinstance(r, list) else r).summary.samples_planned for r in results.values())
+    if run_config.global_batch > planned:  # as aspc run says it: a table of '-' must not read as a result
+        note(f"--global-batch {run_config.global_batch} is more than the plans' {planned} samples: the trainer "
+             f"takes no step and no iteration time is measured; pass --global-batch {planned} or less", quiet)  # fmt: skip
     if as_json:
         emit_json({"strategies": table})
     elif not quiet:

@@ -190,7 +190,7 @@ def probe_cmd(
                 write_plan(plan, log_dir / PLAN_IN_LOG)
             raise
         except AspcError as exc:
-            if "--resume" not in str(exc):
+            if not (str(exc).startswith(f"--log {log_dir}") and "--resume" in str(exc)):
                 raise
             # The run log's words (a log made meanwhile by another probe or run) offer --resume,
             # which probe does not have.

@@ -304,6 +304,34 @@ def test_tokenizer_counts_prompt_tokens_and_says_so(tmp_path):
     assert plain.token_counter == {} and "tokenizer" not in plain.config["inputs"]
 
 
+def test_a_tokenizer_directory_counts_without_its_saved_padding_and_truncation(tmp_path):
+    # A tokenizer.json saved to pad and truncate to 8 (as sentence-transformers models save 128):
+    # every prompt counted 8 tokens, and --max-prompt-length kept prompts far over it.
+    import json
+
+    from click.testing import CliRunner
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from aspc.cli import main as cli
+    from aspc.io.tokens import count_tokens, load_tokenizer
+
+    tok = Tokenizer(models.WordLevel({"[PAD]": 0, "[UNK]": 1, "word": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.enable_padding(length=8, pad_id=0, pad_token="[PAD]")
+    tok.enable_truncation(max_length=8)
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    texts = ["word " * 3, "word " * 30]
+    assert count_tokens(load_tokenizer(str(tmp_path / "tok")), texts).tolist() == [3, 30]
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": texts[i % 2]}) + "\n" for i in range(20)))
+    out = tmp_path / "plan.parquet"
+    res = CliRunner().invoke(cli, ["compile", str(src), "--tokenizer", str(tmp_path / "tok"), "--max-prompt-length",
+                                   "10", "-o", str(out), "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert read_plan(out).column(S.PROMPT_TOKENS).tolist() == [3] * 10
+
+
 def test_known_lengths_prediction_is_per_prompt_numpy(dataset):
     from aspc.io import read_prompts
 

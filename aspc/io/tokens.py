@@ -99,6 +99,10 @@ class _HFTokenizer(Tokenizer):
             self._tok = _Tok.from_file(str(path))
         except Exception as exc:  # tokenizers raises its own Exception type
             raise ConfigError(f"--tokenizer {folder}: unreadable tokenizer.json ({short_reason(exc, limit=120)})") from None
+        # A tokenizer.json saved for batched inference may pad and truncate every encoding (sentence-
+        # transformers models: to 128): counted as saved, every prompt was "128 tokens".
+        self._tok.no_padding()
+        self._tok.no_truncation()
         super().__init__(folder.name, _sha256(path))
 
     def _count(self, texts: list[str]) -> list[int]:

@@ -175,6 +175,20 @@ def test_read_lengths_says_what_is_wrong_with_an_id(tmp_path, row, says):
     assert str(exc.value) == f"h.jsonl: line 2: {says}"
 
 
+def test_a_history_without_the_inputs_id_field_is_fixed_in_the_history(tmp_path):
+    # "pass --id-field NAME" was the advice, but --id-field names the input's field too: following
+    # it broke the input ("prompts.jsonl: missing id field 'prompt_id'").
+    from aspc.io.history import read_history
+
+    p = write_jsonl(tmp_path / "h.jsonl", [{"prompt_id": "a", "length": 1}])
+    with pytest.raises(InputError) as exc:
+        read_history(p)
+    assert str(exc.value) == ("h.jsonl: line 1: missing id field 'id', the input's id field, by which its lengths "
+                              "are matched; name the ids 'id' in this file too")  # fmt: skip
+    with pytest.raises(InputError, match="missing id field 'id'; pass --id-field NAME$"):
+        read_history(p, own_id_field=True)  # aspc run: --id-field names --actual-lengths' field alone
+
+
 def test_read_lengths_from_run_log_dir(tmp_path):
     (tmp_path / "run" / "samples").mkdir(parents=True)
     pq.write_table(
@@ -476,8 +490,13 @@ def test_hf_tokenizer_dir_counts_without_special_tokens():
     folder = Path(pkg.__file__).parent / "model"
     tok = load_tokenizer(str(folder))
     ref = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    # This tokenizer.json pads and truncates to 128: the oracle counted that too, so every text was
+    # "128 tokens" on both sides. Real counts come without them.
+    ref.no_padding()
+    ref.no_truncation()
     texts = ["Hello world", "a much longer prompt, with punctuation!"]
     assert count_tokens(tok, texts).tolist() == [len(ref.encode(t, add_special_tokens=False).ids) for t in texts]
+    assert count_tokens(tok, texts).tolist()[0] == 2
     assert tok.identity()["kind"] == "hf"
 
 

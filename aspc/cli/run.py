@@ -297,7 +297,8 @@ def run_cmd(
 
         lengths = None
         if actual_lengths is not None:
-            lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field, option="--length-field")
+            lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field, option="--length-field",
+                                   own_id_field=True)  # fmt: skip
         backend, trainer, backend_notes = build_real_components(
             kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
         )

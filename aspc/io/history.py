@@ -36,6 +36,7 @@ def read_history(
     tokenizer: Any | None = None,
     verl_stats: list[dict[str, Any]] | None = None,
     option: str = "--history-length-field",
+    own_id_field: bool = False,
 ) -> dict[str, np.ndarray]:
     """Prompt id -> every observed length (float64) over ``sources``.
 
@@ -57,6 +58,9 @@ def read_history(
     option
         The flag a missing length field's error tells the user to pass
         (``--length-field`` where the source is ``--actual-lengths``).
+    own_id_field
+        ``id_field`` is these sources' alone (``aspc run --id-field``), so a missing one is
+        fixed by passing ``--id-field``; else it is also the input's, fixed in the source.
 
     Raises
     ------
@@ -79,7 +83,8 @@ def read_history(
                 )
             found = got.lengths
         else:
-            found = read_lengths(path, id_field=id_field, length_field=length_field, option=option)
+            found = read_lengths(path, id_field=id_field, length_field=length_field, option=option,
+                                 own_id_field=own_id_field)  # fmt: skip
         for pid, lens in found.items():
             merged.setdefault(pid, []).append(lens)
     return {k: np.concatenate(v) for k, v in merged.items()}

@@ -82,11 +82,14 @@ def _read_run_log(path: Path) -> dict[str, np.ndarray]:
 
 
 def read_lengths(
-    path: str | os.PathLike, *, id_field: str = "id", length_field: str = "length", option: str = "--length-field"
+    path: str | os.PathLike, *, id_field: str = "id", length_field: str = "length", option: str = "--length-field",
+    own_id_field: bool = True,
 ) -> dict[str, np.ndarray]:
     """Map prompt id -> observed lengths (float64 array, one or more values).
 
     ``option`` is the option that names ``length_field``, for the messages.
+    ``own_id_field``: ``--id-field`` names this file's id field alone (``aspc run``'s
+    ``--actual-lengths``); else it is the input's too, and a missing one is fixed in this file.
 
     A prompt id seen on several rows accumulates all its lengths.
     """
@@ -104,7 +107,11 @@ def read_lengths(
             raise InputError(f"{where}: expected an object with {id_field!r} and {length_field!r}")
         pid = rec.get(id_field)
         if id_field not in rec:
-            raise InputError(f"{where}: missing id field {id_field!r}; pass --id-field NAME")
+            if own_id_field:
+                raise InputError(f"{where}: missing id field {id_field!r}; pass --id-field NAME")
+            # --id-field names the input's field as well: passing it for this file breaks the input.
+            raise InputError(f"{where}: missing id field {id_field!r}, the input's id field, by which its lengths "
+                             f"are matched; name the ids {id_field!r} in this file too")  # fmt: skip
         # Present but unusable: "missing ... pass --id-field" named a flag the user had right.
         if pid is None:
             raise InputError(f"{where}: id field {id_field!r} is null; give every row an id")

@@ -134,3 +134,43 @@ def test_a_malformed_summary_is_no_speed_probe(tmp_path, summary):
     from aspc.runtime.calibrate import mean_speed_probe
 
     assert mean_speed_probe({"summary": summary}) is None
+
+
+def test_a_huge_integer_coefficient_is_one_line(tmp_path):
+    # math.isfinite() of a 400-digit JSON integer raised OverflowError: a traceback.
+    p = tmp_path / "c.json"
+    p.write_text('{"decode_per_seq": 1' + "0" * 400 + "}")
+    with pytest.raises(ConfigError, match=r"must be <= 1e\+06 seconds, got an integer of 401 digits"):
+        load_sim_cost_model(p)
+    p.write_text('{"decode_per_seq": -1' + "0" * 400 + "}")
+    with pytest.raises(ConfigError, match=r">= 0, got an integer of 401 digits$"):
+        load_sim_cost_model(p)
+
+
+def test_unseparated_needs_no_square_of_the_rows():
+    # The full SVD built U of N x N: 47.7 GiB for a run of 80,000 samples ('out of memory').
+    import tracemalloc
+
+    from aspc.runtime.calibrate_fit import unseparated
+
+    rng = np.random.default_rng(0)
+    x = np.c_[np.ones(4000), rng.random(4000), rng.random(4000)]
+    tracemalloc.start()
+    try:
+        got = unseparated(x, np.ones(3))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert not got.any() and peak < 16 * 2**20, peak  # U alone was 128 MB
+    twin = np.c_[x[:, :2], x[:, 1]]  # two identical columns: neither can be told from the other
+    assert unseparated(twin, np.ones(3)).tolist() == [False, True, True]
+
+
+def test_a_fit_at_the_largest_coefficient_is_kept(tmp_path):
+    # The fit of a run made with decode_base 1e6 came out 1000000.0000000001 and was refused,
+    # with advice to fix a cost-model file that calibrate itself was writing.
+    plan = synthetic_plan(200, 16, seed=0)
+    edge = SimCostModel(decode_base=1e6)
+    run(plan, config=RunConfig(workers=4, global_batch=32), sim_cost_model=edge, log_dir=tmp_path / "RUN")
+    cal = calibrate(tmp_path / "RUN")
+    assert cal.sim_cost_model.decode_base == pytest.approx(1e6) and cal.sim_cost_model.decode_base <= 1e6

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aspc.errors import RunError
-from aspc.runtime.backends.sim_cost import SimCostModel
+from aspc.runtime.backends.sim_cost import COEFFICIENT_MAX, SimCostModel
 from aspc.runtime.calibrate_fit import (  # noqa: F401 - nnls and select_free are part of this module's API
     BOOTSTRAP_MAX_ROWS,
     bootstrap_std_errors,
@@ -288,7 +288,11 @@ def calibrate_columns(
         r2_t = _r2(ys, xs @ t)
     else:
         notes.append(f"{n_st} trainer steps (< {MIN_STEPS}): trainer coefficients kept at their defaults")
-    model = SimCostModel(**{**base.to_dict(), **{k: float(v) for k, v in values.items()}})
+    # A fit at the largest coefficient a model holds comes out a rounding above it (1e6 as
+    # 1000000.0000000001), which the model refused with advice about a file calibrate writes itself.
+    fitted = {k: min(float(v), COEFFICIENT_MAX) if float(v) <= COEFFICIENT_MAX * (1 + 1e-9) else float(v)
+              for k, v in values.items()}  # fmt: skip
+    model = SimCostModel(**{**base.to_dict(), **fitted})
     total = float(y.sum())
     return Calibration(
         sim_cost_model=model,

@@ -214,7 +214,9 @@ def unseparated(x: np.ndarray, coef: np.ndarray) -> np.ndarray:
     xf = x[:, free]
     norms = np.linalg.norm(xf, axis=0)
     xf = xf / np.where(norms > 0, norms, 1.0)
-    _, s, vt = np.linalg.svd(xf, full_matrices=True)
+    # Only V is used: the full U of N rows was N x N (47 GiB at 80,000 samples, 'out of memory').
+    # The reduced SVD has every row of V whenever the rows outnumber the columns.
+    _, s, vt = np.linalg.svd(xf, full_matrices=xf.shape[0] < xf.shape[1])
     tol = (s[0] if s.size else 0.0) * max(xf.shape) * 1e-9
     rank = int((s > tol).sum())
     null = vt[rank:]  # rows spanning the null space

@@ -77,11 +77,15 @@ class SimCostModel:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ConfigError(f"cost model {f.name} must be a finite number >= 0, got {v!r}")
+            # An int is compared as it is: math.isfinite() of a 400-digit JSON integer raised OverflowError.
+            number = isinstance(v, (int, float)) and not isinstance(v, bool)
+            huge = number and isinstance(v, int) and abs(v) > 1e300
+            digits = f"an integer of {len(str(abs(v)))} digits" if huge else ""
+            if not number or not (isinstance(v, int) or math.isfinite(v)) or v < 0:
+                raise ConfigError(f"cost model {f.name} must be a finite number >= 0, got {digits or repr(v)}")
             if v > COEFFICIENT_MAX:
                 raise ConfigError(
-                    f"cost model {f.name} must be <= {COEFFICIENT_MAX:g} seconds, got {v:.3g}; "
+                    f"cost model {f.name} must be <= {COEFFICIENT_MAX:g} seconds, got {digits or format(v, '.3g')}; "
                     "fix the cost-model file (aspc calibrate writes one)"
                 )
 

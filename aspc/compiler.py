@@ -188,6 +188,7 @@ def compile_plan(
         input_hash=table.input_hash,
         metrics=metrics,
         token_counter=table.token_counter,
+        skipped=list(table.skipped),
     )
 
 

@@ -42,6 +42,9 @@ class Plan:
     from_file: bool = False  # read by read_plan: then its rows hash and metrics must be present
     # Tokenizer that counted prompt_tokens (kind, name, hash); {} = estimated from bytes.
     token_counter: dict[str, Any] = field(default_factory=dict)
+    # Input rows left out under --on-bad-line skip (aspc.io.table.SkippedRow), for the command to
+    # name; not stored (the metrics keep their count).
+    skipped: list[Any] = field(default_factory=list)
 
     @property
     def n_rows(self) -> int:

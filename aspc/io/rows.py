@@ -256,7 +256,7 @@ def read_rows(
             lens = parse_length(rec.get(length_field), length_field, from_text) if length_field else None
         except _RowError as exc:
             if on_bad_line == "skip":
-                skipped.append(SkippedRow(row, str(exc)))
+                skipped.append(SkippedRow(row, str(exc), line))
                 continue
             raise InputError(f"{name}: line {line}: {exc}") from None
         seen[pid] = row

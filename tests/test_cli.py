@@ -201,3 +201,15 @@ def test_skipped_rows_are_named_with_their_lines_and_reasons(tmp_path):
     got = json.loads(r.stdout)
     assert got["n_skipped"] == 3 and [s["line"] for s in got["skipped_rows"]] == [2, 3, 6]
     assert "malformed JSON" in got["skipped_rows"][1]["reason"] and "prompt" in got["skipped_rows"][2]["reason"]
+
+
+def test_a_history_that_matches_no_prompt_says_so(tmp_path):
+    # Its lengths keyed by other ids, a history changed nothing, and nothing said so.
+    recs = [{"id": f"p{i}", "prompt": f"q {i}"} for i in range(40)]
+    data = write_jsonl(tmp_path / "d.jsonl", recs)
+    other = write_jsonl(tmp_path / "h.jsonl", [{"id": "zzz", "length": 5}])
+    same = write_jsonl(tmp_path / "s.jsonl", [{"id": "p3", "length": 5}])
+    r = _run(["compile", data, "--history", other, "-o", tmp_path / "a.parquet"])
+    assert r.exit_code == 0 and "none of the input's prompt ids has observed lengths" in " ".join(r.output.split())
+    r = _run(["compile", data, "--history", same, "-o", tmp_path / "b.parquet"])
+    assert r.exit_code == 0 and "none of the input's" not in r.output

@@ -82,6 +82,7 @@ def _edit(plan: Path, out: Path, key: str, field: str, value: object) -> Path:
         ("aspc.config", "max_prompt_length", "abc"),
         ("aspc.config", "inputs", "s"),
         ("aspc.config", "inputs", {"id_field": 3}),
+        ("aspc.metrics", "cost_model", "x"),  # was "unknown cost model 'x'; use one of ...": no file, no fix
     ],
 )
 def test_edited_plan_metadata_is_one_line_everywhere(tmp_path, plan, key, field, value):

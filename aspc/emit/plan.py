@@ -328,6 +328,7 @@ def _check_metadata(plan: Plan, name: str) -> None:
     A hand-edited ``response_cap: "x"`` made check, inspect, report and
     export fail with a traceback; export after writing its output.
     """
+    from aspc.choices import MINIBATCH_COSTS
     from aspc.guards import MAX_LENGTH
 
     def bad(where: str, what: str) -> PlanError:
@@ -343,6 +344,8 @@ def _check_metadata(plan: Plan, name: str) -> None:
                           ("aspc.config", plan.config, "cost_model")):  # fmt: skip
         if d.get(key) is not None and not isinstance(d[key], str):
             raise bad(f"{where} {key}", "a string")
+        if d.get(key) is not None and d[key] not in MINIBATCH_COSTS:  # said without the file or a fix before
+            raise bad(f"{where} {key}", f"one of {', '.join(MINIBATCH_COSTS)}")
     inputs = plan.config.get("inputs")
     if inputs is not None and not (
         isinstance(inputs, dict) and all(v is None or isinstance(v, (str, bool, int)) for v in inputs.values())

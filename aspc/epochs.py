@@ -255,8 +255,10 @@ def run_epochs(
         raise ConfigError("--length-drift scales replayed lengths: pass --actual-lengths too")
     if length_drift:
         top = max((float(np.max(v)) for v in actual_lengths.values() if len(v)), default=0.0)
-        with np.errstate(over="ignore"):  # numpy's power: inf (refused below), where Python's ** raised
-            grown = top * np.power(1.0 + length_drift, n_epochs - 1) if top else 0.0
+        try:
+            grown = top * (1.0 + length_drift) ** (n_epochs - 1) if top else 0.0
+        except OverflowError:  # past a float: refused below, where it was a traceback
+            grown = float("inf")
         if not np.isfinite(grown) or grown > MAX_REPLAYED_LENGTH:
             raise ConfigError(
                 f"--length-drift {length_drift:g}: epoch {n_epochs}'s longest response would be {grown:.3g} tokens, "

@@ -51,6 +51,29 @@ class Misbehaving(Trainer):
 
 def misbehaving(context, how):
     return Misbehaving(how)
+
+class BadHook(Trainer):
+    def __init__(self, how):
+        self.how = how
+
+    def setup(self, work):
+        if self.how == "setup":
+            raise RuntimeError("setup boom")
+
+    def step(self, batch):
+        if self.how == "exit":
+            raise SystemExit(3)
+        return TrainResult(version=batch.step + 1, elapsed=0.01)
+
+    def durable(self, version):
+        return "x" if self.how == "durable" else version
+
+    def close(self):
+        if self.how == "close":
+            raise RuntimeError("close boom")
+
+def bad_hook(context, how):
+    return BadHook(how)
 """
 
 
@@ -161,3 +184,30 @@ def test_a_trainer_module_that_exits_at_import_is_one_line(plan, user_dir):
     r = CliRunner().invoke(main, ["run", str(plan[0]), "--trainer", "exiting_mod:factory", "-q"])
     assert r.exit_code == 2, r.output
     assert "importing 'exiting_mod' called sys.exit(3)" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("how", "fragment", "status"),
+    [
+        ("setup", "the trainer's setup() failed: RuntimeError: setup boom; fix it and rerun", None),
+        ("close", "the run is complete, but the trainer's close() failed: RuntimeError: close boom", "complete"),
+        ("durable", "returned 'x'; it must return the newest version in 0..", "failed"),
+        ("exit", "the trainer failed at step 0: SystemExit: 3; fix it and rerun", "failed"),
+    ],
+)
+def test_a_trainer_hook_that_fails_is_one_line(plan, user_dir, how, fragment, status):
+    # Before: a traceback from setup() (the bundled GRPO trainer's with a bad --trainer-arg lr),
+    # close() and durable(), a log left 'running' by the last two, and sys.exit in step() ended
+    # aspc with the trainer's code and no word.
+    path, data = plan
+    run_dir = user_dir / "RUN"
+    r = CliRunner().invoke(main, ["run", str(path), "--actual-lengths", str(data), "--length-field", "lengths",
+                                  "--workers", "2", "--global-batch", "8", "--log", str(run_dir), "-q",
+                                  "--trainer", "good_trainer_mod:bad_hook", "--trainer-arg", f"how={how}"])  # fmt: skip
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and fragment in r.output, r.output
+    if status is None:
+        assert not run_dir.exists()
+    else:
+        assert json.loads((run_dir / "meta.json").read_text())["status"] == status
+

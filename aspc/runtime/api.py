@@ -29,7 +29,7 @@ from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.carry import carry_into, carry_record, check_carried, logged_versions, restore_carries
 from aspc.runtime.config import RunConfig, check_staleness, parse_return_mode, resolve_queue_capacity
-from aspc.runtime.contracts import BackendContext, Clock, GenerationBackend, Replanner, Trainer
+from aspc.runtime.contracts import BackendContext, Clock, GenerationBackend, Replanner, Trainer, trainer_hook
 from aspc.runtime.core.batches import BatchBuilder
 from aspc.runtime.core.loop import drive
 from aspc.runtime.core.revise import revise_work
@@ -293,7 +293,7 @@ def _run_locked(
             writer.tidy()
             summary, columns = resume_log.completed_run(Path(log_dir))
             if not closes[1]:  # an epoch read back: the trainer carried into the next one goes on from its end
-                trainer.setup(work)  # the plan as the run was set up, before the revisions below
+                trainer_hook(trainer, "setup", work)  # the plan as the run was set up, before the revisions below
                 restore_end(trainer, summary.n_trainer_steps, log_dir)
             if work.carried is not None:  # (never revised: carried responses refuse a replanner)
                 restore_carries(work, logged_versions(work, columns["minibatches"]))
@@ -313,12 +313,11 @@ def _run_locked(
     engine = make_engine(config.engine, backend, trainer, mode, worker_timeout=config.worker_timeout)
 
     backend.setup(work, config.workers)
-    trainer.setup(work)
+    trainer_hook(trainer, "setup", work)
     if start_weights is not None:
         engine.load_start_weights(start_weights, config.workers)
     probes = _speed_probes(engine, config) if config.speed_probe else None
-    # The run's clock starts at the first dispatch: model loading in setup is
-    # not generation time (a no-op on the virtual clock).
+    # The clock starts at the first dispatch: loading in setup is no generation time (virtual clock: a no-op).
     engine.advance_clock(0.0)
     if writer is not None:
         writer.start(new_meta)
@@ -393,8 +392,7 @@ def _run_locked(
         engine.close(keep_workers=not closes[0])
         if closes[0]:
             backend.close()
-        if closes[1]:
-            trainer.close()
+        late = trainer_hook(trainer, "close", fail=False) if closes[1] else None  # raised once the log is whole
     columns = recorder.all_columns()
     summary = summarize(
         columns, n_workers=config.workers, samples_planned=work.n_total_samples, queue_capacity=capacity
@@ -414,6 +412,8 @@ def _run_locked(
             if isinstance(exc, OutputError):
                 raise _disk_full(exc, log_dir) from None
             raise
+    if late is not None:
+        raise late
     return RunResult(
         summary=summary,
         columns=columns,

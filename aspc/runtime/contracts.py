@@ -175,10 +175,9 @@ def take_step(trainer: Trainer, batch: TrainBatch, *, replay: bool = False) -> T
         res = trainer.step(batch)
     except AspcError:
         raise
-    except Exception as exc:  # user code: one line (its message may span several)
-        msg = " ".join(str(exc).split())[:300]
-        raise RunError(f"the trainer failed {where}: {type(exc).__name__}{': ' + msg if msg else ''}; fix it and "
-                       "rerun (a run with --log continues with --resume)") from exc  # fmt: skip
+    except (Exception, SystemExit) as exc:  # user code: one line (its message may span several)
+        raise RunError(f"the trainer failed {where}: {_said(exc)}; fix it and rerun (a run with --log continues "
+                       "with --resume)") from exc  # fmt: skip
     if not isinstance(res, TrainResult):
         raise RunError(f"the trainer {where} returned {type(res).__name__}, not a TrainResult; fix its step()")
     el = res.elapsed
@@ -189,6 +188,45 @@ def take_step(trainer: Trainer, batch: TrainBatch, *, replay: bool = False) -> T
         raise RunError(f"the trainer {where} published version {res.version!r}, not {batch.step + 1}; step() must "
                        "return version batch.step + 1")  # fmt: skip
     return res
+
+
+def _said(exc: BaseException) -> str:
+    msg = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}{': ' + msg if msg else ''}"
+
+
+def trainer_hook(trainer: Trainer, hook: str, *args: Any, fail: bool = True) -> RunError | None:
+    r"""``trainer.setup(work)`` or ``trainer.close()``, a failure as a one-line :class:`RunError`.
+
+    As :func:`take_step` for ``step``: an exception (or ``sys.exit``) from a user's hook was a
+    traceback, and from ``close`` it left the run log 'running'. ``fail=False`` returns the
+    error instead, for the run to raise once its log is complete.
+    """
+    try:
+        getattr(trainer, hook)(*args)
+    except AspcError:
+        raise
+    except (Exception, SystemExit) as exc:
+        done = "the run is complete, but " if hook == "close" else ""  # what was logged stands
+        err = RunError(f"{done}the trainer's {hook}() failed: {_said(exc)}; fix it and rerun")
+        if fail:
+            raise err from exc
+        return err
+    return None
+
+
+def durable_version(trainer_durable: Callable[[int], Any], version: int) -> int:
+    """``trainer.durable(version)``, checked: an int in ``0..version`` (a str was a ValueError traceback)."""
+    try:
+        floor = trainer_durable(int(version))
+    except AspcError:
+        raise
+    except (Exception, SystemExit) as exc:
+        raise RunError(f"the trainer's durable() failed: {_said(exc)}; fix it and rerun") from exc
+    if isinstance(floor, bool) or not isinstance(floor, numbers.Integral) or not 0 <= floor <= version:
+        raise RunError(f"the trainer's durable({version}) returned {floor!r}; it must return the newest version "
+                       f"in 0..{version} it can restore")  # fmt: skip
+    return int(floor)
 
 
 @dataclass

@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 
 from aspc.atomic import atomic_path
 from aspc.errors import RunError
+from aspc.runtime.contracts import durable_version
 
 PAYLOAD_DIR = "payloads"
 PAYLOAD_FILE = "payloads.parquet"  # the one file of logs written before the parts: read, and deleted at the end
@@ -125,7 +126,7 @@ class PendingPayloads:
             return  # a resume refused before its trainer is restored keeps every part it found
         gone = ids.tolist()
         if version is not None:
-            floor = int(self.durable(int(version)))
+            floor = durable_version(self.durable, int(version))
             if steps is not None:
                 keep = steps >= floor
                 self._replay.update(zip(ids[keep].tolist(), steps[keep].tolist(), strict=True))

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import RunError
-from aspc.runtime.contracts import take_step
+from aspc.runtime.contracts import durable_version, take_step
 from aspc.runtime.core.scheduler import TrainStep
 from aspc.runtime.record import runlog as R
 from aspc.runtime.record.payloads import read_payloads, sample_ids
@@ -59,10 +59,7 @@ def replay(log: R.RunLog, work: Any, trainer: Any, batches: Any, payloads: Any, 
 
 
 def _replay(log: R.RunLog, work: Any, trainer: Any, batches: Any, version: int, expected: bool) -> tuple[Any, list[str]]:
-    floor = trainer.durable(version)
-    if isinstance(floor, bool) or not isinstance(floor, (int, np.integer)) or not 0 <= floor <= version:
-        raise RunError(f"the trainer's durable({version}) returned {floor!r}; it must be a version from 0 to {version}")
-    floor = int(floor)
+    floor = durable_version(trainer.durable, version)
     weights = trainer.restore(floor)
     if floor == version:
         return weights, []
@@ -90,7 +87,7 @@ def restore_end(trainer: Any, version: int, log_dir: Any) -> None:
     must restore that very version (the bundled GRPO trainer checkpoints
     each epoch's last step).
     """
-    floor = trainer.durable(version)
+    floor = durable_version(trainer.durable, version)
     if floor != version:
         raise RunError(f"{log_dir}: cannot resume: the trainer restores weights version {floor}, not the end of "
                        f"this completed epoch ({version}); resume with the checkpoints the run wrote, or rerun "

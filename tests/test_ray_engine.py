@@ -275,3 +275,22 @@ def test_continuous_returns_on_ray_reach_the_queue_before_their_minibatch_ends(t
         early = row_of[s["prompt_id"]] % 2 == 0  # 2 prompts x 2 samples a minibatch: its first prompt's went early
         assert (s["finish_time"] <= ends[s["minibatch"]] - 0.4) == early, s
     assert trainer.pairs and all(stamp == logged for stamp, logged in trainer.pairs)  # payloads came with them
+
+
+def test_a_malformed_ray_address_is_one_line(tmp_path, model_dir):
+    # ray.init raised ValueError("Invalid address format") through aspc: a traceback. In a process of
+    # its own: this module's Ray session would be reused, not started.
+    import os
+    import subprocess
+    import sys
+
+    data = write_jsonl(tmp_path / "p.jsonl", [{"id": f"p{i}", "prompt": f"hello {i}", "lengths": [5]} for i in range(8)])
+    r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "-b", "2", "-o",
+                                  str(tmp_path / "plan.parquet"), "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    env = {**os.environ, "RAY_ADDRESS": "notahost", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    r = subprocess.run([sys.executable, "-m", "aspc.cli", "run", str(tmp_path / "plan.parquet"), "--backend", "hf",
+                        "--engine", "ray", "--model", str(model_dir), "--workers", "2", "--global-batch", "4",
+                        "--max-new-tokens", "8", "-q"], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "--engine ray: cannot start or reach Ray at RAY_ADDRESS=notahost" in r.stderr

@@ -49,7 +49,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from aspc.errors import AspcError, BackendError, ConfigError, RunError
+from aspc.errors import AspcError, BackendError, ConfigError, RunError, short_reason
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend
 from aspc.runtime.config import ReturnMode
 from aspc.runtime.contracts import Clock, GenerationBackend, GenerationResult, Trainer
@@ -168,7 +168,13 @@ class RayEngine(ThreadEngine):
         if kept is not None and ray.is_initialized():  # the previous run's actors: their models are loaded
             self._actors, self._owns_ray = dict(kept[0]), kept[1]
         if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
+            try:
+                ray.init(include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
+            except (ValueError, ConnectionError, RuntimeError) as exc:  # a malformed RAY_ADDRESS was a traceback
+                where = os.environ.get("RAY_ADDRESS")
+                raise ConfigError(f"--engine ray: cannot start or reach Ray{f' at RAY_ADDRESS={where}' if where else ''} "
+                                  f"({short_reason(exc, limit=120)}); fix RAY_ADDRESS, or unset it for a local "
+                                  "Ray") from None  # fmt: skip
             self._owns_ray = True
         self.model_backend = backend
         self._last: dict[int, tuple[int, Any]] = {}  # worker slot -> (version, weights handle) last loaded

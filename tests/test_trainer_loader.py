@@ -211,3 +211,10 @@ def test_a_trainer_hook_that_fails_is_one_line(plan, user_dir, how, fragment, st
     else:
         assert json.loads((run_dir / "meta.json").read_text())["status"] == status
 
+
+
+def test_trainer_args_without_a_trainer_are_refused(plan, user_dir):
+    # The sim trainer takes no arguments: they were dropped unread, exit 0.
+    r = CliRunner().invoke(main, ["run", str(plan[0]), "--trainer-arg", "lr=1e-5", "--log", str(user_dir / "RUN")])
+    assert r.exit_code == 2 and "--trainer-arg passes arguments to a --trainer factory" in r.output, r.output
+    assert not (user_dir / "RUN").exists()

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from aspc.errors import ConfigError
 from aspc.runtime.backends.options import DTYPES
 from aspc.runtime.registry import SIM_TRAINER, make_components
 from aspc.runtime.trainers.user import parse_trainer_args
@@ -70,6 +71,9 @@ def build_real_components(
     check_sampling(vals.get("temperature"), vals.get("top_p"), vals.get("top_k"))
     trainer = vals.pop("trainer", None) or SIM_TRAINER
     trainer_pairs = vals.pop("trainer_arg", None) or ()
+    if trainer_pairs and trainer == SIM_TRAINER:  # the sim trainer takes none: they were dropped unread
+        raise ConfigError("--trainer-arg passes arguments to a --trainer factory: pass --trainer MODULE:FACTORY too, "
+                          "or drop it")  # fmt: skip
     vals["replay"] = bool(vals.pop("replay_lengths", False))
     engine_pairs = vals.pop("engine_arg", None) or ()
     if engine_pairs:

@@ -191,7 +191,7 @@ def test_a_trainer_module_that_exits_at_import_is_one_line(plan, user_dir):
     [
         ("setup", "the trainer's setup() failed: RuntimeError: setup boom; fix it and rerun", None),
         ("close", "the run is complete, but the trainer's close() failed: RuntimeError: close boom", "complete"),
-        ("durable", "returned 'x'; it must return the newest version in 0..", "failed"),
+        ("durable", "returned 'x'; it must be a version from 0 to", "failed"),
         ("exit", "the trainer failed at step 0: SystemExit: 3; fix it and rerun", "failed"),
     ],
 )

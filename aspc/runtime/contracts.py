@@ -224,8 +224,8 @@ def durable_version(trainer_durable: Callable[[int], Any], version: int) -> int:
     except (Exception, SystemExit) as exc:
         raise RunError(f"the trainer's durable() failed: {_said(exc)}; fix it and rerun") from exc
     if isinstance(floor, bool) or not isinstance(floor, numbers.Integral) or not 0 <= floor <= version:
-        raise RunError(f"the trainer's durable({version}) returned {floor!r}; it must return the newest version "
-                       f"in 0..{version} it can restore")  # fmt: skip
+        raise RunError(f"the trainer's durable({version}) returned {floor!r}; it must be a version from 0 to {version} "
+                       "(the newest it can restore)")  # fmt: skip
     return int(floor)
 
 

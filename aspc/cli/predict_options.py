@@ -67,7 +67,8 @@ def check_fields(prompt: str, id_: str, length: str, target: str | None, group: 
 
 def metrics_table(columns: dict[str, dict[str, Any]], title: str) -> Any:
     from rich.table import Table
-    from rich.text import Text
+
+    from aspc.cli.render import plain
 
     rows = [
         ("kendall_tau", "Kendall τ", "{:.3f}"),
@@ -77,10 +78,10 @@ def metrics_table(columns: dict[str, dict[str, Any]], title: str) -> Any:
         ("coverage_q10_q90", "q10–q90 coverage", "{:.3f}"),
         ("n", "prompts", "{}"),
     ]
-    t = Table(title=Text(title), header_style="bold")  # titles and columns name user files: no markup
+    t = Table(title=plain(title), header_style="bold")  # titles and columns name user files: no markup
     t.add_column("metric")
     for name in columns:
-        t.add_column(Text(name), justify="right")
+        t.add_column(plain(name), justify="right")
     for key, label, fmt in rows:
         t.add_row(label, *(fmt.format(c[key]) if c.get(key) is not None else "–" for c in columns.values()))
     return t
@@ -88,13 +89,14 @@ def metrics_table(columns: dict[str, dict[str, Any]], title: str) -> Any:
 
 def per_target_table(per: dict[str, dict[str, Any]], mean: dict[str, float]) -> Any:
     from rich.table import Table
-    from rich.text import Text  # a target is the data's own name: drawn as written, never as markup
+
+    from aspc.cli.render import plain  # a target is the data's own name: drawn as written, never as markup
 
     t = Table(title="per target model", header_style="bold")
     for col in ("target", "prompts", "Kendall τ", "MAE (tokens)", "q10–q90 coverage"):
         t.add_column(col, justify="left" if col == "target" else "right")
     for name, m in per.items():
-        t.add_row(Text(name), str(m["n"]), f"{m['kendall_tau']:.3f}", f"{m['mae']:.1f}", f"{m['coverage_q10_q90']:.3f}")
+        t.add_row(plain(name), str(m["n"]), f"{m['kendall_tau']:.3f}", f"{m['mae']:.1f}", f"{m['coverage_q10_q90']:.3f}")
     t.add_row("mean", "", f"{mean['kendall_tau']:.3f}", f"{mean['mae']:.1f}", f"{mean['coverage_q10_q90']:.3f}")
     return t
 

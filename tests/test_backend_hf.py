@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from aspc.cli import main
-from aspc.errors import BackendError, ConfigError, RunError
+from aspc.errors import BackendError, ConfigError, InputError, RunError
 from aspc.runtime import BackendContext, RunConfig, read_run_log, run
 from aspc.runtime.registry import make_backend
 from tests.conftest import write_jsonl
@@ -336,3 +336,34 @@ def test_speed_probe_times_the_reference_minibatch_before_the_first_dispatch_and
     r = CliRunner().invoke(main, ["calibrate", str(run_dir), "--json", "--quiet"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["speed_probe_s"] == pytest.approx(np.mean(got["before"] + got["after"]))
+
+
+def test_a_prompt_past_the_model_context_stops_the_run_in_one_line_without_retries(tmp_path, model_dir):
+    # The tiny model's context is 1024 positions; one character is one token.
+    records = [{"id": f"q{i}", "prompt": "x" * (1000 if i == 5 else 8), "lengths": [3, 4]} for i in range(8)]
+    data = write_jsonl(tmp_path / "IN.jsonl", records)
+    plan = tmp_path / "plan.parquet"
+    r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "--samples-per-prompt", "2",
+                                  "--batch-size", "4", "-o", str(plan), "--quiet"])
+    assert r.exit_code == 0, r.output
+    args = ["run", str(plan), "--backend", "hf", "--model", str(model_dir), "--workers", "1", "--global-batch", "4",
+            "--max-new-tokens", str(CAP), "--max-retries", "3", "--log", str(tmp_path / "RUN")]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+    assert "prompt 'q5' is 10" in r.output and "more than the model's 1024" in r.output
+    assert "lower --max-new-tokens to" in r.output and "failed 4 times" not in r.output
+
+
+def test_token_ids_past_the_embeddings_are_a_mismatched_tokenizer():
+    from types import SimpleNamespace
+
+    from aspc.runtime.backends.hf import check_prompt_tokens
+
+    state = SimpleNamespace(n_embeddings=100, max_positions=None)
+    check_prompt_tokens("a", [0, 99], 10**6, state)  # no context limit declared: any length passes
+    with pytest.raises(ConfigError, match="token id 100, past the model's 100 embeddings"):
+        check_prompt_tokens("a", [0, 100], 1, state)
+    with pytest.raises(InputError, match="drop or shorten") as err:
+        check_prompt_tokens("a", [1] * 8, 1, SimpleNamespace(n_embeddings=100, max_positions=8))
+    assert "lower --max-new-tokens" not in str(err.value)  # no cap could make room

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from aspc.devices import pick_device
-from aspc.errors import BackendError
+from aspc.errors import BackendError, ConfigError, InputError
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
 from aspc.runtime.backends.models import load_causal_lm, load_tokenizer, require_transformers
 from aspc.runtime.backends.options import GenerationOptions
@@ -51,6 +51,38 @@ class _WorkerState:
             raise BackendError("the model's tokenizer has no end-of-sequence token; generation could never end")
         self.eos_ids = ids  # every id that ends a sequence; ids[0] is the one replay forces
         self.pad_id = int(tokenizer.pad_token_id)
+        self.n_embeddings = int(model.get_input_embeddings().num_embeddings)
+        self.max_positions = _max_positions(model.config)
+
+
+def _max_positions(config: Any) -> int | None:
+    """The longest prompt + response ``config`` declares, or ``None`` where it names none."""
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_prompt_tokens(prompt_id: str, ids: list[int], max_new_tokens: int, state: _WorkerState) -> None:
+    """Refuse a prompt the model cannot take, before ``generate`` fails on it with an IndexError.
+
+    Both errors stop the run at once (they are not worker faults): another
+    worker would fail the same way.
+    """
+    if ids and max(ids) >= state.n_embeddings:
+        raise ConfigError(
+            f"the tokenizer in --model gives prompt {prompt_id!r} token id {max(ids)}, past the model's "
+            f"{state.n_embeddings} embeddings; --model's tokenizer and weights must come from the same model"
+        )
+    limit = state.max_positions
+    if limit is not None and len(ids) + max_new_tokens > limit:
+        room = limit - len(ids)
+        fix = f"lower --max-new-tokens to {room} or less, or " if room > 0 else ""
+        raise InputError(
+            f"prompt {prompt_id!r} is {len(ids)} tokens; with --max-new-tokens {max_new_tokens} it needs "
+            f"{len(ids) + max_new_tokens} positions, more than the model's {limit}; {fix}drop or shorten the prompt"
+        )
 
 
 def _stop_when(event: Any) -> Any:
@@ -156,9 +188,10 @@ class HFBackend(ModelBackend):
         t0 = time.perf_counter()
         tok = st.tokenizer
         row_ids = []
-        for prompt in request.prompts:
+        for pid, prompt in zip(request.prompt_ids, request.prompts, strict=True):
             text, templated = render_prompt(prompt, tok)
             row_ids.append(tok(text, add_special_tokens=not templated)["input_ids"])
+            check_prompt_tokens(pid, row_ids[-1], request.max_new_tokens, st)
         seqs = [ids for ids, n in zip(row_ids, request.n_samples, strict=True) for _ in range(int(n))]
         prompt_len = max(len(s) for s in seqs)
         input_ids = torch.full((len(seqs), prompt_len), st.pad_id, dtype=torch.long)

@@ -43,6 +43,7 @@ initialised is used as is and left running.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -59,6 +60,27 @@ from aspc.runtime.engines.threads import ThreadEngine
 from aspc.runtime.work import MinibatchWork
 
 RAY_EXTRA = "pip install 'aspc[ray]'"
+
+
+def check_reachable(address: str | None, timeout: float = 10.0) -> None:
+    """Raise ``ConnectionError`` when a ``host:port`` Ray address takes no TCP connection.
+
+    ``ray.init`` waits minutes on an address nothing listens at (GCS
+    reconnect timeouts) with nothing on the console; one plain connect
+    answers in milliseconds, or ``timeout`` seconds for a dropped packet.
+    ``auto``, ``local`` and malformed addresses are left to ``ray.init``.
+    """
+    if not address:
+        return
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    import socket
+
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"nothing answers at {host}:{port}: {exc.strerror or exc}") from None
 
 
 def import_ray() -> Any:
@@ -169,8 +191,12 @@ class RayEngine(ThreadEngine):
             self._actors, self._owns_ray = dict(kept[0]), kept[1]
         if not ray.is_initialized():
             try:
-                ray.init(include_dashboard=False, log_to_driver=False, **(init_kwargs or {}))
-            except (ValueError, ConnectionError, RuntimeError) as exc:  # a malformed RAY_ADDRESS was a traceback
+                check_reachable((init_kwargs or {}).get("address") or os.environ.get("RAY_ADDRESS"))
+                # Ray's INFO lines ("Using address ...", "Started a local Ray instance") would share the
+                # console aspc owns; warnings still show.
+                quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
+                ray.init(**{**quiet, **(init_kwargs or {})})
+            except (ValueError, OSError, RuntimeError) as exc:  # a malformed RAY_ADDRESS was a traceback
                 where = os.environ.get("RAY_ADDRESS")
                 raise ConfigError(f"--engine ray: cannot start or reach Ray{f' at RAY_ADDRESS={where}' if where else ''} "
                                   f"({short_reason(exc, limit=120)}); fix RAY_ADDRESS, or unset it for a local "

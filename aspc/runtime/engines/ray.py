@@ -192,9 +192,9 @@ class RayEngine(ThreadEngine):
         if not ray.is_initialized():
             try:
                 check_reachable((init_kwargs or {}).get("address") or os.environ.get("RAY_ADDRESS"))
-                # Ray's INFO lines ("Using address ...", "Started a local Ray instance") would share the
-                # console aspc owns; warnings still show.
-                quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.WARNING}
+                # Ray's INFO and WARNING lines at start ("Using address ...", the token-authentication
+                # notice of every local start) would share the console aspc owns; its errors still show.
+                quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
                 ray.init(**{**quiet, **(init_kwargs or {})})
             except (ValueError, OSError, RuntimeError) as exc:  # a malformed RAY_ADDRESS was a traceback
                 where = os.environ.get("RAY_ADDRESS")

@@ -367,3 +367,17 @@ def test_token_ids_past_the_embeddings_are_a_mismatched_tokenizer():
     with pytest.raises(InputError, match="drop or shorten") as err:
         check_prompt_tokens("a", [1] * 8, 1, SimpleNamespace(n_embeddings=100, max_positions=8))
     assert "lower --max-new-tokens" not in str(err.value)  # no cap could make room
+
+
+def test_the_gguf_loader_bar_is_off_while_converting_and_restored_after(monkeypatch):
+    # transformers' GGUF loader called tqdm itself: its bar drew under --quiet.
+    loader = pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
+    from aspc.runtime.backends.models import _no_gguf_bar
+
+    calls = []
+    monkeypatch.setattr(loader, "tqdm", lambda *a, **k: calls.append(k) or iter(()))
+    original = loader.tqdm
+    with _no_gguf_bar():
+        list(loader.tqdm([1, 2], desc="Converting"))
+    assert calls == [{"desc": "Converting", "disable": True}]
+    assert loader.tqdm is original

@@ -17,10 +17,13 @@ Heavy imports (torch, transformers) happen inside the functions.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +74,30 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+@contextlib.contextmanager
+def _no_gguf_bar() -> Iterator[None]:
+    """Silence the tensor-conversion bar of transformers' GGUF loader (``--quiet`` printed it).
+
+    The loader calls ``tqdm.auto.tqdm`` itself, past ``disable_progress_bar``;
+    ``TQDM_DISABLE`` counts only before tqdm's first import. Where a
+    transformers release moves the loader, this does nothing.
+    """
+    try:
+        import transformers.modeling_gguf_pytorch_utils as loader
+    except ImportError:
+        yield
+        return
+    bar = getattr(loader, "tqdm", None)
+    if bar is None:
+        yield
+        return
+    loader.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        loader.tqdm = bar
+
+
 def convert_gguf(path: Path) -> Path:
     """A Hugging Face directory converted from the GGUF file ``path``, cached by content hash.
 
@@ -89,8 +116,9 @@ def convert_gguf(path: Path) -> Path:
 
     hf_logging.disable_progress_bar()  # the library never draws on the terminal
     try:
-        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        with _no_gguf_bar():
+            tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     except Exception as exc:  # transformers raises many types for a file it cannot read
         raise BackendError(f"{path.name}: cannot load as a GGUF causal LM ({short_reason(exc, limit=200, with_type=True)})") from None
     # The loaded model is flagged as GGUF-quantised and refuses save_pretrained;

@@ -235,3 +235,13 @@ def test_simulate_oracle_only_table_and_errors(dataset):
 def test_help(cmd):
     r = invoke(cmd, "--help")
     assert r.exit_code == 0 and len(r.output) > 200
+
+
+def test_real_backend_options_on_the_sim_backend_are_named_as_ignored(plan):
+    # --device, --temperature and --replay-lengths were taken silently by the sim backend.
+    r = CliRunner().invoke(main, ["run", str(plan), "--device", "cpu", "--temperature", "0.5", "--top-k", "4"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "--device, --temperature, --top-k are ignored by the sim backend" in text
+    r = CliRunner().invoke(main, ["run", str(plan), "--device", "auto", "--temperature", "1"])
+    assert r.exit_code == 0 and "ignored by the sim backend" not in r.output  # the defaults say nothing

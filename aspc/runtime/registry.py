@@ -164,6 +164,17 @@ def make_engine(
     return ThreadEngine(backend, trainer, return_mode, worker_timeout=worker_timeout)
 
 
+# Real backends' options and the values that mean "not given" (the CLI's defaults).
+_REAL_ONLY: dict[str, tuple[Any, ...]] = {
+    "model": (None, ""),
+    "device": (None, "auto"),
+    "dtype": (None, "auto"),
+    "temperature": (None, 1.0),
+    "top_p": (None, 1.0),
+    "top_k": (None, 0),
+}
+
+
 def make_components(
     config: Any,
     sim_cost_model: Any,
@@ -204,8 +215,13 @@ def make_components(
     notes: list[str] = []
     kind = parse_backend(config.backend)
     real = kind is not BackendKind.SIM
-    if not real and opts.get("model"):
-        notes.append("--model is ignored by the sim backend; pass --backend hf or vllm to generate for real")
+    if not real:
+        ignored = [f"--{k.replace('_', '-')}" for k, unset in _REAL_ONLY.items() if opts.get(k) not in unset]
+        ignored += ["--replay-lengths"] if replay else []
+        if ignored:
+            notes.append(f"{', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored by the sim backend, "
+                         "which replays recorded lengths on a cost model; pass --backend hf or vllm to generate "
+                         "for real")  # fmt: skip
     if real and lengths is not None and not replay:
         notes.append(f"--actual-lengths {lengths_name} is not used by --backend {kind.value} without "
                      "--replay-lengths: responses end where the model ends them")

@@ -74,6 +74,28 @@ class BadHook(Trainer):
 
 def bad_hook(context, how):
     return BadHook(how)
+
+class SelfInterrupting(Trainer):
+    # Sends its own process SIGINT at step 3, as a user's Ctrl-C; keeps no checkpoints if told.
+
+    def __init__(self, refuse):
+        self.refuse = refuse
+
+    def step(self, batch):
+        if batch.step == 3:
+            import os, signal
+            os.kill(os.getpid(), signal.SIGINT)
+        return TrainResult(version=batch.step + 1, elapsed=0.01)
+
+    def resume_refusal(self):
+        return "this trainer keeps no checkpoints" if self.refuse else None
+
+    def restore(self, version):
+        if version and self.refuse:
+            raise RuntimeError("no checkpoint")
+
+def self_interrupting(context, refuse=False):
+    return SelfInterrupting(refuse)
 """
 
 
@@ -218,3 +240,25 @@ def test_trainer_args_without_a_trainer_are_refused(plan, user_dir):
     r = CliRunner().invoke(main, ["run", str(plan[0]), "--trainer-arg", "lr=1e-5", "--log", str(user_dir / "RUN")])
     assert r.exit_code == 2 and "--trainer-arg passes arguments to a --trainer factory" in r.output, r.output
     assert not (user_dir / "RUN").exists()
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+def test_an_interrupted_run_offers_the_command_that_works_for_its_trainer(plan, user_dir, refuse):
+    # A trainer that can restore only its initial weights (the bundled GRPO trainer without a
+    # checkpoint_dir) was offered --resume, which it then refused.
+    path, data = plan
+    run_dir = user_dir / "RUN"
+    args = ["run", str(path), "--actual-lengths", str(data), "--length-field", "lengths", "--workers", "2",
+            "--global-batch", "8", "--log", str(run_dir), "-q", "--trainer", "good_trainer_mod:self_interrupting",
+            "--trainer-arg", f"refuse={str(refuse).lower()}"]  # fmt: skip
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 130 and len(r.output.strip().splitlines()) == 1, r.output
+    if refuse:
+        assert "trainer steps, but this trainer keeps no checkpoints, so it cannot go on" in r.output, r.output
+        assert r.output.strip().endswith("--overwrite")
+    else:
+        assert "continue it with --resume" in r.output, r.output
+    # The advice, with a trainer that sends no signal.
+    follow = [*args[:-4], "--trainer", "good_trainer_mod:factory", "--overwrite" if refuse else "--resume"]
+    r = CliRunner().invoke(main, [*follow, "--json"])
+    assert r.exit_code == 0, r.output

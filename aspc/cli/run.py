@@ -69,8 +69,39 @@ _ROWS = (
 )
 
 
-def _interrupted_message(exc: Interrupted, log_dir: Path | None, epochs: int = 1) -> str:
-    """One line: what the signal did to the run, and the command that continues it."""
+def _refusal(trainer: Any) -> str | None:
+    """The trainer's ``resume_refusal()``; ``None`` when it has none or it fails (the message must still come)."""
+    try:
+        reason = getattr(trainer, "resume_refusal", None)
+        out = reason() if callable(reason) else None
+    except Exception:
+        return None
+    return out if isinstance(out, str) and out else None
+
+
+def _logged_steps(meta_file: Path) -> int | None:
+    """Trainer steps the run log of ``meta_file`` committed; ``None`` where it cannot be read."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from aspc.io.runlog_meta import committed, part_ranges
+
+    run_dir = meta_file.parent
+    try:
+        ranges = part_ranges(json.loads(meta_file.read_text(encoding="utf-8")), run_dir, ValueError)
+        parts = committed(sorted((run_dir / "steps").glob("part-*.parquet")), "steps", ranges, run_dir, ValueError)
+        return sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _interrupted_message(exc: Interrupted, log_dir: Path | None, epochs: int = 1, refusal: str | None = None) -> str:
+    """One line: what the signal did to the run, and the command that continues it.
+
+    ``refusal``: the trainer's ``resume_refusal()``; a log holding trainer
+    steps then cannot go on, and the line says to start over instead.
+    """
     import json
     import shlex
     import sys
@@ -84,12 +115,19 @@ def _interrupted_message(exc: Interrupted, log_dir: Path | None, epochs: int = 1
     logs = sorted(log_dir.glob("epoch-*/meta.json"), key=lambda m: int(k) if (k := m.parent.name[6:]).isdigit() else -1)
     scout = log_dir / "scout" / "meta.json"  # --scout: the scout runs before epoch 1
     meta_file = logs[-1] if logs else (scout if scout.is_file() else log_dir / "meta.json")
-    argv = sys.argv[1:]
+    argv = [a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")]
     if "run" in argv:
-        args = [a for a in argv if a != "--overwrite"]
-        cmd = shlex.join(["aspc", *args] + ([] if "--resume" in args else ["--resume"]))
+        cmd, fresh = (shlex.join(["aspc", *argv, flag]) for flag in ("--resume", "--overwrite"))
     else:  # called as a library (tests); say it in words
-        cmd = f"aspc run PLAN <the same options> --log {shlex.quote(str(log_dir))} --resume"
+        cmd, fresh = (f"aspc run PLAN <the same options> --log {shlex.quote(str(log_dir))} {flag}"
+                      for flag in ("--resume", "--overwrite"))  # fmt: skip
+    if refusal is not None and meta_file.is_file():
+        later_epoch = meta_file.parent.name.startswith("epoch-") and meta_file.parent.name != "epoch-1"
+        steps = None if later_epoch else _logged_steps(meta_file)
+        if steps != 0:
+            held = f"holds {steps} trainer steps" if steps else "holds trainer steps"
+            return (f"interrupted by {name}; run log {log_dir} {held}, but {refusal}, so it cannot go on from them: "
+                    f"start over with --overwrite: {fresh}")  # fmt: skip
     if not meta_file.is_file():
         if any((log_dir / "plans").glob("epoch-*.parquet")):  # epoch 1's plan was written, its log not begun
             return (f"interrupted by {name} before epoch 1's run log was started; {log_dir} holds its plan: "
@@ -280,6 +318,7 @@ def run_cmd(
         log_flush_seconds=log_flush_seconds,
         speed_probe=speed_probe,
     )
+    trainer = None  # built in the try; a signal before it finds none
     try:
         with runtime_loading(config.backend, plan_path):
             plan = read_plan(plan_path)
@@ -348,7 +387,8 @@ def run_cmd(
                 progress=progress,
             )
     except Interrupted as exc:
-        raise CliError(_interrupted_message(exc, log_dir, epochs), exc.exit_code) from None
+        refusal = _refusal(trainer)
+        raise CliError(_interrupted_message(exc, log_dir, epochs, refusal), exc.exit_code) from None
     if log_dir is not None:  # the plan's prompt texts let 'aspc predict train RUN' learn from the run
         from aspc.predict.pairs import keep_plan_in_log
 

@@ -134,6 +134,15 @@ class Trainer(ABC):
         """
         return version
 
+    def resume_refusal(self) -> str | None:
+        """Why :meth:`restore` cannot load any version after 0, with the fix; ``None`` (the default) if it can.
+
+        Read when a signal stops a run with a log: a log that holds trainer
+        steps then says to start over rather than offering ``--resume``,
+        which :meth:`restore` would refuse.
+        """
+        return None
+
     def restore(self, version: int) -> Any:
         """Resume a run from the state after weights version ``version`` (``aspc run --resume``).
 

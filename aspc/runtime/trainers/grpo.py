@@ -242,6 +242,14 @@ class GRPOTrainer(Trainer):
         ckpt.prune(self.checkpoint_dir, self._plan, self._written, self._finals, self._mine, version)
         return ckpt.newest_at(self.checkpoint_dir, self._plan, version)
 
+    def resume_refusal(self) -> str | None:
+        """Without a ``checkpoint_dir`` nothing past the initial weights can be restored."""
+        if self.checkpoint_dir is not None:
+            return None
+        # A checkpoint_dir given only on --resume holds nothing to restore: the advice is for the next run.
+        return ("this GRPO trainer keeps no checkpoints (give the next run a checkpoint_dir, the example's "
+                "--trainer-arg checkpoint_dir=DIR, to make it resumable)")
+
     def restore(self, version: int) -> Any:
         """Go on from the checkpoint of ``version`` (the steps the resumed run log holds); see the module notes.
 
@@ -253,10 +261,10 @@ class GRPOTrainer(Trainer):
         """
         if version == 0:
             return None  # the initial weights, as set up
-        if self.checkpoint_dir is None:
-            raise ConfigError(f"--resume: the run log holds {version} trainer steps, but this GRPO trainer keeps no "
-                              "checkpoints, so it would train on from its initial weights; give it a checkpoint_dir "
-                              "(the example: --trainer-arg checkpoint_dir=DIR) or rerun with --overwrite")  # fmt: skip
+        refusal = self.resume_refusal()
+        if refusal is not None:
+            raise ConfigError(f"--resume: the run log holds {version} trainer steps, but {refusal}, so it would train "
+                              "on from its initial weights: start over with --overwrite")  # fmt: skip
         path = ckpt.find_checkpoint(self.checkpoint_dir, self._plan, version)
         if path is None:
             have = ", ".join(ckpt.available(self.checkpoint_dir)) or "none"

@@ -262,3 +262,23 @@ def test_an_interrupted_run_offers_the_command_that_works_for_its_trainer(plan, 
     follow = [*args[:-4], "--trainer", "good_trainer_mod:factory", "--overwrite" if refuse else "--resume"]
     r = CliRunner().invoke(main, [*follow, "--json"])
     assert r.exit_code == 0, r.output
+
+
+def test_a_signal_at_a_complete_log_says_which_run_completed(plan, user_dir):
+    # A complete log was offered --resume: after this run completed (the signal cut its close-down
+    # short), or before it began, when the log still held an earlier run that --overwrite would replace.
+    import signal
+    import time
+
+    from aspc.cli.run import _interrupted_message
+    from aspc.errors import Interrupted
+
+    run_dir = user_dir / "RUN"
+    r = CliRunner().invoke(main, ["run", str(plan[0]), "--log", str(run_dir), "-q"])
+    assert r.exit_code == 0, r.output
+    written = (run_dir / "meta.json").stat().st_mtime
+    after = _interrupted_message(Interrupted(signal.SIGINT), run_dir, started=written - 1)
+    assert after == f"interrupted by SIGINT after the run completed; run log {run_dir} is complete"
+    before = _interrupted_message(Interrupted(signal.SIGINT), run_dir, started=time.time() + 1, refusal="no")
+    assert "before the run began" in before and "still holds the earlier, complete run" in before
+    assert before.endswith("--overwrite") and "--resume" not in before

@@ -96,11 +96,15 @@ def _logged_steps(meta_file: Path) -> int | None:
         return None
 
 
-def _interrupted_message(exc: Interrupted, log_dir: Path | None, epochs: int = 1, refusal: str | None = None) -> str:
+def _interrupted_message(
+    exc: Interrupted, log_dir: Path | None, epochs: int = 1, refusal: str | None = None, started: float = 0.0
+) -> str:
     """One line: what the signal did to the run, and the command that continues it.
 
     ``refusal``: the trainer's ``resume_refusal()``; a log holding trainer
     steps then cannot go on, and the line says to start over instead.
+    ``started``: when the command began (``time.time()``); a complete log
+    written before it is an earlier run's.
     """
     import json
     import shlex
@@ -121,13 +125,6 @@ def _interrupted_message(exc: Interrupted, log_dir: Path | None, epochs: int = 1
     else:  # called as a library (tests); say it in words
         cmd, fresh = (f"aspc run PLAN <the same options> --log {shlex.quote(str(log_dir))} {flag}"
                       for flag in ("--resume", "--overwrite"))  # fmt: skip
-    if refusal is not None and meta_file.is_file():
-        later_epoch = meta_file.parent.name.startswith("epoch-") and meta_file.parent.name != "epoch-1"
-        steps = None if later_epoch else _logged_steps(meta_file)
-        if steps != 0:
-            held = f"holds {steps} trainer steps" if steps else "holds trainer steps"
-            return (f"interrupted by {name}; run log {log_dir} {held}, but {refusal}, so it cannot go on from them: "
-                    f"start over with --overwrite: {fresh}")  # fmt: skip
     if not meta_file.is_file():
         if any((log_dir / "plans").glob("epoch-*.parquet")):  # epoch 1's plan was written, its log not begun
             return (f"interrupted by {name} before epoch 1's run log was started; {log_dir} holds its plan: "
@@ -137,6 +134,18 @@ def _interrupted_message(exc: Interrupted, log_dir: Path | None, epochs: int = 1
         status = json.loads(meta_file.read_text(encoding="utf-8")).get("status", "?")
     except (OSError, ValueError, AttributeError):
         status = "?"
+    if status == "complete" and meta_file.parent == log_dir:
+        if meta_file.stat().st_mtime >= started:  # this run completed; the signal cut its close-down short
+            return f"interrupted by {name} after the run completed; run log {log_dir} is complete"
+        return (f"interrupted by {name} before the run began; run log {log_dir} still holds the earlier, complete "
+                f"run: rerun with --overwrite to replace it: {fresh}")  # fmt: skip
+    if refusal is not None and status != "complete":
+        later_epoch = meta_file.parent.name.startswith("epoch-") and meta_file.parent.name != "epoch-1"
+        steps = None if later_epoch else _logged_steps(meta_file)
+        if steps != 0:
+            held = f"holds {steps} trainer steps" if steps else "holds trainer steps"
+            return (f"interrupted by {name}; run log {log_dir} {held}, but {refusal}, so it cannot go on from them: "
+                    f"start over with --overwrite: {fresh}")  # fmt: skip
     if status == "complete" and meta_file.parent != log_dir:  # between epochs: the next one never began
         done = "the length scout" if meta_file == scout else f"epoch {meta_file.parent.name[6:]} of {epochs}"
         return (
@@ -288,6 +297,9 @@ def run_cmd(
         --workers 8 --global-batch 64 --log RUN --json
     aspc run plan.parquet ...same options... --log RUN --resume   # after a crash
     """
+    import time
+
+    started = time.time()  # a complete log older than this is an earlier run's (the interrupt message)
     from aspc.emit import read_plan, verify_integrity
     from aspc.runtime.config import check_log_options
 
@@ -388,7 +400,7 @@ def run_cmd(
             )
     except Interrupted as exc:
         refusal = _refusal(trainer)
-        raise CliError(_interrupted_message(exc, log_dir, epochs, refusal), exc.exit_code) from None
+        raise CliError(_interrupted_message(exc, log_dir, epochs, refusal, started), exc.exit_code) from None
     if log_dir is not None:  # the plan's prompt texts let 'aspc predict train RUN' learn from the run
         from aspc.predict.pairs import keep_plan_in_log
 

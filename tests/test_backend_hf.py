@@ -349,7 +349,7 @@ def test_a_prompt_past_the_model_context_stops_the_run_in_one_line_without_retri
     args = ["run", str(plan), "--backend", "hf", "--model", str(model_dir), "--workers", "1", "--global-batch", "4",
             "--max-new-tokens", str(CAP), "--max-retries", "3", "--log", str(tmp_path / "RUN")]
     r = CliRunner().invoke(main, args)
-    assert r.exit_code != 0 and "Traceback" not in r.output
+    assert r.exit_code == 2 and "Traceback" not in r.output
     assert len(r.output.strip().splitlines()) == 1, r.output
     assert "prompt 'q5' is 10" in r.output and "more than the model's 1024" in r.output
     assert "lower --max-new-tokens to" in r.output and "failed 4 times" not in r.output

@@ -111,6 +111,28 @@ def test_vllm_cli_contract_tiny_model(tmp_path):
 
 
 @needs_vllm
+def test_a_prompt_past_max_model_len_stops_the_run_in_one_line(tmp_path):
+    # vLLM's "longer than the maximum model length" ValueError was a worker fault: retried on every
+    # worker until --max-retries ran out. Past max_model_len a replayed length cannot be reached either.
+    from tests.conftest import write_jsonl
+
+    model_dir = vllm_tiny_model(tmp_path)
+    records = [{"id": f"q{i}", "prompt": "x" * (100 if i == 3 else 8), "lengths": [3, 4]} for i in range(8)]
+    data = write_jsonl(tmp_path / "long.jsonl", records)
+    plan = tmp_path / "plan.parquet"
+    r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "--samples-per-prompt", "2",
+                                  "--batch-size", "4", "-o", str(plan), "--quiet"])
+    assert r.exit_code == 0, r.output
+    done = aspc_process(["run", str(plan), "--backend", "vllm", "--model", str(model_dir), "--engine-arg",
+                         "max_model_len=128", "--max-new-tokens", str(CAP), "--workers", "1", "--global-batch", "4",
+                         "--max-retries", "3", "--log", str(tmp_path / "RUN"), "-q"])  # fmt: skip
+    err = done.stderr
+    assert done.returncode == 2 and "Traceback" not in err, err[-3000:]
+    assert "prompt 'q3' is 10" in err and "more than the engine's max_model_len 128" in err, err[-3000:]
+    assert "lower --max-new-tokens to" in err and "failed 4 times" not in err
+
+
+@needs_vllm
 def test_vllm_replan_keeps_every_replayed_length(tmp_path):
     # --replan revises the undispatched remainder mid-run; the replayed lengths must follow
     # their (prompt, sample) pairs into vLLM's requests.

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 
 from aspc.devices import pick_device
-from aspc.errors import BackendError, ConfigError, InputError
+from aspc.errors import BackendError, ConfigError
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
 from aspc.runtime.backends.models import load_causal_lm, load_tokenizer, require_transformers
 from aspc.runtime.backends.options import GenerationOptions
-from aspc.runtime.backends.prompts import render_prompt
+from aspc.runtime.backends.prompts import check_prompt_fits, render_prompt
 from aspc.runtime.contracts import GenerationResult
 
 
@@ -75,14 +75,7 @@ def check_prompt_tokens(prompt_id: str, ids: list[int], max_new_tokens: int, sta
             f"the tokenizer in --model gives prompt {prompt_id!r} token id {max(ids)}, past the model's "
             f"{state.n_embeddings} embeddings; --model's tokenizer and weights must come from the same model"
         )
-    limit = state.max_positions
-    if limit is not None and len(ids) + max_new_tokens > limit:
-        room = limit - len(ids)
-        fix = f"lower --max-new-tokens to {room} or less, or " if room > 0 else ""
-        raise InputError(
-            f"prompt {prompt_id!r} is {len(ids)} tokens; with --max-new-tokens {max_new_tokens} it needs "
-            f"{len(ids) + max_new_tokens} positions, more than the model's {limit}; {fix}drop or shorten the prompt"
-        )
+    check_prompt_fits(prompt_id, len(ids), max_new_tokens, state.max_positions, "the model's")
 
 
 def _stop_when(event: Any) -> Any:

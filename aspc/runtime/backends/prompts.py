@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from aspc.errors import InputError
+
 
 def parse_chat(prompt: str) -> list[dict[str, str]] | None:
     """The chat messages stored in ``prompt``, or ``None`` if it is plain text."""
@@ -41,3 +43,21 @@ def render_prompt(prompt: str, tokenizer: Any) -> tuple[str, bool]:
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ", False
+
+
+def check_prompt_fits(prompt_id: str, n_tokens: int, max_new_tokens: int, limit: int | None, limit_name: str) -> None:
+    """Refuse a prompt whose tokens plus ``max_new_tokens`` pass the context ``limit`` (``None``: no limit).
+
+    Past it, generation fails (learned positions: an IndexError) or is cut
+    short, so a replayed length could not be reached; verl asks the same of
+    its rollout's ``max_model_len``. An :class:`InputError`: the run stops
+    at once rather than retrying the minibatch on another worker.
+    """
+    if limit is None or n_tokens + max_new_tokens <= limit:
+        return
+    room = limit - n_tokens
+    fix = f"lower --max-new-tokens to {room} or less, or " if room > 0 else ""
+    raise InputError(
+        f"prompt {prompt_id!r} is {n_tokens} tokens; with --max-new-tokens {max_new_tokens} it needs "
+        f"{n_tokens + max_new_tokens} positions, more than {limit_name} {limit}; {fix}drop or shorten the prompt"
+    )

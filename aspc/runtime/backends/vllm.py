@@ -63,7 +63,7 @@ import numpy as np
 
 from aspc.errors import BackendError
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
-from aspc.runtime.backends.prompts import render_prompt
+from aspc.runtime.backends.prompts import check_prompt_fits, render_prompt
 from aspc.runtime.contracts import GenerationResult
 
 VLLM_EXTRA = "pip install 'aspc[vllm]' (on Ascend also vllm-ascend; on a CPU: make vllm)"
@@ -205,6 +205,15 @@ def engine_kwargs(options: Any, worker: int, share: float, on_cpu: bool) -> dict
     return kwargs
 
 
+def max_model_len(llm: Any) -> int | None:
+    """The engine's context length (prompt + response), or ``None`` where this vLLM does not say."""
+    try:
+        value = llm.llm_engine.model_config.max_model_len
+    except AttributeError:
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
 class VLLMBackend(ModelBackend):
     """Generation with vLLM engines, one per worker; see the module docstring."""
 
@@ -318,9 +327,11 @@ class VLLMBackend(ModelBackend):
         t0 = time.perf_counter()
         tok = llm.get_tokenizer()
         row_ids = []
-        for prompt in request.prompts:
+        limit = max_model_len(llm)
+        for pid, prompt in zip(request.prompt_ids, request.prompts, strict=True):
             text, templated = render_prompt(prompt, tok)
             row_ids.append(tok(text, add_special_tokens=not templated)["input_ids"])
+            check_prompt_fits(pid, len(row_ids[-1]), request.max_new_tokens, limit, "the engine's max_model_len")
         reqs = self._requests(request, row_ids)
         ids = llm.enqueue([{"prompt_token_ids": row_ids[r]} for r, _, _ in reqs],
                           sampling_params=[p for _, _, p in reqs], use_tqdm=False)

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import invoke_cli as _run
+from tests.conftest import lognormal_records, write_jsonl
 from tests.conftest import one_line_error as _one_line_error
 
 
@@ -295,3 +296,22 @@ def test_deleted_committed_parts_are_refused_everywhere(tmp_path, plan, run_log)
     for name, args in _readers(tmp_path, plan, run_log).items():
         msg = _one_line_error(_run(*args, "-q"))
         assert "RUN: committed parts of samples/ are missing; the run log is damaged" in msg, name
+
+
+@pytest.mark.parametrize("targets", [[], ["m1"], ["m1", "m1"], ["m2", "m1"]])
+def test_edited_target_names_of_a_multi_target_predictor_are_refused_or_kept_in_order(tmp_path, targets):
+    # Fewer names than heads were taken: every target then read another's head, silently.
+    recs = [{**r, "model": m} for r in lognormal_records(120) for m in ("m1", "m2")]
+    data = write_jsonl(tmp_path / "two.jsonl", [{**r, "id": f"{r['id']}-{r['model']}"} for r in recs])
+    pred = tmp_path / "pred"
+    r = _run("predict", "train", data, "--length-field", "lengths", "--target-field", "model", "-o", pred, "-q")
+    assert r.exit_code == 0, r.output
+    meta = json.loads((pred / "metadata.json").read_text())
+    assert meta["targets"] == ["m1", "m2"]
+    meta["targets"] = targets
+    (pred / "metadata.json").write_text(json.dumps(meta))
+    r = _run("predict", "eval", pred, data, "--length-field", "lengths", "--json")
+    if len(targets) == 2 and len(set(targets)) == 2:  # a renaming keeps the heads' count: not detectable
+        assert r.exit_code == 0, r.output
+    else:
+        assert "are not names of the weights' 2 target heads" in _one_line_error(r)

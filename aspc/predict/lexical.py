@@ -206,7 +206,10 @@ class LexicalPredictor(Predictor):
                 raise ValueError(f"features.bits {bits!r} is not an integer in 1..30")
             heads = len(arrays["intercepts"])  # one per target, the pooled one after them
             names = isinstance(meta["targets"], list) and all(isinstance(t, str) for t in targets)
-            if not names or len(targets) >= heads:
+            # T targets give T + 1 heads; none gives 2 (the pooled intercept twice). Fewer names
+            # than heads shifted every target onto another's head, silently.
+            fits = len(targets) == heads - 1 or (not targets and heads == 2)
+            if not names or not fits or len(set(targets)) != len(targets):
                 raise ValueError(f"targets {meta['targets']!r} are not names of the weights' {heads - 1} target heads")
             pred = cls(config, arrays["beta"], arrays["alpha"], arrays["intercepts"], targets, cals, meta)
         except (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile, zlib.error) as exc:

@@ -338,21 +338,28 @@ def test_speed_probe_times_the_reference_minibatch_before_the_first_dispatch_and
     assert json.loads(r.stdout)["speed_probe_s"] == pytest.approx(np.mean(got["before"] + got["after"]))
 
 
-def test_a_prompt_past_the_model_context_stops_the_run_in_one_line_without_retries(tmp_path, model_dir):
-    # The tiny model's context is 1024 positions; one character is one token.
-    records = [{"id": f"q{i}", "prompt": "x" * (1000 if i == 5 else 8), "lengths": [3, 4]} for i in range(8)]
+def test_prompts_past_the_model_context_are_refused_before_the_log_starts_with_advice_that_works(tmp_path, model_dir):
+    # The tiny model's context is 1024 positions; one character is one token. Checked minibatch by
+    # minibatch, each advised --max-new-tokens failed again on the next long prompt, after retries.
+    long = {"q5": 1000, "q2": 990, "q6": 700}
+    records = [{"id": f"q{i}", "prompt": "x" * long.get(f"q{i}", 8), "lengths": [3, 4]} for i in range(8)]
     data = write_jsonl(tmp_path / "IN.jsonl", records)
     plan = tmp_path / "plan.parquet"
     r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "--samples-per-prompt", "2",
                                   "--batch-size", "4", "-o", str(plan), "--quiet"])
     assert r.exit_code == 0, r.output
-    args = ["run", str(plan), "--backend", "hf", "--model", str(model_dir), "--workers", "1", "--global-batch", "4",
-            "--max-new-tokens", str(CAP), "--max-retries", "3", "--log", str(tmp_path / "RUN")]
-    r = CliRunner().invoke(main, args)
+    args = ["run", str(plan), "--backend", "hf", "--model", str(model_dir), "--workers", "2", "--global-batch", "4",
+            "--max-retries", "3", "--log", str(tmp_path / "RUN"), "-q"]
+    r = CliRunner().invoke(main, [*args, "--max-new-tokens", str(CAP)])
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert len(r.output.strip().splitlines()) == 1, r.output
-    assert "prompt 'q5' is 10" in r.output and "more than the model's 1024" in r.output
-    assert "lower --max-new-tokens to" in r.output and "failed 4 times" not in r.output
+    text = " ".join(r.output.split())
+    assert "2 of the plan's prompts need more positions than the model's 1024 with --max-new-tokens 64" in text
+    assert "the longest, 'q5', is 10" in text and "failed 4 times" not in text
+    assert not (tmp_path / "RUN" / "meta.json").exists()  # refused before the log started
+    room = int(text.split("lower --max-new-tokens to ")[1].split()[0])
+    r = CliRunner().invoke(main, [*args, "--max-new-tokens", str(room)])
+    assert r.exit_code == 0, r.output
 
 
 def test_token_ids_past_the_embeddings_are_a_mismatched_tokenizer():
@@ -381,3 +388,15 @@ def test_the_gguf_loader_bar_is_off_while_converting_and_restored_after(monkeypa
         list(loader.tqdm([1, 2], desc="Converting"))
     assert calls == [{"desc": "Converting", "disable": True}]
     assert loader.tqdm is original
+
+
+def test_a_plan_check_names_the_one_prompt_or_the_longest_of_many():
+    from aspc.runtime.backends.prompts import check_plan_fits
+
+    check_plan_fits({"a": [1] * 10}, 6, 16, "the model's")  # fits exactly
+    check_plan_fits({"a": [1] * 10**4}, 6, None, "the model's")  # no limit declared
+    with pytest.raises(InputError, match=r"prompt 'a' is 10 tokens; .* more than the model's 15; lower --max-new"):
+        check_plan_fits({"a": [1] * 10, "b": [1]}, 6, 15, "the model's")
+    with pytest.raises(InputError, match=r"2 of the plan's .*\(the longest, 'b', is 12 tokens\); lower --max-new-tokens "
+                                         r"to 3 or less"):
+        check_plan_fits({"a": [1] * 10, "b": [1] * 12, "c": [1]}, 6, 15, "the model's")

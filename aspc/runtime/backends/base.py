@@ -111,8 +111,15 @@ class ModelBackend(GenerationBackend):
         served = range(n_workers) if self.serve_workers is None else self.serve_workers
         for w in served:
             self.start_worker(w)
+        if self.serve_workers is None and n_workers:  # under Ray the driver holds no model: requests check
+            cap = self.options.max_new_tokens
+            if cap is not None or self._replay is None:
+                self.check_prompts(0, work, int(cap) if cap is not None else DEFAULT_MAX_NEW_TOKENS)
         if self.on_setup is not None:
             self.on_setup(n_workers)
+
+    def check_prompts(self, worker: int, work: WorkPlan, max_new_tokens: int) -> None:  # noqa: B027 - optional
+        """Refuse, before the run log starts, prompts ``worker``'s model cannot take (a no-op here)."""
 
     def on_revision(self, work: WorkPlan, first: int, new_to_old: np.ndarray) -> None:
         """The undispatched remainder was revised (``aspc run --replan``): replayed lengths follow their samples.

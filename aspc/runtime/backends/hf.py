@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 
 from aspc.devices import pick_device
+from aspc.emit import schema as S
 from aspc.errors import BackendError, ConfigError
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
 from aspc.runtime.backends.models import load_causal_lm, load_tokenizer, require_transformers
 from aspc.runtime.backends.options import GenerationOptions
-from aspc.runtime.backends.prompts import check_prompt_fits, render_prompt
+from aspc.runtime.backends.prompts import check_plan_fits, check_prompt_fits, plan_prompt_tokens, render_prompt
 from aspc.runtime.contracts import GenerationResult
 
 
@@ -155,6 +156,15 @@ class HFBackend(ModelBackend):
         self._state[worker] = _WorkerState(model, tok, device)
         self._version.setdefault(worker, 0)
         torch.manual_seed(self.options.seed + worker)
+
+    def check_prompts(self, worker: int, work: Any, max_new_tokens: int) -> None:
+        st = self._worker(worker)
+        ids = [S.prompt_of(str(p)) for p in work.prompt_ids]
+        tokens = plan_prompt_tokens(ids, work.table.column(S.PROMPT).to_pylist(), st.tokenizer)
+        for pid, row in tokens.items():
+            if row and max(row) >= st.n_embeddings:
+                check_prompt_tokens(pid, row, 0, st)  # raises: the tokenizer does not match the model
+        check_plan_fits(tokens, max_new_tokens, st.max_positions, "the model's")
 
     def _worker(self, worker: int) -> _WorkerState:
         st = self._state.get(worker)

@@ -61,3 +61,35 @@ def check_prompt_fits(prompt_id: str, n_tokens: int, max_new_tokens: int, limit:
         f"prompt {prompt_id!r} is {n_tokens} tokens; with --max-new-tokens {max_new_tokens} it needs "
         f"{n_tokens + max_new_tokens} positions, more than {limit_name} {limit}; {fix}drop or shorten the prompt"
     )
+
+
+def plan_prompt_tokens(prompt_ids: list[str], prompts: list[str], tokenizer: Any) -> dict[str, list[int]]:
+    """Each distinct prompt's token ids as a backend feeds them to its model (a rolling scout repeats prompts)."""
+    out: dict[str, list[int]] = {}
+    for pid, prompt in zip(prompt_ids, prompts, strict=True):
+        if pid not in out:
+            text, templated = render_prompt(prompt, tokenizer)
+            out[pid] = tokenizer(text, add_special_tokens=not templated)["input_ids"]
+    return out
+
+
+def check_plan_fits(tokens: dict[str, list[int]], max_new_tokens: int, limit: int | None, limit_name: str) -> None:
+    """:func:`check_prompt_fits` over a whole plan, before its run log starts: the advice covers every prompt.
+
+    Checked minibatch by minibatch, each fix ("lower --max-new-tokens to N")
+    failed again on the next prompt past it, hours into a run.
+    """
+    if limit is None:
+        return
+    over = [(len(ids), pid) for pid, ids in tokens.items() if len(ids) + max_new_tokens > limit]
+    if not over:
+        return
+    n, pid = max(over)
+    if len(over) == 1:
+        check_prompt_fits(pid, n, max_new_tokens, limit, limit_name)
+    room = limit - n
+    fix = f"lower --max-new-tokens to {room} or less, or " if room > 0 else ""
+    raise InputError(
+        f"{len(over)} of the plan's prompts need more positions than {limit_name} {limit} with --max-new-tokens "
+        f"{max_new_tokens} (the longest, {pid!r}, is {n} tokens); {fix}drop or shorten them"
+    )

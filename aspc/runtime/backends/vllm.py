@@ -61,9 +61,10 @@ from typing import Any
 
 import numpy as np
 
+from aspc.emit import schema as S
 from aspc.errors import BackendError
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
-from aspc.runtime.backends.prompts import check_prompt_fits, render_prompt
+from aspc.runtime.backends.prompts import check_plan_fits, check_prompt_fits, plan_prompt_tokens, render_prompt
 from aspc.runtime.contracts import GenerationResult
 
 VLLM_EXTRA = "pip install 'aspc[vllm]' (on Ascend also vllm-ascend; on a CPU: make vllm)"
@@ -255,6 +256,12 @@ class VLLMBackend(ModelBackend):
             raise BackendError(f"vLLM could not start worker {worker} on {self.options.model}: "
                                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
         self._version.setdefault(worker, 0)
+
+    def check_prompts(self, worker: int, work: Any, max_new_tokens: int) -> None:
+        llm = self._engine(worker)
+        ids = [S.prompt_of(str(p)) for p in work.prompt_ids]
+        tokens = plan_prompt_tokens(ids, work.table.column(S.PROMPT).to_pylist(), llm.get_tokenizer())
+        check_plan_fits(tokens, max_new_tokens, max_model_len(llm), "the engine's max_model_len")
 
     def _engine(self, worker: int) -> Any:
         llm = self._llm.get(worker)

@@ -329,3 +329,19 @@ def test_the_same_run_twice_is_refused(inputs, tmp_path):
     r = _cli(["report", inputs["plan_asp"], inputs["run_asp"], inputs["run_asp"], "-o", tmp_path / "out"])
     assert r.exit_code == 2 and "given twice; name each run once" in r.output, r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_the_group_loads_figure_uses_the_lower_bound_inspect_reports(tmp_path):
+    # One huge prompt under --group-size 4: the cardinality term raises the bound; the figure's
+    # title said 0.81% imbalance beside a metrics table of 0.
+    from aspc.emit import read_plan
+    from aspc.report.data import plan_view
+    from tests.conftest import invoke_cli, lognormal_records, write_jsonl
+
+    recs = lognormal_records(200)
+    recs[0]["lengths"] = [60000] * len(recs[0]["lengths"])
+    data = write_jsonl(tmp_path / "skew.jsonl", recs)
+    out = tmp_path / "skew.parquet"
+    assert invoke_cli("compile", data, "--length-field", "lengths", "--group-size", "4", "-o", out, "-q").exit_code == 0
+    plan = read_plan(out)
+    assert plan_view(plan, "p").lower_bound == pytest.approx(plan.metrics["lower_bound"])

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from aspc.emit import Plan
 from aspc.emit import schema as S
-from aspc.emit.metrics import minibatch_starts, table_costs
+from aspc.emit.metrics import load_lower_bound, minibatch_starts, table_costs
 from aspc.errors import RunError
 from aspc.report.stats import kendall_tau, mean_absolute_error
 
@@ -43,7 +43,7 @@ class PlanView:
     mb_cost: np.ndarray  # float64 per minibatch: predicted cost, token-slots (minibatch_cost)
     mb_group: np.ndarray  # int64 per minibatch: dispatch group
     group_loads: np.ndarray  # float64 per group: Σ cost of its minibatches, token-slots
-    lower_bound: float  # max(mean group load, largest minibatch cost), token-slots
+    lower_bound: float  # aspc.emit.metrics.load_lower_bound of the groups, token-slots
 
     @property
     def n_minibatches(self) -> int:
@@ -71,7 +71,8 @@ def plan_view(plan: Plan, name: str) -> PlanView:
     costs = table_costs(t, minibatch_cost, plan.metrics.get("response_cap"))
     mb_group = plan.column(S.GROUP).astype(np.int64)[heads]
     loads = np.bincount(mb_group, weights=costs, minlength=int(mb_group.max()) + 1)
-    lb = max(float(loads.sum()) / loads.size, float(costs.max()))
+    # The bound inspect and check report (with the cardinality term): the figure's imbalance is theirs.
+    lb = load_lower_bound(costs, np.bincount(mb_group, minlength=loads.size))
     return PlanView(
         name=name,
         metrics=dict(plan.metrics),

@@ -301,6 +301,7 @@ def run_cmd(
 
     started = time.time()  # a complete log older than this is an earlier run's (the interrupt message)
     from aspc.emit import read_plan, verify_integrity
+    from aspc.emit.check import refuse_rolling_scout_plan
     from aspc.runtime.config import check_log_options
 
     # Before a real backend resolves its model or a history file is read.
@@ -335,6 +336,7 @@ def run_cmd(
         with runtime_loading(config.backend, plan_path):
             plan = read_plan(plan_path)
         verify_integrity(plan, plan_path.name)  # a plan `aspc check` refuses is not run either
+        refuse_rolling_scout_plan(plan, plan_path.name)
         from aspc.cli.run_epochs import epoch_overrides
         from aspc.epoch_staleness import check_epochs_staleness
 

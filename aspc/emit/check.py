@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from aspc.emit import schema as S
 from aspc.emit.metrics import plan_metrics
 from aspc.emit.plan import Plan, rows_hash
 from aspc.errors import PlanError
@@ -29,6 +30,20 @@ class CheckResult:
 # Metrics a plan file must carry: without them a gate has nothing to compare
 # the recomputed values with, and an edit that keeps the structure would pass.
 REQUIRED_METRICS = ("padding_ratio", "group_imbalance", "delivery_drift", "n_prompts", "n_sequences", "total_cost")
+
+
+def refuse_rolling_scout_plan(plan: Plan, name: str = "plan") -> None:
+    """Raise PlanError for a rolling scout's epoch-1 plan, which ``aspc run --scout --scout-roll`` writes into its log.
+
+    Its scout rows (ids ending in :data:`~aspc.emit.schema.SCOUT_ID_SUFFIX`,
+    one sample each) are work of that run, not prompts: run, exported or
+    gated as a plan they became 300 one-sample training groups.
+    """
+    import pyarrow.compute as pc
+
+    if "scout_roll" in (plan.config or {}) or pc.any(pc.ends_with(plan.table.column(S.PROMPT_ID), S.SCOUT_ID_SUFFIX)).as_py():
+        raise PlanError(f"{name}: a rolling scout's plan (aspc run --scout --scout-roll writes it into its run log); "
+                        "its scout rows are not prompts: use the plan that run started from")  # fmt: skip
 
 
 def verify_integrity(plan: Plan, name: str = "plan") -> dict[str, Any]:
@@ -87,6 +102,7 @@ def check_plan(
     for flag, bound in (("--max-imbalance", max_imbalance), ("--max-padding", max_padding), ("--max-drift", max_drift)):
         check_number(flag, bound, lo=0)
     metrics = verify_integrity(plan, name)
+    refuse_rolling_scout_plan(plan, name)
     result = CheckResult(metrics=metrics)
     for key, bound in (
         ("group_imbalance", max_imbalance),

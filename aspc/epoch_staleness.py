@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pyarrow.compute as pc
+
 from aspc.choices import BOUNDED_ORDER, DEFAULT_ORDER
 from aspc.compiler import CompileConfig, resolve_sizes
 from aspc.emit import schema as S
@@ -23,9 +25,26 @@ from aspc.emit import schema as S
 
 def epoch_compile_config(plan: Any, config: Any, compile_overrides: dict[str, Any] | None) -> CompileConfig:
     """The settings the run's later plans are compiled with: the plan's own, in the bound's order under one."""
+    from aspc.errors import ConfigError, PlanError, finding
+    from aspc.guards import check_compile_config
     from aspc.replan import compile_config_of
 
-    cfg = compile_config_of(plan.config or {}, **(compile_overrides or {}))
+    stored = plan.config or {}
+    if not stored:  # later epochs would compile with every default (one sample per prompt, ...)
+        raise PlanError("the plan has no stored compile settings (aspc.config), which later epochs and scouts "
+                        "compile with (edited by hand?); recompile the plan")  # fmt: skip
+    try:
+        cfg = compile_config_of(stored, **(compile_overrides or {}))
+        check_compile_config(cfg)
+    except (ConfigError, TypeError) as exc:  # a value of the wrong type failed only when epoch 2 compiled
+        raise PlanError(f"the plan's stored compile settings (aspc.config) fail a check: {finding(exc)} (edited by "
+                        "hand?); recompile the plan") from None  # fmt: skip
+    n = plan.table.column(S.N_SAMPLES)
+    spp = stored.get("samples_per_prompt")
+    if len(n) and spp is not None and pc.min(n).as_py() == pc.max(n).as_py() != spp:
+        # Epoch 1 runs its rows' samples; later epochs compiled the config's, silently another count.
+        raise PlanError(f"the plan's stored samples_per_prompt {spp!r} is not its rows' {pc.min(n).as_py()} "
+                        "(edited by hand?); recompile the plan")  # fmt: skip
     if config.max_staleness is not None and cfg.order == DEFAULT_ORDER:  # plans made here are for the bound
         cfg = dataclasses.replace(cfg, order=BOUNDED_ORDER)
     return cfg

@@ -282,3 +282,35 @@ def test_a_rolling_scout_log_names_its_options_on_resume(tmp_path, small):
                        (["--epochs", "2"], "started with --scout --scout-roll")):  # fmt: skip
         assert want in _one_line_error(_run(*head, *args, "--resume")), args
     assert _run(*head, "--scout", "--scout-roll", "--resume").exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("edit", "want"),
+    [
+        ({"samples_per_prompt": 2}, "the plan's stored samples_per_prompt 2 is not its rows' 4"),
+        ({"batch_size": "x"}, "the plan's stored compile settings (aspc.config) fail a check: --batch-size must be"),
+        ({"seed": -5}, "fail a check: --seed must be an integer"),
+        (None, "the plan has no stored compile settings (aspc.config)"),
+    ],
+)
+def test_an_edited_plan_config_is_refused_before_epoch_1(tmp_path, edit, want):
+    # check passed these, and --epochs read them only to compile epoch 2: another sample count, or an
+    # error about a flag never passed after a whole epoch had run.
+    import pyarrow.parquet as pq
+
+    from tests.conftest import invoke_cli, lognormal_records, write_jsonl
+
+    data = write_jsonl(tmp_path / "d.jsonl", lognormal_records(60))
+    plan = tmp_path / "p.parquet"
+    assert invoke_cli("compile", data, "--length-field", "lengths", "-n", "4", "-o", plan, "-q").exit_code == 0
+    table = pq.read_table(plan)
+    meta = dict(table.schema.metadata)
+    if edit is None:
+        del meta[b"aspc.config"]
+    else:
+        meta[b"aspc.config"] = json.dumps({**json.loads(meta[b"aspc.config"]), **edit}).encode()
+    pq.write_table(table.replace_schema_metadata(meta), plan)
+    r = invoke_cli("run", plan, "--epochs", "2", "--actual-lengths", data, "--length-field", "lengths",
+                   "--log", tmp_path / "RUN")  # fmt: skip
+    assert r.exit_code == 2 and want in " ".join(r.output.split()), r.output
+    assert not (tmp_path / "RUN").exists()

@@ -110,3 +110,22 @@ def test_speed_probes_before_and_after_and_a_probe_that_fails_after_the_run_keep
     # Without the option nothing is probed (the script would raise on the first call).
     res = run(table, config=RunConfig(workers=2, global_batch=4), backend=_Probed([]), sim_cost_model=SimCostModel())
     assert "speed_probe_s" not in res.summary.extra
+
+
+@pytest.mark.parametrize("fails", ["backend", "trainer"])
+def test_a_failure_while_setting_up_closes_the_backend_and_trainer_run_built(fails, monkeypatch):
+    # Setup ran before the run's try: a vLLM backend whose plan check (or trainer's setup) failed stayed
+    # open, and the process waited at exit for its engine-core process.
+    table = plan_table(np.arange(8) // 2, n_samples=2)
+    closed = []
+    monkeypatch.setattr(SimBackend, "close", lambda self: closed.append("backend"))
+    monkeypatch.setattr(SimTrainer, "close", lambda self: closed.append("trainer"), raising=False)
+    target = SimBackend if fails == "backend" else SimTrainer
+
+    def boom(self, *args):
+        raise ConfigError("setup failed")
+
+    monkeypatch.setattr(target, "setup", boom)
+    with pytest.raises(ConfigError, match="setup failed"):
+        run(table, config=RunConfig(workers=2, global_batch=4))
+    assert sorted(closed) == ["backend", "trainer"]

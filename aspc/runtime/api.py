@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from aspc.errors import ConfigError, OutputError, RunError, short_reason
+from aspc.errors import ConfigError, OutputError, RunError
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.carry import carry_into, carry_record, check_carried, logged_versions, restore_carries
@@ -50,6 +50,7 @@ from aspc.runtime.registry import (
     make_trainer,
     parse_backend,
 )
+from aspc.runtime.speed_probe import speed_probes
 from aspc.runtime.work import work_from_table
 
 __all__ = ["RunResult", "run"]
@@ -312,15 +313,20 @@ def _run_locked(
             )
     engine = make_engine(config.engine, backend, trainer, mode, worker_timeout=config.worker_timeout)
 
-    backend.setup(work, config.workers)
-    trainer_hook(trainer, "setup", work)
-    if start_weights is not None:
-        engine.load_start_weights(start_weights, config.workers)
-    probes = _speed_probes(engine, config) if config.speed_probe else None
-    # The clock starts at the first dispatch: loading in setup is no generation time (virtual clock: a no-op).
-    engine.advance_clock(0.0)
-    if writer is not None:
-        writer.start(new_meta)
+    try:
+        backend.setup(work, config.workers)
+        trainer_hook(trainer, "setup", work)
+        if start_weights is not None:
+            engine.load_start_weights(start_weights, config.workers)
+        probes = speed_probes(engine, config.workers) if config.speed_probe else None
+        # The clock starts at the first dispatch: loading in setup is no generation time (virtual clock: a no-op).
+        engine.advance_clock(0.0)
+        if writer is not None:
+            writer.start(new_meta)
+    except BaseException:
+        # A vLLM engine left open kept the process waiting at exit for its engine-core process.
+        _close(engine, backend, trainer, closes)
+        raise
     recorder = Recorder(work, writer, flush_seconds=config.log_flush_seconds)
     recorder.payloads.durable = trainer.durable  # at each commit: what a resume would restore and replay
     revision = 0
@@ -380,7 +386,7 @@ def _run_locked(
             revision=revision,
         )
         if probes is not None:
-            probes = {"before": probes, "after": _speed_probes(engine, config, notes)}
+            probes = {"before": probes, "after": speed_probes(engine, config.workers, notes)}
         notes += replanner.notes() if replanner is not None else []
     except BaseException as exc:
         if writer is not None:
@@ -389,10 +395,7 @@ def _run_locked(
                 raise _disk_full(exc, log_dir) from None
         raise
     finally:
-        engine.close(keep_workers=not closes[0])
-        if closes[0]:
-            backend.close()
-        late = trainer_hook(trainer, "close", fail=False) if closes[1] else None  # raised once the log is whole
+        late = _close(engine, backend, trainer, closes)  # the trainer's close() failure: raised once the log is whole
     columns = recorder.all_columns()
     summary = summarize(
         columns, n_workers=config.workers, samples_planned=work.n_total_samples, queue_capacity=capacity
@@ -423,24 +426,12 @@ def _run_locked(
     )
 
 
-def _speed_probes(engine: Any, config: RunConfig, notes: list[str] | None = None) -> list[float | None]:
-    """Seconds of the reference minibatch on each worker, one after another (the workers are idle).
-
-    Before the run a failing probe fails the run (that worker could not have
-    generated either). After it (``notes`` given) the work is done and
-    logged: a worker that cannot probe any more gets ``None`` and a note.
-    """
-    if notes is None:
-        return [engine.speed_probe(w) for w in range(config.workers)]
-    out: list[float | None] = []
-    for w in range(config.workers):
-        try:
-            out.append(engine.speed_probe(w))
-        except Exception as exc:  # noqa: BLE001 - a measurement after the run must not undo the run
-            out.append(None)
-            notes.append(f"the speed probe after the run failed on worker {w} ({type(exc).__name__}: "
-                         f"{short_reason(exc, limit=200)}); its 'after' value is null")
-    return out
+def _close(engine: Any, backend: Any, trainer: Any, closes: tuple[bool, bool]) -> Any:
+    """Close what this run owns (``closes``: backend, trainer); the trainer's close() failure, or ``None``."""
+    engine.close(keep_workers=not closes[0])
+    if closes[0]:
+        backend.close()
+    return trainer_hook(trainer, "close", fail=False) if closes[1] else None
 
 
 def _disk_full(exc: OutputError, log_dir: str | os.PathLike | None) -> RunError:

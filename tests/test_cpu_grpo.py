@@ -195,3 +195,22 @@ def test_grpo_checkpoint_every_n_steps_resumes_by_replaying_the_steps_after(mode
     assert a.durable(4) == 4 and [p.name[-6:] for p in ck.glob("ckpt-*.pt")] == ["004.pt"]
     c = trainer()
     assert c.durable(4) == 4 and same(c.restore(4), done[3].weights)
+
+
+def test_the_example_keeps_its_stats_until_a_step_or_a_restore_rewrites_them(model_dir, tmp_path, monkeypatch):
+    # The example emptied stats.jsonl on construction: a refused --resume, or one of a complete log,
+    # wiped the stats of the run it did not touch.
+    from aspc.errors import ConfigError
+    from aspc.runtime.work import work_from_table
+
+    monkeypatch.chdir(__import__("tests.conftest", fromlist=["ROOT"]).ROOT)
+    stats = tmp_path / "stats.jsonl"
+    stats.write_text('{"step": 0}\n')
+    ctx = BackendContext(n_workers=1, options={"model": str(model_dir), "trainer_args": {"stats": str(stats)}})
+    trainer = make_trainer("examples.cpu_grpo.trainer:make_trainer", ctx)
+    trainer.setup(work_from_table(plan_table(np.arange(8) // 2, n_samples=2)))
+    with pytest.raises(ConfigError, match="keeps no checkpoints"):
+        trainer.restore(3)
+    assert stats.read_text() == '{"step": 0}\n'
+    trainer.restore(0)  # a resume with no step logged: the file now holds the run's (none)
+    assert stats.read_text() == ""

@@ -92,7 +92,8 @@ class SelfInterrupting(Trainer):
 
     def restore(self, version):
         if version and self.refuse:
-            raise RuntimeError("no checkpoint")
+            from aspc.errors import ConfigError
+            raise ConfigError("--resume: this trainer keeps no checkpoints")
 
 def self_interrupting(context, refuse=False):
     return SelfInterrupting(refuse)
@@ -282,3 +283,19 @@ def test_a_signal_at_a_complete_log_says_which_run_completed(plan, user_dir):
     before = _interrupted_message(Interrupted(signal.SIGINT), run_dir, started=time.time() + 1, refusal="no")
     assert "before the run began" in before and "still holds the earlier, complete run" in before
     assert before.endswith("--overwrite") and "--resume" not in before
+
+
+def test_a_refused_resume_leaves_the_log_as_it_found_it(plan, user_dir):
+    # The refusal came after the log was reopened: meta.json went from interrupted to failed, its
+    # error replaced and a resume counted, for a command that did nothing.
+    path, data = plan
+    run_dir = user_dir / "RUN"
+    args = ["run", str(path), "--actual-lengths", str(data), "--length-field", "lengths", "--workers", "2",
+            "--global-batch", "8", "--log", str(run_dir), "-q", "--trainer", "good_trainer_mod:self_interrupting",
+            "--trainer-arg", "refuse=true"]  # fmt: skip
+    assert CliRunner().invoke(main, args).exit_code == 130
+    before = (run_dir / "meta.json").read_bytes()
+    assert json.loads(before)["status"] == "interrupted"
+    r = CliRunner().invoke(main, [*args, "--resume"])
+    assert r.exit_code == 2 and "this trainer keeps no checkpoints" in r.output, r.output
+    assert (run_dir / "meta.json").read_bytes() == before

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from aspc.errors import ConfigError, OutputError, RunError
+from aspc.errors import AspcError, ConfigError, OutputError, RunError
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.carry import carry_into, carry_record, check_carried, logged_versions, restore_carries
@@ -350,9 +350,11 @@ def _run_locked(
     weights = None
     steps_done = 0
     notes: list[str] = []
+    refused = False  # a resume refused before any new work leaves the log as it found it
     try:
         if resuming:
-            assert log_dir is not None
+            assert log_dir is not None and writer is not None
+            refused = True
             state = recorder.restore(log := read_run_log(log_dir, allow_incomplete=True))
             scheduler.restore(state.done, state.queued, state.next_step)
             batches.restore(state.response_len, state.minibatch_version)
@@ -368,6 +370,7 @@ def _run_locked(
                 f"for the trainer"
             )
             notes += replayed
+            refused = False
         def on_revision(work_now, first, new_to_old, revision):  # noqa: ANN001 - see drive()
             backend.on_revision(work_now, first, new_to_old)  # type: ignore[union-attr]
             recorder.on_revision(work_now, first, new_to_old, revision)
@@ -389,7 +392,9 @@ def _run_locked(
             probes = {"before": probes, "after": speed_probes(engine, config.workers, notes)}
         notes += replanner.notes() if replanner is not None else []
     except BaseException as exc:
-        if writer is not None:
+        if writer is not None and refused and isinstance(exc, AspcError):
+            writer.put_back()
+        elif writer is not None:
             writer.abort(exc, recorder.flush)
             if isinstance(exc, OutputError):
                 raise _disk_full(exc, log_dir) from None

@@ -36,21 +36,25 @@ class LoggingGRPOTrainer(GRPOTrainer):
     def __init__(self, *args: Any, stats: str | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.stats = Path(stats) if stats else None
-        if self.stats is not None:
-            self.stats.parent.mkdir(parents=True, exist_ok=True)
-            self.stats.write_text("")
+        # Started by the first step (a new file) or by restore(); a resume that is refused, or that
+        # finds its log complete, leaves the file as it was.
+        self._stats_started = False
 
     def step(self, batch: Any) -> Any:
         result = super().step(batch)
         if self.stats is not None:
-            with open(self.stats, "a", encoding="utf-8") as fh:
+            self.stats.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.stats, "a" if self._stats_started else "w", encoding="utf-8") as fh:
                 fh.write(json.dumps(self.history[-1].__dict__) + "\n")
+            self._stats_started = True
         return result
 
     def restore(self, version: int) -> Any:
         weights = super().restore(version)
         if self.stats is not None:  # the steps the resumed run holds, as the checkpoint recorded them
+            self.stats.parent.mkdir(parents=True, exist_ok=True)
             self.stats.write_text("".join(json.dumps(h.__dict__) + "\n" for h in self.history))
+            self._stats_started = True
         return weights
 
 

@@ -56,6 +56,7 @@ class RunLogWriter:
         self._first = dict.fromkeys(KINDS, 0)  # first live part number per kind
         self._parts = dict.fromkeys(KINDS, 0)  # next part number per kind
         self._meta: dict[str, Any] = {}
+        self._found: dict[str, Any] | None = None  # meta.json as a resume found it
         self.lock = RunLogLock(self.path)
 
     def acquire(self) -> None:
@@ -110,6 +111,7 @@ class RunLogWriter:
                     f"--log {self.path}: run log format {old.get('format_version')} predates resume; "
                     "start a new run with --overwrite"
                 )
+            self._found = json.loads(json.dumps(old))  # as found: what a refused resume puts back
             self._meta = old
             ranges = part_ranges(old, self.path, RunError) or {}
             for kind in KINDS:
@@ -223,6 +225,20 @@ class RunLogWriter:
         finally:
             self.commit(status=status, error=message)
         self.collect_garbage()
+
+    def put_back(self) -> None:
+        """A resume refused before any new work (its trainer cannot restore): ``meta.json`` as :meth:`start` found it.
+
+        Only parts no commit covered were dropped, so the log is the one the
+        refused command was given, still resumable once the cause is fixed.
+        """
+        if self._found is None:
+            return
+        self._meta = self._found
+        try:
+            self._write_meta()
+        except OSError:
+            pass  # left "running", as a crash leaves it: still resumable
 
     def abort(self, exc: BaseException, flush: Any) -> None:
         """End a run that raised ``exc``: commit what ``flush`` can, mark the log, keep it resumable.

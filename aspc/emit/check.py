@@ -36,14 +36,15 @@ def refuse_rolling_scout_plan(plan: Plan, name: str = "plan") -> None:
     """Raise PlanError for a rolling scout's epoch-1 plan, which ``aspc run --scout --scout-roll`` writes into its log.
 
     Its scout rows (ids ending in :data:`~aspc.emit.schema.SCOUT_ID_SUFFIX`,
-    one sample each) are work of that run, not prompts: run, exported or
-    gated as a plan they became 300 one-sample training groups.
+    one sample each) are work of that run, not prompts: run or exported as
+    a plan they became one-sample training groups. ``aspc check`` still
+    verifies such a plan's integrity (it runs nothing).
     """
     import pyarrow.compute as pc
 
     if "scout_roll" in (plan.config or {}) or pc.any(pc.ends_with(plan.table.column(S.PROMPT_ID), S.SCOUT_ID_SUFFIX)).as_py():
         raise PlanError(f"{name}: a rolling scout's plan (aspc run --scout --scout-roll writes it into its run log); "
-                        "its scout rows are not prompts: use the plan that run started from")  # fmt: skip
+                        "its scout rows are not prompts: run or export the plan that run started from")  # fmt: skip
 
 
 def verify_integrity(plan: Plan, name: str = "plan") -> dict[str, Any]:
@@ -102,7 +103,6 @@ def check_plan(
     for flag, bound in (("--max-imbalance", max_imbalance), ("--max-padding", max_padding), ("--max-drift", max_drift)):
         check_number(flag, bound, lo=0)
     metrics = verify_integrity(plan, name)
-    refuse_rolling_scout_plan(plan, name)
     result = CheckResult(metrics=metrics)
     for key, bound in (
         ("group_imbalance", max_imbalance),

@@ -400,3 +400,25 @@ def test_a_plan_check_names_the_one_prompt_or_the_longest_of_many():
     with pytest.raises(InputError, match=r"2 of the plan's .*\(the longest, 'b', is 12 tokens\); lower --max-new-tokens "
                                          r"to 3 or less"):
         check_plan_fits({"a": [1] * 10, "b": [1] * 12, "c": [1]}, 6, 15, "the model's")
+
+
+def test_resume_refuses_other_sampling_options_and_model(tmp_path, model_dir):
+    # The log recorded none of them: a resume with another temperature or model went on silently.
+    import shutil
+
+    data, plan, _ = _contract_files(tmp_path, n=4)
+    run_dir = tmp_path / "RUN"
+    args = _contract_args(plan, model_dir, data, run_dir)
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    other = tmp_path / "other-model"
+    shutil.copytree(model_dir, other)
+    for extra, fragment in ((["--temperature", "0.5"], "--temperature (1.0 in the log, 0.5 now)"),
+                            (["--top-k", "5"], "--top-k (0 in the log, 5 now)")):  # fmt: skip
+        r = CliRunner().invoke(main, [*args, "--resume", *extra])
+        assert r.exit_code == 2 and fragment in " ".join(r.output.split()), r.output
+    moved = [str(other) if a == str(model_dir) else a for a in args]
+    r = CliRunner().invoke(main, [*moved, "--resume"])
+    assert r.exit_code == 2 and "--model ('tiny-llama' in the log, 'other-model' now)" in r.output, r.output
+    r = CliRunner().invoke(main, [*args, "--resume"])
+    assert r.exit_code == 0 and "already complete" in r.output, r.output

@@ -276,6 +276,8 @@ def _run_locked(
         "replan_every": None if replanner is None else int(replanner.every_steps or 0),
         **lengths_info,
     }
+    if (sampling := resume_log.sampling_record(backend)) is not None:  # a model backend's
+        run_info["sampling"] = sampling
     if work.carried is not None:  # absent otherwise: earlier logs compare equal
         run_info["carried"] = carry_record(work)
     if work.holds is not None:

@@ -59,6 +59,24 @@ def config_record(config: RunConfig) -> dict[str, Any]:
     return d
 
 
+# What a model backend samples with; --device and the engine may change between a run and its resume.
+_SAMPLING = ("model", "dtype", "temperature", "top_p", "top_k", "replay")
+
+
+def sampling_record(backend: Any) -> dict[str, Any] | None:
+    """The model and sampling options of a real backend (``None`` for the sim's), as ``meta.json`` stores them.
+
+    The model is its directory's name: a resume on another machine may find
+    the same model at another path.
+    """
+    opts = getattr(backend, "options", None)
+    if opts is None or not hasattr(opts, "temperature") or not getattr(opts, "model", None):
+        return None
+    record = {k: getattr(opts, k) for k in _SAMPLING}
+    record["model"] = Path(str(opts.model)).name
+    return record
+
+
 def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Raise :class:`ConfigError` unless the log at ``path`` ran this plan with this configuration."""
     diffs = []
@@ -86,6 +104,11 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
         diffs.append(f"--scout-keep ({_kept(old_run.get('carried'))} in the log, {_kept(new['run'].get('carried'))} now)")
     if old_run.get("held") != new["run"].get("held"):
         diffs.append(f"the rolling scout ({_held(old_run.get('held'))} in the log, {_held(new['run'].get('held'))} now)")
+    was, now = old_run.get("sampling"), new["run"].get("sampling")
+    if was is not None and now is not None:  # logs before the record carry none and are not compared
+        flag = {"replay": "--replay-lengths"}
+        diffs += [f"{flag.get(k, '--' + k.replace('_', '-'))} ({was.get(k)!r} in the log, {now.get(k)!r} now)"
+                  for k in _SAMPLING if was.get(k) != now.get(k)]  # fmt: skip
     if (old.get("cost_model") or {}) != new["cost_model"]:
         diffs.append("the cost model")
     old_len = (old.get("run") or {}).get("lengths_name")

@@ -395,4 +395,13 @@ class VLLMBackend(ModelBackend):
     def close(self) -> None:
         self.release_remote()
         self.wait_idle()
-        self._llm.clear()
+        engines, self._llm = list(self._llm.values()), {}
+        for llm in engines:
+            # Shut each engine-core process down now: left to garbage collection, an engine still
+            # referenced by an error's traceback kept the process waiting for it at exit.
+            shutdown = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "shutdown", None)
+            if callable(shutdown):
+                try:
+                    shutdown()
+                except Exception:  # noqa: BLE001 - closing must not mask the run's own outcome
+                    pass

@@ -362,3 +362,15 @@ def test_history_epochs_weigh_the_recent_one_more(tmp_path):
         return float(pred.mean.mean())
 
     assert mean_pred([old, new]) > mean_pred([new, old])
+
+
+def test_a_bound_just_under_the_value_prints_them_apart():
+    # At 6 fixed decimals "padding_ratio = 0.063479 exceeds bound 0.0634793": the value read smaller.
+    from aspc.emit.check import _apart
+
+    assert _apart(0.06347930379823197, 0.06347930379823195) == ("0.06347930379823197", "0.06347930379823195")
+    assert _apart(0.25, 0.2) == ("0.25", "0.2")
+    assert _apart(0.001, -0.0) == ("0.001", "0")
+    value = 0.0634793038
+    a, b = _apart(value, value - 1e-10)
+    assert float(a) > float(b)

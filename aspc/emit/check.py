@@ -110,5 +110,19 @@ def check_plan(
         ("delivery_drift", max_drift),
     ):
         if bound is not None and metrics[key] > bound:
-            result.violations.append(f"{key} = {metrics[key]:.6f} exceeds bound {bound:g} by {metrics[key] - bound:.6f}")
+            value, limit = _apart(metrics[key], bound)
+            result.violations.append(f"{key} = {value} exceeds bound {limit} by {metrics[key] - bound:.3g}")
     return result
+
+
+def _apart(value: float, bound: float) -> tuple[str, str]:
+    """``value`` and ``bound`` at the fewest significant digits (6 to 15, else in full) that tell them apart.
+
+    At a fixed 6 decimals a value just past its bound printed as smaller than
+    it ("0.063479 exceeds bound 0.0634793").
+    """
+    for digits in range(6, 16):
+        a, b = f"{value:.{digits}g}", f"{bound + 0.0:.{digits}g}"  # + 0.0: a bound of -0 reads 0
+        if a != b:
+            return a, b
+    return repr(value), repr(bound + 0.0)

@@ -179,7 +179,7 @@ def run_epochs_cmd(
     if as_json:
         emit_json(out)
         return
-    note(f"{epochs} epochs: plans in {log_dir}/plans, run logs in {log_dir}/epoch-K", quiet)
+    note(f"{epochs} {'epoch' if epochs == 1 else 'epochs'}: plans in {log_dir}/plans, run logs in {log_dir}/epoch-K", quiet)
     if not quiet and "scout" in out:
         sc = out["scout"]
         out_console.print(

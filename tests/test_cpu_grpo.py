@@ -214,3 +214,19 @@ def test_the_example_keeps_its_stats_until_a_step_or_a_restore_rewrites_them(mod
     assert stats.read_text() == '{"step": 0}\n'
     trainer.restore(0)  # a resume with no step logged: the file now holds the run's (none)
     assert stats.read_text() == ""
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_its_directory(tmp_path, monkeypatch):
+    # On a full disk torch.save raised "[enforce fail at inline_container.cc:672] . unexpected pos ...".
+    import torch
+
+    from aspc.errors import RunError
+    from aspc.runtime.trainers import checkpoint as ckpt
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 332608 vs 332496")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(RunError, match=r"checkpoint_dir .*: cannot write the checkpoint of version 3 .*MiB free there"):
+        ckpt.save_checkpoint(tmp_path, "0" * 16, 3, {}, [], [], set(), None)
+    assert not list(tmp_path.iterdir())  # no partial checkpoint left

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from aspc.atomic import atomic_path
+from aspc.errors import RunError, short_reason
 
 KEEP = 2  # checkpoints kept before the run log says how far it got: the newest two (see the module notes)
 _NAME = re.compile(r"^ckpt-([0-9a-f]{16})-v(\d{8})\.pt$")
@@ -79,8 +80,16 @@ def save_checkpoint(directory: Path, fingerprint: str, version: int, state: dict
     import torch
 
     target = checkpoint_path(directory, fingerprint, version)
-    with atomic_path(target) as tmp:
-        torch.save(state, tmp)
+    try:
+        with atomic_path(target) as tmp:
+            torch.save(state, tmp)
+    except (OSError, RuntimeError) as exc:  # a full disk surfaced as torch's "[enforce fail at inline_container.cc]"
+        import shutil
+
+        free = shutil.disk_usage(directory).free
+        raise RunError(f"checkpoint_dir {directory}: cannot write the checkpoint of version {version} "
+                       f"({short_reason(exc, limit=120)}; {free / 2**20:.0f} MiB free there): free space there (its "
+                       "checkpoints are what --resume restores), then rerun with --resume") from None  # fmt: skip
     if target in written:
         written.remove(target)
     written.append(target)

@@ -225,6 +225,7 @@ class OnlineReplanner(Replanner):
         self._skipped: tuple[int, str] | None = None  # the first window that kept the plan, and why
         # Prompts in the plan's largest minibatch: a revision's mean never exceeds it (largest_minibatch).
         self._rows = int(np.bincount(plan_table.column(S.MINIBATCH).to_numpy()).max()) if plan_table.num_rows else 1
+        self._n_minibatches = len(np.unique(plan_table.column(S.MINIBATCH).to_numpy()))
 
     def _observed(self, view: ReplanView) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per plan row of ``view.work``: returned samples' count and sum, and the global index of the row."""
@@ -285,8 +286,14 @@ class OnlineReplanner(Replanner):
         if self.revisions:
             return []
         step, why = self._skipped or (self.every_steps, "every minibatch was already dispatched (or the run had ended)")
-        earlier = (f" (or perhaps an earlier window than every {self.every_steps} trainer steps: aspc run --replan-every)"
-                   if self.every_steps > 1 else "")  # fmt: skip
+        w = self.config.workers or 1
+        if self._n_minibatches - w < TAIL_ROUNDS * w:  # even the earliest window, after the first dispatch
+            earlier = (f" (at least {(TAIL_ROUNDS + 1) * w} for {w} workers; this plan has {self._n_minibatches}, "
+                       "so no window could revise it)")  # fmt: skip
+        elif self.every_steps > 1:
+            earlier = f" (or perhaps an earlier window than every {self.every_steps} trainer steps: aspc run --replan-every)"
+        else:
+            earlier = ""
         return [f"{NO_REVISION}: at its first window (trainer step {step}) {why}; re-planning needs a "
                 f"run of more minibatches per worker{earlier}"]  # fmt: skip
 

@@ -107,6 +107,19 @@ def test_a_run_too_short_to_revise_says_why(tmp_path):
     assert "\n" not in msg
 
 
+def test_a_plan_no_window_could_revise_is_not_told_to_try_an_earlier_one():
+    # 36 minibatches on 8 workers: 28 remain even after the first dispatch, under 4 rounds of 8; the
+    # note's "--replan-every" hint could not work.
+    table, lens, flat = _data(72, 0)
+    cfg = CompileConfig(samples_per_prompt=4, batch_size=2, slack=0, workers=8)
+    plan = compile_plan(table, flat, cfg)
+    rp = OnlineReplanner(plan.table, cfg, every_steps=4)
+    res = run(plan, config=RunConfig(workers=8, global_batch=32), actual_lengths=lens, replanner=rp)
+    (msg,) = [n for n in res.notes if n.startswith("--replan made no revision")]
+    assert "at least 40 for 8 workers; this plan has 36, so no window could revise it" in msg
+    assert "--replan-every" not in msg
+
+
 def test_run_and_simulate_say_when_replan_revised_nothing(tmp_path):
     # The short plan above through the CLI: `run --replan` and `simulate --strategies asp+replan` print the
     # note (stderr); with 4 times the prompts the first window revises and neither prints it.

@@ -69,6 +69,22 @@ NEEDS_ALL_LENGTHS = (SCOUT, SCOUT_KEEP, SCOUT_ROLL, ORACLE, ORACLE_EXACT)
 MAX_REPEATS = 1000
 
 
+# Peak memory per simulated sample, at least: 216 bytes for asp alone, 413 for the default
+# strategies (600 prompts x -n 100 vs 1000, /usr/bin/time -v aspc simulate examples/prompts.jsonl).
+SIM_BYTES_PER_SAMPLE = 200
+
+
+def check_sample_memory(samples: int) -> None:
+    """Refuse a simulation that cannot fit: the kernel's OOM killer ended it with no word (``-n 1000000``)."""
+    from aspc.memory import available_bytes
+
+    have = available_bytes()
+    need = samples * SIM_BYTES_PER_SAMPLE
+    if have is not None and need > have:
+        raise ConfigError(f"simulating {samples:,} samples needs at least {need / 2**30:.1f} GiB, more than the "
+                          f"{have / 2**30:.1f} GiB available; lower --samples-per-prompt or simulate fewer prompts")
+
+
 def parse_strategies(spec: str | list[str]) -> list[str]:
     """Strategy names from ``"random,sorted,asp,oracle"``; :class:`ConfigError` if unknown or empty."""
     names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
@@ -183,6 +199,7 @@ def simulate_strategies(
             # The prompts are rows of this very read: each one's lengths are found by its input row.
             actual = _RowAligned(actual, with_lengths.source_rows)
 
+    check_sample_memory(len(table.ids) * int(run_config.samples_per_prompt or config.samples_per_prompt or 1))
     if isinstance(actual, _RowAligned):
         missing = []  # the table's prompts are some of the rows the lengths were read with
     elif isinstance(actual, LengthsById):

@@ -245,3 +245,16 @@ def test_real_backend_options_on_the_sim_backend_are_named_as_ignored(plan):
     assert "--device, --temperature, --top-k are ignored by the sim backend" in text
     r = CliRunner().invoke(main, ["run", str(plan), "--device", "auto", "--temperature", "1"])
     assert r.exit_code == 0 and "ignored by the sim backend" not in r.output  # the defaults say nothing
+
+
+def test_a_simulation_past_the_available_memory_is_refused_in_one_line(dataset, monkeypatch):
+    # -n 1000000 on 600 prompts was killed by the kernel's OOM killer, exit 137 and no word.
+    import aspc.memory
+
+    monkeypatch.setattr(aspc.memory, "available_bytes", lambda: 2**20)
+    r = CliRunner().invoke(main, ["simulate", str(dataset), "--length-field", "lengths", "-n", "1000", "-q"])
+    assert r.exit_code == 2 and "samples needs at least" in r.output and "GiB available" in r.output, r.output
+    monkeypatch.setattr(aspc.memory, "available_bytes", lambda: None)  # unknown (no /proc): not refused
+    r = CliRunner().invoke(main, ["simulate", str(dataset), "--length-field", "lengths", "-n", "2", "-q",
+                                  "--strategies", "asp"])  # fmt: skip
+    assert r.exit_code == 0, r.output

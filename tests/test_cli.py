@@ -213,3 +213,19 @@ def test_a_history_that_matches_no_prompt_says_so(tmp_path):
     assert r.exit_code == 0 and "none of the input's prompt ids has observed lengths" in " ".join(r.output.split())
     r = _run(["compile", data, "--history", same, "-o", tmp_path / "b.parquet"])
     assert r.exit_code == 0 and "none of the input's" not in r.output
+
+
+def test_history_options_that_would_be_ignored_or_double_counted_are_refused(tmp_path):
+    # A run log's lengths are its own: --history-length-field was ignored silently; a source given twice
+    # counted as two epochs of the same observations.
+    recs = [{"id": f"p{i}", "prompt": f"q {i}", "lengths": [3 + i % 7]} for i in range(40)]
+    data = write_jsonl(tmp_path / "d.jsonl", recs)
+    plan = tmp_path / "p.parquet"
+    assert _run(["compile", data, "--length-field", "lengths", "-o", plan]).exit_code == 0
+    assert _run(["run", plan, "--log", tmp_path / "RUN", "-q"]).exit_code == 0
+    out = tmp_path / "o.parquet"
+    r = _run(["compile", data, "--history", tmp_path / "RUN", "--history-length-field", "nope", "-o", out])
+    assert r.exit_code == 2 and "run logs and verl rollout directories carry their own lengths" in r.output
+    r = _run(["compile", data, "--history", tmp_path / "RUN", "--history", str(tmp_path / "RUN") + "/", "-o", out])
+    assert r.exit_code == 2 and "is given twice" in r.output and not out.exists()
+    assert _run(["compile", data, "--history", tmp_path / "RUN", "-o", out]).exit_code == 0

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -184,7 +185,7 @@ def compile_config_from_kwargs(kwargs: dict[str, Any]) -> tuple[InputOptions, Co
         vals["order"] = DEFAULT_ORDER
     if "history" in vals:
         vals["history"] = tuple(vals["history"])
-    check_history_field(bool(vals.get("history")))
+    check_history_field(vals.get("history") or ())
     return inputs, CompileConfig(**vals)
 
 
@@ -218,15 +219,26 @@ def unused_note(strategy: str, order: str | None) -> list[str]:
     return [f"{flags}: {why}, so {'it is' if len(unused) == 1 else 'they are'} not used"]
 
 
-def check_history_field(history: bool) -> None:
-    """Refuse ``--history-length-field`` given on the command line without ``--history``: it would be ignored.
+def check_history_field(history: Sequence[Any]) -> None:
+    """Refuse ``--history-length-field`` where it would be ignored, and a ``--history`` source given twice.
 
     Its default ("length") is recorded in every plan's config, so an explicit
-    flag is told from the default by where click took the value from.
+    flag is told from the default by where click took the value from. Run
+    logs and verl rollout directories carry their own lengths, and a source
+    given twice counted as two epochs of the same observations.
     """
-    if not history and _given("history_length_field"):
+    sources = [os.fspath(p) for p in history]
+    if not sources and _given("history_length_field"):
         raise ConfigError("--history-length-field names the length field of --history datasets: pass --history "
                           "too, or drop it")  # fmt: skip
+    seen = [os.path.realpath(p) for p in sources]
+    for i, p in enumerate(sources):
+        if seen[i] in seen[:i]:
+            raise ConfigError(f"--history {p} is given twice; each source counts as its own epoch of observed "
+                              "lengths: pass it once")  # fmt: skip
+    if sources and _given("history_length_field") and all(os.path.isdir(p) for p in sources):
+        raise ConfigError("--history-length-field names the length field of --history datasets; run logs and verl "
+                          "rollout directories carry their own lengths: drop it")  # fmt: skip
 
 
 def check_lengths_field(actual_lengths: object) -> None:

@@ -305,7 +305,7 @@ def apply_cmd(
     from aspc.predict import HistoryPredictor, load_predictor
 
     small_pages_only()  # a million prompts' texts and features (a MiniLM, if any, is small)
-    check_history_field(bool(history))
+    check_history_field(history or ())
     output = check_output(output, inputs=[data, *history, None if predictor == "default" else predictor])
     check_device(device)
     pred = load_predictor(predictor, target=target, device=device)

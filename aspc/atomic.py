@@ -75,7 +75,8 @@ def remove_stale_temps(target: str | os.PathLike) -> list[Path]:
     output.
     """
     target = Path(target)
-    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(\d+)\.[A-Za-z0-9_]+\.tmp$")
+    # A temporary (.NAME.PID.X.tmp), or an earlier output a replaced directory left aside (.NAME.old-PID).
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(?:(\d+)\.[A-Za-z0-9_]+\.tmp|old-(\d+))$")
     removed = []
     try:
         siblings = list(target.parent.iterdir())
@@ -83,7 +84,7 @@ def remove_stale_temps(target: str | os.PathLike) -> list[Path]:
         return removed
     for p in siblings:
         m = pattern.match(p.name)
-        if m is None or _pid_alive(int(m.group(1))):
+        if m is None or _pid_alive(int(m.group(1) or m.group(2))):
             continue
         try:
             if p.is_dir() and not p.is_symlink():
@@ -217,6 +218,7 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     """
     target = _resolve(target, "dir")
     tmp: Path | None = None
+    old: Path | None = None  # the earlier output, moved aside until the new one is in place
     ours = False
     try:
         with deferred():  # as in atomic_path: no signal between mkdtemp and owning its cleanup
@@ -237,15 +239,23 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
                 with open(os.path.join(root, name), "rb") as fh:
                     os.fsync(fh.fileno())
         check_replaceable(target, "dir")
-        old = None
-        if target.exists():
-            old = target.parent / f".{target.name}.old-{os.getpid()}"
-            os.replace(target, old)
-        os.replace(tmp, target)
-        note_written(target)
+        # Held signals: one between the two renames left the earlier output moved aside for good.
+        with deferred():
+            if target.exists():
+                old = target.parent / f".{target.name}.old-{os.getpid()}"
+                os.replace(target, old)
+            try:
+                os.replace(tmp, target)
+            except OSError as exc:
+                if old is not None and not target.exists():
+                    os.replace(old, target)  # the earlier output stays
+                    old = None
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):  # another writer's output took the place
+                    raise OutputError(f"{target} was written by another process at the same time; this "
+                                      "command's output was discarded: rerun it when that one ends") from None  # fmt: skip
+                raise
+            note_written(target)
         _fsync_dir(target.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     except BaseException as exc:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -254,6 +264,9 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
             if err is not None:
                 raise err from None
         raise
+    finally:
+        if old is not None:  # replaced (a signal after the swap still arrives here): the earlier output goes
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:

@@ -201,3 +201,65 @@ def test_a_signal_during_teardown_keeps_the_commands_exit_code(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(plan)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, (r.returncode, r.stderr)
     assert "Traceback" not in r.stderr
+
+
+def _previous_dir(tmp_path):
+    out = tmp_path / "out"
+    with atomic_dir(out) as d:
+        (d / "a.txt").write_text("earlier")
+    return out
+
+
+def test_a_signal_between_the_directory_swaps_keeps_an_output_in_place(tmp_path, monkeypatch):
+    # SIGTERM after the earlier output was moved aside and before the new one took its place left
+    # only '.out.old-PID': the user's report or predictor gone, and "nothing was written" said.
+    from aspc.errors import Interrupted
+    from aspc.interrupt import handlers
+
+    out = _previous_dir(tmp_path)
+    real = os.replace
+
+    def aside_then_signal(src, dst):
+        real(src, dst)
+        if str(dst).endswith(f".out.old-{os.getpid()}"):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(os, "replace", aside_then_signal)
+    with handlers(), pytest.raises(Interrupted):
+        with atomic_dir(out) as d:
+            (d / "a.txt").write_text("new")
+    assert (out / "a.txt").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_directory_another_writer_put_in_place_meanwhile_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    # The second rename met the other writer's directory: ENOTEMPTY, a traceback and '.out.old-PID' left.
+    from aspc.errors import OutputError
+
+    out = _previous_dir(tmp_path)
+    real = os.replace
+
+    def other_writer_first(src, dst):
+        if str(src).endswith(".tmp") and str(dst) == str(out):
+            out.mkdir()
+            (out / "a.txt").write_text("theirs")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", other_writer_first)
+    with pytest.raises(OutputError, match="written by another process at the same time"):
+        with atomic_dir(out) as d:
+            (d / "a.txt").write_text("ours")
+    assert (out / "a.txt").read_text() == "theirs"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_earlier_output_a_killed_writer_left_aside_is_swept(tmp_path):
+    from aspc.atomic import remove_stale_temps
+
+    out = _previous_dir(tmp_path)
+    left = tmp_path / ".out.old-999999999"  # no such process
+    left.mkdir()
+    mine = tmp_path / f".out.old-{os.getpid()}"
+    mine.mkdir()
+    assert remove_stale_temps(out) == [left]
+    assert mine.exists()

@@ -24,7 +24,14 @@ from types import FrameType
 
 from aspc.errors import Interrupted
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGHUP too: a closed terminal or a dropped ssh session ended a command with its temporaries left
+# and a run log still "running", without a word. Under nohup (SIGHUP ignored) it stays ignored.
+SIGNALS = (signal.SIGTERM, signal.SIGINT) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
+
+
+def _ours(s: int) -> bool:
+    """Whether aspc takes signal ``s``: every one of :data:`SIGNALS`, but an ignored SIGHUP (nohup)."""
+    return not (s == getattr(signal, "SIGHUP", None) and signal.getsignal(s) is signal.SIG_IGN)
 
 _lock = threading.Lock()
 _depth = 0  # open deferred() blocks, any thread
@@ -85,7 +92,7 @@ def handlers(restore: bool = True) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.signal(s, _handler) for s in SIGNALS}
+    previous = {s: signal.signal(s, _handler) for s in SIGNALS if _ours(s)}
     _written.clear()
     try:
         yield
@@ -158,7 +165,8 @@ def exit_on_signal(code: int) -> None:
         return
     _exit_code = code
     for s in SIGNALS:
-        signal.signal(s, _exit_now)
+        if _ours(s):
+            signal.signal(s, _exit_now)
 
 
 _exit_code: int | None = None
@@ -202,6 +210,7 @@ def exit_at_teardown() -> None:
     def _hold() -> None:
         if _exit_code is not None and threading.current_thread() is threading.main_thread():
             for s in SIGNALS:
-                signal.signal(s, signal.SIG_IGN)
+                if _ours(s):
+                    signal.signal(s, signal.SIG_IGN)
 
     atexit.register(_hold)

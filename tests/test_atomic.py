@@ -263,3 +263,22 @@ def test_an_earlier_output_a_killed_writer_left_aside_is_swept(tmp_path):
     mine.mkdir()
     assert remove_stale_temps(out) == [left]
     assert mine.exists()
+
+
+def test_sighup_is_an_interrupt_unless_nohup_ignores_it(tmp_path):
+    # A closed terminal ended a command silently, its temporaries left and a run log still 'running'.
+    from aspc import interrupt
+    from aspc.errors import Interrupted
+
+    with interrupt.handlers(), pytest.raises(Interrupted) as info:
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(1)
+    assert info.value.signum == signal.SIGHUP and info.value.exit_code == 129
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
+    try:
+        with interrupt.handlers():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)  # ignored: the command goes on
+            time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGHUP, previous)

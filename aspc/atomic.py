@@ -26,7 +26,7 @@ from aspc.errors import OutputError
 from aspc.guards import check_replaceable
 from aspc.interrupt import deferred, note_written
 
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 _DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
@@ -123,6 +123,9 @@ def _translate(exc: OSError, target: Path, ours: bool, tmp: Path | None) -> Outp
     fsync, rename), not from the caller's code inside the block, whose
     permission errors may concern an input and are left alone.
     """
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:  # not a full disk: "free space" would not help
+        return OutputError(f"{target} would pass this process's file-size limit (ulimit -f); raise the limit or "
+                           "write a smaller output")  # fmt: skip
     if _is_full(exc):
         return OutputError(
             f"no space left on the device holding {target}; free space or write elsewhere"

@@ -282,3 +282,19 @@ def test_sighup_is_an_interrupt_unless_nohup_ignores_it(tmp_path):
             time.sleep(0.1)
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_file_size_limit_is_not_called_a_full_disk(tmp_path):
+    # ulimit -f gave "no space left on the device ...; free space", with gigabytes free.
+    import resource
+
+    src = write_jsonl(tmp_path / "x.jsonl", lognormal_records(2000))
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20 * 1024, resource.RLIM_INFINITY))
+
+    out = tmp_path / "p.parquet"
+    r = subprocess.run([sys.executable, "-m", "aspc.cli", "compile", str(src), "--length-field", "lengths", "-o",
+                        str(out), "-q"], capture_output=True, text=True, preexec_fn=limit, timeout=300)  # fmt: skip
+    assert r.returncode == 2 and "file-size limit (ulimit -f)" in r.stderr and "no space" not in r.stderr, r.stderr
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["x.jsonl"]

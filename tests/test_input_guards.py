@@ -315,3 +315,19 @@ def test_edited_target_names_of_a_multi_target_predictor_are_refused_or_kept_in_
         assert r.exit_code == 0, r.output
     else:
         assert "are not names of the weights' 2 target heads" in _one_line_error(r)
+
+
+def test_an_earlier_output_directory_holding_other_files_is_not_replaced(tmp_path, small, plan):
+    # report -o and predict train -o replace the directory whole: run logs or notes copied into an
+    # earlier report or predictor were deleted silently.
+    rep, pred = tmp_path / "rep", tmp_path / "pred"
+    assert _run("report", plan, "-o", rep, "-q").exit_code == 0
+    assert _run("predict", "train", small, "--length-field", "lengths", "-o", pred, "-q").exit_code == 0
+    assert _run("report", plan, "-o", rep, "-q").exit_code == 0  # its own files only: replaced
+    assert _run("predict", "train", small, "--length-field", "lengths", "-o", pred, "-q").exit_code == 0
+    (rep / "notes.txt").write_text("mine")
+    (pred / "sub").mkdir()
+    assert "holds 'notes.txt', which is no part of an aspc report" in _one_line_error(_run("report", plan, "-o", rep))
+    r = _run("predict", "train", small, "--length-field", "lengths", "-o", pred)
+    assert "holds 'sub', which no aspc predictor writes" in _one_line_error(r)
+    assert (rep / "notes.txt").read_text() == "mine" and (pred / "sub").is_dir()

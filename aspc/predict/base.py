@@ -25,6 +25,10 @@ FORMAT_VERSION = 2
 """Version of the predictor directory layout; bump on any incompatible change."""
 
 METADATA_FILE = "metadata.json"
+# Every top-level name a predictor kind saves (lexical, static, transformer): what replacing one may delete.
+PREDICTOR_ENTRIES = frozenset(
+    {METADATA_FILE, "weights.npz", "table.npy", "head.npz", "tokenizer.json", "prior", "model.safetensors", "encoder"}
+)
 
 MIN_PAIRS = 50
 """Fewest (prompt, lengths) pairs a predictor may be trained on: below this a
@@ -196,6 +200,11 @@ def check_output_dir(directory: str | Path, option: str = "-o") -> None:
             f"{option} {directory}: directory exists and is not an aspc predictor; pick a new or empty directory "
             "(an earlier predictor there would be replaced, anything else is never deleted)"
         )
+    # A predictor's directory with a user's files added to it: replaced whole, they went with it.
+    extra = sorted(p.name for p in directory.iterdir() if p.name not in PREDICTOR_ENTRIES)
+    if extra:
+        raise PredictorError(f"{option} {directory}: holds {extra[0]!r}, which no aspc predictor writes and saving "
+                             "would delete; move it out, or pick a new directory")  # fmt: skip
 
 
 def read_metadata(directory: str | Path, kind: str | None = None) -> dict[str, Any]:

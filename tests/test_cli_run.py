@@ -258,3 +258,20 @@ def test_a_simulation_past_the_available_memory_is_refused_in_one_line(dataset, 
     r = CliRunner().invoke(main, ["simulate", str(dataset), "--length-field", "lengths", "-n", "2", "-q",
                                   "--strategies", "asp"])  # fmt: skip
     assert r.exit_code == 0, r.output
+
+
+def test_a_plan_copy_that_cannot_be_written_after_the_run_says_the_run_is_complete(plan, tmp_path, monkeypatch):
+    # The log was already marked complete; "free space or write elsewhere" did not say --resume keeps it.
+    import aspc.predict.pairs as pairs
+    from aspc.errors import OutputError
+
+    def full(plan_path, log_dir):
+        raise OutputError(f"no space left on the device holding {log_dir}/plan.parquet; free space or write elsewhere")
+
+    monkeypatch.setattr(pairs, "keep_plan_in_log", full)
+    run_dir = tmp_path / "RUN"
+    r = CliRunner().invoke(main, ["run", str(plan), "--log", str(run_dir), "-q"])
+    assert r.exit_code == 2 and "the run itself is complete" in r.output and "write elsewhere" not in r.output
+    monkeypatch.undo()
+    r = CliRunner().invoke(main, ["run", str(plan), "--log", str(run_dir), "-q", "--resume"])
+    assert r.exit_code == 0 and (run_dir / "plan.parquet").is_file()

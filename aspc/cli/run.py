@@ -25,7 +25,7 @@ from aspc.cli.paths import PathArg
 from aspc.cli.preload import runtime_loading
 from aspc.cli.run_epochs import check_epoch_options, epoch_options
 from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
-from aspc.errors import Interrupted
+from aspc.errors import Interrupted, OutputError, finding
 
 _FMT = {
     "mean_iteration_time": "{:.3f} s",
@@ -406,7 +406,11 @@ def run_cmd(
     if log_dir is not None:  # the plan's prompt texts let 'aspc predict train RUN' learn from the run
         from aspc.predict.pairs import keep_plan_in_log
 
-        keep_plan_in_log(plan_path, log_dir)
+        try:
+            keep_plan_in_log(plan_path, log_dir)
+        except OutputError as exc:  # the log is complete already: its summary stands, the copy can follow
+            raise CliError(f"{finding(exc)}; the run itself is complete: fix that, then rerun it with --resume to "
+                           "keep the plan in the log (what 'aspc predict train RUN' reads)") from None  # fmt: skip
     for msg in result.notes:
         note(msg, quiet)
     if actual_lengths is not None:

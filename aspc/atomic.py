@@ -49,10 +49,25 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _stem(target: Path) -> str:
+    """``target``'s name as its temporaries carry it: shortened (with a hash) where it is long.
+
+    A temporary adds about 30 bytes to the name, so an output named near the
+    file system's 255-byte limit failed with the temporary's name.
+    """
+    name = target.name
+    if len(name.encode()) <= 200:
+        return name
+    import hashlib
+
+    head = name.encode()[:180].decode(errors="ignore")
+    return f"{head}~{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+
+
 def _tmp_prefix(target: Path) -> str:
     # The writer's pid is in the name so a later write can tell a temporary
     # left by a killed process (SIGKILL runs no cleanup) from a live one.
-    return f".{target.name}.{os.getpid()}."
+    return f".{_stem(target)}.{os.getpid()}."
 
 
 def _pid_alive(pid: int) -> bool:
@@ -76,7 +91,7 @@ def remove_stale_temps(target: str | os.PathLike) -> list[Path]:
     """
     target = Path(target)
     # A temporary (.NAME.PID.X.tmp), or an earlier output a replaced directory left aside (.NAME.old-PID).
-    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(?:(\d+)\.[A-Za-z0-9_]+\.tmp|old-(\d+))$")
+    pattern = re.compile(rf"^\.{re.escape(_stem(target))}\.(?:(\d+)\.[A-Za-z0-9_]+\.tmp|old-(\d+))$")
     removed = []
     try:
         siblings = list(target.parent.iterdir())
@@ -245,7 +260,7 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
         # Held signals: one between the two renames left the earlier output moved aside for good.
         with deferred():
             if target.exists():
-                old = target.parent / f".{target.name}.old-{os.getpid()}"
+                old = target.parent / f".{_stem(target)}.old-{os.getpid()}"
                 os.replace(target, old)
             try:
                 os.replace(tmp, target)

@@ -298,3 +298,24 @@ def test_a_file_size_limit_is_not_called_a_full_disk(tmp_path):
                         str(out), "-q"], capture_output=True, text=True, preexec_fn=limit, timeout=300)  # fmt: skip
     assert r.returncode == 2 and "file-size limit (ulimit -f)" in r.stderr and "no space" not in r.stderr, r.stderr
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["x.jsonl"]
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
+def test_an_output_named_near_the_limit_is_written(tmp_path, kind):
+    # The temporary added ~30 bytes to the name: "File name too long", naming aspc's temporary.
+    from aspc.atomic import remove_stale_temps
+
+    out = tmp_path / ("é" * 120 + "b" * 10)  # 250 bytes: a valid name
+    if kind == "file":
+        atomic_write_bytes(out, b"x")
+    else:
+        with atomic_dir(out) as d:
+            (d / "a").write_text("x")
+        with atomic_dir(out) as d:  # replaced: the earlier one moved aside under a short name too
+            (d / "a").write_text("y")
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]
+    from aspc.atomic import _stem
+
+    left = tmp_path / f".{_stem(out)}.999999999.abc.tmp"  # a dead writer's temporary of this output
+    left.write_text("")
+    assert len(left.name.encode()) <= 255 and remove_stale_temps(out) == [left]

@@ -229,3 +229,15 @@ def test_history_options_that_would_be_ignored_or_double_counted_are_refused(tmp
     r = _run(["compile", data, "--history", tmp_path / "RUN", "--history", str(tmp_path / "RUN") + "/", "-o", out])
     assert r.exit_code == 2 and "is given twice" in r.output and not out.exists()
     assert _run(["compile", data, "--history", tmp_path / "RUN", "-o", out]).exit_code == 0
+
+
+def test_a_plan_given_as_observed_lengths_is_named_as_a_plan(tmp_path):
+    # "--history epoch-1.parquet": "line 1: missing id field 'id'" said nothing of passing a plan.
+    recs = [{"id": f"p{i}", "prompt": f"q {i}", "lengths": [3 + i % 7]} for i in range(40)]
+    data = write_jsonl(tmp_path / "d.jsonl", recs)
+    plan = tmp_path / "p.parquet"
+    assert _run(["compile", data, "--length-field", "lengths", "-o", plan]).exit_code == 0
+    for args in (["compile", data, "--history", plan, "-o", tmp_path / "o.parquet"],
+                 ["run", plan, "--actual-lengths", plan]):  # fmt: skip
+        r = _run(args)
+        assert r.exit_code == 2 and "p.parquet: an aspc plan, which holds predicted lengths" in r.output, r.output

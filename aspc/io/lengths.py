@@ -81,6 +81,21 @@ def _read_run_log(path: Path) -> dict[str, np.ndarray]:
     return {str(ids[s]): lens[s:e].copy() for s, e in zip(starts, ends, strict=True)}
 
 
+def _refuse_plan(path: Path) -> None:
+    """An aspc plan holds predictions, not observed lengths ("line 1: missing id field 'id'" said nothing of it)."""
+    if path.suffix.lower() != ".parquet" or not path.is_file():
+        return
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except Exception:  # noqa: BLE001 - not readable as Parquet: the reader below says why
+        return
+    if b"aspc.schema_version" in meta:
+        raise InputError(f"{path.name}: an aspc plan, which holds predicted lengths, not observed ones; pass a run "
+                         "log directory (aspc run --log) or a dataset of observed lengths")  # fmt: skip
+
+
 def read_lengths(
     path: str | os.PathLike, *, id_field: str = "id", length_field: str = "length", option: str = "--length-field",
     own_id_field: bool = True,
@@ -97,6 +112,7 @@ def read_lengths(
     path = Path(path)
     if path.is_dir():
         return _read_run_log(path)
+    _refuse_plan(path)
     from_text = detect_format(path) == "csv"
     out: dict[str, list[np.ndarray]] = {}
     for _row, line, rec in iter_numbered_records(path):

@@ -422,3 +422,47 @@ def test_resume_refuses_other_sampling_options_and_model(tmp_path, model_dir):
     assert r.exit_code == 2 and "--model ('tiny-llama' in the log, 'other-model' now)" in r.output, r.output
     r = CliRunner().invoke(main, [*args, "--resume"])
     assert r.exit_code == 0 and "already complete" in r.output, r.output
+
+
+def test_the_context_limit_follows_rope_scaling_as_vllm_derives_it():
+    from types import SimpleNamespace as C
+
+    from aspc.runtime.backends.hf import _max_positions
+
+    assert _max_positions(C(max_position_embeddings=1024)) == 1024
+    assert _max_positions(C(n_positions=1024)) == 1024  # GPT-2's name
+    assert _max_positions(C()) is None
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    assert _max_positions(C(max_position_embeddings=32768, rope_scaling=yarn)) == 131072
+    assert _max_positions(C(max_position_embeddings=4096, rope_scaling={"type": "linear", "factor": 2.0})) == 8192
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192}
+    assert _max_positions(C(max_position_embeddings=131072, rope_scaling=llama3)) == 131072
+    assert _max_positions(C(max_position_embeddings=2048, rope_parameters={"rope_type": "default"})) == 2048
+
+
+def test_a_replay_without_a_cap_is_checked_before_the_log_starts(tmp_path, model_dir):
+    # Without --max-new-tokens the cap is the longest replayed length: the plan check was skipped and
+    # the run failed mid-way, its log marked failed.
+    records = [{"id": f"q{i}", "prompt": "x" * (950 if i == 3 else 8), "lengths": [200 if i == 3 else 5]}
+               for i in range(8)]  # fmt: skip
+    data = write_jsonl(tmp_path / "IN.jsonl", records)
+    plan = tmp_path / "plan.parquet"
+    r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "--batch-size", "2", "-o",
+                                  str(plan), "--quiet"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["run", str(plan), "--backend", "hf", "--model", str(model_dir), "--replay-lengths",
+                                  "--actual-lengths", str(data), "--length-field", "lengths", "--workers", "2",
+                                  "--log", str(tmp_path / "RUN"), "-q"])  # fmt: skip
+    assert r.exit_code == 2 and "prompt 'q3' is 95" in r.output, r.output
+    assert not (tmp_path / "RUN" / "meta.json").exists()
+
+
+def test_resume_knows_the_model_by_its_directory_however_spelled(tmp_path, model_dir, monkeypatch):
+    data, plan, _ = _contract_files(tmp_path, n=4)
+    run_dir = tmp_path / "RUN"
+    args = _contract_args(plan, model_dir, data, run_dir)
+    assert CliRunner().invoke(main, args).exit_code == 0
+    monkeypatch.chdir(model_dir)
+    dotted = ["." if a == str(model_dir) else a for a in args]
+    r = CliRunner().invoke(main, [*dotted, "--resume"])
+    assert r.exit_code == 0 and "already complete" in r.output, r.output

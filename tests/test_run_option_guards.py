@@ -218,6 +218,22 @@ def test_signal_after_epoch_one_plan_says_resume_not_nothing_written(tmp_path, s
     assert _run(*args, "--resume").exit_code == 0
 
 
+def test_signal_between_epochs_with_a_trainer_that_cannot_restore_says_start_over(tmp_path, small, plan):
+    # Between epochs the newest epoch's log is complete: the refusal was skipped and --resume offered,
+    # which restores the completed epoch's steps and was refused.
+    from aspc.cli.run import _interrupted_message
+    from aspc.errors import Interrupted
+
+    log = tmp_path / "E"
+    args = ("run", plan, "--epochs", "2", "--actual-lengths", small, "--length-field", "lengths", "--log", log, "-q")
+    assert _run(*args).exit_code == 0
+    shutil.rmtree(log / "epoch-2")  # the state a signal leaves after epoch 1 finished
+    msg = _interrupted_message(Interrupted(2), log, 2, refusal="this trainer keeps no checkpoints")
+    assert "trainer steps, but this trainer keeps no checkpoints, so it cannot go on" in msg, msg
+    assert msg.endswith("--overwrite") and "--resume" not in msg
+    assert "continue it with --resume" in _interrupted_message(Interrupted(2), log, 2)  # a trainer that can
+
+
 def test_resume_with_fewer_epochs_than_logged_is_refused(tmp_path, plan):
     log = tmp_path / "E"
     assert _run("run", plan, "--epochs", "3", "--log", log, "-q").exit_code == 0

@@ -139,7 +139,7 @@ def _interrupted_message(
             return f"interrupted by {name} after the run completed; run log {log_dir} is complete"
         return (f"interrupted by {name} before the run began; run log {log_dir} still holds the earlier, complete "
                 f"run: rerun with --overwrite to replace it: {fresh}")  # fmt: skip
-    if refusal is not None and status != "complete":
+    if refusal is not None:  # a complete epoch's steps too: an epochs resume restores them (not so a scout's)
         later_epoch = meta_file.parent.name.startswith("epoch-") and meta_file.parent.name != "epoch-1"
         steps = None if later_epoch else _logged_steps(meta_file)
         if steps != 0:

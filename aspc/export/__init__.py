@@ -40,7 +40,7 @@ from aspc.atomic import atomic_path
 from aspc.choices import EXPORT_FORMATS
 from aspc.emit import Plan, read_plan
 from aspc.emit import schema as S
-from aspc.emit.check import refuse_rolling_scout_plan, verify_integrity
+from aspc.emit.check import verify_integrity
 from aspc.errors import ConfigError, InputError, PlanError
 from aspc.export.overrides import override_args, verl_settings
 from aspc.export.source import check_rows, locate_source, source_records, source_table
@@ -179,7 +179,6 @@ def export_plan(
     plan_path, out_path = Path(plan_path), Path(out_path)
     plan = read_plan(plan_path)
     verify_integrity(plan, plan_path.name)  # a plan 'aspc check' refuses (rows edited by hand) is not exported
-    refuse_rolling_scout_plan(plan, plan_path.name)
     if plan.config.get("scout_roll") or any(str(p).endswith(S.SCOUT_ID_SUFFIX) for p in plan.column(S.PROMPT_ID)):
         raise PlanError(f"{plan_path.name}: a rolling scout's plan (aspc run --scout-roll) is planned again inside "
                         "the run as its scouts return, so no static order stands for it; export the plan it "

@@ -113,8 +113,9 @@ class ModelBackend(GenerationBackend):
             self.start_worker(w)
         if self.serve_workers is None and n_workers:  # under Ray the driver holds no model: requests check
             cap = self.options.max_new_tokens
-            if cap is not None or self._replay is None:
-                self.check_prompts(0, work, int(cap) if cap is not None else DEFAULT_MAX_NEW_TOKENS)
+            if cap is None:  # as request() caps: the longest replayed length and its EOS, else the default
+                cap = DEFAULT_MAX_NEW_TOKENS if self._replay is None else int(self._replay.max(initial=0)) + 1
+            self.check_prompts(0, work, int(cap))
         if self.on_setup is not None:
             self.on_setup(n_workers)
 

@@ -57,12 +57,28 @@ class _WorkerState:
 
 
 def _max_positions(config: Any) -> int | None:
-    """The longest prompt + response ``config`` declares, or ``None`` where it names none."""
+    """The longest prompt + response ``config`` declares, or ``None`` where it names none.
+
+    RoPE scaling extends it as vLLM derives ``max_model_len``: YaRN's
+    original length times its factor, linear or dynamic scaling the declared
+    length times the factor; Llama 3 and LongRoPE configs declare the
+    extended length already.
+    """
+    value = None
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+        v = getattr(config, name, None)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            value = v
+            break
+    rope = getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None)
+    if value is None or not isinstance(rope, dict):
+        return value
+    kind, factor = rope.get("rope_type") or rope.get("type"), rope.get("factor")
+    if kind in (None, "default", "llama3", "longrope", "su") or not isinstance(factor, (int, float)) or factor <= 1:
+        return value
+    original = rope.get("original_max_position_embeddings") if kind == "yarn" else None
+    base = original if isinstance(original, int) and original > 0 else value
+    return max(value, int(base * factor))
 
 
 def check_prompt_tokens(prompt_id: str, ids: list[int], max_new_tokens: int, state: _WorkerState) -> None:

@@ -48,9 +48,10 @@ def render_prompt(prompt: str, tokenizer: Any) -> tuple[str, bool]:
 def check_prompt_fits(prompt_id: str, n_tokens: int, max_new_tokens: int, limit: int | None, limit_name: str) -> None:
     """Refuse a prompt whose tokens plus ``max_new_tokens`` pass the context ``limit`` (``None``: no limit).
 
-    Past it, generation fails (learned positions: an IndexError) or is cut
-    short, so a replayed length could not be reached; verl asks the same of
-    its rollout's ``max_model_len``. An :class:`InputError`: the run stops
+    Past it, generation fails (learned positions: an IndexError), is cut
+    short (vLLM), or runs on positions a RoPE model was not trained on
+    (transformers only warns); verl asks the same of its rollout's
+    ``max_model_len``. An :class:`InputError`: the run stops
     at once rather than retrying the minibatch on another worker.
     """
     if limit is None or n_tokens + max_new_tokens <= limit:

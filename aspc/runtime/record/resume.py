@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ def sampling_record(backend: Any) -> dict[str, Any] | None:
     if opts is None or not hasattr(opts, "temperature") or not getattr(opts, "model", None):
         return None
     record = {k: getattr(opts, k) for k in _SAMPLING}
-    record["model"] = Path(str(opts.model)).name
+    record["model"] = Path(os.path.realpath(str(opts.model))).name  # "--model ." is the directory's own name
     return record
 
 

@@ -84,12 +84,19 @@ def save_checkpoint(directory: Path, fingerprint: str, version: int, state: dict
         with atomic_path(target) as tmp:
             torch.save(state, tmp)
     except (OSError, RuntimeError) as exc:  # a full disk surfaced as torch's "[enforce fail at inline_container.cc]"
+        import errno
         import shutil
 
-        free = shutil.disk_usage(directory).free
+        try:
+            free: int | None = shutil.disk_usage(directory).free
+        except OSError:
+            free = None
+        full = getattr(exc, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "inline_container" in str(exc) \
+            or (free is not None and free < 2**26)  # fmt: skip
+        room = "" if free is None else f"; {free / 2**20:.0f} MiB free there"
+        fix = "free space there (its checkpoints are what --resume restores)" if full else "fix that"
         raise RunError(f"checkpoint_dir {directory}: cannot write the checkpoint of version {version} "
-                       f"({short_reason(exc, limit=120)}; {free / 2**20:.0f} MiB free there): free space there (its "
-                       "checkpoints are what --resume restores), then rerun with --resume") from None  # fmt: skip
+                       f"({short_reason(exc, limit=120)}{room}): {fix}, then rerun with --resume") from None  # fmt: skip
     if target in written:
         written.remove(target)
     written.append(target)

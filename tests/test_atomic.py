@@ -294,8 +294,10 @@ def test_a_file_size_limit_is_not_called_a_full_disk(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (20 * 1024, resource.RLIM_INFINITY))
 
     out = tmp_path / "p.parquet"
+    # Without the JIT: on a clean clone Numba's first compile writes its cache under the same limit.
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
     r = subprocess.run([sys.executable, "-m", "aspc.cli", "compile", str(src), "--length-field", "lengths", "-o",
-                        str(out), "-q"], capture_output=True, text=True, preexec_fn=limit, timeout=300)  # fmt: skip
+                        str(out), "-q"], capture_output=True, text=True, preexec_fn=limit, timeout=300, env=env)  # fmt: skip
     assert r.returncode == 2 and "file-size limit (ulimit -f)" in r.stderr and "no space" not in r.stderr, r.stderr
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["x.jsonl"]
 

@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from aspc.devices import pick_device
-from aspc.emit import schema as S
 from aspc.errors import BackendError, ConfigError
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
 from aspc.runtime.backends.models import load_causal_lm, load_tokenizer, require_transformers
@@ -175,8 +174,7 @@ class HFBackend(ModelBackend):
 
     def check_prompts(self, worker: int, work: Any, max_new_tokens: int) -> None:
         st = self._worker(worker)
-        ids = [S.prompt_of(str(p)) for p in work.prompt_ids]
-        tokens = plan_prompt_tokens(ids, work.table.column(S.PROMPT).to_pylist(), st.tokenizer)
+        tokens = plan_prompt_tokens(work, st.tokenizer)
         for pid, row in tokens.items():
             if row and max(row) >= st.n_embeddings:
                 check_prompt_tokens(pid, row, 0, st)  # raises: the tokenizer does not match the model

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from aspc.emit import schema as S
 from aspc.errors import InputError
 
 
@@ -64,10 +65,14 @@ def check_prompt_fits(prompt_id: str, n_tokens: int, max_new_tokens: int, limit:
     )
 
 
-def plan_prompt_tokens(prompt_ids: list[str], prompts: list[str], tokenizer: Any) -> dict[str, list[int]]:
-    """Each distinct prompt's token ids as a backend feeds them to its model (a rolling scout repeats prompts)."""
+def plan_prompt_tokens(work: Any, tokenizer: Any) -> dict[str, list[int]]:
+    """Each distinct prompt of plan ``work`` as token ids, as a backend feeds it to its model.
+
+    A rolling scout's rows repeat their prompt (:func:`aspc.emit.schema.prompt_of`): tokenized once.
+    """
     out: dict[str, list[int]] = {}
-    for pid, prompt in zip(prompt_ids, prompts, strict=True):
+    for pid, prompt in zip(work.prompt_ids, work.table.column(S.PROMPT).to_pylist(), strict=True):
+        pid = S.prompt_of(str(pid))
         if pid not in out:
             text, templated = render_prompt(prompt, tokenizer)
             out[pid] = tokenizer(text, add_special_tokens=not templated)["input_ids"]

@@ -61,7 +61,6 @@ from typing import Any
 
 import numpy as np
 
-from aspc.emit import schema as S
 from aspc.errors import BackendError
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
 from aspc.runtime.backends.prompts import check_plan_fits, check_prompt_fits, plan_prompt_tokens, render_prompt
@@ -259,8 +258,7 @@ class VLLMBackend(ModelBackend):
 
     def check_prompts(self, worker: int, work: Any, max_new_tokens: int) -> None:
         llm = self._engine(worker)
-        ids = [S.prompt_of(str(p)) for p in work.prompt_ids]
-        tokens = plan_prompt_tokens(ids, work.table.column(S.PROMPT).to_pylist(), llm.get_tokenizer())
+        tokens = plan_prompt_tokens(work, llm.get_tokenizer())
         check_plan_fits(tokens, max_new_tokens, max_model_len(llm), "the engine's max_model_len")
 
     def _engine(self, worker: int) -> Any:

@@ -19,12 +19,15 @@ from aspc.compiler import CompileConfig, compile_plan
 from aspc.emit import read_plan
 from aspc.emit import schema as S
 from aspc.emit.check import check_plan
+from aspc.errors import RunError
 from aspc.epochs import epoch_lengths, run_epochs
 from aspc.io.prompts import PromptTable
 from aspc.predict.base import LengthPrediction
 from aspc.replan import OnlineReplanner
 from aspc.runtime import RunConfig, run
+from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.core.revise import revise_work
+from aspc.runtime.trainers.sim import SimTrainer
 from aspc.runtime.work import work_from_table
 from aspc.testing.plans import plan_table
 
@@ -91,6 +94,47 @@ def test_replanned_run_logs_revisions_and_generates_every_sample_once(tmp_path):
         revised = read_plan(tmp_path / "run" / "plans" / f"revision-{r}.parquet")
         assert check_plan(revised).ok
     assert not any("--replan" in n for n in res.notes)
+
+
+class _Windows(OnlineReplanner):
+    """An online replanner that records the trainer step of every window it is asked at."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.asked: list[int] = []
+
+    def revise(self, view):
+        self.asked.append(view.step)
+        return super().revise(view)
+
+
+class _StopAt(SimTrainer):
+    def __init__(self, at: int):
+        super().__init__(SimCostModel())
+        self.at = at
+
+    def step(self, batch):
+        if batch.step == self.at:
+            raise RuntimeError("trainer lost")
+        return super().step(batch)
+
+
+def test_a_resumed_replanned_run_keeps_the_windows_of_an_uninterrupted_one(tmp_path):
+    # Windows fall every 4 trainer steps counted from the start of the run, not from where a
+    # resume picked it up: a log stopped after 6 steps resumes with windows at 8, 12, ..., not 10, 14, ...
+    table, lens, flat = _data(480, 0)
+    cfg = CompileConfig(samples_per_prompt=4, batch_size=8, workers=4)
+    plan = compile_plan(table, flat, cfg)
+    rc = RunConfig(workers=4, global_batch=32, log_flush_seconds=0.0)
+    log = tmp_path / "run"
+    first = _Windows(plan.table, cfg, every_steps=4, log_dir=log)
+    with pytest.raises(RunError, match="trainer lost"):
+        run(plan, config=rc, actual_lengths=lens, replanner=first, log_dir=log, trainer=_StopAt(6))
+    assert first.asked == [4]
+    again = _Windows(plan.table, cfg, every_steps=4, log_dir=log)
+    res = run(plan, config=rc, actual_lengths=lens, replanner=again, log_dir=log, resume=True)
+    assert res.summary.samples_generated == res.summary.samples_planned
+    assert again.asked and all(step % 4 == 0 for step in again.asked), again.asked
 
 
 def test_a_run_too_short_to_revise_says_why(tmp_path):

@@ -53,6 +53,18 @@ class RunObserver(Protocol):
     def finish(self, leftover: np.ndarray) -> None: ...
 
 
+def _next_window(steps_done: int, replanner: Replanner | None) -> int | None:
+    """The trainer step of the next window: the next multiple of ``every_steps`` past ``steps_done``.
+
+    A fixed grid, not ``every_steps`` after the last window, so that a resumed
+    run, which knows only the steps its log holds, keeps the windows an
+    uninterrupted run has.
+    """
+    if replanner is None or not replanner.every_steps:
+        return None
+    return (steps_done // replanner.every_steps + 1) * replanner.every_steps
+
+
 def drive(
     work: WorkPlan,
     scheduler: Scheduler,
@@ -101,7 +113,7 @@ def drive(
     # Advancing a rich bar per minibatch would cost more than simulating it.
     tick = max(1, m_total // 200)
     pending_ticks = 0
-    next_window = steps_done + replanner.every_steps if replanner is not None and replanner.every_steps else None
+    next_window = _next_window(steps_done, replanner)
     one_call = replanner is None and steps_done == 0 and getattr(observer, "takes_whole_run", False)
     timeline = engine.run_all(work, scheduler) if one_call else None
     if timeline is not None:
@@ -155,8 +167,7 @@ def drive(
         if replanner is not None:
             due = next_window is not None and steps_done >= next_window
             if due:
-                assert replanner.every_steps is not None
-                next_window = steps_done + replanner.every_steps
+                next_window = _next_window(steps_done, replanner)
             # wants_revision first: it is cheap, first_undispatched walks the dispatch order.
             first = scheduler.first_undispatched if due or replanner.wants_revision(work, batches.observed) else None
             if first is not None:

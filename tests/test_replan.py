@@ -19,8 +19,8 @@ from aspc.compiler import CompileConfig, compile_plan
 from aspc.emit import read_plan
 from aspc.emit import schema as S
 from aspc.emit.check import check_plan
-from aspc.errors import RunError
 from aspc.epochs import epoch_lengths, run_epochs
+from aspc.errors import RunError
 from aspc.io.prompts import PromptTable
 from aspc.predict.base import LengthPrediction
 from aspc.replan import OnlineReplanner

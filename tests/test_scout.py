@@ -379,11 +379,17 @@ def test_carried_responses_cost_no_decode_steps():
         carry(full, every[:-1])
 
 
-def test_carried_responses_are_consumed_with_version_zero():
+def test_carried_responses_are_consumed_with_version_zero(tmp_path):
     plan, lens, order, kept = _carry_setup()
     rc = RunConfig(workers=4, global_batch=40, seed=0, reload_time=0.0)
     actual = {p: lens[p] for p in order}
-    res = run(plan, config=rc, actual_lengths=actual, carried=kept)
+    res = run(plan, config=rc, actual_lengths=actual, carried=kept, log_dir=tmp_path / "RUN")
+    # The log's summary counts them too, and a complete log read back says the same.
+    assert json.loads((tmp_path / "RUN" / "meta.json").read_text())["summary"]["samples_carried"] == np.count_nonzero(
+        kept >= 0
+    )
+    again = run(plan, config=rc, actual_lengths=actual, carried=kept, log_dir=tmp_path / "RUN", resume=True)
+    assert again.summary.extra["samples_carried"] == res.summary.extra["samples_carried"]
     base = run(plan, config=rc, actual_lengths=actual)
     from aspc.runtime.work import work_from_table
 

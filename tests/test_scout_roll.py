@@ -321,6 +321,12 @@ def test_a_failed_rolling_run_resumes_with_its_holds(tmp_path, mode, at):
     roll = make(log)
     res = run(roll.initial, config=rc, actual_lengths=lens, replanner=roll, log_dir=log, resume=True)
     assert res.summary.n_trainer_steps == 4 * 90 // 8
+    held = json.loads((log / "meta.json").read_text())["summary"]["samples_held"]
+    assert held == res.summary.extra["samples_held"] and held["kept"] > 0
+    again = make(log)  # the complete log read back says what the run said
+    assert run(again.initial, config=rc, actual_lengths=lens, replanner=again, log_dir=log, resume=True).summary.extra[
+        "samples_held"
+    ] == held
     w = roll.work
     rows = ds.dataset(str(log / "samples")).to_table().to_pydict()
     row_of = {p: r for r, p in enumerate(w.prompt_ids.tolist())}

@@ -34,7 +34,7 @@ from aspc.runtime.core.batches import BatchBuilder
 from aspc.runtime.core.loop import drive
 from aspc.runtime.core.revise import revise_work
 from aspc.runtime.core.scheduler import Scheduler
-from aspc.runtime.hold import attach_holds, cut_scouts, held_record, held_summary
+from aspc.runtime.hold import attach_holds, cut_scouts, held_record, work_extras
 from aspc.runtime.lengths import SampleLengths, join_actual_lengths, lengths_info, sample_predicted_lengths
 from aspc.runtime.record import resume as resume_log
 from aspc.runtime.record.metrics import RunSummary, summarize
@@ -235,10 +235,6 @@ def run(
             lengths_info=lengths_info(actual_lengths, lengths, lengths_name, lengths_source),
             replanner=replanner, closes=closes, start_weights=start_weights,
         )
-        if work.carried is not None:  # those not generated afresh at dispatch (carry_through)
-            result.summary.extra["samples_carried"] = int(np.count_nonzero(work.carried))
-        if work.holds is not None:
-            result.summary.extra["samples_held"] = held_summary(work)
         return result
     finally:
         if writer is not None:
@@ -306,6 +302,8 @@ def _run_locked(
                 summary.samples_planned = work.n_total_samples
             if lengths is not None:  # as the run that completed it reported
                 summary.extra["length_source"] = lengths.source
+            stored = old.get("summary") or {}  # a log written before these were stored: as the work is now
+            summary.extra.update({k: stored.get(k, v) for k, v in work_extras(work).items()})
             return RunResult(
                 summary=summary,
                 columns=columns,
@@ -411,6 +409,7 @@ def _run_locked(
         summary.extra["length_source"] = lengths.source
     if probes is not None:
         summary.extra["speed_probe_s"] = probes
+    summary.extra.update(work_extras(work))
     if recorder.n_faults:
         summary.extra["worker_faults"] = recorder.n_faults
         notes.append(f"{recorder.n_faults} worker faults: their minibatches were generated again")

@@ -181,6 +181,16 @@ def held_summary(work: WorkPlan) -> dict[str, Any] | None:
     return {"kept": kept, ("cut" if work.holds.keeps else "not_kept"): int(np.count_nonzero(work.holds.held)) - kept}
 
 
+def work_extras(work: WorkPlan) -> dict[str, Any]:
+    """What a run's summary says of the samples it did not generate afresh: carried responses, held ones."""
+    out: dict[str, Any] = {}
+    if work.carried is not None:  # those not generated afresh at dispatch (carry_through)
+        out["samples_carried"] = int(np.count_nonzero(work.carried))
+    if work.holds is not None:
+        out["samples_held"] = held_summary(work)
+    return out
+
+
 def held_record(work: WorkPlan) -> dict[str, Any] | None:
     """What a run log records of its held samples: a resume must hold and release the same ones."""
     if work.holds is None:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -300,6 +301,25 @@ def test_a_file_size_limit_is_not_called_a_full_disk(tmp_path):
                         str(out), "-q"], capture_output=True, text=True, preexec_fn=limit, timeout=300, env=env)  # fmt: skip
     assert r.returncode == 2 and "file-size limit (ulimit -f)" in r.stderr and "no space" not in r.stderr, r.stderr
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["x.jsonl"]
+
+
+def test_a_numba_cache_under_a_file_size_limit_is_one_line(tmp_path):
+    # Numba's first compile saves each kernel to its cache: under ulimit -f it raised
+    # "OSError: [Errno 27] File too large" from numba's caching module, as a traceback.
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8 * 1024, resource.RLIM_INFINITY))
+
+    out, cache = tmp_path / "p.parquet", tmp_path / "cache"  # an empty cache: every kernel compiles and is saved
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "NUMBA_DISABLE_JIT": "0"}
+    src = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
+    r = subprocess.run([sys.executable, "-m", "aspc.cli", "compile", str(src), "-o", str(out), "-q"],
+                       capture_output=True, text=True, preexec_fn=limit, timeout=300, env=env)  # fmt: skip
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "Numba could not save a compiled kernel to its cache" in lines[0] and "ulimit -f" in lines[0], r.stderr
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("kind", ["file", "dir"])

@@ -60,6 +60,8 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except MemoryError:
             raise CliError("out of memory; try a smaller input or batch", 2) from None
         except OSError as exc:
+            if _in_numba_cache(exc):
+                raise CliError(_numba_cache_line(exc), 2) from None
             # Errors about the path itself, whatever call met them first.
             fix = _PATH_FIXES.get(exc.errno)
             if fix is None or exc.filename is None:
@@ -67,6 +69,27 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise CliError(f"{exc.filename}: {exc.strerror}; {fix}", 2) from None
 
     return wrapper
+
+
+def _in_numba_cache(exc: OSError) -> bool:
+    """Whether ``exc`` came from Numba saving a compiled kernel to its cache (it names no file)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__") == "numba.core.caching":
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _numba_cache_line(exc: OSError) -> str:
+    import numba
+
+    where = numba.config.CACHE_DIR or "the package's __pycache__ or ~/.cache/numba"
+    if exc.errno == errno.EFBIG:  # the process's limit: another directory would not help
+        fix = "raise the file-size limit (ulimit -f; a cached kernel takes up to a few MB)"
+    else:
+        fix = "free space there, or set NUMBA_CACHE_DIR to a writable directory with room"
+    return f"Numba could not save a compiled kernel to its cache ({where}): {exc.strerror or exc}; {fix}"
 
 
 _PATH_FIXES = {

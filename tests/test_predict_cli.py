@@ -137,6 +137,22 @@ def test_eval_json_keys(files) -> None:
     assert human.exit_code == 0 and "Kendall" in human.stdout
 
 
+def test_eval_on_one_prompt_reports_no_rank_figures(files) -> None:
+    one = files["dir"] / "one.jsonl"
+    one.write_text(files["test"].read_text().splitlines()[0] + "\n")
+    res = run("eval", str(files["pred"]), str(one), "--length-field", "length", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    for got in (out, out["baseline"]):
+        assert got["n"] == 1 and got["kendall_tau"] is None and got["spearman"] is None
+        assert got["bucket_accuracy"] is None and got["mae"] is not None
+    human = run("eval", str(files["pred"]), str(one), "--length-field", "length")
+    assert human.exit_code == 0, human.output
+    tau_row = next(line for line in human.stdout.splitlines() if "Kendall" in line)
+    assert "0.000" not in tau_row and "–" in tau_row
+    assert "need 2 prompts" in human.stderr
+
+
 @pytest.mark.parametrize(
     "args,match",
     [

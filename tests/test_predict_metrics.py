@@ -19,6 +19,7 @@ from aspc.predict.metrics import (
     evaluate,
     kendall_tau,
     marginal_summary,
+    mean_over,
     spearman,
 )
 
@@ -104,6 +105,27 @@ def test_evaluate_keys_and_baseline() -> None:
     means = np.array([a.mean() for a in lengths])
     perfect = evaluate(LengthPrediction(means, means * 0.5, means, means * 2), lengths)
     assert perfect["kendall_tau"] == pytest.approx(1.0) and perfect["mae"] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 9, 10])
+def test_figures_too_few_prompts_cannot_define_are_none(n) -> None:
+    # Kendall τ of one prompt read 0.000 and its 10-bucket accuracy 1.000, as if measured.
+    rng = np.random.default_rng(n)
+    lengths = [rng.lognormal(5, 0.3, size=3) for _ in range(n)]
+    means = np.array([a.mean() for a in lengths])
+    got = evaluate(LengthPrediction(means, means * 0.5, means, means * 2), lengths)
+    assert got["n"] == n
+    assert (got["kendall_tau"] is None) == (got["spearman"] is None) == (n < 2)
+    assert (got["bucket_accuracy"] is None) == (n < 10)
+    assert (got["mae"] is None) == (got["coverage_q10_q90"] is None) == (n == 0)
+    if n >= 2:
+        assert got["kendall_tau"] == pytest.approx(1.0) and got["spearman"] == pytest.approx(1.0)
+    # Averages over several sets skip the ones that leave a figure undefined.
+    full = evaluate(LengthPrediction(means, means * 0.5, means, means * 2), lengths) if n >= 10 else None
+    per = {"a": got, "b": {**got, "kendall_tau": 0.5, "bucket_accuracy": None}}
+    avg = mean_over(per)
+    assert avg["kendall_tau"] == pytest.approx(0.5 if n < 2 else 0.75)
+    assert avg["bucket_accuracy"] == (None if full is None else full["bucket_accuracy"])
 
 
 def test_length_prediction_validates_shapes() -> None:

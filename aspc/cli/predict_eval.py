@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, out_console, quiet_option
+from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, out_console, quiet_option
 from aspc.cli.paths import PathArg
 from aspc.cli.predict_options import (
     check_device,
@@ -111,6 +111,9 @@ def eval_cmd(
         )
         if "per_target" in result:
             out_console.print(per_target_table(result["per_target"], result["mean_over_targets"]))
+    if any(result.get(k) is None for k in ("kendall_tau", "bucket_accuracy")):
+        note(f"n={result['n']}: Kendall τ and Spearman ρ need 2 prompts and the 10-bucket accuracy 10; "
+             "a figure these prompts cannot define is shown as – (null with --json)", quiet)  # fmt: skip
 
 
 def _eval_per_target(pred: Any, pairs: Any) -> dict[str, Any]:
@@ -123,7 +126,7 @@ def _eval_per_target(pred: Any, pairs: Any) -> dict[str, Any]:
 
     from aspc.predict.base import LengthPrediction
     from aspc.predict.lexical import predict_by_target
-    from aspc.predict.metrics import evaluate
+    from aspc.predict.metrics import evaluate, mean_over
 
     if not getattr(pred, "targets", None):
         raise ConfigError("--target-field: this predictor has no per-model heads (it was trained without "
@@ -140,9 +143,8 @@ def _eval_per_target(pred: Any, pairs: Any) -> dict[str, Any]:
             col[idx] = getattr(got, k)
         per[name] = evaluate(got, [pairs.lengths[i] for i in idx])
     result = evaluate(LengthPrediction(cols["mean"], cols["q10"], cols["q50"], cols["q90"]), pairs.lengths)
-    keys = ("kendall_tau", "spearman", "mae", "bucket_accuracy", "coverage_q10_q90")
     result["per_target"] = per
-    result["mean_over_targets"] = {k: float(np.mean([m[k] for m in per.values()])) for k in keys}
+    result["mean_over_targets"] = mean_over(per)
     return result
 
 

@@ -95,10 +95,17 @@ def per_target_table(per: dict[str, dict[str, Any]], mean: dict[str, float]) -> 
     t = Table(title="per target model", header_style="bold")
     for col in ("target", "prompts", "Kendall τ", "MAE (tokens)", "q10–q90 coverage"):
         t.add_column(col, justify="left" if col == "target" else "right")
+    def cells(m: dict[str, Any]) -> list[str]:  # "–": a figure these prompts cannot define
+        return [_num(m["kendall_tau"], "{:.3f}"), _num(m["mae"], "{:.1f}"), _num(m["coverage_q10_q90"], "{:.3f}")]
+
     for name, m in per.items():
-        t.add_row(plain(name), str(m["n"]), f"{m['kendall_tau']:.3f}", f"{m['mae']:.1f}", f"{m['coverage_q10_q90']:.3f}")
-    t.add_row("mean", "", f"{mean['kendall_tau']:.3f}", f"{mean['mae']:.1f}", f"{mean['coverage_q10_q90']:.3f}")
+        t.add_row(plain(name), str(m["n"]), *cells(m))
+    t.add_row("mean", "", *cells(mean))
     return t
+
+
+def _num(v: float | None, fmt: str) -> str:
+    return "–" if v is None else fmt.format(v)
 
 
 def read_pairs(data: Any, **kwargs: Any) -> Any:

@@ -43,7 +43,7 @@ from aspc.predict.base import (
 )
 from aspc.predict.calibration import Calibration
 from aspc.predict.features import FeatureConfig, featurize
-from aspc.predict.metrics import evaluate
+from aspc.predict.metrics import evaluate, mean_over
 
 WEIGHTS_FILE = "weights.npz"
 DEFAULT_KAPPA = 0.5  # history shrinkage when the data cannot estimate it (one length per prompt)
@@ -251,8 +251,7 @@ def validation_metrics(
     for name in names:
         idx = [i for i, t in enumerate(targets) if t == name]
         per[name] = evaluate(by_head[name], [lengths[i] for i in idx])
-    keys = ("kendall_tau", "spearman", "mae", "bucket_accuracy", "coverage_q10_q90")
-    avg = {k: float(np.mean([m[k] for m in per.values()])) for k in keys} if per else {}
+    avg: dict[str, Any] = mean_over(per) if per else {}
     avg["n"] = int(sum(m["n"] for m in per.values()))
     return {**avg, "per_target": per}
 

@@ -13,7 +13,10 @@ benchmarks):
 - ``coverage_q10_q90``: the fraction of observed individual lengths that lie
   inside their prompt's predicted ``[q10, q90]`` (80% when calibrated).
 
-The target of a prompt is the mean of its observed lengths.
+The target of a prompt is the mean of its observed lengths. A figure that the
+data cannot define is ``None`` (JSON ``null``), never a number that looks
+measured: the rank figures on fewer than 2 prompts, the bucket accuracy on
+fewer prompts than buckets, every figure on none.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 from aspc.predict.base import LengthPrediction
 
 METRIC_KEYS = ("kendall_tau", "spearman", "mae", "bucket_accuracy", "coverage_q10_q90", "n")
+N_BUCKETS = 10  # bucket_accuracy's equal-frequency buckets
 
 
 def _dense_rank(a: np.ndarray) -> np.ndarray:
@@ -153,14 +157,25 @@ def evaluate(pred: LengthPrediction, lengths: Sequence[np.ndarray]) -> dict[str,
     if len(pred) != len(lengths):
         raise ValueError(f"{len(pred)} predictions but {len(lengths)} prompts with lengths")
     target = targets_of(lengths)
+    n = len(target)
+    ranked = n >= 2  # one prompt has no order to agree with
     return {
-        "kendall_tau": kendall_tau(pred.mean, target),
-        "spearman": spearman(pred.mean, target),
-        "mae": float(np.mean(np.abs(pred.mean - target))) if len(target) else 0.0,
-        "bucket_accuracy": bucket_accuracy(pred.mean, target) if len(target) else 0.0,
-        "coverage_q10_q90": coverage(pred, lengths),
-        "n": int(len(target)),
+        "kendall_tau": kendall_tau(pred.mean, target) if ranked else None,
+        "spearman": spearman(pred.mean, target) if ranked else None,
+        "mae": float(np.mean(np.abs(pred.mean - target))) if n else None,
+        "bucket_accuracy": bucket_accuracy(pred.mean, target, N_BUCKETS) if n >= N_BUCKETS else None,
+        "coverage_q10_q90": coverage(pred, lengths) if n else None,
+        "n": int(n),
     }
+
+
+def mean_over(per: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """Each figure of :data:`METRIC_KEYS` (but ``n``) averaged over ``per``'s entries that define it."""
+    out: dict[str, float | None] = {}
+    for k in METRIC_KEYS[:-1]:
+        got = [m[k] for m in per.values() if m.get(k) is not None]
+        out[k] = float(np.mean(got)) if got else None
+    return out
 
 
 def marginal_summary(lengths: Sequence[np.ndarray]) -> dict[str, float]:

@@ -27,7 +27,7 @@ import shutil
 from pathlib import Path
 
 from aspc.errors import ConfigError
-from aspc.runtime.record.lock import LOCK_FILE, RunLogLock
+from aspc.runtime.record.lock import LOCK_FILE, RunLogLock, refuse_if_locked
 from aspc.runtime.record.runlog import is_run_log
 
 SINGLE, EPOCHS, SCOUT, ROLL = "single", "epochs", "scout", "roll"
@@ -96,7 +96,16 @@ def check_log_layout(
     """
     if root is None:
         return None
-    p = Path(root)
+    try:
+        return _check_log_layout(Path(root), epochs, scout, resume, overwrite, n_epochs, scout_roll)
+    except ConfigError:
+        refuse_if_locked(root)  # a log still being written: say so, not what it holds
+        raise
+
+
+def _check_log_layout(
+    p: Path, epochs: bool, scout: bool, resume: bool, overwrite: bool, n_epochs: int | None, scout_roll: bool
+) -> str | None:
     layout = log_layout(p)
     if layout is None:
         if _holds_files(p):  # the run log writers' own words, for every kind of run

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from click.testing import CliRunner
 
 from aspc.cli import main
@@ -194,8 +195,10 @@ def test_length_field_without_actual_lengths_is_refused(tmp_path):
     assert res.exit_code == 2 and "--length-field names the length field of --actual-lengths" in res.output
 
 
-def test_a_locked_log_is_worded_for_probe(tmp_path):
-    # Another process writing the log: the run's words said "rerun with --resume", which probe lacks.
+@pytest.mark.parametrize("extra", [("--overwrite",), ()])
+def test_a_locked_log_is_worded_for_probe(tmp_path, extra):
+    # Another process writing the log: the run's words said "rerun with --resume", which probe lacks;
+    # without --overwrite, "directory exists and is not empty", advice for a log in use.
     from aspc.runtime.record.lock import RunLogLock
 
     data = write_prompts(tmp_path / "p.jsonl", 120)
@@ -204,7 +207,7 @@ def test_a_locked_log_is_worded_for_probe(tmp_path):
     lock = RunLogLock(log)
     lock.acquire()
     try:
-        res = probe(*_sim(data, log, out, "--overwrite"))
+        res = probe(*_sim(data, log, out, *extra))
     finally:
         lock.release()
     assert res.exit_code != 0 and "is locked by another aspc run" in res.output, res.output

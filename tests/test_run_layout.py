@@ -174,6 +174,24 @@ def test_a_second_epochs_run_on_a_live_one_writes_nothing(setup, tmp_path):
     assert not (log / ".lock").exists()  # released at the end
 
 
+@pytest.mark.parametrize("extra", [(), ("--epochs", "2"), ("--epochs", "2", "--resume")])
+def test_a_log_being_written_is_named_as_such_not_as_a_directory_to_overwrite(setup, tmp_path, extra):
+    # While a run writes RUN, a second `aspc run --log RUN` was told "directory exists and is not
+    # empty; ... pass --overwrite" (or that RUN holds another kind of run): advice for a log in use.
+    from aspc.runtime.record.lock import RunLogLock
+
+    log = tmp_path / "live"
+    assert _run_plan(setup, log).exit_code == 0
+    before = _snapshot(log)
+    with RunLogLock(log):
+        r = _run_plan(setup, log, *extra)
+        assert r.exit_code == 2 and "is locked by another aspc run" in r.output, r.output
+        assert "not empty" not in r.output and "--overwrite" not in r.output
+    assert _snapshot(log) == before
+    r = _run_plan(setup, log)  # no writer: what it holds, as before
+    assert r.exit_code == 2 and "not empty" in r.output, r.output
+
+
 @pytest.mark.parametrize("extra", [("--scout-tokens", "200"), ("--max-new-tokens", "2000")])
 def test_a_scout_resumed_with_another_cut_names_the_cut(setup, logs, extra):
     # The scout's log stores its cut as its --max-new-tokens; the message names the scout's options.

@@ -112,7 +112,7 @@ def probe_cmd(
     from aspc.cli.predict import train_from_pairs
     from aspc.compiler import CompileConfig, compile_plan
     from aspc.emit import write_plan
-    from aspc.errors import Interrupted, finding
+    from aspc.errors import Interrupted
     from aspc.io import read_prompts
     from aspc.predict import MIN_PAIRS, check_init_kind, load_predictor
     from aspc.predict.base import check_output_dir
@@ -134,6 +134,7 @@ def probe_cmd(
     check_output(log_dir, inputs=reads, kind="dir", option="--log", others={"-o": output})
     # Said here: the run log's own words offer --resume, which probe does not have.
     if not overwrite and log_dir.is_dir() and any(log_dir.iterdir()):
+        _refuse_if_written_now(log_dir)
         raise ConfigError(f"--log {log_dir}: directory exists and is not empty; pick a new path, or pass --overwrite "
                           "to probe again")  # fmt: skip
     check_lengths_field(actual_lengths)
@@ -190,12 +191,7 @@ def probe_cmd(
                 write_plan(plan, log_dir / PLAN_IN_LOG)
             raise
         except AspcError as exc:
-            if not (str(exc).startswith(f"--log {log_dir}") and "--resume" in str(exc)):
-                raise
-            # The run log's words (a log made meanwhile by another probe or run) offer --resume,
-            # which probe does not have.
-            raise type(exc)(f"{finding(exc)}; pick a new --log, or pass --overwrite to probe again once "
-                            "nothing else writes it") from None  # fmt: skip
+            raise _for_probe(exc, log_dir) from None
         # The plan goes inside the log: it holds the prompt texts 'aspc predict train RUN' needs.
         write_plan(plan, log_dir / PLAN_IN_LOG)
         try:
@@ -230,3 +226,22 @@ def probe_cmd(
         f"wrote {kind} predictor to {output}" + (f" (refit from {init_arg})" if init_arg else ""),
         quiet,
     )
+
+
+def _for_probe(exc: AspcError, log_dir: Path) -> AspcError:
+    """The run log's words (a log made meanwhile by another probe or run) offer --resume, which probe lacks."""
+    from aspc.errors import finding
+
+    if not (str(exc).startswith(f"--log {log_dir}") and "--resume" in str(exc)):
+        return exc
+    return type(exc)(f"{finding(exc)}; pick a new --log, or pass --overwrite to probe again once nothing else writes it")
+
+
+def _refuse_if_written_now(log_dir: Path) -> None:
+    """A log another probe or run is writing now is refused as such, not as one to pass --overwrite for."""
+    from aspc.runtime.record.lock import refuse_if_locked
+
+    try:
+        refuse_if_locked(log_dir)
+    except AspcError as exc:
+        raise _for_probe(exc, log_dir) from None

@@ -63,12 +63,7 @@ class RunLogLock:
             except BlockingIOError:
                 holder = _read_pid(fd)
                 os.close(fd)
-                who = f"pid {holder}" if holder else "another process"
-                stop = f"kill -TERM {holder}" if holder else "stop it"
-                raise LockError(
-                    f"--log {self.path} is locked by another aspc run ({who}, lock file {self.file}); "
-                    f"wait for it to finish, or stop it ({stop}) and rerun with --resume"
-                ) from None
+                raise _locked(self.path, holder) from None
             except BaseException:
                 os.close(fd)
                 raise
@@ -103,6 +98,37 @@ class RunLogLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def refuse_if_locked(path: str | os.PathLike) -> None:
+    """Raise the second writer's :class:`LockError` if an aspc run is writing the log at ``path`` now.
+
+    For a command about to refuse ``path`` for what it holds: a log another
+    run is still writing is worded as such, not as a directory to pass
+    ``--overwrite`` or ``--resume`` for. The probe takes a shared lock for a
+    moment, so call it only on the way to an error.
+    """
+    try:
+        fd = os.open(Path(path) / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return  # no lock file: no writer
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _locked(Path(path), _read_pid(fd)) from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _locked(path: Path, holder: int | None) -> LockError:
+    who = f"pid {holder}" if holder else "another process"
+    stop = f"kill -TERM {holder}" if holder else "stop it"
+    return LockError(
+        f"--log {path} is locked by another aspc run ({who}, lock file {path / LOCK_FILE}); "
+        f"wait for it to finish, or stop it ({stop}) and rerun with --resume"
+    )
 
 
 def _read_pid(fd: int) -> int | None:

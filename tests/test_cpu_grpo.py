@@ -90,6 +90,20 @@ def test_example_script_learns(tmp_path):
     assert rewards[-q:].mean() > 3 * max(rewards[:q].mean(), 0.01)
 
 
+def test_example_script_that_fails_says_so_and_leaves_no_earlier_figures(tmp_path, capfd):
+    # A run stopped before its first step left the last run's stats.jsonl in place, and a failed
+    # aspc command was a CalledProcessError traceback from the script.
+    from examples.cpu_grpo import run as example
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "stats.jsonl").write_text('{"reward_mean": 1.0}\n')  # an earlier run's
+    assert example.main(["--out", str(out), "--prompts", "16", "--global-batch", "0"]) == 2
+    err = capfd.readouterr().err
+    assert "--global-batch must be >= 1" in err and "Traceback" not in err, err
+    assert not (out / "stats.jsonl").exists()
+
+
 def _batch(step: int, seed: int):
     rng = np.random.default_rng(seed)
     payload = [

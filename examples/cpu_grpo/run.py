@@ -57,20 +57,26 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     # Toy responses all run to about --max-new-tokens, so the prompts carry that
     # as their known length; a real workload would use a predictor or --history.
-    subprocess.run([*aspc, "compile", str(prompts), "-o", str(out / "plan.parquet"), "--length-field", "length",
-                    "--samples-per-prompt", str(args.samples), "--batch-size", "8", "--quiet"],
-                   check=True, cwd=ROOT, env=env)
+    compiled = subprocess.run([*aspc, "compile", str(prompts), "-o", str(out / "plan.parquet"), "--length-field",
+                               "length", "--samples-per-prompt", str(args.samples), "--batch-size", "8", "--quiet"],
+                              cwd=ROOT, env=env)  # fmt: skip
+    if compiled.returncode != 0:  # aspc said why on stderr, in one line
+        return compiled.returncode
     stats = out / "stats.jsonl"
     run = out / "run"
-    subprocess.run(
+    # --overwrite starts over: a run that stops before its first step must not leave the last run's figures.
+    stats.unlink(missing_ok=True)
+    done = subprocess.run(
         [*aspc, "run", str(out / "plan.parquet"), "--backend", "hf", "--engine", args.engine, "--model", str(model),
          "--device", "cpu", "--trainer", "examples.cpu_grpo.trainer:make_trainer",
          "--trainer-arg", f"lr={args.lr}", "--trainer-arg", f"stats={stats}",
          "--workers", str(args.workers), "--global-batch", str(args.global_batch),
          "--max-new-tokens", str(args.max_new_tokens), "--temperature", "1.0",
          "--log", str(run), "--overwrite", "--quiet", "--json"],
-        check=True, cwd=ROOT, env=env, stdout=open(out / "summary.json", "w"),
+        cwd=ROOT, env=env, stdout=open(out / "summary.json", "w"),
     )
+    if done.returncode != 0:  # aspc said why on stderr, in one line
+        return done.returncode
     report(stats, run, out / "summary.json")
     return 0
 

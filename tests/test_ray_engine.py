@@ -86,6 +86,26 @@ def test_cli_contract_on_ray(tmp_path, model_dir, ray_session):
     assert ray.is_initialized()  # a session the engine did not start is left running
 
 
+def test_prompts_past_the_model_context_are_refused_on_ray_before_the_log_starts(tmp_path, model_dir, ray_session):
+    # The driver holds no model under Ray: each minibatch checked its own prompts, so a plan whose
+    # long prompts came late failed hours in, and the advice covered only the prompt it met.
+    long = {"q5": 1000, "q2": 990, "q6": 700}
+    records = [{"id": f"q{i}", "prompt": "x" * long.get(f"q{i}", 8), "lengths": [3, 4]} for i in range(8)]
+    data = write_jsonl(tmp_path / "IN.jsonl", records)
+    plan = tmp_path / "plan.parquet"
+    r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "--samples-per-prompt", "2",
+                                  "--batch-size", "4", "-o", str(plan), "--quiet"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["run", str(plan), "--backend", "hf", "--engine", "ray", "--model", str(model_dir),
+                                  "--workers", "2", "--global-batch", "4", "--max-new-tokens", str(CAP),
+                                  "--log", str(tmp_path / "RUN"), "-q"])  # fmt: skip
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1, r.output
+    text = " ".join(r.output.split())
+    assert "2 of the plan's prompts need more positions than the model's 1024 with --max-new-tokens 64" in text
+    assert not (tmp_path / "RUN" / "meta.json").exists()  # refused before the log started
+
+
 def test_speed_probe_on_ray_runs_in_each_actor(tmp_path, model_dir, ray_session, monkeypatch):
     import aspc.runtime.backends.hf as hf
     from tests.test_backend_hf import _contract_args, _contract_files

@@ -79,6 +79,8 @@ class ModelBackend(GenerationBackend):
         self._closing = threading.Event()  # set by close(): in-flight generations stop at their next step
         # Called with W at the end of setup() (see serve_remotely).
         self.on_setup: Callable[[int], None] | None = None
+        # Under Ray, runs check_prompts(worker 0, work, cap) in an actor, after on_setup (see serve_remotely).
+        self.check_remotely: Callable[[WorkPlan, int], None] | None = None
         # A Ray engine's actors left running for the next run on this backend, and how to stop them.
         self._remote: tuple[Any, Callable[[], None]] | None = None
 
@@ -86,7 +88,7 @@ class ModelBackend(GenerationBackend):
         # Shipped to Ray actors as a fresh worker_copy: locks do not pickle.
         state = dict(self.__dict__)
         del state["_lock"], state["_closing"]
-        state["on_setup"] = None  # an engine's hook stays with the engine
+        state["on_setup"] = state["check_remotely"] = None  # an engine's hooks stay with the engine
         state["_remote"] = None  # and its actors with the driver
         return state
 
@@ -111,13 +113,15 @@ class ModelBackend(GenerationBackend):
         served = range(n_workers) if self.serve_workers is None else self.serve_workers
         for w in served:
             self.start_worker(w)
-        if self.serve_workers is None and n_workers:  # under Ray the driver holds no model: requests check
-            cap = self.options.max_new_tokens
-            if cap is None:  # as request() caps: the longest replayed length and its EOS, else the default
-                cap = DEFAULT_MAX_NEW_TOKENS if self._replay is None else int(self._replay.max(initial=0)) + 1
+        cap = self.options.max_new_tokens
+        if cap is None:  # as request() caps: the longest replayed length and its EOS, else the default
+            cap = DEFAULT_MAX_NEW_TOKENS if self._replay is None else int(self._replay.max(initial=0)) + 1
+        if self.serve_workers is None and n_workers:
             self.check_prompts(0, work, int(cap))
         if self.on_setup is not None:
             self.on_setup(n_workers)
+        if self.check_remotely is not None and n_workers:  # under Ray the driver holds no model: an actor checks
+            self.check_remotely(work, int(cap))
 
     def check_prompts(self, worker: int, work: WorkPlan, max_new_tokens: int) -> None:  # noqa: B027 - optional
         """Refuse, before the run log starts, prompts ``worker``'s model cannot take (a no-op here)."""
@@ -163,15 +167,20 @@ class ModelBackend(GenerationBackend):
     def generate(self, worker: int, work: MinibatchWork) -> GenerationResult:
         return self.execute(worker, self.request(work))
 
-    def serve_remotely(self, start_workers: Callable[[int], None]) -> None:
+    def serve_remotely(
+        self, start_workers: Callable[[int], None], check_prompts: Callable[[WorkPlan, int], None] | None = None
+    ) -> None:
         """Hold no model in this process; call ``start_workers(W)`` at the end of :meth:`setup` instead.
 
         The Ray engine's driver copy: its actors hold the models
         (:meth:`worker_copy`), started during setup so that model loading
-        happens before the run's clock matters.
+        happens before the run's clock matters. ``check_prompts(work, cap)``
+        then runs :meth:`check_prompts` in an actor, so that prompts the model
+        cannot take are refused before the run log starts, as on one machine.
         """
         self.serve_workers = ()
         self.on_setup = start_workers
+        self.check_remotely = check_prompts
 
     def keep_remote(self, handle: Any, release: Callable[[], None]) -> None:
         """Hold ``handle`` (a Ray engine's running actors) for the next run's engine on this backend.

@@ -147,6 +147,10 @@ class WorkerActor:
         """Seconds this worker takes for the backend's reference generation (``--speed-probe``)."""
         return self.backend.speed_probe(self.worker)
 
+    def check_prompts(self, work: Any, max_new_tokens: int) -> None:
+        """Refuse the plan's prompts this worker's model cannot take (the backend's check)."""
+        self.backend.check_prompts(self.worker, work, max_new_tokens)
+
 
 class RayEngine(ThreadEngine):
     """Generation in Ray actors, the trainer in a driver thread; see the module docstring.
@@ -211,7 +215,7 @@ class RayEngine(ThreadEngine):
         self.restarts = 0  # actors replaced after dying, over the whole run
         self.redispatched: list[int] = []  # minibatches handed back to the dispatcher after their actor died
         # The driver keeps no model: actors do, started when the backend is set up.
-        backend.serve_remotely(self.start_actors)
+        backend.serve_remotely(self.start_actors, self.check_prompts)
         if backend.n_workers:  # already set up: start the actors now
             self.start_actors(backend.n_workers)
 
@@ -252,6 +256,15 @@ class RayEngine(ThreadEngine):
         except ray.exceptions.RayActorError as exc:
             raise BackendError(f"a Ray worker could not start: {_cause_line(exc)}") from None
         self.advance_clock(0.0)  # the run's clock starts once every model is loaded
+
+    def check_prompts(self, work: Any, max_new_tokens: int) -> None:
+        """The backend's check of every plan prompt against the model, run in worker 0's actor."""
+        try:
+            self._ray.get(self._actor(0).check_prompts.remote(work, max_new_tokens))
+        except self._ray.exceptions.RayActorError as exc:
+            raise BackendError(f"Ray worker 0 died checking the plan's prompts: {_cause_line(exc)}") from None
+        except self._ray.exceptions.RayTaskError as exc:
+            raise _task_failure(exc, BackendError, "checking the plan's prompts failed on Ray worker 0") from None
 
     def actor(self, worker: int) -> Any:
         """The handle of ``worker``'s actor, if it was started."""

@@ -732,3 +732,36 @@ def test_epoch_and_replan_option_errors_are_usage_errors(tmp_path, small, plan):
         r = _cli(*base, *extra)
         assert r.returncode == 2 and words in _one_line_error(r.stderr), (extra, r.returncode, r.stderr)
     assert not (tmp_path / "LD").exists()
+
+
+# --------------------------------------------------------------------------- stdout that cannot take the result
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+@pytest.mark.parametrize(
+    "args", [("inspect", "{plan}", "--json"), ("inspect", "{plan}"), ("check", "{plan}", "--json")]
+)
+def test_a_full_stdout_is_one_line(plan, args):
+    # A result printed to a full disk (or a closed stdout) was an OSError traceback from the print.
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "aspc.cli", *(a.format(plan=plan) for a in args)], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert r.returncode == 2
+    assert "cannot write the result to stdout: No space left on device" in _one_line_error(r.stderr)
+
+
+def test_a_closed_stdout_is_one_line(plan):
+    r = subprocess.run([sys.executable, "-m", "aspc.cli", "inspect", str(plan), "--json"], stderr=subprocess.PIPE,
+                       text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       preexec_fn=lambda: os.close(1))  # fmt: skip
+    assert r.returncode == 2 and "stdout is closed" in _one_line_error(r.stderr)
+
+
+def test_a_reader_that_stops_ends_the_command_quietly(plan):
+    # `aspc inspect PLAN | head -1`: the rest of the table meets a closed pipe. Like cat or grep,
+    # the command ends as SIGPIPE would end it (128 + 13), without a traceback or an error line.
+    p = subprocess.Popen([sys.executable, "-m", "aspc.cli", "inspect", str(plan)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    p.stdout.close()  # before the command prints anything
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 141 and err == "", err

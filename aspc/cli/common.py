@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -17,13 +18,69 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from aspc.errors import AspcError, Interrupted
+from aspc.errors import AspcError, Interrupted, OutputError
 
+
+class StdoutError(OutputError):
+    """The command's result could not be written to stdout (closed, full disk, a reader gone)."""
+
+    pipe_closed = False  # the reader stopped reading (`aspc inspect P | head`): exit as a killed writer would
+
+
+class _Stdout:
+    """``sys.stdout`` as the commands write their results to it: a failed write is one line, not a traceback.
+
+    Once a write failed, descriptor 1 points at /dev/null so that the
+    interpreter's own flush at exit neither fails again (exit 120, "Exception
+    ignored") nor prints half a result later.
+    """
+
+    def write(self, text: str) -> int:
+        return self._call("write", text)
+
+    def flush(self) -> None:
+        self._call("flush")
+
+    def isatty(self) -> bool:
+        return sys.stdout is not None and sys.stdout.isatty()
+
+    def __getattr__(self, name: str) -> Any:  # encoding, fileno, ...: the real stream's
+        return getattr(sys.stdout, name)
+
+    @staticmethod
+    def _call(name: str, *args: Any) -> Any:
+        if sys.stdout is None:  # started with stdout closed (>&-)
+            raise StdoutError("stdout is closed; give the command somewhere to write its result (> FILE, or "
+                              "> /dev/null with --quiet)")  # fmt: skip
+        try:
+            return getattr(sys.stdout, name)(*args)
+        except OSError as exc:
+            _silence_stdout()
+            if exc.errno == errno.EPIPE:
+                err = StdoutError("stdout: the reader closed the pipe")
+                err.pipe_closed = True
+                raise err from None
+            why = exc.strerror or type(exc).__name__
+            fix = "free space, or send the output elsewhere" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (
+                "send the output elsewhere")  # fmt: skip
+            raise StdoutError(f"cannot write the result to stdout: {why}; {fix}") from None
+
+
+def _silence_stdout() -> None:
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):  # no descriptor behind it (a test's capture): nothing to flush
+        pass
+
+
+stdout = _Stdout()
 # Diagnostics and bars go to stderr so ``--json`` output stays parseable.
 err_console = Console(stderr=True, highlight=False)
 # Piped output (make, CI logs) gets a wide fixed width so tables are not cut
 # to 80 columns; a terminal keeps its own width.
-out_console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+out_console = Console(file=stdout, highlight=False, width=None if stdout.isatty() else 160)  # type: ignore[arg-type]
 
 
 class CliError(click.ClickException):
@@ -49,6 +106,10 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise CliError(
                 f"interrupted by {interrupt.signal_name(exc.signum)}; {interrupt.outcome()}", exc.exit_code
             ) from None
+        except StdoutError as exc:
+            if exc.pipe_closed:  # silent, as `cat` or `grep` ended by SIGPIPE: the reader took what it wanted
+                sys.exit(128 + 13)
+            raise CliError(_one_line(str(exc)), exc.exit_code) from None
         except AspcError as exc:
             raise CliError(_one_line(str(exc)), exc.exit_code) from None
         except FileNotFoundError as exc:
@@ -153,7 +214,7 @@ class RichProgress:
 
 def emit_json(obj: Any) -> None:
     """Print one JSON object on stdout (and nothing else)."""
-    click.echo(json.dumps(obj, sort_keys=True, default=_json_default))
+    click.echo(json.dumps(obj, sort_keys=True, default=_json_default), file=stdout)  # type: ignore[arg-type]
 
 
 def _json_default(o: Any) -> Any:

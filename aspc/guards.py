@@ -243,6 +243,11 @@ def check_output(
     if st is not None:
         if stat.S_ISDIR(st.st_mode):
             if kind == "file":
+                # A file inside an input directory would be refused next: name the way out instead.
+                read = next((i for i, _, d in _input_files(inputs) if d and (i == real or _is_within(real, i))), None)
+                if read is not None:
+                    what = "the input directory" if read == real else "a directory inside the input"
+                    raise OutputError(f"{option} {raw} is {what} {read.name}; give a file path outside it")
                 raise OutputError(f"{option} {raw} is a directory; give a file path inside it")
         elif not stat.S_ISREG(st.st_mode):
             what = (

@@ -11,6 +11,7 @@ from aspc.errors import ConfigError, RunError
 from aspc.runtime import RunConfig, run
 from aspc.runtime.backends.sim_cost import SimCostModel, load_sim_cost_model, save_sim_cost_model
 from aspc.runtime.calibrate import calibrate, calibrate_columns, nnls
+from aspc.runtime.trainers.sim import SimTrainer
 from aspc.testing.plans import synthetic_plan
 
 TRUE = SimCostModel(
@@ -174,3 +175,39 @@ def test_a_fit_at_the_largest_coefficient_is_kept(tmp_path):
     run(plan, config=RunConfig(workers=4, global_batch=32), sim_cost_model=edge, log_dir=tmp_path / "RUN")
     cal = calibrate(tmp_path / "RUN")
     assert cal.sim_cost_model.decode_base == pytest.approx(1e6) and cal.sim_cost_model.decode_base <= 1e6
+
+
+class _FailsAtOnce(SimTrainer):
+    def __init__(self):
+        super().__init__(SimCostModel())
+
+    def step(self, batch):
+        raise RuntimeError("trainer lost")
+
+
+def test_a_log_stopped_early_is_told_to_finish_not_to_run_a_larger_plan(tmp_path):
+    # A killed or failed run whose log holds few minibatches yet: "run a larger plan" was wrong advice.
+    table = synthetic_plan(1200, 12, n_samples=2, seed=9)
+    with pytest.raises(RunError, match="trainer lost"):
+        run(table, config=RunConfig(workers=4, global_batch=24), log_dir=tmp_path / "RUN", trainer=_FailsAtOnce())
+    meta = json.loads((tmp_path / "RUN" / "meta.json").read_text())
+    assert meta["status"] == "failed" and meta["run"]["n_minibatches"] >= 8
+    with pytest.raises(RunError, match=r"minibatches so far \(status 'failed'\).*--resume") as err:
+        calibrate(tmp_path / "RUN")
+    assert "larger plan" not in str(err.value)
+
+
+def test_an_output_in_the_input_log_names_a_path_outside_it(tmp_path):
+    # `calibrate RUN -o RUN` said "give a file path inside it", which the next check refused.
+    from click.testing import CliRunner
+
+    from aspc.cli import main
+
+    run(synthetic_plan(1200, 12, n_samples=2, seed=9), config=RunConfig(workers=4, global_batch=24),
+        log_dir=tmp_path / "RUN")  # fmt: skip
+    (tmp_path / "RUN" / "sub").mkdir()
+    for out, what in ((tmp_path / "RUN", "the input directory"), (tmp_path / "RUN" / "sub", "a directory inside")):
+        r = CliRunner().invoke(main, ["calibrate", str(tmp_path / "RUN"), "-o", str(out)])
+        assert r.exit_code == 2 and what in r.output and "give a file path outside it" in r.output, r.output
+    r = CliRunner().invoke(main, ["calibrate", str(tmp_path / "RUN"), "-o", str(tmp_path)])  # a file inside is fine
+    assert r.exit_code == 2 and "give a file path inside it" in r.output, r.output

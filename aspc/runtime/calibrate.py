@@ -321,6 +321,17 @@ def _withhold(se: np.ndarray, mask: np.ndarray, names: tuple[str, ...], what: st
 def calibrate(path: str | os.PathLike) -> Calibration:
     """Fit a cost model from the run log at ``path`` (see :func:`calibrate_columns`)."""
     log = R.read_run_log(path, allow_incomplete=True)
+    held = log.tables[R.MINIBATCHES].num_rows
+    run = log.meta.get("run") if isinstance(log.meta.get("run"), dict) else {}
+    planned = run.get("n_minibatches")
+    if log.status != R.STATUS_COMPLETE and held < MIN_MINIBATCHES and (
+        not isinstance(planned, int) or planned >= MIN_MINIBATCHES
+    ):  # the plan is large enough: the run stopped before enough of it was logged
+        raise RunError(
+            f"the run log at {path} holds {held} minibatches so far (status {log.status!r}); calibrating needs at "
+            f"least {MIN_MINIBATCHES}: finish the run (aspc run PLAN --log {path} --resume, with its options), then "
+            "calibrate"
+        )
     backend = (log.meta.get("config") or {}).get("backend") if isinstance(log.meta.get("config"), dict) else None
     cal = calibrate_columns(R.to_columns(log.tables[R.MINIBATCHES]), R.to_columns(log.tables[R.STEPS]),
                             samples=R.to_columns(log.tables[R.SAMPLES]), padded=backend in PADDED_BACKENDS)

@@ -134,6 +134,19 @@ def test_targets_share_text_weights_with_own_levels() -> None:
     assert set(pred.metadata["validation"]["per_target"]) == {"small-model", "Verbose-Model-7B"}
 
 
+def test_a_target_named_exactly_wins_over_one_differing_by_case():
+    # Heads 'A' and 'a': '--target a' took 'A' (the first case-insensitive match); 'a' was unreachable.
+    from aspc.predict.lexical import resolve_target
+
+    assert resolve_target("a", ["A", "a"]) == "a" and resolve_target("A", ["A", "a"]) == "A"
+    assert resolve_target("qwen", ["Qwen", "Qwen2.5"]) == "Qwen"  # equal ignoring case beats containing
+    names = ["Qwen--Qwen2.5-14B-Instruct", "google--gemma-3-12b-it", "google--gemma-3-4b-it"]
+    with pytest.raises(ConfigError, match="matches several") as err:
+        resolve_target("gemma", names)
+    assert "gemma-3-12b-it, google--gemma-3-4b-it; give one of them in full" in str(err.value)
+    assert "Qwen" not in str(err.value)  # only the targets that matched
+
+
 @pytest.mark.parametrize(
     "texts,lengths,match",
     [

@@ -226,17 +226,22 @@ class LexicalPredictor(Predictor):
 
 
 def resolve_target(name: str, targets: Sequence[str]) -> str:
-    """The one target whose name equals or contains ``name`` (case-insensitive)."""
+    """The one target named ``name``: exactly, else the one that equals or contains it ignoring case.
+
+    An exact name wins over names that differ from it only by case (targets
+    ``A`` and ``a`` are two heads); several matches are refused, naming them.
+    """
     if not targets:
         raise ConfigError(f"target {name!r} requested but this predictor was trained without target models")
-    exact = [t for t in targets if t.lower() == name.lower()]
-    if exact:
-        return exact[0]
-    hits = [t for t in targets if name.lower() in t.lower()]
+    if name in targets:
+        return name
+    hits = [t for t in targets if t.lower() == name.lower()] or [t for t in targets if name.lower() in t.lower()]
     if len(hits) == 1:
         return hits[0]
-    what = "matches several" if hits else "matches none"
-    raise ConfigError(f"target {name!r} {what} of the predictor's targets: {', '.join(targets)}")
+    if hits:
+        raise ConfigError(f"target {name!r} matches several of the predictor's targets: {', '.join(hits)}; "
+                          "give one of them in full")  # fmt: skip
+    raise ConfigError(f"target {name!r} matches none of the predictor's targets: {', '.join(targets)}")
 
 
 def validation_metrics(

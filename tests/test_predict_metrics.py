@@ -128,6 +128,17 @@ def test_figures_too_few_prompts_cannot_define_are_none(n) -> None:
     assert avg["bucket_accuracy"] == (None if full is None else full["bucket_accuracy"])
 
 
+def test_rank_figures_of_equal_observed_lengths_are_none_and_of_a_flat_prediction_zero() -> None:
+    rng = np.random.default_rng(0)
+    equal = [np.full(3, 100.0) for _ in range(40)]
+    pred = LengthPrediction(*(rng.uniform(50, 150, size=(4, 40)).cumsum(axis=0)))
+    got = evaluate(pred, equal)
+    assert got["kendall_tau"] is None and got["spearman"] is None and got["bucket_accuracy"] is None
+    varied = [rng.lognormal(5, 0.3, size=3) for _ in range(40)]
+    flat = evaluate(baseline_prediction(40, marginal_summary(varied)), varied)
+    assert flat["kendall_tau"] == 0.0 and flat["spearman"] == 0.0  # a flat predictor ranks nothing
+
+
 def test_length_prediction_validates_shapes() -> None:
     with pytest.raises(ValueError):
         LengthPrediction(np.ones(2), np.ones(3), np.ones(2), np.ones(2))

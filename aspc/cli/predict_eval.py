@@ -112,8 +112,9 @@ def eval_cmd(
         if "per_target" in result:
             out_console.print(per_target_table(result["per_target"], result["mean_over_targets"]))
     if any(result.get(k) is None for k in ("kendall_tau", "bucket_accuracy")):
-        note(f"n={result['n']}: Kendall τ and Spearman ρ need 2 prompts and the 10-bucket accuracy 10; "
-             "a figure these prompts cannot define is shown as – (null with --json)", quiet)  # fmt: skip
+        note(f"n={result['n']}: Kendall τ and Spearman ρ need 2 prompts whose observed lengths differ, the "
+             "10-bucket accuracy 10 such prompts; a figure these prompts cannot define is shown as – (null with "
+             "--json)", quiet)  # fmt: skip
 
 
 def _eval_per_target(pred: Any, pairs: Any) -> dict[str, Any]:

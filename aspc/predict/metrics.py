@@ -15,8 +15,9 @@ benchmarks):
 
 The target of a prompt is the mean of its observed lengths. A figure that the
 data cannot define is ``None`` (JSON ``null``), never a number that looks
-measured: the rank figures on fewer than 2 prompts, the bucket accuracy on
-fewer prompts than buckets, every figure on none.
+measured: the rank figures on fewer than 2 prompts or on observed lengths
+that are all equal, the bucket accuracy then or on fewer prompts than
+buckets, every figure on none.
 """
 
 from __future__ import annotations
@@ -158,12 +159,14 @@ def evaluate(pred: LengthPrediction, lengths: Sequence[np.ndarray]) -> dict[str,
         raise ValueError(f"{len(pred)} predictions but {len(lengths)} prompts with lengths")
     target = targets_of(lengths)
     n = len(target)
-    ranked = n >= 2  # one prompt has no order to agree with
+    # One prompt, or prompts whose observed lengths are all equal, have no order to agree with. (A
+    # constant prediction against varied lengths keeps τ = 0: it ranks nothing, which is its figure.)
+    ranked = n >= 2 and bool(np.ptp(target) > 0)
     return {
         "kendall_tau": kendall_tau(pred.mean, target) if ranked else None,
         "spearman": spearman(pred.mean, target) if ranked else None,
         "mae": float(np.mean(np.abs(pred.mean - target))) if n else None,
-        "bucket_accuracy": bucket_accuracy(pred.mean, target, N_BUCKETS) if n >= N_BUCKETS else None,
+        "bucket_accuracy": bucket_accuracy(pred.mean, target, N_BUCKETS) if ranked and n >= N_BUCKETS else None,
         "coverage_q10_q90": coverage(pred, lengths) if n else None,
         "n": int(n),
     }

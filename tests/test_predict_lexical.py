@@ -114,6 +114,9 @@ def test_save_load_identical_and_deterministic(trained, tmp_path) -> None:
     other = train_lexical(t2[:500], l2[:500], seed=0)
     assert other.content_hash() == pred.content_hash()  # same data and seed: same weights
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p"]  # no temporary leftovers
+    other.save(tmp_path / "q")  # byte for byte, metadata too (it held the training's wall-clock seconds)
+    for f in sorted(x.name for x in (tmp_path / "p").iterdir()):
+        assert (tmp_path / "p" / f).read_bytes() == (tmp_path / "q" / f).read_bytes(), f
 
 
 def test_targets_share_text_weights_with_own_levels() -> None:

@@ -15,7 +15,6 @@ See :mod:`aspc.predict.lexical` for the model. Two ways to train:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -122,7 +121,6 @@ def train_lexical(
     for name, extra in (("target", targets), ("group", groups)):
         if extra is not None and len(extra) != len(texts):
             raise ConfigError(f"{len(extra)} {name} names for {len(texts)} prompts; give one per prompt")
-    started = time.perf_counter()
     texts = list(texts)
     uniq, text_of_row = np.unique(np.array(texts, dtype=object), return_inverse=True)
     text_of_row = text_of_row.reshape(-1).astype(np.int64)
@@ -232,7 +230,6 @@ def train_lexical(
             "validation_split": float(validation_split),
             "residual_folds": fold_mode,
             "cg_iterations": int(sol.iterations),
-            "seconds": round(time.perf_counter() - started, 2),
         },
         "marginal": marginal_summary(all_lengths),
         "band_scale": float(scale),

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -130,7 +129,6 @@ def train_transformer(
     from aspc.devices import resolve_device
 
     dev = resolve_device(device)
-    started = time.perf_counter()
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     texts = [str(t) for t in texts]
@@ -279,7 +277,6 @@ def train_transformer(
             "epochs": epochs,
             "seed": int(seed),
             "validation_split": float(validation_split),
-            "seconds": None,
         },
         "marginal": marginal_summary([lengths[i] for i in train_rows]),
     }
@@ -295,7 +292,6 @@ def train_transformer(
         uniq, at = _distinct(texts, val_rows)
         raw = pred._raw(uniq)[at[val_rows]]
         meta.update(estimate_history_prior(raw[:, 0], [lengths[i] for i in val_rows], DEFAULT_KAPPA))
-    meta["training"]["seconds"] = round(time.perf_counter() - started, 2)
     pred._hash = None
     return pred
 

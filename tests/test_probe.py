@@ -237,3 +237,35 @@ def test_an_interrupted_probe_leaves_a_log_to_train_from(tmp_path, monkeypatch):
     monkeypatch.undo()
     res = CliRunner().invoke(main, ["predict", "train", str(log), "-o", str(out), "-q"])
     assert res.exit_code == 0, res.output
+
+
+def test_a_probe_interrupted_while_training_names_the_command_that_finishes_it(tmp_path, monkeypatch):
+    # A signal during the training step printed only what was written; probing again was refused
+    # (the log is not empty) and --overwrite would generate everything again. And the advice a
+    # failed training gave left --seed out, so following it trained another predictor.
+    import shlex
+    import signal
+
+    import aspc.cli.predict as predict_cli
+    from aspc.errors import Interrupted
+
+    data = write_prompts(tmp_path / "p.jsonl", 120)
+    whole = probe(*_sim(data, tmp_path / "L0", tmp_path / "P0", "--seed", "7"))
+    assert whole.exit_code == 0, whole.output
+
+    def stopped(*a, **kw):
+        raise Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(predict_cli, "train_from_pairs", stopped)
+    log, out = tmp_path / "L", tmp_path / "P"
+    res = probe(*_sim(data, log, out, "--seed", "7"))
+    assert res.exit_code == 130 and "interrupted by SIGINT while training" in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and not out.exists()
+    again = res.output.split("train from it with '")[1].rstrip().rstrip("'")
+    monkeypatch.undo()
+    args = shlex.split(again)
+    assert args[:3] == ["aspc", "predict", "train"] and "--seed" in args
+    done = CliRunner().invoke(main, [*args[1:], "-q"])
+    assert done.exit_code == 0, done.output
+    for f in sorted(p.name for p in (tmp_path / "P0").iterdir()):
+        assert (out / f).read_bytes() == (tmp_path / "P0" / f).read_bytes(), f

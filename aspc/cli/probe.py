@@ -22,6 +22,7 @@ epoch from every prompt's scouted length.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import click
 
 from aspc.choices import ON_BAD_LINE, PREDICTOR_KINDS
 from aspc.cli.backend_options import build_real_components, real_backend_options
-from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, quiet_option
+from aspc.cli.common import CliError, RichProgress, emit_json, handle_errors, json_option, note, quiet_option
 from aspc.cli.options import check_lengths_field
 from aspc.cli.paths import PathArg
 from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
@@ -113,6 +114,7 @@ def probe_cmd(
     from aspc.compiler import CompileConfig, compile_plan
     from aspc.emit import write_plan
     from aspc.errors import Interrupted
+    from aspc.interrupt import signal_name
     from aspc.io import read_prompts
     from aspc.predict import MIN_PAIRS, check_init_kind, load_predictor
     from aspc.predict.base import check_output_dir
@@ -194,18 +196,23 @@ def probe_cmd(
             raise _for_probe(exc, log_dir) from None
         # The plan goes inside the log: it holds the prompt texts 'aspc predict train RUN' needs.
         write_plan(plan, log_dir / PLAN_IN_LOG)
+        # The generations are the costly part (a real backend): a failed or interrupted training keeps
+        # them and names the command that trains from them, with this probe's options.
+        again = shlex.join(["aspc", "predict", "train", str(log_dir), "--kind", kind, *(["--init", init_arg] if init_arg
+                            else []), *(["--seed", str(seed)] if seed else []), "-o", str(output)])  # fmt: skip
         try:
             pairs = read_run_log_pairs(log_dir)
             pred = train_from_pairs(pairs, kind, where=str(log_dir), init=init_arg, seed=seed, progress=progress)
             progress.stage("write")
             pred.save(output)
             progress.done()
+        except Interrupted as exc:
+            raise CliError(f"interrupted by {signal_name(exc.signum)} while training; the probe's run log {log_dir} "
+                           f"is complete: train from it with '{again}'", exc.exit_code) from None  # fmt: skip
         except AspcError as exc:
-            # The generations are the costly part (a real backend): keep them and say how to reuse them.
-            again = f"aspc predict train {log_dir} --kind {kind}" + (f" --init {init_arg}" if init_arg else "")
             raise type(exc)(
                 f"{exc}; the probe's run log {log_dir} is kept: once the cause is fixed, train from it with "
-                f"'{again} -o {output}' (or, if the generations are the cause, probe again with --overwrite)"
+                f"'{again}' (or, if the generations are the cause, probe again with --overwrite)"
             ) from None
     for msg in result.notes:
         note(msg, quiet)

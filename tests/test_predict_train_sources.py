@@ -89,6 +89,20 @@ def test_run_log_without_plan_or_samples(run_log, tmp_path) -> None:
     assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "q").exists()
 
 
+def test_a_plan_the_log_did_not_run_is_refused(run_log, tmp_path) -> None:
+    # The same ids with other texts (each prompt moved to the next row) trained silently on wrong pairs.
+    rows = records(240)
+    texts = [r["prompt"] for r in rows]
+    shuffled = write(tmp_path / "shuf.jsonl", [{**r, "prompt": texts[i - 1]} for i, r in enumerate(rows)])
+    other = tmp_path / "other.parquet"
+    assert cli("compile", str(shuffled), "-o", str(other), "--quiet").exit_code == 0
+    res = cli("predict", "train", str(run_log["run"]), "--plan", str(other), "-o", str(tmp_path / "p"))
+    assert res.exit_code == 2 and "not the plan run log" in res.output and "pass --plan" in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "p").exists()
+    ok = cli("predict", "train", str(run_log["run"]), "--plan", str(run_log["plan"]), "-o", str(tmp_path / "q"), "-q")
+    assert ok.exit_code == 0, ok.output
+
+
 def test_one_row_per_sample_dataset_pools_rows(tmp_path) -> None:
     rows = [{"id": r["id"], "prompt": r["prompt"], "length": x} for r in records(60) for x in r["lengths"]]
     pairs = read_dataset_pairs(write(tmp_path / "rows.jsonl", rows), length_field="length")

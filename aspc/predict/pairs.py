@@ -111,7 +111,9 @@ def read_run_log_pairs(
             f"{path}: no {PLAN_IN_LOG} in the run log to take prompt texts from; pass --plan PLAN "
             "(the plan that was run)"
         )
-    table = read_plan(plan_path).table
+    read = read_plan(plan_path)
+    _check_plan_of_log(path, plan_path, read)
+    table = read.table
     text_of = dict(
         zip(
             table.column(S.PROMPT_ID).to_pylist(),
@@ -148,6 +150,27 @@ def read_run_log_pairs(
         input_hash=h.hexdigest(),
         source="run log",
     )
+
+
+def _check_plan_of_log(path: Path, plan_path: Path, plan: object) -> None:
+    """Refuse a plan the log did not run: the same prompt ids with other texts would train on the wrong pairs.
+
+    The log's ``meta.json`` records the plan's rows hash (a plan read from a
+    file) and input hash; each is compared where both sides have it.
+    """
+    try:
+        ran = json.loads((path / "meta.json").read_text(encoding="utf-8")).get("plan")
+    except (OSError, ValueError, AttributeError):
+        return  # the samples were read: a log without a readable record is checked by its ids alone
+    if not isinstance(ran, dict):
+        return
+    for key, got in (("rows_hash", getattr(plan, "stored_rows_hash", "")), ("input_hash", getattr(plan, "input_hash", ""))):
+        want = ran.get(key)
+        if isinstance(want, str) and want and got and want != got:
+            raise InputError(
+                f"{plan_path}: not the plan run log {path} ran (its {key.replace('_', ' ')} {got[:12]}… differs "
+                f"from the log's {want[:12]}…); pass --plan with the plan that was run"
+            )
 
 
 def _committed_samples(path: Path):

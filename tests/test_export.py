@@ -273,3 +273,20 @@ def test_an_export_of_an_export_replaces_its_schedule(tmp_path, fmt):
         rows = [json.loads(line)["extra_info"] for line in second.read_text().splitlines()]
     assert [r["aspc"]["prompt_id"] for r in rows] == second_plan.column(S.PROMPT_ID).tolist()
     assert [r["aspc"]["dispatch_rank"] for r in rows] == list(range(40))
+
+
+@pytest.mark.parametrize(("field", "value", "where"), [
+    ("big", 2**70, "'big'"), ("big", -(2**63) - 1, "'big'"), ("extra_info", {"n": [1, 2**64]}, "'extra_info.n[1]'"),
+])  # fmt: skip
+def test_a_jsonl_integer_beyond_int64_is_one_line_for_verl(tmp_path, field, value, where):
+    # Before: OverflowError traceback from Arrow (JSON integers have no size limit; compile and jsonl take them).
+    recs = lognormal_records(40, seed=6)
+    for i, rec in enumerate(recs):
+        rec[field] = value if i == 5 else ({"n": [1, 1]} if field == "extra_info" else 1)
+    src = write_jsonl(tmp_path / "big.jsonl", recs)
+    _compile(src, tmp_path / "plan.parquet")
+    r = _cli(["export", tmp_path / "plan.parquet", "-o", tmp_path / "t.parquet"])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "line 6" in r.output and where in r.output and "--format jsonl" in r.output and "string" in r.output
+    assert not (tmp_path / "t.parquet").exists()
+    assert _cli(["export", tmp_path / "plan.parquet", "--format", "jsonl", "-o", tmp_path / "t.jsonl", "-q"]).exit_code == 0

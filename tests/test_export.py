@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
 import shutil
 
@@ -14,7 +16,7 @@ from aspc.cli import main
 from aspc.emit import read_plan
 from aspc.emit import schema as S
 from aspc.errors import ConfigError, InputError
-from aspc.export import ASPC_FIELDS, chat_messages, export_plan
+from aspc.export import ASPC_FIELDS, _json_line, chat_messages, export_plan
 from aspc.io import read_prompts
 from tests.conftest import lognormal_records, write_jsonl
 from tests.verl_data import write_gsm8k
@@ -290,3 +292,44 @@ def test_a_jsonl_integer_beyond_int64_is_one_line_for_verl(tmp_path, field, valu
     assert "line 6" in r.output and where in r.output and "--format jsonl" in r.output and "string" in r.output
     assert not (tmp_path / "t.parquet").exists()
     assert _cli(["export", tmp_path / "plan.parquet", "--format", "jsonl", "-o", tmp_path / "t.jsonl", "-q"]).exit_code == 0
+
+
+_UTC = datetime.timezone.utc
+
+
+@pytest.mark.parametrize(("arrow", "value", "want"), [
+    (pa.date32(), datetime.date(2024, 2, 29), "2024-02-29"),
+    (pa.timestamp("us"), datetime.datetime(2024, 1, 2, 3, 4, 5, 6), "2024-01-02T03:04:05.000006"),
+    (pa.timestamp("ms", tz="UTC"), datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=_UTC), "2024-01-02T03:04:05+00:00"),
+    (pa.time64("us"), datetime.time(1, 2, 3, 4), "01:02:03.000004"),
+    (pa.decimal128(20, 2), decimal.Decimal("12345678901234567.10"), "12345678901234567.10"),
+    (pa.duration("us"), datetime.timedelta(seconds=-1, microseconds=500000), -0.5),
+    (pa.duration("s"), datetime.timedelta(days=2), 172800),
+])  # fmt: skip
+def test_jsonl_export_writes_parquet_dates_decimals_and_durations(tmp_path, arrow, value, want):
+    # Before: TypeError traceback ("not JSON serialisable: date") for any such column of a Parquet source.
+    recs = lognormal_records(30, seed=7)
+    t = pa.Table.from_pylist(recs).append_column("when", pa.array([value] * len(recs), arrow))
+    pq.write_table(t, tmp_path / "src.parquet")
+    _compile(tmp_path / "src.parquet", tmp_path / "plan.parquet")
+    out = tmp_path / "t.jsonl"
+    r = _cli(["export", tmp_path / "plan.parquet", "--format", "jsonl", "-o", out, "-q"])
+    assert r.exit_code == 0, r.output
+    got = [json.loads(line)["when"] for line in out.read_text(encoding="utf-8").splitlines()]
+    assert got == [want] * len(recs) and all(type(g) is type(want) for g in got)
+
+
+def test_jsonl_export_of_nanoseconds_python_cannot_hold_is_one_line(tmp_path):
+    recs = lognormal_records(30, seed=7)
+    t = pa.Table.from_pylist(recs).append_column("ns", pa.array([1700000000123456789] * 30, pa.timestamp("ns")))
+    pq.write_table(t, tmp_path / "src.parquet")
+    _compile(tmp_path / "src.parquet", tmp_path / "plan.parquet")
+    r = _cli(["export", tmp_path / "plan.parquet", "--format", "jsonl", "-o", tmp_path / "t.jsonl"])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "'ns'" in r.output and "--format verl" in r.output and not (tmp_path / "t.jsonl").exists()
+    assert _cli(["export", tmp_path / "plan.parquet", "-o", tmp_path / "t.parquet", "-q"]).exit_code == 0
+
+
+def test_a_value_json_has_no_form_for_is_an_input_error():
+    with pytest.raises(InputError, match="no form for .*object"):
+        _json_line({"x": object()})

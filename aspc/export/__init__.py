@@ -26,8 +26,11 @@ for the verl settings that keep that order.
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import json
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +44,7 @@ from aspc.choices import EXPORT_FORMATS
 from aspc.emit import Plan, read_plan
 from aspc.emit import schema as S
 from aspc.emit.check import verify_integrity
-from aspc.errors import ConfigError, InputError, PlanError
+from aspc.errors import ConfigError, InputError, PlanError, short_reason
 from aspc.export.overrides import override_args, verl_settings
 from aspc.export.source import check_rows, locate_source, source_records, source_table
 from aspc.guards import check_output
@@ -344,6 +347,9 @@ def _json_line(rec: dict) -> bytes:
     except ValueError:
         raise InputError("a field of the source holds NaN or Infinity, which JSON has no value for (strict readers "
                          "refuse the line); fix the field, or export --format verl") from None  # fmt: skip
+    except TypeError as exc:  # a value _json_default has no form for
+        raise InputError(f"a field of the source holds a value JSON has no form for ({short_reason(exc, limit=80)}); "
+                         "export --format verl, or fix the field") from None  # fmt: skip
     return line
 
 
@@ -356,10 +362,27 @@ def _share(path: Path) -> None:
 
 
 def _json_default(o: Any) -> Any:
+    """The JSON form of a Parquet source's non-JSON values.
+
+    Dates, times and timestamps are ISO-8601 strings (a zone-aware timestamp keeps its offset), as JSON
+    readers and pandas' ``date_format="iso"`` expect; a Decimal is its exact string ("1.10"), since a JSON
+    number would round it through a float; a duration is its length in seconds (an int when whole), the unit
+    of ``timedelta.total_seconds`` and the most common in JSON, computed exactly before the one rounding to float.
+    """
     if isinstance(o, np.generic):
         return o.item()
     if isinstance(o, np.ndarray):
         return o.tolist()
     if isinstance(o, bytes):
         return o.decode("utf-8", errors="replace")
+    if isinstance(o, (dt.date, dt.time)):  # datetime is a date
+        return o.isoformat()
+    if isinstance(o, decimal.Decimal):
+        return str(o)
+    if isinstance(o, dt.timedelta):
+        whole = o.days * 86400 + o.seconds
+        ns = o.microseconds * 1000 + getattr(o, "nanoseconds", 0)  # pandas' Timedelta keeps nanoseconds
+        return whole if not ns else float(decimal.Decimal(whole) + decimal.Decimal(ns).scaleb(-9))
+    if isinstance(o, uuid.UUID):
+        return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")

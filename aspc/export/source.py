@@ -83,7 +83,17 @@ def source_records(source: Path, rows: list[int]) -> list[dict[str, Any]]:
     if detect_format(source) == "parquet":
         from aspc.io.readers import read_parquet_table
 
-        return read_parquet_table(source).take(pa.array(rows, pa.int64())).to_pylist()
+        table = read_parquet_table(source).take(pa.array(rows, pa.int64()))
+        try:
+            return table.to_pylist()
+        except ValueError as exc:
+            # Python's datetime and timedelta hold microseconds: an Arrow nanosecond value with a sub-µs part
+            # has no Python form (without pandas). Arrow's message does not name the column.
+            bad = next((n for n in table.column_names if _unconvertible(table.column(n))), "?")
+            raise InputError(
+                f"{source.name}: column {bad!r} holds a value with no Python form ({short_reason(exc, limit=80)}); "
+                "export --format verl, which keeps it, or fix the column (a nanosecond time: store it in microseconds)"
+            ) from None
     want = set(rows)
     got: dict[int, Any] = {}
     for r, rec in iter_records(source):
@@ -122,6 +132,14 @@ def source_table(source: Path, rows: list[int]) -> pa.Table:
     except UnicodeEncodeError:
         raise InputError(f"{source.name}: a field holds invalid Unicode (lone surrogates); "
                          "re-encode the data as UTF-8") from None  # fmt: skip
+
+
+def _unconvertible(column: pa.ChunkedArray) -> bool:
+    try:
+        column.to_pylist()
+    except ValueError:
+        return True
+    return False
 
 
 def _wide_int(value: Any, path: str = "") -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
+import shlex
 import shutil
 
 import pyarrow as pa
@@ -333,3 +334,38 @@ def test_jsonl_export_of_nanoseconds_python_cannot_hold_is_one_line(tmp_path):
 def test_a_value_json_has_no_form_for_is_an_input_error():
     with pytest.raises(InputError, match="no form for .*object"):
         _json_line({"x": object()})
+
+
+@pytest.mark.parametrize("name", [
+    "my dir/tr ain.parquet", "a=b,c.parquet", "it's $HOME:smile:.parquet", "null", "1e3", "x\\'y\\.parquet",
+    "${oc.env:HOME}.parquet", "ü [b]x[/b].parquet", "plain-name_1.parquet",
+])  # fmt: skip
+def test_printed_overrides_are_shell_and_hydra_quoted(tmp_path, monkeypatch, name):
+    # Before: "data.train_files=my dir/tr ain.parquet" (the shell splits it) and "=a=b,c.parquet" (Hydra: a list).
+    _compile(write_jsonl(tmp_path / "src.jsonl", lognormal_records(40, seed=8)), tmp_path / "plan.parquet")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    r = _cli(["export", "plan.parquet", "-o", name])
+    assert r.exit_code == 0, r.output
+    printed = r.stdout.split("verl overrides for this plan:\n", 1)[1]
+    argv = shlex.split(printed.replace("\\\n", " "))  # a shell joins the lines at each backslash-newline
+    r = _cli(["export", "plan.parquet", "-o", name, "--json"])
+    got = json.loads(r.stdout)
+    assert argv == got["verl_overrides"] and len(argv) == len(got["overrides"])
+    assert argv[0].startswith("data.train_files=") and got["overrides"]["data.train_files"] == name
+    # Checked without hydra-core too: a plain path stays unquoted; Hydra would read the others as a list,
+    # null, a float and an interpolation.
+    hydra_form = {"plain-name_1.parquet": "plain-name_1.parquet", "a=b,c.parquet": "'a=b,c.parquet'",
+                  "null": "'null'", "1e3": "'1e3'", "${oc.env:HOME}.parquet": "'\\${oc.env:HOME}.parquet'"}  # fmt: skip
+    if name in hydra_form:
+        assert argv[0] == f"data.train_files={hydra_form[name]}"
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from omegaconf import OmegaConf
+    except ImportError:
+        return  # hydra-core is not a dependency of aspc; the shell part above stands alone
+    parser = OverridesParser.create()
+    for arg in argv:
+        parsed = parser.parse_override(arg)
+        # verl reads the value through OmegaConf, which resolves ${...} and its escapes.
+        assert OmegaConf.create({"v": parsed.value()}).v == got["overrides"][parsed.key_or_group], arg

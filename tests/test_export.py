@@ -369,3 +369,25 @@ def test_printed_overrides_are_shell_and_hydra_quoted(tmp_path, monkeypatch, nam
         parsed = parser.parse_override(arg)
         # verl reads the value through OmegaConf, which resolves ${...} and its escapes.
         assert OmegaConf.create({"v": parsed.value()}).v == got["overrides"][parsed.key_or_group], arg
+
+
+def test_a_source_prompt_column_replaced_by_the_prompt_field_chat_is_said(tmp_path, text_data):
+    # Before: the source's own 'prompt' column was silently dropped for the chat built from --prompt-field text.
+    recs = lognormal_records(40, seed=9)
+    for i, rec in enumerate(recs):
+        rec["text"], rec["prompt"] = rec["prompt"], i
+    src = write_jsonl(tmp_path / "src.jsonl", recs)
+    plan = _compile(src, tmp_path / "plan.parquet", "--prompt-field", "text")
+    r = _cli(["export", tmp_path / "plan.parquet", "-o", tmp_path / "t.parquet"])
+    assert r.exit_code == 0, r.output
+    notes = [line for line in r.stderr.splitlines() if "'prompt' column" in line]
+    assert len(notes) == 1 and "'text'" in notes[0] and "data.prompt_key" in notes[0], r.stderr
+    rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    texts = {rec["id"]: rec["text"] for rec in recs}
+    assert [row["prompt"] for row in rows] == [[{"role": "user", "content": texts[p]}] for p in plan.column(S.PROMPT_ID)]
+    got = json.loads(_cli(["export", tmp_path / "plan.parquet", "-o", tmp_path / "t.parquet", "--json"]).stdout)
+    assert any("'prompt' column" in w for w in got["warnings"])
+    # The usual case, a prompt field named 'prompt' (a text column made a chat in place), has no such note.
+    _compile(text_data, tmp_path / "plain.parquet")
+    r = _cli(["export", tmp_path / "plain.parquet", "-o", tmp_path / "p.parquet"])
+    assert r.exit_code == 0 and "'prompt' column" not in r.stderr

@@ -57,7 +57,10 @@ def export_cmd(
     unchanged (data_source, prompt, ability, reward_model, extra_info, ...);
     aspc's schedule goes under extra_info["aspc"] (prompt_id, minibatch,
     group, dispatch_rank, n_samples, predicted_len). A text prompt becomes a
-    chat list of one user message in the verl format.
+    chat list of one user message in the verl format; with compile
+    --prompt-field F, that chat, built from F, takes the name 'prompt' (verl's
+    data.prompt_key), and a source column of that name gives way to it, with a
+    note.
 
     The command prints the verl overrides that keep the plan's order (one
     group per trainer step) and its length caps, and what else to set

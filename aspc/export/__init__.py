@@ -10,7 +10,8 @@ Formats
 ``verl``
     Parquet in the layout of verl's ``RLHFDataset``. ``prompt`` is a chat list
     (a text prompt, or a prompt field other than ``prompt``, becomes
-    ``[{"role": "user", ...}]`` in a ``prompt`` column). Without a source
+    ``[{"role": "user", ...}]`` in a ``prompt`` column, which replaces a
+    source column of that name, with a note). Without a source
     ``data_source`` column the rows carry ``--data-source`` (default
     ``aspc``); without a source ``extra_info`` it is ``{"index": source row,
     "aspc": ...}``. An id column is added only when ``aspc compile`` could not
@@ -197,13 +198,19 @@ def export_plan(
     inputs = plan.config.get("inputs") or {}
     prompt_field, id_field = inputs.get("prompt_field", "prompt"), inputs.get("id_field", "id")
     rows = plan.column(S.SOURCE_ROW).astype(np.int64).tolist()
+    replaced = False  # the source's own 'prompt' column gave way to the chat built from another prompt field
     if fmt == "verl":
-        has_ds = _write_verl(out_path, plan, src, rows, prompt_field, id_field, data_source)
+        has_ds, replaced = _write_verl(out_path, plan, src, rows, prompt_field, id_field, data_source)
     else:
         has_ds = _write_jsonl(out_path, plan, src, rows, id_field, data_source)
     counts = np.bincount(plan.column(S.GROUP).astype(np.int64)).astype(int).tolist()
     nseq = plan.column(S.N_SAMPLES)
     overrides, warnings = verl_settings(plan, str(out_path), has_ds) if fmt == "verl" else ({}, [])
+    if replaced:
+        # Said, not refused: the user's file keeps the column, and a renamed source would no longer match the plan.
+        warnings.insert(0, f"the source's 'prompt' column is replaced by the chat built from {prompt_field!r}, the "
+                           "plan's prompt field (verl reads data.prompt_key, 'prompt'); export --format jsonl keeps "
+                           "every source field as it is")  # fmt: skip
     return ExportResult(
         path=out_path,
         format=fmt,
@@ -264,7 +271,8 @@ def _write_verl(
     prompt_field: str,
     id_field: str,
     data_source: str | None,
-) -> bool:
+) -> tuple[bool, bool]:
+    """Write the verl Parquet; (rows have a data_source, the source's own 'prompt' column was replaced)."""
     n = plan.n_rows
     table = source_table(src, rows) if src is not None else None
     cols: dict[str, pa.Array | pa.ChunkedArray] = {}
@@ -277,6 +285,7 @@ def _write_verl(
         and "prompt" in cols
         and pa.types.is_list(table.schema.field("prompt").type)
     )
+    replaced = not keep_prompt and prompt_field != "prompt" and "prompt" in cols
     if not keep_prompt:
         # The plan stores a chat as compact JSON, so text that is exactly such JSON reads as a chat there;
         # the source says which it was: a string column holds text, each cell one user message.
@@ -299,7 +308,7 @@ def _write_verl(
     with atomic_path(path) as tmp:
         pq.write_table(out, tmp, compression="zstd")
         _share(tmp)
-    return has_ds or data_source is not None
+    return has_ds or data_source is not None, replaced
 
 
 def _write_jsonl(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
+import shlex
 import shutil
 
 import pyarrow as pa
@@ -14,7 +17,7 @@ from aspc.cli import main
 from aspc.emit import read_plan
 from aspc.emit import schema as S
 from aspc.errors import ConfigError, InputError
-from aspc.export import ASPC_FIELDS, chat_messages, export_plan
+from aspc.export import ASPC_FIELDS, _json_line, chat_messages, export_plan
 from aspc.io import read_prompts
 from tests.conftest import lognormal_records, write_jsonl
 from tests.verl_data import write_gsm8k
@@ -273,3 +276,118 @@ def test_an_export_of_an_export_replaces_its_schedule(tmp_path, fmt):
         rows = [json.loads(line)["extra_info"] for line in second.read_text().splitlines()]
     assert [r["aspc"]["prompt_id"] for r in rows] == second_plan.column(S.PROMPT_ID).tolist()
     assert [r["aspc"]["dispatch_rank"] for r in rows] == list(range(40))
+
+
+@pytest.mark.parametrize(("field", "value", "where"), [
+    ("big", 2**70, "'big'"), ("big", -(2**63) - 1, "'big'"), ("extra_info", {"n": [1, 2**64]}, "'extra_info.n[1]'"),
+])  # fmt: skip
+def test_a_jsonl_integer_beyond_int64_is_one_line_for_verl(tmp_path, field, value, where):
+    # Before: OverflowError traceback from Arrow (JSON integers have no size limit; compile and jsonl take them).
+    recs = lognormal_records(40, seed=6)
+    for i, rec in enumerate(recs):
+        rec[field] = value if i == 5 else ({"n": [1, 1]} if field == "extra_info" else 1)
+    src = write_jsonl(tmp_path / "big.jsonl", recs)
+    _compile(src, tmp_path / "plan.parquet")
+    r = _cli(["export", tmp_path / "plan.parquet", "-o", tmp_path / "t.parquet"])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "line 6" in r.output and where in r.output and "--format jsonl" in r.output and "string" in r.output
+    assert not (tmp_path / "t.parquet").exists()
+    assert _cli(["export", tmp_path / "plan.parquet", "--format", "jsonl", "-o", tmp_path / "t.jsonl", "-q"]).exit_code == 0
+
+
+_UTC = datetime.timezone.utc
+
+
+@pytest.mark.parametrize(("arrow", "value", "want"), [
+    (pa.date32(), datetime.date(2024, 2, 29), "2024-02-29"),
+    (pa.timestamp("us"), datetime.datetime(2024, 1, 2, 3, 4, 5, 6), "2024-01-02T03:04:05.000006"),
+    (pa.timestamp("ms", tz="UTC"), datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=_UTC), "2024-01-02T03:04:05+00:00"),
+    (pa.time64("us"), datetime.time(1, 2, 3, 4), "01:02:03.000004"),
+    (pa.decimal128(20, 2), decimal.Decimal("12345678901234567.10"), "12345678901234567.10"),
+    (pa.duration("us"), datetime.timedelta(seconds=-1, microseconds=500000), -0.5),
+    (pa.duration("s"), datetime.timedelta(days=2), 172800),
+])  # fmt: skip
+def test_jsonl_export_writes_parquet_dates_decimals_and_durations(tmp_path, arrow, value, want):
+    # Before: TypeError traceback ("not JSON serialisable: date") for any such column of a Parquet source.
+    recs = lognormal_records(30, seed=7)
+    t = pa.Table.from_pylist(recs).append_column("when", pa.array([value] * len(recs), arrow))
+    pq.write_table(t, tmp_path / "src.parquet")
+    _compile(tmp_path / "src.parquet", tmp_path / "plan.parquet")
+    out = tmp_path / "t.jsonl"
+    r = _cli(["export", tmp_path / "plan.parquet", "--format", "jsonl", "-o", out, "-q"])
+    assert r.exit_code == 0, r.output
+    got = [json.loads(line)["when"] for line in out.read_text(encoding="utf-8").splitlines()]
+    assert got == [want] * len(recs) and all(type(g) is type(want) for g in got)
+
+
+def test_jsonl_export_of_nanoseconds_python_cannot_hold_is_one_line(tmp_path):
+    recs = lognormal_records(30, seed=7)
+    t = pa.Table.from_pylist(recs).append_column("ns", pa.array([1700000000123456789] * 30, pa.timestamp("ns")))
+    pq.write_table(t, tmp_path / "src.parquet")
+    _compile(tmp_path / "src.parquet", tmp_path / "plan.parquet")
+    r = _cli(["export", tmp_path / "plan.parquet", "--format", "jsonl", "-o", tmp_path / "t.jsonl"])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "'ns'" in r.output and "--format verl" in r.output and not (tmp_path / "t.jsonl").exists()
+    assert _cli(["export", tmp_path / "plan.parquet", "-o", tmp_path / "t.parquet", "-q"]).exit_code == 0
+
+
+def test_a_value_json_has_no_form_for_is_an_input_error():
+    with pytest.raises(InputError, match="no form for .*object"):
+        _json_line({"x": object()})
+
+
+@pytest.mark.parametrize("name", [
+    "my dir/tr ain.parquet", "a=b,c.parquet", "it's $HOME:smile:.parquet", "null", "1e3", "x\\'y\\.parquet",
+    "${oc.env:HOME}.parquet", "ü [b]x[/b].parquet", "plain-name_1.parquet",
+])  # fmt: skip
+def test_printed_overrides_are_shell_and_hydra_quoted(tmp_path, monkeypatch, name):
+    # Before: "data.train_files=my dir/tr ain.parquet" (the shell splits it) and "=a=b,c.parquet" (Hydra: a list).
+    _compile(write_jsonl(tmp_path / "src.jsonl", lognormal_records(40, seed=8)), tmp_path / "plan.parquet")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    r = _cli(["export", "plan.parquet", "-o", name])
+    assert r.exit_code == 0, r.output
+    printed = r.stdout.split("verl overrides for this plan:\n", 1)[1]
+    argv = shlex.split(printed.replace("\\\n", " "))  # a shell joins the lines at each backslash-newline
+    r = _cli(["export", "plan.parquet", "-o", name, "--json"])
+    got = json.loads(r.stdout)
+    assert argv == got["verl_overrides"] and len(argv) == len(got["overrides"])
+    assert argv[0].startswith("data.train_files=") and got["overrides"]["data.train_files"] == name
+    # Checked without hydra-core too: a plain path stays unquoted; Hydra would read the others as a list,
+    # null, a float and an interpolation.
+    hydra_form = {"plain-name_1.parquet": "plain-name_1.parquet", "a=b,c.parquet": "'a=b,c.parquet'",
+                  "null": "'null'", "1e3": "'1e3'", "${oc.env:HOME}.parquet": "'\\${oc.env:HOME}.parquet'"}  # fmt: skip
+    if name in hydra_form:
+        assert argv[0] == f"data.train_files={hydra_form[name]}"
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from omegaconf import OmegaConf
+    except ImportError:
+        return  # hydra-core is not a dependency of aspc; the shell part above stands alone
+    parser = OverridesParser.create()
+    for arg in argv:
+        parsed = parser.parse_override(arg)
+        # verl reads the value through OmegaConf, which resolves ${...} and its escapes.
+        assert OmegaConf.create({"v": parsed.value()}).v == got["overrides"][parsed.key_or_group], arg
+
+
+def test_a_source_prompt_column_replaced_by_the_prompt_field_chat_is_said(tmp_path, text_data):
+    # Before: the source's own 'prompt' column was silently dropped for the chat built from --prompt-field text.
+    recs = lognormal_records(40, seed=9)
+    for i, rec in enumerate(recs):
+        rec["text"], rec["prompt"] = rec["prompt"], i
+    src = write_jsonl(tmp_path / "src.jsonl", recs)
+    plan = _compile(src, tmp_path / "plan.parquet", "--prompt-field", "text")
+    r = _cli(["export", tmp_path / "plan.parquet", "-o", tmp_path / "t.parquet"])
+    assert r.exit_code == 0, r.output
+    notes = [line for line in r.stderr.splitlines() if "'prompt' column" in line]
+    assert len(notes) == 1 and "'text'" in notes[0] and "data.prompt_key" in notes[0], r.stderr
+    rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    texts = {rec["id"]: rec["text"] for rec in recs}
+    assert [row["prompt"] for row in rows] == [[{"role": "user", "content": texts[p]}] for p in plan.column(S.PROMPT_ID)]
+    got = json.loads(_cli(["export", tmp_path / "plan.parquet", "-o", tmp_path / "t.parquet", "--json"]).stdout)
+    assert any("'prompt' column" in w for w in got["warnings"])
+    # The usual case, a prompt field named 'prompt' (a text column made a chat in place), has no such note.
+    _compile(text_data, tmp_path / "plain.parquet")
+    r = _cli(["export", tmp_path / "plain.parquet", "-o", tmp_path / "p.parquet"])
+    assert r.exit_code == 0 and "'prompt' column" not in r.stderr

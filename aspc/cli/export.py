@@ -57,12 +57,16 @@ def export_cmd(
     unchanged (data_source, prompt, ability, reward_model, extra_info, ...);
     aspc's schedule goes under extra_info["aspc"] (prompt_id, minibatch,
     group, dispatch_rank, n_samples, predicted_len). A text prompt becomes a
-    chat list of one user message in the verl format.
+    chat list of one user message in the verl format; with compile
+    --prompt-field F, that chat, built from F, takes the name 'prompt' (verl's
+    data.prompt_key), and a source column of that name gives way to it, with a
+    note.
 
     The command prints the verl overrides that keep the plan's order (one
     group per trainer step) and its length caps, and what else to set
-    (data.gen_batch_size, data.val_files); --json gives them as
-    {"overrides": {...}, "warnings": [...], ...}.
+    (data.gen_batch_size, data.val_files), quoted for a POSIX shell and for
+    Hydra; --json gives them as {"overrides": {...}, "warnings": [...],
+    "verl_overrides": [one argv element each], ...}.
 
     \b
     aspc compile gsm8k.parquet --for verl --max-response-length 1024 --max-prompt-length 512 -o plan.parquet
@@ -70,6 +74,7 @@ def export_cmd(
     aspc export plan.parquet --format jsonl -o train.jsonl
     """
     from aspc.export import export_plan
+    from aspc.export.overrides import shell_line
     from aspc.guards import check_output
 
     output = check_output(output, inputs=[plan_path, source])
@@ -86,9 +91,13 @@ def export_cmd(
     if quiet:
         return
     origin = f", columns of {res.source.name}" if res.source is not None else ", aspc's columns only"
-    out_console.print(f"wrote {res.rows:,} rows in dispatch order to {res.path} ({res.format}{origin})", markup=False)
+    # emoji=False: a path such as a:smile:b is printed as it is, not with an emoji in it.
+    out_console.print(f"wrote {res.rows:,} rows in dispatch order to {res.path} ({res.format}{origin})", markup=False,
+                      emoji=False)  # fmt: skip
     if res.format == "verl":
         out_console.print("verl overrides for this plan:")
-        out_console.print("  " + " \\\n  ".join(res.verl_overrides()), soft_wrap=True, highlight=False, markup=False)
+        # Shell-quoted, so that the lines pasted after a verl command pass each override as one argument.
+        line = shell_line(res.verl_overrides(), " \\\n  ")
+        out_console.print("  " + line, soft_wrap=True, highlight=False, markup=False, emoji=False)
         for w in res.warnings:
             err_console.print(f"[yellow]note[/] {escape(w)}", soft_wrap=True, highlight=False)

@@ -10,7 +10,8 @@ Formats
 ``verl``
     Parquet in the layout of verl's ``RLHFDataset``. ``prompt`` is a chat list
     (a text prompt, or a prompt field other than ``prompt``, becomes
-    ``[{"role": "user", ...}]`` in a ``prompt`` column). Without a source
+    ``[{"role": "user", ...}]`` in a ``prompt`` column, which replaces a
+    source column of that name, with a note). Without a source
     ``data_source`` column the rows carry ``--data-source`` (default
     ``aspc``); without a source ``extra_info`` it is ``{"index": source row,
     "aspc": ...}``. An id column is added only when ``aspc compile`` could not
@@ -26,8 +27,11 @@ for the verl settings that keep that order.
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import json
 import os
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +45,7 @@ from aspc.choices import EXPORT_FORMATS
 from aspc.emit import Plan, read_plan
 from aspc.emit import schema as S
 from aspc.emit.check import verify_integrity
-from aspc.errors import ConfigError, InputError, PlanError
+from aspc.errors import ConfigError, InputError, PlanError, short_reason
 from aspc.export.overrides import override_args, verl_settings
 from aspc.export.source import check_rows, locate_source, source_records, source_table
 from aspc.guards import check_output
@@ -194,13 +198,19 @@ def export_plan(
     inputs = plan.config.get("inputs") or {}
     prompt_field, id_field = inputs.get("prompt_field", "prompt"), inputs.get("id_field", "id")
     rows = plan.column(S.SOURCE_ROW).astype(np.int64).tolist()
+    replaced = False  # the source's own 'prompt' column gave way to the chat built from another prompt field
     if fmt == "verl":
-        has_ds = _write_verl(out_path, plan, src, rows, prompt_field, id_field, data_source)
+        has_ds, replaced = _write_verl(out_path, plan, src, rows, prompt_field, id_field, data_source)
     else:
         has_ds = _write_jsonl(out_path, plan, src, rows, id_field, data_source)
     counts = np.bincount(plan.column(S.GROUP).astype(np.int64)).astype(int).tolist()
     nseq = plan.column(S.N_SAMPLES)
     overrides, warnings = verl_settings(plan, str(out_path), has_ds) if fmt == "verl" else ({}, [])
+    if replaced:
+        # Said, not refused: the user's file keeps the column, and a renamed source would no longer match the plan.
+        warnings.insert(0, f"the source's 'prompt' column is replaced by the chat built from {prompt_field!r}, the "
+                           "plan's prompt field (verl reads data.prompt_key, 'prompt'); export --format jsonl keeps "
+                           "every source field as it is")  # fmt: skip
     return ExportResult(
         path=out_path,
         format=fmt,
@@ -261,7 +271,8 @@ def _write_verl(
     prompt_field: str,
     id_field: str,
     data_source: str | None,
-) -> bool:
+) -> tuple[bool, bool]:
+    """Write the verl Parquet; (rows have a data_source, the source's own 'prompt' column was replaced)."""
     n = plan.n_rows
     table = source_table(src, rows) if src is not None else None
     cols: dict[str, pa.Array | pa.ChunkedArray] = {}
@@ -274,6 +285,7 @@ def _write_verl(
         and "prompt" in cols
         and pa.types.is_list(table.schema.field("prompt").type)
     )
+    replaced = not keep_prompt and prompt_field != "prompt" and "prompt" in cols
     if not keep_prompt:
         # The plan stores a chat as compact JSON, so text that is exactly such JSON reads as a chat there;
         # the source says which it was: a string column holds text, each cell one user message.
@@ -296,7 +308,7 @@ def _write_verl(
     with atomic_path(path) as tmp:
         pq.write_table(out, tmp, compression="zstd")
         _share(tmp)
-    return has_ds or data_source is not None
+    return has_ds or data_source is not None, replaced
 
 
 def _write_jsonl(
@@ -344,6 +356,9 @@ def _json_line(rec: dict) -> bytes:
     except ValueError:
         raise InputError("a field of the source holds NaN or Infinity, which JSON has no value for (strict readers "
                          "refuse the line); fix the field, or export --format verl") from None  # fmt: skip
+    except TypeError as exc:  # a value _json_default has no form for
+        raise InputError(f"a field of the source holds a value JSON has no form for ({short_reason(exc, limit=80)}); "
+                         "export --format verl, or fix the field") from None  # fmt: skip
     return line
 
 
@@ -356,10 +371,27 @@ def _share(path: Path) -> None:
 
 
 def _json_default(o: Any) -> Any:
+    """The JSON form of a Parquet source's non-JSON values.
+
+    Dates, times and timestamps are ISO-8601 strings (a zone-aware timestamp keeps its offset), as JSON
+    readers and pandas' ``date_format="iso"`` expect; a Decimal is its exact string ("1.10"), since a JSON
+    number would round it through a float; a duration is its length in seconds (an int when whole), the unit
+    of ``timedelta.total_seconds`` and the most common in JSON, computed exactly before the one rounding to float.
+    """
     if isinstance(o, np.generic):
         return o.item()
     if isinstance(o, np.ndarray):
         return o.tolist()
     if isinstance(o, bytes):
         return o.decode("utf-8", errors="replace")
+    if isinstance(o, (dt.date, dt.time)):  # datetime is a date
+        return o.isoformat()
+    if isinstance(o, decimal.Decimal):
+        return str(o)
+    if isinstance(o, dt.timedelta):
+        whole = o.days * 86400 + o.seconds
+        ns = o.microseconds * 1000 + getattr(o, "nanoseconds", 0)  # pandas' Timedelta keeps nanoseconds
+        return whole if not ns else float(decimal.Decimal(whole) + decimal.Decimal(ns).scaleb(-9))
+    if isinstance(o, uuid.UUID):
+        return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")

@@ -13,6 +13,8 @@ plan's caps (``data.max_prompt_length``, ``data.max_response_length``).
 from __future__ import annotations
 
 import math
+import re
+import shlex
 from typing import Any
 
 import numpy as np
@@ -20,14 +22,48 @@ import numpy as np
 from aspc.emit import Plan
 from aspc.emit import schema as S
 
+# Hydra reads an unquoted value of these characters as that very string, unless it spells a number, a bool or
+# null (_TYPED, a superset of Hydra's INT, FLOAT, BOOL and NULL: quoting more is harmless). Anything else (a
+# space, a comma Hydra reads as a list, '=', '$', a non-ASCII letter its lexer refuses) is quoted.
+_PLAIN = re.compile(r"[A-Za-z0-9_./@%+-]+", re.ASCII)
+_TYPED = re.compile(r"[+-]?([\d_.]*(e[+-]?[\d_]*)?|inf|nan)|null|true|false", re.IGNORECASE | re.ASCII)
+
+
+def _hydra_str(s: str) -> str:
+    """``s`` as a Hydra override value that reads back as the string ``s`` once OmegaConf resolves it."""
+    if _PLAIN.fullmatch(s) and not _TYPED.fullmatch(s):
+        return s
+    # OmegaConf resolves ${...} even in a quoted value: \${ is a literal one, and a backslash before it is
+    # doubled so that it stays a backslash.
+    s = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", s)
+    # In '...' Hydra reads \' as a quote and \\ as one backslash, but only before a quote (or the closing one).
+    s = re.sub(r"(\\*)('|\Z)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), s)
+    return f"'{s}'"
+
 
 def _value(v: Any) -> str:
-    return str(v) if not isinstance(v, bool) else ("True" if v else "False")
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    return _hydra_str(v) if isinstance(v, str) else str(v)
 
 
 def override_args(overrides: dict[str, Any]) -> list[str]:
-    """``key=value`` command-line arguments for verl's Hydra config."""
+    """``key=value`` arguments for verl's Hydra config, one argv element each (a string value Hydra-quoted
+    where needed, never shell-quoted: see :func:`shell_line`)."""
     return [f"{k}={_value(v)}" for k, v in overrides.items()]
+
+
+def shell_line(args: list[str], sep: str = " ") -> str:
+    """``args`` for a POSIX shell: each quoted so that the shell passes it as one argument, unchanged."""
+    return sep.join(_shell_arg(a) for a in args)
+
+
+def _shell_arg(arg: str) -> str:
+    quoted = shlex.quote(arg)
+    # "k='a b'" reads better than shlex's 'k='"'"'a b'"'"'; in "..." only $ ` \ " (and bash's ! history) act.
+    if quoted != arg and "'" in arg and not any(c in arg for c in '$`\\"!'):
+        return f'"{arg}"'
+    return quoted
 
 
 def verl_settings(plan: Plan, train_file: str, has_data_source: bool) -> tuple[dict[str, Any], list[str]]:

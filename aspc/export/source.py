@@ -83,7 +83,17 @@ def source_records(source: Path, rows: list[int]) -> list[dict[str, Any]]:
     if detect_format(source) == "parquet":
         from aspc.io.readers import read_parquet_table
 
-        return read_parquet_table(source).take(pa.array(rows, pa.int64())).to_pylist()
+        table = read_parquet_table(source).take(pa.array(rows, pa.int64()))
+        try:
+            return table.to_pylist()
+        except ValueError as exc:
+            # Python's datetime and timedelta hold microseconds: an Arrow nanosecond value with a sub-µs part
+            # has no Python form (without pandas). Arrow's message does not name the column.
+            bad = next((n for n in table.column_names if _unconvertible(table.column(n))), "?")
+            raise InputError(
+                f"{source.name}: column {bad!r} holds a value with no Python form ({short_reason(exc, limit=80)}); "
+                "export --format verl, which keeps it, or fix the column (a nanosecond time: store it in microseconds)"
+            ) from None
     want = set(rows)
     got: dict[int, Any] = {}
     for r, rec in iter_records(source):
@@ -103,7 +113,18 @@ def source_table(source: Path, rows: list[int]) -> pa.Table:
     recs = source_records(source, rows)
     try:
         return pa.Table.from_pylist(recs)
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        # Arrow's own message names neither the field nor the row, and JSON integers have no size limit.
+        for r, rec in zip(rows, recs, strict=True):
+            where = _wide_int(rec)
+            if where is not None:
+                raise InputError(
+                    f"{source.name}: line {r + 1}: field {where!r} holds an integer outside the signed 64-bit range, "
+                    "which a Parquet column cannot store; export --format jsonl, or store the field as a string"
+                ) from None
+        if isinstance(exc, OverflowError):  # not seen without a wide integer; kept one line all the same
+            raise InputError(f"{source.name}: a value does not fit a Parquet column ({short_reason(exc, limit=100)}); "
+                             "export --format jsonl, or fix the field") from None  # fmt: skip
         raise InputError(
             f"{source.name}: a field mixes value types across rows ({short_reason(exc, limit=100)}); "
             "it cannot be a Parquet column: export --format jsonl, or fix the field"
@@ -111,6 +132,31 @@ def source_table(source: Path, rows: list[int]) -> pa.Table:
     except UnicodeEncodeError:
         raise InputError(f"{source.name}: a field holds invalid Unicode (lone surrogates); "
                          "re-encode the data as UTF-8") from None  # fmt: skip
+
+
+def _unconvertible(column: pa.ChunkedArray) -> bool:
+    try:
+        column.to_pylist()
+    except ValueError:
+        return True
+    return False
+
+
+def _wide_int(value: Any, path: str = "") -> str | None:
+    """The dotted path of the first integer in ``value`` outside int64 (Arrow's widest signed integer), else None."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return path if not -(2**63) <= value < 2**63 else None
+    if isinstance(value, dict):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for at, v in items:
+        found = _wide_int(v, at)
+        if found is not None:
+            return found
+    return None
 
 
 def source_name(source: Path | None) -> str | None:

@@ -345,3 +345,19 @@ def test_the_group_loads_figure_uses_the_lower_bound_inspect_reports(tmp_path):
     assert invoke_cli("compile", data, "--length-field", "lengths", "--group-size", "4", "-o", out, "-q").exit_code == 0
     plan = read_plan(out)
     assert plan_view(plan, "p").lower_bound == pytest.approx(plan.metrics["lower_bound"])
+
+
+@needs_mpl
+def test_a_png_of_the_users_in_an_earlier_report_is_not_deleted(inputs, tmp_path):
+    # Any *.png counted as the report's: replacing the report deleted the user's own picture with it.
+    out = tmp_path / "rep"
+    assert _cli(["report", inputs["plan_asp"], "-o", out, "-q"]).exit_code == 0
+    (out / "holiday_photo.png").write_bytes(PNG_MAGIC + b"mine")
+    r = _cli(["report", inputs["plan_asp"], "-o", out])
+    assert r.exit_code == 2 and "holds 'holiday_photo.png', which is no part of an aspc report" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert (out / "holiday_photo.png").read_bytes() == PNG_MAGIC + b"mine"
+    # The run figures of an earlier report with runs are the report's own: replaced as before.
+    assert _cli(["report", inputs["plan_asp"], inputs["run_asp"], "-o", tmp_path / "full", "-q"]).exit_code == 0
+    assert _cli(["report", inputs["plan_asp"], "-o", tmp_path / "full", "-q"]).exit_code == 0
+    assert {p.name for p in (tmp_path / "full").glob("*.png")} == PLAN_PNGS

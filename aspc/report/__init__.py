@@ -40,8 +40,12 @@ def _check_out_dir(out_dir: Path) -> None:
             "(an earlier report there would be replaced, anything else is never deleted)"
         )
     # A report's directory that also holds a user's files (run logs copied beside it): replaced whole,
-    # they went with it. A report is index.html and its PNG figures.
-    extra = sorted(p.name for p in out_dir.iterdir() if not (p.is_file() and (p.name == INDEX or p.suffix == ".png")))
+    # they went with it. A report is index.html and its figures, by their own names: any other file, a
+    # PNG the user put there too, is theirs.
+    from aspc.report.figures import PLAN_FIGURES, RUN_FIGURES
+
+    own = {INDEX} | {s.file for s in (*PLAN_FIGURES, *RUN_FIGURES)}
+    extra = sorted(p.name for p in out_dir.iterdir() if not (p.is_file() and p.name in own))
     if extra:
         raise ConfigError(f"-o {out_dir}: holds {extra[0]!r}, which is no part of an aspc report and writing "
                           "the report would delete; move it out, or pick a new directory")  # fmt: skip

@@ -361,3 +361,36 @@ def test_a_png_of_the_users_in_an_earlier_report_is_not_deleted(inputs, tmp_path
     assert _cli(["report", inputs["plan_asp"], inputs["run_asp"], "-o", tmp_path / "full", "-q"]).exit_code == 0
     assert _cli(["report", inputs["plan_asp"], "-o", tmp_path / "full", "-q"]).exit_code == 0
     assert {p.name for p in (tmp_path / "full").glob("*.png")} == PLAN_PNGS
+
+
+def _edited_plan(plan: Path, out: Path, how: str) -> Path:
+    """``plan`` rewritten with a hand edit ``inspect`` refuses: a metric, a row, or a metadata key removed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(plan)
+    meta = dict(t.schema.metadata)
+    if how == "metric":
+        metrics = json.loads(meta[b"aspc.metrics"])
+        metrics["lower_bound"] = 0
+        meta[b"aspc.metrics"] = json.dumps(metrics).encode()
+    elif how == "row":
+        pred = t.column("predicted_len").to_numpy().copy()
+        pred[3] *= 5
+        t = t.set_column(t.schema.get_field_index("predicted_len"), "predicted_len", pa.array(pred))
+    else:
+        del meta[how.encode()]
+    pq.write_table(t.replace_schema_metadata(meta), out)
+    return out
+
+
+@needs_mpl
+@pytest.mark.parametrize("how", ["metric", "row", "aspc.metrics", "aspc.rows_hash"])
+def test_report_refuses_an_edited_plan_as_inspect_does(inputs, tmp_path, how):
+    # inspect verified the rows against the stored metrics; report showed the edited figures and exited 0.
+    bad = _edited_plan(inputs["plan_asp"], tmp_path / "bad.parquet", how)
+    want = _cli(["inspect", bad])
+    assert want.exit_code == 2 and len(want.output.strip().splitlines()) == 1, want.output
+    r = _cli(["report", bad, inputs["run_asp"], "-o", tmp_path / "rep"])
+    assert r.exit_code == 2 and r.output == want.output, r.output
+    assert "recompile" in r.output and not (tmp_path / "rep").exists()

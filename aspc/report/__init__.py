@@ -88,10 +88,11 @@ def write_report(
     ------
     AspcError
         matplotlib missing (install ``aspc[report]``), an unreadable plan or
-        run log, a run log that shares no prompt with the plan, one given
-        twice, or an unusable ``out_dir``.
+        one edited by hand (rows and stored metrics disagree, as ``aspc inspect``
+        refuses), an unreadable run log, a run log that shares no prompt with
+        the plan, one given twice, or an unusable ``out_dir``.
     """
-    from aspc.emit import read_plan
+    from aspc.emit import read_plan, verify_integrity
     from aspc.report import figures as F
     from aspc.report.canvas import literal_text
     from aspc.report.data import plan_view, run_labels, run_view
@@ -110,6 +111,8 @@ def write_report(
 
     progress.stage("read", total=1 + len(run_paths))
     plan = read_plan(plan_path)
+    # The page shows the stored metrics beside figures drawn from the rows: as inspect does, they must agree.
+    verify_integrity(plan, plan_path.name)
     pv = plan_view(plan, plan_path.name)
     progress.advance()
     runs = []

@@ -394,3 +394,22 @@ def test_report_refuses_an_edited_plan_as_inspect_does(inputs, tmp_path, how):
     r = _cli(["report", bad, inputs["run_asp"], "-o", tmp_path / "rep"])
     assert r.exit_code == 2 and r.output == want.output, r.output
     assert "recompile" in r.output and not (tmp_path / "rep").exists()
+
+
+@needs_mpl
+@pytest.mark.parametrize("config", [{"workers": None}, {"workers": "x"}, {"workers": -3}, {"workers": 0}, 5])
+def test_report_of_an_interrupted_run_with_a_damaged_meta_is_one_line(inputs, tmp_path, config):
+    # An interrupted run's summary is recomputed from meta.json's config: a bad workers was a traceback.
+    import shutil
+
+    log = tmp_path / "killed"
+    shutil.copytree(inputs["run_asp"], log)
+    meta = json.loads((log / "meta.json").read_text())
+    meta["status"] = "running"
+    del meta["summary"]
+    meta["config"] = meta["config"] | config if isinstance(config, dict) else config
+    (log / "meta.json").write_text(json.dumps(meta))
+    r = _cli(["report", inputs["plan_asp"], log, "-o", tmp_path / "rep"])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert f"{log}: meta.json config" in r.output and r.output.rstrip().endswith("the run log is damaged")
+    assert not (tmp_path / "rep").exists()

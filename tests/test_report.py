@@ -413,3 +413,41 @@ def test_report_of_an_interrupted_run_with_a_damaged_meta_is_one_line(inputs, tm
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
     assert f"{log}: meta.json config" in r.output and r.output.rstrip().endswith("the run log is damaged")
     assert not (tmp_path / "rep").exists()
+
+
+@needs_mpl
+def test_a_rolling_scouts_rows_are_no_observed_prompts(inputs, tmp_path):
+    # Its scout rows (ids ending in SCOUT_ID_SUFFIX, cut responses) counted as extra prompts and entered
+    # Kendall tau and the MAE; predict train and --history leave them out.
+    import pyarrow.compute as pc
+
+    from aspc.emit import read_plan
+    from aspc.emit.schema import SCOUT_ID_SUFFIX
+    from aspc.report.data import plan_view, run_view
+    from aspc.runtime.record.runlog import read_run_log
+
+    log = tmp_path / "roll"
+    args = ["--actual-lengths", inputs["data"], "--length-field", "lengths", "--log", log, "-q"]
+    r = _cli(["run", inputs["plan_asp"], "--scout", "--scout-roll", *args])
+    assert r.exit_code == 0, r.output
+    plan_path, run_dir = log / "plans" / "epoch-1.parquet", log / "epoch-1"
+    plan = read_plan(plan_path)
+    ids = [str(p) for p in plan.column("prompt_id")]
+    n_prompts = sum(not p.endswith(SCOUT_ID_SUFFIX) for p in ids)
+    assert n_prompts == 240 < len(ids)  # the plan does hold scout rows
+    view = run_view(plan_view(plan, "p"), read_run_log(run_dir), "roll")
+    assert view.extra["prompts_observed"] == view.observed.size == n_prompts
+    # The agreement figures are those of the prompts' own samples alone.
+    keep = np.array([not p.endswith(SCOUT_ID_SUFFIX) for p in ids])
+    plain = plan_view(plan, "p")
+    plain.prompt_ids, plain.predicted = plain.prompt_ids[keep], plain.predicted[keep]
+    want = run_view(plain, read_run_log(run_dir), "plain").extra
+    assert view.extra["kendall_tau"] == want["kendall_tau"] and view.extra["length_mae"] == want["length_mae"]
+    # A log cut short holding only scout samples shares the plan's ids: not refused as another plan's.
+    cut = read_run_log(run_dir)
+    samples = cut.tables["samples"]
+    cut.tables["samples"] = samples.filter(pc.ends_with(samples.column("prompt_id"), SCOUT_ID_SUFFIX))
+    assert cut.tables["samples"].num_rows and run_view(plan_view(plan, "p"), cut, "cut").extra["prompts_observed"] == 0
+    r = _cli(["report", plan_path, run_dir, "-o", tmp_path / "rep", "-q"])
+    assert r.exit_code == 0, r.output
+    assert "240 prompts (+ " in (tmp_path / "rep" / "index.html").read_text(encoding="utf-8")

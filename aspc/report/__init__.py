@@ -190,7 +190,16 @@ def _page(pv: Any, runs: list[Any], tmp: Path, embed: bool) -> str:
                 + run_figs,
             )
         )
-    sub = f"plan {pv.name}: {pv.predicted.size:,} prompts, {pv.n_minibatches:,} minibatches, {pv.n_groups:,} groups"
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from aspc.emit import schema as S
+
+    # A rolling scout's plan holds a scout row beside each scouted prompt: work of that run, no prompt.
+    ids = pa.array(pv.prompt_ids.tolist(), pa.string())
+    n_scout = int(pc.sum(pc.ends_with(ids, S.SCOUT_ID_SUFFIX)).as_py() or 0)
+    rows = f"{pv.predicted.size - n_scout:,} prompts" + (f" (+ {n_scout:,} scout rows)" if n_scout else "")
+    sub = f"plan {pv.name}: {rows}, {pv.n_minibatches:,} minibatches, {pv.n_groups:,} groups"
     if runs:
         sub += "; runs: " + ", ".join(r.name for r in runs)
     return H.render_page(title=f"aspc report: {pv.name}", subtitle=sub, sections=sections)

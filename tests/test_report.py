@@ -451,3 +451,15 @@ def test_a_rolling_scouts_rows_are_no_observed_prompts(inputs, tmp_path):
     r = _cli(["report", plan_path, run_dir, "-o", tmp_path / "rep", "-q"])
     assert r.exit_code == 0, r.output
     assert "240 prompts (+ " in (tmp_path / "rep" / "index.html").read_text(encoding="utf-8")
+
+
+def test_inspect_shows_an_undefined_load_ratio_as_a_dash(tmp_path):
+    # Every length 0: the lower bound is 0 and "load / LB" printed nan (with a RuntimeWarning).
+    data = write_jsonl(tmp_path / "zeros.jsonl", [{"id": f"p{i}", "prompt": "hi " * (i + 1), "len": 0} for i in range(40)])
+    plan = tmp_path / "zeros.parquet"
+    assert _cli(["compile", data, "--length-field", "len", "--workers", "4", "-o", plan, "-q"]).exit_code == 0
+    r = _cli(["inspect", plan])
+    assert r.exit_code == 0, r.output
+    rows = [line for line in r.output.splitlines() if re.match(r"^│\s+\d+\s+│\s+0\s+│", line)]
+    assert rows and all(line.split("│")[3].strip() == "–" for line in rows), r.output
+    assert "nan" not in r.output.lower() and "Warning" not in r.output

@@ -345,3 +345,121 @@ def test_the_group_loads_figure_uses_the_lower_bound_inspect_reports(tmp_path):
     assert invoke_cli("compile", data, "--length-field", "lengths", "--group-size", "4", "-o", out, "-q").exit_code == 0
     plan = read_plan(out)
     assert plan_view(plan, "p").lower_bound == pytest.approx(plan.metrics["lower_bound"])
+
+
+@needs_mpl
+def test_a_png_of_the_users_in_an_earlier_report_is_not_deleted(inputs, tmp_path):
+    # Any *.png counted as the report's: replacing the report deleted the user's own picture with it.
+    out = tmp_path / "rep"
+    assert _cli(["report", inputs["plan_asp"], "-o", out, "-q"]).exit_code == 0
+    (out / "holiday_photo.png").write_bytes(PNG_MAGIC + b"mine")
+    r = _cli(["report", inputs["plan_asp"], "-o", out])
+    assert r.exit_code == 2 and "holds 'holiday_photo.png', which is no part of an aspc report" in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert (out / "holiday_photo.png").read_bytes() == PNG_MAGIC + b"mine"
+    # The run figures of an earlier report with runs are the report's own: replaced as before.
+    assert _cli(["report", inputs["plan_asp"], inputs["run_asp"], "-o", tmp_path / "full", "-q"]).exit_code == 0
+    assert _cli(["report", inputs["plan_asp"], "-o", tmp_path / "full", "-q"]).exit_code == 0
+    assert {p.name for p in (tmp_path / "full").glob("*.png")} == PLAN_PNGS
+
+
+def _edited_plan(plan: Path, out: Path, how: str) -> Path:
+    """``plan`` rewritten with a hand edit ``inspect`` refuses: a metric, a row, or a metadata key removed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(plan)
+    meta = dict(t.schema.metadata)
+    if how == "metric":
+        metrics = json.loads(meta[b"aspc.metrics"])
+        metrics["lower_bound"] = 0
+        meta[b"aspc.metrics"] = json.dumps(metrics).encode()
+    elif how == "row":
+        pred = t.column("predicted_len").to_numpy().copy()
+        pred[3] *= 5
+        t = t.set_column(t.schema.get_field_index("predicted_len"), "predicted_len", pa.array(pred))
+    else:
+        del meta[how.encode()]
+    pq.write_table(t.replace_schema_metadata(meta), out)
+    return out
+
+
+@needs_mpl
+@pytest.mark.parametrize("how", ["metric", "row", "aspc.metrics", "aspc.rows_hash"])
+def test_report_refuses_an_edited_plan_as_inspect_does(inputs, tmp_path, how):
+    # inspect verified the rows against the stored metrics; report showed the edited figures and exited 0.
+    bad = _edited_plan(inputs["plan_asp"], tmp_path / "bad.parquet", how)
+    want = _cli(["inspect", bad])
+    assert want.exit_code == 2 and len(want.output.strip().splitlines()) == 1, want.output
+    r = _cli(["report", bad, inputs["run_asp"], "-o", tmp_path / "rep"])
+    assert r.exit_code == 2 and r.output == want.output, r.output
+    assert "recompile" in r.output and not (tmp_path / "rep").exists()
+
+
+@needs_mpl
+@pytest.mark.parametrize("config", [{"workers": None}, {"workers": "x"}, {"workers": -3}, {"workers": 0}, 5])
+def test_report_of_an_interrupted_run_with_a_damaged_meta_is_one_line(inputs, tmp_path, config):
+    # An interrupted run's summary is recomputed from meta.json's config: a bad workers was a traceback.
+    import shutil
+
+    log = tmp_path / "killed"
+    shutil.copytree(inputs["run_asp"], log)
+    meta = json.loads((log / "meta.json").read_text())
+    meta["status"] = "running"
+    del meta["summary"]
+    meta["config"] = meta["config"] | config if isinstance(config, dict) else config
+    (log / "meta.json").write_text(json.dumps(meta))
+    r = _cli(["report", inputs["plan_asp"], log, "-o", tmp_path / "rep"])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert f"{log}: meta.json config" in r.output and r.output.rstrip().endswith("the run log is damaged")
+    assert not (tmp_path / "rep").exists()
+
+
+@needs_mpl
+def test_a_rolling_scouts_rows_are_no_observed_prompts(inputs, tmp_path):
+    # Its scout rows (ids ending in SCOUT_ID_SUFFIX, cut responses) counted as extra prompts and entered
+    # Kendall tau and the MAE; predict train and --history leave them out.
+    import pyarrow.compute as pc
+
+    from aspc.emit import read_plan
+    from aspc.emit.schema import SCOUT_ID_SUFFIX
+    from aspc.report.data import plan_view, run_view
+    from aspc.runtime.record.runlog import read_run_log
+
+    log = tmp_path / "roll"
+    args = ["--actual-lengths", inputs["data"], "--length-field", "lengths", "--log", log, "-q"]
+    r = _cli(["run", inputs["plan_asp"], "--scout", "--scout-roll", *args])
+    assert r.exit_code == 0, r.output
+    plan_path, run_dir = log / "plans" / "epoch-1.parquet", log / "epoch-1"
+    plan = read_plan(plan_path)
+    ids = [str(p) for p in plan.column("prompt_id")]
+    n_prompts = sum(not p.endswith(SCOUT_ID_SUFFIX) for p in ids)
+    assert n_prompts == 240 < len(ids)  # the plan does hold scout rows
+    view = run_view(plan_view(plan, "p"), read_run_log(run_dir), "roll")
+    assert view.extra["prompts_observed"] == view.observed.size == n_prompts
+    # The agreement figures are those of the prompts' own samples alone.
+    keep = np.array([not p.endswith(SCOUT_ID_SUFFIX) for p in ids])
+    plain = plan_view(plan, "p")
+    plain.prompt_ids, plain.predicted = plain.prompt_ids[keep], plain.predicted[keep]
+    want = run_view(plain, read_run_log(run_dir), "plain").extra
+    assert view.extra["kendall_tau"] == want["kendall_tau"] and view.extra["length_mae"] == want["length_mae"]
+    # A log cut short holding only scout samples shares the plan's ids: not refused as another plan's.
+    cut = read_run_log(run_dir)
+    samples = cut.tables["samples"]
+    cut.tables["samples"] = samples.filter(pc.ends_with(samples.column("prompt_id"), SCOUT_ID_SUFFIX))
+    assert cut.tables["samples"].num_rows and run_view(plan_view(plan, "p"), cut, "cut").extra["prompts_observed"] == 0
+    r = _cli(["report", plan_path, run_dir, "-o", tmp_path / "rep", "-q"])
+    assert r.exit_code == 0, r.output
+    assert "240 prompts (+ " in (tmp_path / "rep" / "index.html").read_text(encoding="utf-8")
+
+
+def test_inspect_shows_an_undefined_load_ratio_as_a_dash(tmp_path):
+    # Every length 0: the lower bound is 0 and "load / LB" printed nan (with a RuntimeWarning).
+    data = write_jsonl(tmp_path / "zeros.jsonl", [{"id": f"p{i}", "prompt": "hi " * (i + 1), "len": 0} for i in range(40)])
+    plan = tmp_path / "zeros.parquet"
+    assert _cli(["compile", data, "--length-field", "len", "--workers", "4", "-o", plan, "-q"]).exit_code == 0
+    r = _cli(["inspect", plan])
+    assert r.exit_code == 0, r.output
+    rows = [line for line in r.output.splitlines() if re.match(r"^│\s+\d+\s+│\s+0\s+│", line)]
+    assert rows and all(line.split("│")[3].strip() == "–" for line in rows), r.output
+    assert "nan" not in r.output.lower() and "Warning" not in r.output

@@ -159,3 +159,46 @@ def test_reader_refuses_other_format_versions(tmp_path):
     for read in (read_lengths, read_run_log_pairs):
         with pytest.raises(InputError, match="invalid run log format_version 'x'"):
             read(tmp_path / "RUN")
+
+
+@pytest.mark.parametrize(
+    "edit, want",
+    [
+        ({"config": {"workers": None}}, "config.workers must be an integer from 1 to 65536, got null"),
+        ({"config": {"workers": "x"}}, "config.workers must be an integer from 1 to 65536, got \"x\""),
+        ({"config": {"workers": -3}}, "config.workers must be an integer"),
+        ({"config": {"workers": 0}}, "config.workers must be an integer"),
+        ({"config": {"workers": 1e300}}, "config.workers must be an integer"),
+        ({"config": {"workers": 10**20}}, "config.workers must be an integer"),
+        ({"config": {"workers": True}}, "config.workers must be an integer"),
+        ({"config": 5}, "meta.json config must be an object, got 5"),
+        ({"run": 5}, "meta.json run must be an object, got 5"),
+        ({"run": {"samples_planned": "x"}}, "run.samples_planned must be a non-negative integer"),
+        ({"run": {"queue_capacity": -1}}, "run.queue_capacity must be a non-negative integer"),
+    ],
+)
+def test_a_damaged_meta_of_an_interrupted_run_is_one_line_when_summarized(tmp_path, edit, want):
+    # A killed run has no stored summary: recomputing it read config.workers and run.* unchecked, and a
+    # hand-edited or damaged meta.json raised TypeError, ValueError, OverflowError or AttributeError.
+    root = tmp_path / "RUN"
+    run(synthetic_plan(60, 6, n_samples=2, seed=2), config=RunConfig(workers=2, global_batch=12), log_dir=root)
+    meta = json.loads((root / "meta.json").read_text())
+    meta["status"] = "running"
+    del meta["summary"]
+    for key, value in edit.items():
+        meta[key] = meta[key] | value if isinstance(value, dict) else value
+    (root / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(RunError) as err:
+        summarize_log(read_run_log(root, allow_incomplete=True))
+    msg = str(err.value)
+    assert msg.startswith(f"{root}: meta.json ") and msg.endswith("; the run log is damaged") and "\n" not in msg
+    assert want in msg, msg
+
+
+def test_an_interrupted_run_without_run_or_config_sections_still_summarizes(tmp_path):
+    root = tmp_path / "RUN"
+    run(synthetic_plan(60, 6, n_samples=2, seed=2), config=RunConfig(workers=2, global_batch=12), log_dir=root)
+    meta = json.loads((root / "meta.json").read_text())
+    meta["run"], meta["config"] = None, {k: v for k, v in meta["config"].items() if k != "workers"}
+    (root / "meta.json").write_text(json.dumps(meta))
+    assert summarize_log(read_run_log(root)).n_workers == 1  # as before: absent means one worker

@@ -62,7 +62,8 @@ def inspect_cmd(plan_path: Path, as_json: bool) -> None:
     g.add_column("load / LB", justify="right")
     shown = loads if loads.size <= 40 else loads[:40]
     for i, v in enumerate(shown):
-        g.add_row(str(i), f"{v:,.0f}", f"{v / lb:.4f}")
+        # Every length 0: no load to compare with, so the ratio is undefined ("–", as other such figures are).
+        g.add_row(str(i), f"{v:,.0f}", f"{v / lb:.4f}" if lb > 0 else "–")
     if loads.size > 40:
         g.add_row("…", f"{loads.size - 40} more", "")
     out_console.print(g)

@@ -40,8 +40,12 @@ def _check_out_dir(out_dir: Path) -> None:
             "(an earlier report there would be replaced, anything else is never deleted)"
         )
     # A report's directory that also holds a user's files (run logs copied beside it): replaced whole,
-    # they went with it. A report is index.html and its PNG figures.
-    extra = sorted(p.name for p in out_dir.iterdir() if not (p.is_file() and (p.name == INDEX or p.suffix == ".png")))
+    # they went with it. A report is index.html and its figures, by their own names: any other file, a
+    # PNG the user put there too, is theirs.
+    from aspc.report.figures import PLAN_FIGURES, RUN_FIGURES
+
+    own = {INDEX} | {s.file for s in (*PLAN_FIGURES, *RUN_FIGURES)}
+    extra = sorted(p.name for p in out_dir.iterdir() if not (p.is_file() and p.name in own))
     if extra:
         raise ConfigError(f"-o {out_dir}: holds {extra[0]!r}, which is no part of an aspc report and writing "
                           "the report would delete; move it out, or pick a new directory")  # fmt: skip
@@ -84,10 +88,11 @@ def write_report(
     ------
     AspcError
         matplotlib missing (install ``aspc[report]``), an unreadable plan or
-        run log, a run log that shares no prompt with the plan, one given
-        twice, or an unusable ``out_dir``.
+        one edited by hand (rows and stored metrics disagree, as ``aspc inspect``
+        refuses), an unreadable run log, a run log that shares no prompt with
+        the plan, one given twice, or an unusable ``out_dir``.
     """
-    from aspc.emit import read_plan
+    from aspc.emit import read_plan, verify_integrity
     from aspc.report import figures as F
     from aspc.report.canvas import literal_text
     from aspc.report.data import plan_view, run_labels, run_view
@@ -106,6 +111,8 @@ def write_report(
 
     progress.stage("read", total=1 + len(run_paths))
     plan = read_plan(plan_path)
+    # The page shows the stored metrics beside figures drawn from the rows: as inspect does, they must agree.
+    verify_integrity(plan, plan_path.name)
     pv = plan_view(plan, plan_path.name)
     progress.advance()
     runs = []
@@ -183,7 +190,16 @@ def _page(pv: Any, runs: list[Any], tmp: Path, embed: bool) -> str:
                 + run_figs,
             )
         )
-    sub = f"plan {pv.name}: {pv.predicted.size:,} prompts, {pv.n_minibatches:,} minibatches, {pv.n_groups:,} groups"
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from aspc.emit import schema as S
+
+    # A rolling scout's plan holds a scout row beside each scouted prompt: work of that run, no prompt.
+    ids = pa.array(pv.prompt_ids.tolist(), pa.string())
+    n_scout = int(pc.sum(pc.ends_with(ids, S.SCOUT_ID_SUFFIX)).as_py() or 0)
+    rows = f"{pv.predicted.size - n_scout:,} prompts" + (f" (+ {n_scout:,} scout rows)" if n_scout else "")
+    sub = f"plan {pv.name}: {rows}, {pv.n_minibatches:,} minibatches, {pv.n_groups:,} groups"
     if runs:
         sub += "; runs: " + ", ".join(r.name for r in runs)
     return H.render_page(title=f"aspc report: {pv.name}", subtitle=sub, sections=sections)

@@ -148,18 +148,25 @@ def _np(table: pa.Table, name: str, dtype: Any = None) -> np.ndarray:
     return arr.astype(dtype) if dtype is not None else arr
 
 
-def _observed_per_prompt(plan: PlanView, samples: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """Plan-predicted and observed mean length of every prompt found in both."""
+def _observed_per_prompt(plan: PlanView, samples: pa.Table) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Plan-predicted and observed mean length of every prompt found in both, and whether any id was.
+
+    A rolling scout's rows (ids ending in ``SCOUT_ID_SUFFIX``) are left out, as ``predict train`` and
+    ``--history`` leave them: their one response is cut short, and they are no extra prompts. They
+    still count as shared with the plan (its scout rows), so a log of only them is not "another plan's".
+    """
     if samples.num_rows == 0:
-        return np.empty(0), np.empty(0)
+        return np.empty(0), np.empty(0), False
     agg = samples.group_by("prompt_id").aggregate([("response_len", "mean")])
+    ids = agg.column("prompt_id")
     plan_ids = pa.array(plan.prompt_ids.tolist(), pa.string())
     # Row of each observed prompt in the plan; -1 for ids the plan lacks.
-    pos = pc.index_in(agg.column("prompt_id"), value_set=plan_ids).fill_null(-1).to_numpy().astype(np.int64)
+    pos = pc.index_in(ids, value_set=plan_ids).fill_null(-1).to_numpy().astype(np.int64)
     obs = agg.column("response_len_mean").to_numpy(zero_copy_only=False).astype(np.float64)
     found = pos >= 0
-    pos = pos[found]
-    return plan.predicted[pos], obs[found]
+    scout = pc.ends_with(ids, S.SCOUT_ID_SUFFIX).to_numpy(zero_copy_only=False).astype(bool)
+    keep = found & ~scout
+    return plan.predicted[pos[keep]], obs[keep], bool(found.any())
 
 
 def run_view(plan: PlanView, log: Any, name: str) -> RunView:
@@ -177,8 +184,8 @@ def run_view(plan: PlanView, log: Any, name: str) -> RunView:
     mbs = log.tables[R.MINIBATCHES]
     steps = log.tables[R.STEPS].sort_by("step")
     queue = log.tables[R.QUEUE].sort_by("time")
-    pred, obs = _observed_per_prompt(plan, samples)
-    if samples.num_rows and pred.size == 0:
+    pred, obs, shared = _observed_per_prompt(plan, samples)
+    if samples.num_rows and not shared:
         raise RunError(f"{log.path}: no prompt of this run log is in {plan.name}; pass the plan the run executed")
     lag = _np(samples, "policy_lag", np.int64) if samples.num_rows else np.empty(0, dtype=np.int64)
     view = RunView(

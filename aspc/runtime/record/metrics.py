@@ -28,12 +28,14 @@ Names match DESIGN.md "Metrics". Times are seconds on the engine's clock.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from aspc.errors import RunError
 from aspc.runtime.record import runlog as R
 
 # Fraction of a minibatch's sequences that form its "tail" for the skew bubble.
@@ -246,12 +248,50 @@ def summarize(
 
 
 def summarize_log(log: R.RunLog) -> RunSummary:
-    """Recompute the summary of a run log read back from disk."""
+    """Recompute the summary of a run log read back from disk.
+
+    Raises
+    ------
+    RunError
+        ``meta.json``'s ``config`` or ``run`` is not what ``aspc run`` writes
+        (a damaged or hand-edited log): workers not an integer in range, say.
+    """
+    from aspc.guards import MAX_WORKERS
+
     cols = {k: R.to_columns(t) for k, t in log.tables.items()}
-    run = log.meta.get("run", {})
+    # A failed or killed run's meta.json is read as it was left; a damaged field is one line, not a
+    # TypeError (null), ValueError ("x"), numpy's minlength error (-3) or a 0-worker division later.
+    config, run = _meta_object(log, "config"), _meta_object(log, "run")
+    workers = config.get("workers", 1)
+    if type(workers) is not int or not 1 <= workers <= MAX_WORKERS:
+        raise _damaged(log, f"config.workers must be an integer from 1 to {MAX_WORKERS}, got {_shown(workers)}")
+    for key in ("samples_planned", "queue_capacity"):
+        value = run.get(key)
+        if value is not None and (type(value) is not int or value < 0):
+            raise _damaged(log, f"run.{key} must be a non-negative integer, got {_shown(value)}")
     return summarize(
         cols,
-        n_workers=int(log.meta.get("config", {}).get("workers", 1)),
+        n_workers=workers,
         samples_planned=run.get("samples_planned"),
         queue_capacity=run.get("queue_capacity"),
     )
+
+
+def _meta_object(log: R.RunLog, key: str) -> dict[str, Any]:
+    """``meta.json``'s ``key`` section; absent or null reads as empty, as resuming reads it."""
+    value = log.meta.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _damaged(log, f"{key} must be an object, got {_shown(value)}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    """``value`` as meta.json spells it (null, not None), cut short."""
+    return json.dumps(value)[:40]
+
+
+def _damaged(log: R.RunLog, what: str) -> RunError:
+    # Worded as a damaged part range is (aspc.io.runlog_meta.part_ranges).
+    return RunError(f"{log.path}: meta.json {what}; the run log is damaged")

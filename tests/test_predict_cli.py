@@ -223,3 +223,28 @@ def test_every_command_has_help() -> None:
         res = CliRunner().invoke(main, args)
         assert res.exit_code == 0 and len(res.output) > 100, args
     assert "Train, evaluate and apply" in CliRunner().invoke(main, ["predict", "--help"]).output
+
+
+def test_skipped_rows_are_reported_by_train_eval_and_apply(files) -> None:
+    # --on-bad-line skip dropped rows without a word in predict (the help promises "skip it and report it"):
+    # each command now says which rows and why, as compile does, and --json lists them.
+    d = files["dir"]
+    lines = files["train"].read_text().splitlines()[:80]
+    rec = json.loads(lines[4])
+    lines[4] = json.dumps({**rec, "prompt": ""})  # bad for apply too, which reads no lengths
+    bad = d / "bad_row.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    said = "skipped 1 bad rows (--on-bad-line skip): lines 5; line 5: prompt is empty"
+    for args in (
+        ["train", str(bad), "--length-field", "length", "-o", str(d / "p_skip")],
+        ["eval", str(files["pred"]), str(bad), "--length-field", "length"],
+        [str(files["pred"]), str(bad), "-o", str(d / "skip.parquet")],
+    ):
+        res = run(*args, "--on-bad-line", "skip", "--json")
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        assert out["n_skipped"] == 1 and [s["line"] for s in out["skipped_rows"]] == [5], args
+        assert out["skipped_rows"][0]["reason"] == "prompt is empty"
+        assert said in " ".join(res.stderr.split()), res.stderr
+    ok = run("eval", str(files["pred"]), str(files["test"]), "--length-field", "length", "--json")
+    assert json.loads(ok.stdout)["n_skipped"] == 0 and "skipped" not in ok.stderr

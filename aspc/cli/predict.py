@@ -25,6 +25,8 @@ from aspc.cli.common import (
     note,
     out_console,
     quiet_option,
+    skipped_json,
+    skipped_note,
 )
 from aspc.cli.options import check_history_field
 from aspc.cli.paths import PathArg
@@ -224,6 +226,7 @@ def train_cmd(
         progress.stage("write")
         pred.save(output)
         progress.done()
+    skipped_note(pairs.skipped, quiet)
     val = pred.metadata.get("validation")
     if as_json:
         emit_json(
@@ -233,6 +236,8 @@ def train_cmd(
                 "training": pred.metadata.get("training"),
                 "validation": val,
                 "targets": list(getattr(pred, "targets", [])),
+                "n_skipped": len(pairs.skipped),
+                **skipped_json(pairs.skipped),
             }
         )
         return
@@ -317,7 +322,9 @@ def apply_cmd(
         result = pred.predict(table.texts, ids=table.ids)
         progress.done()
         _write_predictions(output, table.ids, result)
+    skipped_note(table.skipped, quiet)
     summary: dict[str, Any] = {"output": str(output), "n": len(table), "predictor": pred.identity()}
+    summary.update(n_skipped=len(table.skipped), **skipped_json(table.skipped))
     if history:
         summary["with_history"] = pred.coverage(table.ids)
     if as_json:

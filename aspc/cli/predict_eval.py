@@ -7,7 +7,17 @@ from typing import Any
 
 import click
 
-from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, out_console, quiet_option
+from aspc.cli.common import (
+    RichProgress,
+    emit_json,
+    handle_errors,
+    json_option,
+    note,
+    out_console,
+    quiet_option,
+    skipped_json,
+    skipped_note,
+)
 from aspc.cli.paths import PathArg
 from aspc.cli.predict_options import (
     check_device,
@@ -101,6 +111,8 @@ def eval_cmd(
         "source": source,
     }
     result["predictor"] = pred.identity()
+    result.update(n_skipped=len(pairs.skipped), **skipped_json(pairs.skipped))
+    skipped_note(pairs.skipped, quiet)
     if as_json:
         emit_json(result)
     elif not quiet:

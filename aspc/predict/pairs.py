@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +45,8 @@ class TrainingPairs:
     source: str  # "run log" or "dataset"
     targets: list[str] | None = None  # per entry, the model that generated its lengths
     groups: list[str] | None = None  # per entry, its prompt's source
+    # Rows left out under on_bad_line="skip" (aspc.io.SkippedRow), for the command to report.
+    skipped: list = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -200,6 +202,7 @@ def read_dataset_pairs(
     from aspc.io.prompts import file_hash
     from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
     from aspc.io.rows import _parse_prompt, _RowError, content_id, parse_length, required_id
+    from aspc.io.table import SkippedRow
 
     if on_bad_line not in ON_BAD_LINE:
         raise ConfigError(f"--on-bad-line must be 'error' or 'skip', not {on_bad_line!r}")
@@ -212,7 +215,8 @@ def read_dataset_pairs(
     texts: list[str] = []
     targets: list[str] = []
     lengths: list[list[np.ndarray]] = []
-    for _row, line, rec in iter_numbered_records(path):
+    skipped: list[SkippedRow] = []
+    for row, line, rec in iter_numbered_records(path):
         try:
             if isinstance(rec, BadRecord):
                 raise _RowError(rec.reason)
@@ -235,6 +239,7 @@ def read_dataset_pairs(
                 )
         except _RowError as exc:
             if on_bad_line == "skip":
+                skipped.append(SkippedRow(row, str(exc), line))
                 continue
             raise InputError(f"{path.name}: line {line}: {exc}") from None
         key = (pid, target)
@@ -249,7 +254,8 @@ def read_dataset_pairs(
             group_of[pid] = group
         lengths[pos[key]].append(lens)
     if not ids:
-        raise InputError(f"{path.name}: no rows with a prompt and a length found; check --length-field")
+        extra = f" ({len(skipped)} bad rows skipped)" if skipped else ""
+        raise InputError(f"{path.name}: no rows with a prompt and a length found{extra}; check --length-field")
     return TrainingPairs(
         ids=ids,
         texts=texts,
@@ -258,6 +264,7 @@ def read_dataset_pairs(
         source="dataset",
         targets=None if target_field is None else targets,
         groups=None if group_field is None else [group_of[i] for i in ids],
+        skipped=skipped,
     )
 
 

@@ -158,6 +158,8 @@ def test_eval_on_one_prompt_reports_no_rank_figures(files) -> None:
     [
         (["eval", "{dir}/missing", "{test}", "--length-field", "length"], "no such predictor directory"),
         (["{dir}/missing", "{test}", "-o", "{dir}/x.parquet"], "no such predictor directory"),
+        # A trailing slash names a directory: it was dropped and a file named x.parquet written.
+        (["{dir}/pred", "{test}", "-o", "{dir}/x.parquet/"], "ends with '/', which names a directory"),
         (
             [
                 "train",

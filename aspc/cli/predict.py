@@ -268,7 +268,8 @@ def train_from_pairs(pairs: Any, kind: str, *, where: str, init: str | None = No
 @click.option(
     "-o",
     "--output",
-    type=PathArg(dir_okay=False, path_type=Path),
+    # A str, not a Path: Path("x/") is "x", and check_output must see the slash to refuse a directory name.
+    type=PathArg(dir_okay=False, path_type=str),
     required=True,
     help="Parquet file to write: prompt_id, predicted_len, predicted_q10/_q50/_q90.",
 )
@@ -292,7 +293,7 @@ def train_from_pairs(pairs: Any, kind: str, *, where: str, init: str | None = No
 def apply_cmd(
     predictor: str,
     data: Path,
-    output: Path,
+    output: str,
     target: str | None,
     history: tuple[Path, ...],
     history_length_field: str,

@@ -119,7 +119,8 @@ def _init_option(fn: F) -> F:
 @click.option(
     "--no-prior",
     is_flag=True,
-    help="Static: the head alone, not on top of the shipped default's text score (the default offset).",
+    help="Static: the head alone, not on top of the shipped default's text score (the default offset); "
+    "not with a lexical or static --init, which brings its own.",
 )
 @click.option(
     "--plan",

@@ -214,7 +214,16 @@ def train_predictor(
         from aspc.predict.static_train import train_static
 
         start = _init_predictor(init, init_kinds("static"), device)
-        prior = load_predictor(DEFAULT) if static_prior and getattr(start, "kind", None) in (None, "transformer") else None
+        init_kind = getattr(start, "kind", None)
+        if not static_prior and init_kind in ("lexical", "static"):
+            # Refused, not honoured: a lexical init is used only as the offset the head fits on top of
+            # (without it the init would do nothing), and a static init's head weights, the refit's
+            # starting point, were fitted on top of its prior (they mean nothing without it). A
+            # transformer init brings an encoder only, so --no-prior applies to it as to a fresh fit.
+            raise ConfigError(f"--no-prior does not apply with a {init_kind} --init: a static refit keeps its init's "
+                              "text-score offset, and a lexical --init is that offset; drop --no-prior, or drop "
+                              "--init to fit the static head alone")  # fmt: skip
+        prior = load_predictor(DEFAULT) if static_prior and init_kind in (None, "transformer") else None
         return train_static(
             texts,
             lengths,

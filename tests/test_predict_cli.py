@@ -250,3 +250,19 @@ def test_skipped_rows_are_reported_by_train_eval_and_apply(files) -> None:
         assert said in " ".join(res.stderr.split()), res.stderr
     ok = run("eval", str(files["pred"]), str(files["test"]), "--length-field", "length", "--json")
     assert json.loads(ok.stdout)["n_skipped"] == 0 and "skipped" not in ok.stderr
+
+
+def test_group_field_with_too_few_groups_says_it_was_ignored(files) -> None:
+    # With fewer than 3 sources the bands fall back to random-prompt folds: that was silent.
+    d = files["dir"]
+    for n_groups, said in ((2, True), (3, False)):
+        recs = [json.loads(x) for x in files["train"].read_text().splitlines()[:120]]
+        data = d / f"groups{n_groups}.jsonl"
+        data.write_text("".join(json.dumps({**r, "source": f"s{i % n_groups}"}) + "\n" for i, r in enumerate(recs)))
+        res = run("train", str(data), "--length-field", "length", "--group-field", "source", "-o",
+                  str(d / f"pg{n_groups}"), "--json")  # fmt: skip
+        assert res.exit_code == 0, res.output
+        folds = json.loads(res.stdout)["training"]["residual_folds"]
+        assert folds == ("random prompts" if said else "leave one group out")
+        msg = " ".join(res.stderr.split())
+        assert ("--group-field 'source' ignored: the training prompts hold 2 groups" in msg) is said, res.stderr

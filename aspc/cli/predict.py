@@ -228,6 +228,7 @@ def train_cmd(
         pred.save(output)
         progress.done()
     skipped_note(pairs.skipped, quiet)
+    _group_note(group_field, pairs, pred, quiet)
     val = pred.metadata.get("validation")
     if as_json:
         emit_json(
@@ -248,6 +249,22 @@ def train_cmd(
     note(f"wrote {kind} predictor to {output} ({src}{', refit from ' + init if init else ''})", quiet)
     if val and not quiet:
         out_console.print(metrics_table({"validation": val}, f"held-out {validation_split:.0%} of prompts"))
+
+
+def _group_note(group_field: str | None, pairs: Any, pred: Any, quiet: bool) -> None:
+    """Say when --group-field was given but the bands were calibrated on random prompts after all.
+
+    The trainers fall back (``residual_folds``) when the training prompts hold fewer than 3 groups:
+    leaving one of 2 sources out is no test of a new source. Silently, the user believed the bands held
+    on new sources.
+    """
+    folds = (pred.metadata.get("training") or {}).get("residual_folds")
+    if group_field is None or folds in (None, "leave one group out"):
+        return
+    n = len(set(pairs.groups or ()))
+    held = f"{n} group{'s' if n != 1 else ''}" if n < 3 else "fewer than 3 groups outside the validation prompts"
+    note(f"--group-field {group_field!r} ignored: the training prompts hold {held}, and calibrating the bands on "
+         "held-out sources needs 3 or more; the bands were calibrated on random prompts", quiet)  # fmt: skip
 
 
 def train_from_pairs(pairs: Any, kind: str, *, where: str, init: str | None = None, **kwargs: Any) -> Any:

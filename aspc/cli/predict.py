@@ -34,6 +34,7 @@ from aspc.cli.predict_eval import eval_cmd
 from aspc.cli.predict_options import (
     check_device,
     check_fields,
+    check_run_log_options,
     data_options,
     device_option,
     metrics_table,
@@ -199,6 +200,7 @@ def train_cmd(
                           "calibrated on held-out prompts at random); drop it")  # fmt: skip
     check_fields(prompt_field, id_field, length_field, target_field, group_field)
     check_device(device)
+    check_run_log_options(data)
     pairs = read_pairs(
         data,
         length_field=length_field,

@@ -22,6 +22,7 @@ from aspc.cli.paths import PathArg
 from aspc.cli.predict_options import (
     check_device,
     check_fields,
+    check_run_log_options,
     data_options,
     device_option,
     metrics_table,
@@ -77,6 +78,7 @@ def eval_cmd(
         raise ConfigError("give --target (one head for every row) or --target-field (each row's own), not both")
     check_fields(prompt_field, id_field, length_field, target_field, None)
     check_device(device)
+    check_run_log_options(data)
     pred = load_predictor(predictor, target=target, device=device)
     pairs = read_pairs(
         data,

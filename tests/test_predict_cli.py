@@ -176,6 +176,12 @@ def test_eval_on_one_prompt_reports_no_rank_figures(files) -> None:
             "npu",
         ),
         (["train", "{dir}/few.jsonl", "--length-field", "length", "-o", "{dir}/p4"], "at least 50"),
+        # --base-model is read by transformer and static; --device by no lexical predictor (not "no CUDA").
+        (["train", "{test}", "--base-model", "{dir}/none", "-o", "{dir}/p3"], "--base-model applies to --kind "
+         "transformer and static"),  # fmt: skip
+        (["train", "{test}", "--device", "cuda", "-o", "{dir}/p3"], "the lexical predictor trains on the CPU"),
+        (["{dir}/pred", "{test}", "--device", "cpu", "-o", "{dir}/x.parquet"], "a lexical predictor runs on the CPU"),
+        (["eval", "default", "{test}", "--device", "cuda"], "--device cuda: a lexical predictor runs on the CPU"),
         (["train", "{dir}/neg.jsonl", "--length-field", "length", "-o", "{dir}/p5"], "length"),
         (["train", "{dir}/empty.jsonl", "--length-field", "length", "-o", "{dir}/p6"], "empty"),
         (

@@ -186,6 +186,7 @@ def train_cmd(
     """
     from aspc.atomic import check_writable
     from aspc.guards import check_output, check_seed
+    from aspc.predict import check_kind_options
     from aspc.predict.base import check_output_dir
 
     check_seed(seed)
@@ -199,6 +200,7 @@ def train_cmd(
         raise ConfigError("--group-field applies to --kind lexical and static (the transformer's bands are "
                           "calibrated on held-out prompts at random); drop it")  # fmt: skip
     check_fields(prompt_field, id_field, length_field, target_field, group_field)
+    check_kind_options(kind, base_model=base_model, device=device, epochs=epochs, freeze_encoder=freeze_encoder)
     check_device(device)
     check_run_log_options(data)
     pairs = read_pairs(
@@ -333,7 +335,7 @@ def apply_cmd(
     small_pages_only()  # a million prompts' texts and features (a MiniLM, if any, is small)
     check_history_field(history or ())
     output = check_output(output, inputs=[data, *history, None if predictor == "default" else predictor])
-    check_device(device)
+    check_device(device, predictor)
     pred = load_predictor(predictor, target=target, device=device)
     table = read_prompts(data, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)
     if history:

@@ -77,7 +77,7 @@ def eval_cmd(
     if target is not None and target_field is not None:
         raise ConfigError("give --target (one head for every row) or --target-field (each row's own), not both")
     check_fields(prompt_field, id_field, length_field, target_field, None)
-    check_device(device)
+    check_device(device, predictor)
     check_run_log_options(data)
     pred = load_predictor(predictor, target=target, device=device)
     pairs = read_pairs(

@@ -42,8 +42,21 @@ def device_option(fn: F) -> F:
     )(fn)
 
 
-def check_device(device: str) -> None:
-    """Fail early on an explicit device that is not there (any kind), before reading data."""
+def check_device(device: str, predictor: str | None = None) -> None:
+    """Fail early on an explicit device that is not there (any kind), before reading data.
+
+    With ``predictor`` (eval, apply) a device given for a predictor that runs on the CPU is refused
+    first: "CUDA is not available" hid that the option does not apply at all.
+    """
+    if device.lower() != "auto" and predictor is not None:
+        from pathlib import Path
+
+        from aspc.predict import DEFAULT, default_predictor_path, read_metadata
+
+        kind = read_metadata(default_predictor_path() if predictor == DEFAULT else Path(predictor))["aspc_predictor"]
+        if kind != "transformer":
+            raise ConfigError(f"--device {device}: a {kind} predictor runs on the CPU with no device to choose; "
+                              "drop --device")  # fmt: skip
     if device.lower() != "auto":
         from aspc.devices import resolve_device
 

@@ -174,12 +174,8 @@ def train_predictor(
     """
     if not static_prior and kind != "static":
         raise ConfigError("--no-prior applies to --kind static only")
+    check_kind_options(kind, base_model=base_model, device=device, epochs=epochs, freeze_encoder=freeze_encoder)
     if kind == "lexical":
-        if base_model is not None or freeze_encoder or epochs is not None:
-            raise ConfigError("--base-model, --epochs and --freeze-encoder apply to --kind transformer only")
-        if device not in (None, "auto"):
-            raise ConfigError(f"--device {device}: the lexical predictor trains on the CPU with no device to "
-                              "choose; drop --device, or use --kind transformer or static")  # fmt: skip
         from aspc.predict.lexical_train import train_lexical
 
         return train_lexical(
@@ -209,8 +205,6 @@ def train_predictor(
             progress=progress,
         )
     if kind == "static":
-        if freeze_encoder or epochs is not None:
-            raise ConfigError("--epochs and --freeze-encoder apply to --kind transformer only")
         from aspc.predict.static_train import train_static
 
         start = _init_predictor(init, init_kinds("static"), device)
@@ -237,6 +231,23 @@ def train_predictor(
             progress=progress,
         )
     raise ConfigError(f"unknown predictor kind {kind!r}; use one of {', '.join(KINDS)}")
+
+
+def check_kind_options(
+    kind: str, *, base_model: object = None, device: str | None = "auto", epochs: object = None,
+    freeze_encoder: bool = False,
+) -> None:
+    """Refuse the training settings ``kind`` does not read (the CLI calls it before checking the device
+    itself, so that ``--device cuda`` with lexical names the real problem, not a missing CUDA)."""
+    if kind in ("lexical", "static") and (freeze_encoder or epochs is not None):
+        raise ConfigError("--epochs and --freeze-encoder apply to --kind transformer only")
+    if kind == "lexical" and base_model is not None:
+        # static distils the encoder --base-model names: the option is not the transformer's alone.
+        raise ConfigError("--base-model applies to --kind transformer and static (the encoder they start from); "
+                          "drop it, or use --kind transformer or static")  # fmt: skip
+    if kind == "lexical" and device not in (None, "auto"):
+        raise ConfigError(f"--device {device}: the lexical predictor trains on the CPU with no device to "
+                          "choose; drop --device, or use --kind transformer or static")  # fmt: skip
 
 
 def _init_predictor(init: str | Path | Predictor | None, kind: str | tuple[str, ...], device: str) -> Any:

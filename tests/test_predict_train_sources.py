@@ -108,6 +108,19 @@ def test_dataset_options_with_a_run_log_are_refused(run_log, tmp_path, cmd, extr
     assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "p").exists()
 
 
+def test_a_run_logs_meta_json_names_the_directory_to_pass(run_log, tmp_path) -> None:
+    # It was read as a JSON dataset: "meta.json: expected a JSON array of records; use JSONL ...".
+    meta = str(run_log["run"] / "meta.json")
+    want = f"{meta} is the meta.json of the run log {run_log['run']}; pass the run log directory {run_log['run']}"
+    for args in (
+        ["compile", str(run_log["data"]), "--history", meta, "-o", str(tmp_path / "x.parquet")],
+        ["predict", "train", meta, "-o", str(tmp_path / "p")],
+    ):
+        res = cli(*args)
+        assert res.exit_code == 2 and want in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
 def test_one_row_per_sample_dataset_pools_rows(tmp_path) -> None:
     rows = [{"id": r["id"], "prompt": r["prompt"], "length": x} for r in records(60) for x in r["lengths"]]
     pairs = read_dataset_pairs(write(tmp_path / "rows.jsonl", rows), length_field="length")

@@ -29,6 +29,7 @@ import numpy as np
 from aspc.choices import ON_BAD_LINE
 from aspc.errors import InputError, short_reason
 from aspc.io.lengths import committed_sample_parts
+from aspc.io.runlog_meta import refuse_runlog_meta
 
 PLAN_IN_LOG = "plan.parquet"
 """Where ``aspc run --log`` and ``aspc probe`` keep a copy of the plan they ran."""
@@ -308,6 +309,7 @@ def read_training_pairs(
         return read_run_log_pairs(p, plan=plan, for_training=for_training)
     if plan is not None:
         raise ConfigError("--plan applies to a run log directory, not to a dataset file")
+    refuse_runlog_meta(p)
     return read_dataset_pairs(
         p, length_field=length_field, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line,
         target_field=target_field, group_field=group_field,

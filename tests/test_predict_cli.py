@@ -158,6 +158,8 @@ def test_eval_on_one_prompt_reports_no_rank_figures(files) -> None:
     [
         (["eval", "{dir}/missing", "{test}", "--length-field", "length"], "no such predictor directory"),
         (["{dir}/missing", "{test}", "-o", "{dir}/x.parquet"], "no such predictor directory"),
+        # A trailing slash names a directory: it was dropped and a file named x.parquet written.
+        (["{dir}/pred", "{test}", "-o", "{dir}/x.parquet/"], "ends with '/', which names a directory"),
         (
             [
                 "train",
@@ -174,6 +176,12 @@ def test_eval_on_one_prompt_reports_no_rank_figures(files) -> None:
             "npu",
         ),
         (["train", "{dir}/few.jsonl", "--length-field", "length", "-o", "{dir}/p4"], "at least 50"),
+        # --base-model is read by transformer and static; --device by no lexical predictor (not "no CUDA").
+        (["train", "{test}", "--base-model", "{dir}/none", "-o", "{dir}/p3"], "--base-model applies to --kind "
+         "transformer and static"),  # fmt: skip
+        (["train", "{test}", "--device", "cuda", "-o", "{dir}/p3"], "the lexical predictor trains on the CPU"),
+        (["{dir}/pred", "{test}", "--device", "cpu", "-o", "{dir}/x.parquet"], "a lexical predictor runs on the CPU"),
+        (["eval", "default", "{test}", "--device", "cuda"], "--device cuda: a lexical predictor runs on the CPU"),
         (["train", "{dir}/neg.jsonl", "--length-field", "length", "-o", "{dir}/p5"], "length"),
         (["train", "{dir}/empty.jsonl", "--length-field", "length", "-o", "{dir}/p6"], "empty"),
         (
@@ -223,3 +231,44 @@ def test_every_command_has_help() -> None:
         res = CliRunner().invoke(main, args)
         assert res.exit_code == 0 and len(res.output) > 100, args
     assert "Train, evaluate and apply" in CliRunner().invoke(main, ["predict", "--help"]).output
+
+
+def test_skipped_rows_are_reported_by_train_eval_and_apply(files) -> None:
+    # --on-bad-line skip dropped rows without a word in predict (the help promises "skip it and report it"):
+    # each command now says which rows and why, as compile does, and --json lists them.
+    d = files["dir"]
+    lines = files["train"].read_text().splitlines()[:80]
+    rec = json.loads(lines[4])
+    lines[4] = json.dumps({**rec, "prompt": ""})  # bad for apply too, which reads no lengths
+    bad = d / "bad_row.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    said = "skipped 1 bad rows (--on-bad-line skip): lines 5; line 5: prompt is empty"
+    for args in (
+        ["train", str(bad), "--length-field", "length", "-o", str(d / "p_skip")],
+        ["eval", str(files["pred"]), str(bad), "--length-field", "length"],
+        [str(files["pred"]), str(bad), "-o", str(d / "skip.parquet")],
+    ):
+        res = run(*args, "--on-bad-line", "skip", "--json")
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        assert out["n_skipped"] == 1 and [s["line"] for s in out["skipped_rows"]] == [5], args
+        assert out["skipped_rows"][0]["reason"] == "prompt is empty"
+        assert said in " ".join(res.stderr.split()), res.stderr
+    ok = run("eval", str(files["pred"]), str(files["test"]), "--length-field", "length", "--json")
+    assert json.loads(ok.stdout)["n_skipped"] == 0 and "skipped" not in ok.stderr
+
+
+def test_group_field_with_too_few_groups_says_it_was_ignored(files) -> None:
+    # With fewer than 3 sources the bands fall back to random-prompt folds: that was silent.
+    d = files["dir"]
+    for n_groups, said in ((2, True), (3, False)):
+        recs = [json.loads(x) for x in files["train"].read_text().splitlines()[:120]]
+        data = d / f"groups{n_groups}.jsonl"
+        data.write_text("".join(json.dumps({**r, "source": f"s{i % n_groups}"}) + "\n" for i, r in enumerate(recs)))
+        res = run("train", str(data), "--length-field", "length", "--group-field", "source", "-o",
+                  str(d / f"pg{n_groups}"), "--json")  # fmt: skip
+        assert res.exit_code == 0, res.output
+        folds = json.loads(res.stdout)["training"]["residual_folds"]
+        assert folds == ("random prompts" if said else "leave one group out")
+        msg = " ".join(res.stderr.split())
+        assert ("--group-field 'source' ignored: the training prompts hold 2 groups" in msg) is said, res.stderr

@@ -249,6 +249,11 @@ def test_refits_static_lexical_and_bad_init(files, tmp_path, tiny) -> None:
     alone = json.loads((tmp_path / "alone" / "metadata.json").read_text())
     assert alone["prior"] is None and not (tmp_path / "alone" / "prior").exists()
     assert meta["prior"]["kind"] == "lexical"  # the refit kept the init's prior (the default)
+    # --no-prior was silently ignored with a static or lexical --init (the refit kept the prior): refused.
+    for init in (files["pred"], "default"):
+        res = run("predict", "train", fresh, "--kind", "static", "--init", init, "--no-prior", "-o", tmp_path / "z")
+        assert res.exit_code == 2 and "--no-prior does not apply with a" in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "z").exists()
     res = run("predict", "train", fresh, "--kind", "lexical", "--no-prior", "-o", tmp_path / "y")
     assert res.exit_code == 2 and "--no-prior applies to --kind static only" in res.output
     res = run("predict", "train", fresh, "--kind", "static", "--init", files["pred"], "--base-model", tiny,

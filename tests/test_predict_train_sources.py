@@ -103,6 +103,38 @@ def test_a_plan_the_log_did_not_run_is_refused(run_log, tmp_path) -> None:
     assert ok.exit_code == 0, ok.output
 
 
+@pytest.mark.parametrize(
+    "cmd, extra, match",
+    [
+        (["train"], ["--length-field", "foo"], "--length-field applies to a dataset file, not to a run log"),
+        (["train"], ["--prompt-field", "foo", "--id-field", "key"], "--prompt-field, --id-field apply to a dataset"),
+        (["train"], ["--on-bad-line", "skip"], "--on-bad-line applies to a dataset file"),
+        (["eval", "default"], ["--length-field", "lengths"], "--length-field applies to a dataset file"),
+        (["eval", "default"], ["--prompt-field", "prompt"], "--prompt-field applies to a dataset file"),
+    ],
+)
+def test_dataset_options_with_a_run_log_are_refused(run_log, tmp_path, cmd, extra, match) -> None:
+    # A run log carries its own lengths and takes prompt texts from its plan: these options were silently
+    # ignored (the reverse of "--plan applies to a run log directory, not to a dataset file").
+    out = ["-o", str(tmp_path / "p")] if cmd == ["train"] else []
+    res = cli("predict", *cmd, str(run_log["run"]), *extra, *out)
+    assert res.exit_code == 2 and match in res.output, res.output
+    assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "p").exists()
+
+
+def test_a_run_logs_meta_json_names_the_directory_to_pass(run_log, tmp_path) -> None:
+    # It was read as a JSON dataset: "meta.json: expected a JSON array of records; use JSONL ...".
+    meta = str(run_log["run"] / "meta.json")
+    want = f"{meta} is the meta.json of the run log {run_log['run']}; pass the run log directory {run_log['run']}"
+    for args in (
+        ["compile", str(run_log["data"]), "--history", meta, "-o", str(tmp_path / "x.parquet")],
+        ["predict", "train", meta, "-o", str(tmp_path / "p")],
+    ):
+        res = cli(*args)
+        assert res.exit_code == 2 and want in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
 def test_one_row_per_sample_dataset_pools_rows(tmp_path) -> None:
     rows = [{"id": r["id"], "prompt": r["prompt"], "length": x} for r in records(60) for x in r["lengths"]]
     pairs = read_dataset_pairs(write(tmp_path / "rows.jsonl", rows), length_field="length")

@@ -243,3 +243,27 @@ def note(msg: str, quiet: bool = False) -> None:
     if not quiet:
         err_console.print(msg)
 
+
+
+_SHOWN_SKIPPED = 10  # skipped rows the note names (the first one's reason); --json lists up to _LISTED_SKIPPED
+_LISTED_SKIPPED = 1000
+
+
+def skipped_note(skipped: list[Any], quiet: bool = False) -> None:
+    """Under --on-bad-line skip, which rows were left out and why (``aspc.io.SkippedRow``s): the help promises
+    "skip it and report it", and a count alone left the user to find them. Shared by compile and predict."""
+    if not skipped:
+        return
+    from rich.markup import escape
+
+    lines = ", ".join(str(s.line) for s in skipped[:_SHOWN_SKIPPED])
+    more = f" and {len(skipped) - _SHOWN_SKIPPED} more" if len(skipped) > _SHOWN_SKIPPED else ""
+    first = skipped[0]
+    note(f"[yellow]skipped {len(skipped)} bad rows[/] (--on-bad-line skip): lines {lines}{more}; "
+         f"line {first.line}: {escape(first.reason)} (--json lists every reason)", quiet)  # fmt: skip
+
+
+def skipped_json(skipped: list[Any]) -> dict[str, Any]:
+    """The ``--json`` keys of rows left out under --on-bad-line skip: ``skipped_rows`` only when there are any."""
+    listed = [{"line": s.line, "reason": s.reason} for s in skipped[:_LISTED_SKIPPED]]
+    return {"skipped_rows": listed} if listed else {}

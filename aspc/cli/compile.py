@@ -6,9 +6,18 @@ import dataclasses
 from pathlib import Path
 
 import click
-from rich.markup import escape
 
-from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, out_console, quiet_option
+from aspc.cli.common import (
+    RichProgress,
+    emit_json,
+    handle_errors,
+    json_option,
+    note,
+    out_console,
+    quiet_option,
+    skipped_json,
+    skipped_note,
+)
 from aspc.cli.options import (
     compile_config_from_kwargs,
     compile_options,
@@ -18,9 +27,6 @@ from aspc.cli.options import (
 )
 from aspc.cli.paths import PathArg
 from aspc.cli.render import metrics_table
-
-_SHOWN_SKIPPED = 10  # skipped rows the note names (the first one's reason); --json lists up to _LISTED_SKIPPED
-_LISTED_SKIPPED = 1000
 
 
 @click.command("compile")
@@ -61,14 +67,7 @@ def compile_cmd(
         progress.stage("write")
         write_plan(plan, output)
         progress.done()
-    if plan.metrics.get("n_skipped"):
-        # Which rows and why, as the error would have said (the first few): a count alone left the
-        # user to find them.
-        lines = ", ".join(str(s.line) for s in plan.skipped[:_SHOWN_SKIPPED])
-        more = f" and {len(plan.skipped) - _SHOWN_SKIPPED} more" if len(plan.skipped) > _SHOWN_SKIPPED else ""
-        first = plan.skipped[0]
-        note(f"[yellow]skipped {plan.metrics['n_skipped']} bad rows[/] (--on-bad-line skip): lines {lines}{more}; "
-             f"line {first.line}: {escape(first.reason)} (--json lists every reason)", quiet)  # fmt: skip
+    skipped_note(plan.skipped, quiet)
     if plan.token_counter:
         note(f"prompt tokens counted by the {plan.token_counter.get('name', '?')} tokenizer", quiet)
     from aspc.profiles import compile_notes
@@ -79,7 +78,6 @@ def compile_cmd(
         kind = plan.predictor.get("kind", "?")
         note(f"lengths predicted by the {kind} predictor ({plan.predictor.get('name', config.predictor or 'default')})", quiet)
     if as_json:
-        listed = [{"line": s.line, "reason": s.reason} for s in plan.skipped[:_LISTED_SKIPPED]]
-        emit_json({"plan": str(output), **plan.metrics, **({"skipped_rows": listed} if listed else {})})
+        emit_json({"plan": str(output), **plan.metrics, **skipped_json(plan.skipped)})
     elif not quiet:
         out_console.print(metrics_table(plan.metrics, title=f"plan {output.name}"))

@@ -25,6 +25,8 @@ from aspc.cli.common import (
     note,
     out_console,
     quiet_option,
+    skipped_json,
+    skipped_note,
 )
 from aspc.cli.options import check_history_field
 from aspc.cli.paths import PathArg
@@ -32,6 +34,7 @@ from aspc.cli.predict_eval import eval_cmd
 from aspc.cli.predict_options import (
     check_device,
     check_fields,
+    check_run_log_options,
     data_options,
     device_option,
     metrics_table,
@@ -117,7 +120,8 @@ def _init_option(fn: F) -> F:
 @click.option(
     "--no-prior",
     is_flag=True,
-    help="Static: the head alone, not on top of the shipped default's text score (the default offset).",
+    help="Static: the head alone, not on top of the shipped default's text score (the default offset); "
+    "not with a lexical or static --init, which brings its own.",
 )
 @click.option(
     "--plan",
@@ -182,6 +186,7 @@ def train_cmd(
     """
     from aspc.atomic import check_writable
     from aspc.guards import check_output, check_seed
+    from aspc.predict import check_kind_options
     from aspc.predict.base import check_output_dir
 
     check_seed(seed)
@@ -195,7 +200,9 @@ def train_cmd(
         raise ConfigError("--group-field applies to --kind lexical and static (the transformer's bands are "
                           "calibrated on held-out prompts at random); drop it")  # fmt: skip
     check_fields(prompt_field, id_field, length_field, target_field, group_field)
+    check_kind_options(kind, base_model=base_model, device=device, epochs=epochs, freeze_encoder=freeze_encoder)
     check_device(device)
+    check_run_log_options(data)
     pairs = read_pairs(
         data,
         length_field=length_field,
@@ -224,6 +231,8 @@ def train_cmd(
         progress.stage("write")
         pred.save(output)
         progress.done()
+    skipped_note(pairs.skipped, quiet)
+    _group_note(group_field, pairs, pred, quiet)
     val = pred.metadata.get("validation")
     if as_json:
         emit_json(
@@ -233,6 +242,8 @@ def train_cmd(
                 "training": pred.metadata.get("training"),
                 "validation": val,
                 "targets": list(getattr(pred, "targets", [])),
+                "n_skipped": len(pairs.skipped),
+                **skipped_json(pairs.skipped),
             }
         )
         return
@@ -242,6 +253,22 @@ def train_cmd(
     note(f"wrote {kind} predictor to {output} ({src}{', refit from ' + init if init else ''})", quiet)
     if val and not quiet:
         out_console.print(metrics_table({"validation": val}, f"held-out {validation_split:.0%} of prompts"))
+
+
+def _group_note(group_field: str | None, pairs: Any, pred: Any, quiet: bool) -> None:
+    """Say when --group-field was given but the bands were calibrated on random prompts after all.
+
+    The trainers fall back (``residual_folds``) when the training prompts hold fewer than 3 groups:
+    leaving one of 2 sources out is no test of a new source. Silently, the user believed the bands held
+    on new sources.
+    """
+    folds = (pred.metadata.get("training") or {}).get("residual_folds")
+    if group_field is None or folds in (None, "leave one group out"):
+        return
+    n = len(set(pairs.groups or ()))
+    held = f"{n} group{'s' if n != 1 else ''}" if n < 3 else "fewer than 3 groups outside the validation prompts"
+    note(f"--group-field {group_field!r} ignored: the training prompts hold {held}, and calibrating the bands on "
+         "held-out sources needs 3 or more; the bands were calibrated on random prompts", quiet)  # fmt: skip
 
 
 def train_from_pairs(pairs: Any, kind: str, *, where: str, init: str | None = None, **kwargs: Any) -> Any:
@@ -263,7 +290,8 @@ def train_from_pairs(pairs: Any, kind: str, *, where: str, init: str | None = No
 @click.option(
     "-o",
     "--output",
-    type=PathArg(dir_okay=False, path_type=Path),
+    # A str, not a Path: Path("x/") is "x", and check_output must see the slash to refuse a directory name.
+    type=PathArg(dir_okay=False, path_type=str),
     required=True,
     help="Parquet file to write: prompt_id, predicted_len, predicted_q10/_q50/_q90.",
 )
@@ -287,7 +315,7 @@ def train_from_pairs(pairs: Any, kind: str, *, where: str, init: str | None = No
 def apply_cmd(
     predictor: str,
     data: Path,
-    output: Path,
+    output: str,
     target: str | None,
     history: tuple[Path, ...],
     history_length_field: str,
@@ -307,7 +335,7 @@ def apply_cmd(
     small_pages_only()  # a million prompts' texts and features (a MiniLM, if any, is small)
     check_history_field(history or ())
     output = check_output(output, inputs=[data, *history, None if predictor == "default" else predictor])
-    check_device(device)
+    check_device(device, predictor)
     pred = load_predictor(predictor, target=target, device=device)
     table = read_prompts(data, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)
     if history:
@@ -317,7 +345,9 @@ def apply_cmd(
         result = pred.predict(table.texts, ids=table.ids)
         progress.done()
         _write_predictions(output, table.ids, result)
+    skipped_note(table.skipped, quiet)
     summary: dict[str, Any] = {"output": str(output), "n": len(table), "predictor": pred.identity()}
+    summary.update(n_skipped=len(table.skipped), **skipped_json(table.skipped))
     if history:
         summary["with_history"] = pred.coverage(table.ids)
     if as_json:

@@ -7,11 +7,22 @@ from typing import Any
 
 import click
 
-from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, out_console, quiet_option
+from aspc.cli.common import (
+    RichProgress,
+    emit_json,
+    handle_errors,
+    json_option,
+    note,
+    out_console,
+    quiet_option,
+    skipped_json,
+    skipped_note,
+)
 from aspc.cli.paths import PathArg
 from aspc.cli.predict_options import (
     check_device,
     check_fields,
+    check_run_log_options,
     data_options,
     device_option,
     metrics_table,
@@ -66,7 +77,8 @@ def eval_cmd(
     if target is not None and target_field is not None:
         raise ConfigError("give --target (one head for every row) or --target-field (each row's own), not both")
     check_fields(prompt_field, id_field, length_field, target_field, None)
-    check_device(device)
+    check_device(device, predictor)
+    check_run_log_options(data)
     pred = load_predictor(predictor, target=target, device=device)
     pairs = read_pairs(
         data,
@@ -101,6 +113,8 @@ def eval_cmd(
         "source": source,
     }
     result["predictor"] = pred.identity()
+    result.update(n_skipped=len(pairs.skipped), **skipped_json(pairs.skipped))
+    skipped_note(pairs.skipped, quiet)
     if as_json:
         emit_json(result)
     elif not quiet:

@@ -42,8 +42,21 @@ def device_option(fn: F) -> F:
     )(fn)
 
 
-def check_device(device: str) -> None:
-    """Fail early on an explicit device that is not there (any kind), before reading data."""
+def check_device(device: str, predictor: str | None = None) -> None:
+    """Fail early on an explicit device that is not there (any kind), before reading data.
+
+    With ``predictor`` (eval, apply) a device given for a predictor that runs on the CPU is refused
+    first: "CUDA is not available" hid that the option does not apply at all.
+    """
+    if device.lower() != "auto" and predictor is not None:
+        from pathlib import Path
+
+        from aspc.predict import DEFAULT, default_predictor_path, read_metadata
+
+        kind = read_metadata(default_predictor_path() if predictor == DEFAULT else Path(predictor))["aspc_predictor"]
+        if kind != "transformer":
+            raise ConfigError(f"--device {device}: a {kind} predictor runs on the CPU with no device to choose; "
+                              "drop --device")  # fmt: skip
     if device.lower() != "auto":
         from aspc.devices import resolve_device
 
@@ -63,6 +76,28 @@ def check_fields(prompt: str, id_: str, length: str, target: str | None, group: 
     if target is not None and target == group:
         raise ConfigError(f"--target-field and --group-field are both {target!r}; give the source field as "
                           "--group-field")  # fmt: skip
+
+
+_DATASET_OPTIONS = ("length_field", "prompt_field", "id_field", "on_bad_line")
+
+
+def check_run_log_options(data: Any) -> None:
+    """Refuse the dataset-reading options a run log directory DATA would silently ignore.
+
+    The reverse of "--plan applies to a run log directory, not to a dataset file". They all have
+    defaults, so only those given on the command line are refused (click says where a value came from).
+    """
+    if not data.is_dir():
+        return
+    ctx = click.get_current_context(silent=True)
+    src = click.core.ParameterSource
+    given = [n for n in _DATASET_OPTIONS if ctx is not None and ctx.params.get(n) is not None
+             and ctx.get_parameter_source(n) not in (src.DEFAULT, src.DEFAULT_MAP)]  # fmt: skip
+    if given:
+        names = ", ".join("--" + n.replace("_", "-") for n in given)
+        verb, it = ("applies", "it") if len(given) == 1 else ("apply", "them")
+        raise ConfigError(f"{names} {verb} to a dataset file, not to a run log directory ({data} holds its own "
+                          f"lengths and takes prompt texts from its plan); drop {it}")  # fmt: skip
 
 
 def metrics_table(columns: dict[str, dict[str, Any]], title: str) -> Any:

@@ -16,7 +16,14 @@ from aspc.errors import InputError, epochs_root_hint, short_reason
 from aspc.io.prompts import check_field_names
 from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
 from aspc.io.rows import _RowError, parse_length
-from aspc.io.runlog_meta import check_runlog_version, committed, is_runlog_meta, part_number, part_ranges
+from aspc.io.runlog_meta import (
+    check_runlog_version,
+    committed,
+    is_runlog_meta,
+    part_number,
+    part_ranges,
+    refuse_runlog_meta,
+)
 
 
 def committed_sample_parts(path: str | os.PathLike, *, require_meta: bool = False) -> list[Path]:
@@ -113,6 +120,7 @@ def read_lengths(
     if path.is_dir():
         return _read_run_log(path)
     _refuse_plan(path)
+    refuse_runlog_meta(path)
     from_text = detect_format(path) == "csv"
     out: dict[str, list[np.ndarray]] = {}
     for _row, line, rec in iter_numbered_records(path):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aspc import __version__
-from aspc.errors import SchemaVersionError
+from aspc.errors import InputError, SchemaVersionError
 
 RUNLOG_FORMAT = "aspc.runlog"
 # Major.minor, as for plans: a reader refuses another major version.
@@ -26,6 +26,26 @@ _PART_RE = re.compile(r"^part-(\d{6,})\.parquet$")
 def is_runlog_meta(meta: Any) -> bool:
     """Whether a parsed ``meta.json`` names the run log format (any version)."""
     return isinstance(meta, dict) and meta.get("format") == RUNLOG_FORMAT
+
+
+def refuse_runlog_meta(path: Path) -> None:
+    """A run log's ``meta.json`` given where its directory is read: name the directory to pass.
+
+    Read as a JSON dataset it said "meta.json: expected a JSON array of records; use JSONL", which
+    sent the user to convert a file that was never their data.
+    """
+    import json
+
+    if path.name != "meta.json" or not path.is_file():
+        return
+    try:
+        meta = json.loads(path.read_bytes())
+    except (ValueError, OSError, RecursionError):  # not JSON, or unreadable: the reader says why
+        return
+    if is_runlog_meta(meta):
+        run = path.parent if str(path.parent) not in ("", ".") else Path(".")
+        raise InputError(f"{path} is the meta.json of the run log {run}; pass the run log directory {run} "
+                         "itself")  # fmt: skip
 
 
 def check_runlog_version(meta: dict[str, Any], path: Path, invalid: type[Exception]) -> None:

@@ -174,12 +174,8 @@ def train_predictor(
     """
     if not static_prior and kind != "static":
         raise ConfigError("--no-prior applies to --kind static only")
+    check_kind_options(kind, base_model=base_model, device=device, epochs=epochs, freeze_encoder=freeze_encoder)
     if kind == "lexical":
-        if base_model is not None or freeze_encoder or epochs is not None:
-            raise ConfigError("--base-model, --epochs and --freeze-encoder apply to --kind transformer only")
-        if device not in (None, "auto"):
-            raise ConfigError(f"--device {device}: the lexical predictor trains on the CPU with no device to "
-                              "choose; drop --device, or use --kind transformer or static")  # fmt: skip
         from aspc.predict.lexical_train import train_lexical
 
         return train_lexical(
@@ -209,12 +205,19 @@ def train_predictor(
             progress=progress,
         )
     if kind == "static":
-        if freeze_encoder or epochs is not None:
-            raise ConfigError("--epochs and --freeze-encoder apply to --kind transformer only")
         from aspc.predict.static_train import train_static
 
         start = _init_predictor(init, init_kinds("static"), device)
-        prior = load_predictor(DEFAULT) if static_prior and getattr(start, "kind", None) in (None, "transformer") else None
+        init_kind = getattr(start, "kind", None)
+        if not static_prior and init_kind in ("lexical", "static"):
+            # Refused, not honoured: a lexical init is used only as the offset the head fits on top of
+            # (without it the init would do nothing), and a static init's head weights, the refit's
+            # starting point, were fitted on top of its prior (they mean nothing without it). A
+            # transformer init brings an encoder only, so --no-prior applies to it as to a fresh fit.
+            raise ConfigError(f"--no-prior does not apply with a {init_kind} --init: a static refit keeps its init's "
+                              "text-score offset, and a lexical --init is that offset; drop --no-prior, or drop "
+                              "--init to fit the static head alone")  # fmt: skip
+        prior = load_predictor(DEFAULT) if static_prior and init_kind in (None, "transformer") else None
         return train_static(
             texts,
             lengths,
@@ -228,6 +231,23 @@ def train_predictor(
             progress=progress,
         )
     raise ConfigError(f"unknown predictor kind {kind!r}; use one of {', '.join(KINDS)}")
+
+
+def check_kind_options(
+    kind: str, *, base_model: object = None, device: str | None = "auto", epochs: object = None,
+    freeze_encoder: bool = False,
+) -> None:
+    """Refuse the training settings ``kind`` does not read (the CLI calls it before checking the device
+    itself, so that ``--device cuda`` with lexical names the real problem, not a missing CUDA)."""
+    if kind in ("lexical", "static") and (freeze_encoder or epochs is not None):
+        raise ConfigError("--epochs and --freeze-encoder apply to --kind transformer only")
+    if kind == "lexical" and base_model is not None:
+        # static distils the encoder --base-model names: the option is not the transformer's alone.
+        raise ConfigError("--base-model applies to --kind transformer and static (the encoder they start from); "
+                          "drop it, or use --kind transformer or static")  # fmt: skip
+    if kind == "lexical" and device not in (None, "auto"):
+        raise ConfigError(f"--device {device}: the lexical predictor trains on the CPU with no device to "
+                          "choose; drop --device, or use --kind transformer or static")  # fmt: skip
 
 
 def _init_predictor(init: str | Path | Predictor | None, kind: str | tuple[str, ...], device: str) -> Any:

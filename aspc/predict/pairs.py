@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +29,7 @@ import numpy as np
 from aspc.choices import ON_BAD_LINE
 from aspc.errors import InputError, short_reason
 from aspc.io.lengths import committed_sample_parts
+from aspc.io.runlog_meta import refuse_runlog_meta
 
 PLAN_IN_LOG = "plan.parquet"
 """Where ``aspc run --log`` and ``aspc probe`` keep a copy of the plan they ran."""
@@ -45,6 +46,8 @@ class TrainingPairs:
     source: str  # "run log" or "dataset"
     targets: list[str] | None = None  # per entry, the model that generated its lengths
     groups: list[str] | None = None  # per entry, its prompt's source
+    # Rows left out under on_bad_line="skip" (aspc.io.SkippedRow), for the command to report.
+    skipped: list = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -223,6 +226,7 @@ def read_dataset_pairs(
     from aspc.io.prompts import file_hash
     from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
     from aspc.io.rows import _parse_prompt, _RowError, content_id, parse_length, required_id
+    from aspc.io.table import SkippedRow
 
     if on_bad_line not in ON_BAD_LINE:
         raise ConfigError(f"--on-bad-line must be 'error' or 'skip', not {on_bad_line!r}")
@@ -235,7 +239,8 @@ def read_dataset_pairs(
     texts: list[str] = []
     targets: list[str] = []
     lengths: list[list[np.ndarray]] = []
-    for _row, line, rec in iter_numbered_records(path):
+    skipped: list[SkippedRow] = []
+    for row, line, rec in iter_numbered_records(path):
         try:
             if isinstance(rec, BadRecord):
                 raise _RowError(rec.reason)
@@ -258,6 +263,7 @@ def read_dataset_pairs(
                 )
         except _RowError as exc:
             if on_bad_line == "skip":
+                skipped.append(SkippedRow(row, str(exc), line))
                 continue
             raise InputError(f"{path.name}: line {line}: {exc}") from None
         key = (pid, target)
@@ -272,7 +278,8 @@ def read_dataset_pairs(
             group_of[pid] = group
         lengths[pos[key]].append(lens)
     if not ids:
-        raise InputError(f"{path.name}: no rows with a prompt and a length found; check --length-field")
+        extra = f" ({len(skipped)} bad rows skipped)" if skipped else ""
+        raise InputError(f"{path.name}: no rows with a prompt and a length found{extra}; check --length-field")
     return TrainingPairs(
         ids=ids,
         texts=texts,
@@ -281,6 +288,7 @@ def read_dataset_pairs(
         source="dataset",
         targets=None if target_field is None else targets,
         groups=None if group_field is None else [group_of[i] for i in ids],
+        skipped=skipped,
     )
 
 
@@ -324,6 +332,7 @@ def read_training_pairs(
         return read_run_log_pairs(p, plan=plan, for_training=for_training)
     if plan is not None:
         raise ConfigError("--plan applies to a run log directory, not to a dataset file")
+    refuse_runlog_meta(p)
     return read_dataset_pairs(
         p, length_field=length_field, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line,
         target_field=target_field, group_field=group_field,

@@ -269,3 +269,19 @@ def test_a_probe_interrupted_while_training_names_the_command_that_finishes_it(t
     assert done.exit_code == 0, done.output
     for f in sorted(p.name for p in (tmp_path / "P0").iterdir()):
         assert (out / f).read_bytes() == (tmp_path / "P0" / f).read_bytes(), f
+
+
+def test_rows_skipped_under_on_bad_line_skip_are_reported(tmp_path):
+    # The help promises "skip it and report it": probe dropped the row without a word.
+    data = write_prompts(tmp_path / "p.jsonl", 120)
+    rows = data.read_text().splitlines()
+    bad = json.loads(rows[0])
+    bad["prompt"] = ""
+    (tmp_path / "bad.jsonl").write_text("\n".join([json.dumps(bad), *rows[1:]]) + "\n")
+    res = CliRunner().invoke(main, ["probe", str(tmp_path / "bad.jsonl"), "--backend", "sim", "--actual-lengths",
+                                    str(data), "--length-field", "lengths", "--prompts", "100", "--log",
+                                    str(tmp_path / "L"), "-o", str(tmp_path / "P"), "--on-bad-line", "skip", "--json"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "skipped 1 bad rows (--on-bad-line skip): lines 1" in " ".join(res.stderr.split())
+    out = json.loads(res.stdout)
+    assert out["n_skipped"] == 1 and out["skipped_rows"] == [{"line": 1, "reason": "prompt is empty"}]

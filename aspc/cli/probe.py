@@ -30,7 +30,17 @@ import click
 
 from aspc.choices import ON_BAD_LINE, PREDICTOR_KINDS
 from aspc.cli.backend_options import build_real_components, real_backend_options
-from aspc.cli.common import CliError, RichProgress, emit_json, handle_errors, json_option, note, quiet_option
+from aspc.cli.common import (
+    CliError,
+    RichProgress,
+    emit_json,
+    handle_errors,
+    json_option,
+    note,
+    quiet_option,
+    skipped_json,
+    skipped_note,
+)
 from aspc.cli.options import check_lengths_field
 from aspc.cli.paths import PathArg
 from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
@@ -159,6 +169,7 @@ def probe_cmd(
     )
     for msg in backend_notes:
         note(msg, quiet)
+    skipped_note(table.skipped, quiet)
     sample = _subset(table, n_prompts, seed)
     if len(sample) < n_prompts:
         note(f"{prompts_path.name} has {len(table)} prompts: probing all of them", quiet)
@@ -224,6 +235,8 @@ def probe_cmd(
         "init": init_arg,
         "identity": pred.identity(),
         "validation": pred.metadata.get("validation"),
+        "n_skipped": len(table.skipped),
+        **skipped_json(table.skipped),
     }
     if as_json:
         emit_json(summary)

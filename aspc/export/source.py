@@ -85,7 +85,7 @@ def source_records(source: Path, rows: list[int]) -> list[dict[str, Any]]:
 
         table = read_parquet_table(source).take(pa.array(rows, pa.int64()))
         try:
-            return table.to_pylist()
+            return _python_records(table)
         except ValueError as exc:
             # Python's datetime and timedelta hold microseconds: an Arrow nanosecond value with a sub-µs part
             # has no Python form (without pandas). Arrow's message does not name the column.
@@ -132,6 +132,37 @@ def source_table(source: Path, rows: list[int]) -> pa.Table:
     except UnicodeEncodeError:
         raise InputError(f"{source.name}: a field holds invalid Unicode (lone surrogates); "
                          "re-encode the data as UTF-8") from None  # fmt: skip
+
+
+def _python_records(table: pa.Table) -> list[dict[str, Any]]:
+    """``table.to_pylist()``, with nanosecond timestamps and durations in their JSON form, made here.
+
+    Python's datetime and timedelta stop at microseconds: Arrow hands a
+    nanosecond value to pandas when it is installed and fails without it, so
+    the output would depend on the environment. A timestamp becomes its
+    ISO-8601 string with nine fraction digits (and its offset), a duration its
+    seconds (an int when whole), as :func:`aspc.export._json_default` writes
+    coarser ones.
+    """
+    import decimal
+
+    import pyarrow.compute as pc
+
+    names = table.column_names
+    done: dict[str, list[Any]] = {}
+    for field in table.schema:
+        t = field.type
+        if pa.types.is_timestamp(t) and t.unit == "ns":
+            fmt = "%Y-%m-%dT%H:%M:%S" + ("%Ez" if t.tz else "")
+            done[field.name] = pc.strftime(table.column(field.name), format=fmt).to_pylist()
+        elif pa.types.is_duration(t) and t.unit == "ns":
+            ns = table.column(field.name).cast(pa.int64()).to_pylist()
+            done[field.name] = [None if v is None else v // 10**9 if v % 10**9 == 0 else
+                                float(decimal.Decimal(v).scaleb(-9)) for v in ns]  # fmt: skip
+    if not done:
+        return table.to_pylist()
+    rest = table.drop_columns(list(done)).to_pylist()
+    return [{n: (done[n][i] if n in done else rec[n]) for n in names} for i, rec in enumerate(rest)]
 
 
 def _unconvertible(column: pa.ChunkedArray) -> bool:

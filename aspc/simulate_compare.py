@@ -87,3 +87,24 @@ def comparison_table(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         entry["n_repeats"] = n
         out[name] = entry
     return out
+
+
+def left_over_note(results: dict[str, Any], global_batch: int) -> str | None:
+    """Why the iteration times leave out part of the run, when they do; ``None`` when every sample was consumed.
+
+    A plan of P samples trains on floor(P / batch) global batches; the rest is
+    generated and never consumed. The mean iteration time ends at the last
+    trainer step (DESIGN.md, Metrics), so generation that ends after it, such
+    as a plan's longest minibatch dispatched last, costs nothing there and a
+    strategy that leaves its longest work for the end looks faster than it is.
+    """
+    first = {name: (r[0] if isinstance(r, list) else r).summary for name, r in results.items()}
+    left = {name: s.samples_left_over for name, s in first.items() if s.samples_left_over}
+    if not left:
+        return None
+    planned = min(s.samples_planned for s in first.values())
+    fits = [d for d in range(global_batch, 0, -1) if planned % d == 0]
+    better = f"; --global-batch {fits[0]} consumes all of them" if fits and fits[0] * 2 >= global_batch else ""
+    return (f"{max(left.values())} of the plans' {planned} samples are generated but no trainer step consumes them "
+            f"(--global-batch {global_batch}): the iteration times end at the last step and leave out whatever "
+            f"generation ends after it, which flatters a strategy that dispatches its longest work last{better}")  # fmt: skip

@@ -141,6 +141,7 @@ def simulate_cmd(
     """
     from aspc.memory import small_pages_only
     from aspc.simulate import comparison_table, parse_strategies, simulate_strategies
+    from aspc.simulate_compare import left_over_note
 
     small_pages_only()  # simulated workers only: no model runs in this process
     names = parse_strategies(strategies)
@@ -172,6 +173,9 @@ def simulate_cmd(
     if run_config.global_batch > planned:  # as aspc run says it: a table of '-' must not read as a result
         note(f"--global-batch {run_config.global_batch} is more than the plans' {planned} samples: the trainer "
              f"takes no step and no iteration time is measured; pass --global-batch {planned} or less", quiet)  # fmt: skip
+    leftover = left_over_note(results, run_config.global_batch)
+    if leftover is not None and run_config.global_batch <= planned:
+        note(leftover, quiet)
     if as_json:
         emit_json({"strategies": table})
     elif not quiet:

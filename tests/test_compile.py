@@ -374,3 +374,22 @@ def test_a_bound_just_under_the_value_prints_them_apart():
     value = 0.0634793038
     a, b = _apart(value, value - 1e-10)
     assert float(a) > float(b)
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from aspc.cli import main as cli
+
+    return CliRunner().invoke(cli, ["compile", *map(str, args)])
+
+
+def test_verl_refuses_minibatch_overhead_it_cannot_use(tmp_path):
+    # Slack 0 leaves one partition: κ changed nothing yet was recorded in the plan's config.
+    from tests.conftest import EXAMPLE
+
+    out = tmp_path / "v.parquet"
+    res = _cli(EXAMPLE, "--length-field", "lengths", "--for", "verl", "--minibatch-overhead", "1000", "-o", out)
+    assert res.exit_code == 2, res.output
+    assert "--minibatch-overhead has no effect: drop it" in res.output and len(res.output.strip().splitlines()) == 1
+    assert "Traceback" not in res.output and not out.exists()

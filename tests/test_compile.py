@@ -393,3 +393,18 @@ def test_verl_refuses_minibatch_overhead_it_cannot_use(tmp_path):
     assert res.exit_code == 2, res.output
     assert "--minibatch-overhead has no effect: drop it" in res.output and len(res.output.strip().splitlines()) == 1
     assert "Traceback" not in res.output and not out.exists()
+
+
+@pytest.mark.parametrize("args,noted", [
+    (["--strategy", "random"], True), (["--strategy", "sorted"], True), (["--order", "ascending"], True), ([], True),
+    (["--order", "interleave"], False),
+])
+def test_workers_unused_by_the_order_is_noted(tmp_path, args, noted):
+    # Only the interleave order reads W: elsewhere -w changed nothing, silently.
+    from tests.conftest import EXAMPLE
+
+    res = _cli(EXAMPLE, "--length-field", "lengths", "-w", "4", *args, "-o", tmp_path / "p.parquet", "--json")
+    assert res.exit_code == 0, res.output
+    assert ("--workers" in res.output and "not used" in res.output) is noted
+    res = _cli(EXAMPLE, "--length-field", "lengths", *args, "-o", tmp_path / "q.parquet", "--json")
+    assert "--workers" not in res.output

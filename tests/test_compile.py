@@ -408,3 +408,18 @@ def test_workers_unused_by_the_order_is_noted(tmp_path, args, noted):
     assert ("--workers" in res.output and "not used" in res.output) is noted
     res = _cli(EXAMPLE, "--length-field", "lengths", *args, "-o", tmp_path / "q.parquet", "--json")
     assert "--workers" not in res.output
+
+
+def test_target_on_a_single_head_predictor_says_drop_it(tmp_path):
+    from click.testing import CliRunner
+
+    from aspc.cli import main as cli
+    from tests.conftest import EXAMPLE
+
+    pred = tmp_path / "pred"
+    train = ["predict", "train", str(EXAMPLE), "--length-field", "lengths", "--kind", "lexical", "-o", str(pred), "-q"]
+    assert CliRunner().invoke(cli, train).exit_code == 0
+    out = tmp_path / "p.parquet"
+    res = _cli(EXAMPLE, "--predictor", pred, "--target", "qwen", "-o", out)
+    assert res.exit_code == 2 and res.output.strip().endswith("trained without target models; drop --target")
+    assert len(res.output.strip().splitlines()) == 1 and not out.exists()

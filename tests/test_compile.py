@@ -423,3 +423,13 @@ def test_target_on_a_single_head_predictor_says_drop_it(tmp_path):
     res = _cli(EXAMPLE, "--predictor", pred, "--target", "qwen", "-o", out)
     assert res.exit_code == 2 and res.output.strip().endswith("trained without target models; drop --target")
     assert len(res.output.strip().splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("name,noted", [("plan.jsonl", True), ("plan.CSV", True), ("plan.parquet", False), ("plan", False)])
+def test_a_plan_named_as_another_format_is_noted(tmp_path, name, noted):
+    from tests.conftest import EXAMPLE
+
+    res = _cli(EXAMPLE, "--length-field", "lengths", "-o", tmp_path / name, "--json")
+    assert res.exit_code == 0, res.output
+    assert pq.read_metadata(tmp_path / name).num_rows > 0  # Parquet whatever the name
+    assert (f"{name}: a plan is always written as Parquet" in res.output) is noted

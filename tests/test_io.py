@@ -368,6 +368,25 @@ def test_verl_ids_come_from_extra_info_index(tmp_path, fmt):
         read_prompts(p)
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_fractional_extra_info_index_is_refused_like_a_float_id(tmp_path, fmt):
+    # It became content-hash ids silently, while a float id field is refused.
+    rows = _verl_rows(4)
+    for r in rows:
+        r["extra_info"]["index"] += 0.5
+    p = tmp_path / f"v.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), p)
+    else:
+        write_jsonl(p, rows)
+    with pytest.raises(InputError, match=r"line 1: extra_info.index must be a string or integer, got float 0.5; use "):
+        read_prompts(p)
+    for r in rows:
+        r["extra_info"]["index"] -= 0.5  # whole floats keep the documented content-hash fallback (and plan ids)
+    write_jsonl(tmp_path / "w.jsonl", rows)
+    assert read_prompts(tmp_path / "w.jsonl").ids == [content_id(s) for s in read_prompts(tmp_path / "w.jsonl").prompts]
+
+
 def test_id_field_wins_over_extra_info_and_content_ids_stay_strict(tmp_path):
     rows = _verl_rows(3)
     for i, r in enumerate(rows):

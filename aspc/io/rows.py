@@ -179,6 +179,10 @@ def _verl_index(rec: dict) -> str | None:
     if not isinstance(info, dict):
         return None
     v = info.get(VERL_INDEX[1])
+    if isinstance(v, (float, np.floating)) and not (math.isfinite(v) and float(v).is_integer()):
+        # A fractional index is no row index: refused as a float id field is, not silently replaced by
+        # content hashes. Whole floats (1.0) keep the documented fallback: plans from such data keep their ids.
+        raise _RowError(f"extra_info.index must be a string or integer, got float {float(v)!r}; use whole-number indexes")
     if isinstance(v, bool) or not isinstance(v, (str, int, np.integer)) or isinstance(v, HugeInt):
         return None
     s = str(v)

@@ -570,3 +570,21 @@ def test_bulk_blank_check_matches_the_exact_one(texts, start):
 
     arr = pa.array(["x"] * start + texts, pa.string()).slice(start)
     assert _has_blank(arr) == _has_blank_exact(arr) == any(not t.strip() for t in texts)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "json"])
+def test_a_null_prompt_is_not_called_missing(tmp_path, fmt):
+    # "pass --prompt-field NAME" was the advice though the field was there, holding null.
+    rows = [{"id": "a", "prompt": "fine"}, {"id": "b", "prompt": None}]
+    p = tmp_path / f"n.{fmt}"
+    if fmt == "jsonl":
+        write_jsonl(p, rows)
+    else:
+        p.write_text(json.dumps(rows))
+    msg = r"line 2: prompt field 'prompt' is null; fix the row or pass --on-bad-line skip$"
+    with pytest.raises(InputError, match=msg):
+        read_prompts(p)
+    assert read_prompts(p, on_bad_line="skip").ids == ["a"]
+    rows[1] = {"id": "b", "prompt": None, "messages": [{"role": "user", "content": "hi"}]}  # the messages fallback stays
+    write_jsonl(p := tmp_path / "m.jsonl", rows)
+    assert read_prompts(p).ids == ["a", "b"]

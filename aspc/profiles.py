@@ -89,6 +89,11 @@ def verl_config(config: Any, default_batch_size: int, default_group_size: int) -
         raise ConfigError("--for verl sizes groups by prompts per trainer step: use --group-size, not --groups")
     if config.slack not in (None, 0):
         raise ConfigError("--for verl needs equal groups: use --slack 0 or leave --slack out")
+    if config.minibatch_overhead is not None:
+        # Slack 0 leaves the partition one choice (every minibatch B prompts), so κ, which trades
+        # minibatch count against padding, cannot change the plan: refused rather than recorded as if used.
+        raise ConfigError("--for verl cuts every minibatch at exactly --batch-size prompts, so --minibatch-overhead "
+                          "has no effect: drop it")  # fmt: skip
     b = config.batch_size if config.batch_size is not None else default_batch_size
     k = config.group_size if config.group_size is not None else default_group_size
     return dataclasses.replace(config, slack=0, batch_size=b, group_size=k)

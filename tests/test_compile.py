@@ -374,3 +374,62 @@ def test_a_bound_just_under_the_value_prints_them_apart():
     value = 0.0634793038
     a, b = _apart(value, value - 1e-10)
     assert float(a) > float(b)
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from aspc.cli import main as cli
+
+    return CliRunner().invoke(cli, ["compile", *map(str, args)])
+
+
+def test_verl_refuses_minibatch_overhead_it_cannot_use(tmp_path):
+    # Slack 0 leaves one partition: κ changed nothing yet was recorded in the plan's config.
+    from tests.conftest import EXAMPLE
+
+    out = tmp_path / "v.parquet"
+    res = _cli(EXAMPLE, "--length-field", "lengths", "--for", "verl", "--minibatch-overhead", "1000", "-o", out)
+    assert res.exit_code == 2, res.output
+    assert "--minibatch-overhead has no effect: drop it" in res.output and len(res.output.strip().splitlines()) == 1
+    assert "Traceback" not in res.output and not out.exists()
+
+
+@pytest.mark.parametrize("args,noted", [
+    (["--strategy", "random"], True), (["--strategy", "sorted"], True), (["--order", "ascending"], True), ([], True),
+    (["--order", "interleave"], False),
+])
+def test_workers_unused_by_the_order_is_noted(tmp_path, args, noted):
+    # Only the interleave order reads W: elsewhere -w changed nothing, silently.
+    from tests.conftest import EXAMPLE
+
+    res = _cli(EXAMPLE, "--length-field", "lengths", "-w", "4", *args, "-o", tmp_path / "p.parquet", "--json")
+    assert res.exit_code == 0, res.output
+    assert ("--workers" in res.output and "not used" in res.output) is noted
+    res = _cli(EXAMPLE, "--length-field", "lengths", *args, "-o", tmp_path / "q.parquet", "--json")
+    assert "--workers" not in res.output
+
+
+def test_target_on_a_single_head_predictor_says_drop_it(tmp_path):
+    from click.testing import CliRunner
+
+    from aspc.cli import main as cli
+    from tests.conftest import EXAMPLE
+
+    pred = tmp_path / "pred"
+    train = ["predict", "train", str(EXAMPLE), "--length-field", "lengths", "--kind", "lexical", "-o", str(pred), "-q"]
+    assert CliRunner().invoke(cli, train).exit_code == 0
+    out = tmp_path / "p.parquet"
+    res = _cli(EXAMPLE, "--predictor", pred, "--target", "qwen", "-o", out)
+    assert res.exit_code == 2 and res.output.strip().endswith("trained without target models; drop --target")
+    assert len(res.output.strip().splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("name,noted", [("plan.jsonl", True), ("plan.CSV", True), ("plan.parquet", False), ("plan", False)])
+def test_a_plan_named_as_another_format_is_noted(tmp_path, name, noted):
+    from tests.conftest import EXAMPLE
+
+    res = _cli(EXAMPLE, "--length-field", "lengths", "-o", tmp_path / name, "--json")
+    assert res.exit_code == 0, res.output
+    assert pq.read_metadata(tmp_path / name).num_rows > 0  # Parquet whatever the name
+    assert (f"{name}: a plan is always written as Parquet" in res.output) is noted

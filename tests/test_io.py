@@ -368,6 +368,25 @@ def test_verl_ids_come_from_extra_info_index(tmp_path, fmt):
         read_prompts(p)
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_fractional_extra_info_index_is_refused_like_a_float_id(tmp_path, fmt):
+    # It became content-hash ids silently, while a float id field is refused.
+    rows = _verl_rows(4)
+    for r in rows:
+        r["extra_info"]["index"] += 0.5
+    p = tmp_path / f"v.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), p)
+    else:
+        write_jsonl(p, rows)
+    with pytest.raises(InputError, match=r"line 1: extra_info.index must be a string or integer, got float 0.5; use "):
+        read_prompts(p)
+    for r in rows:
+        r["extra_info"]["index"] -= 0.5  # whole floats keep the documented content-hash fallback (and plan ids)
+    write_jsonl(tmp_path / "w.jsonl", rows)
+    assert read_prompts(tmp_path / "w.jsonl").ids == [content_id(s) for s in read_prompts(tmp_path / "w.jsonl").prompts]
+
+
 def test_id_field_wins_over_extra_info_and_content_ids_stay_strict(tmp_path):
     rows = _verl_rows(3)
     for i, r in enumerate(rows):
@@ -551,3 +570,21 @@ def test_bulk_blank_check_matches_the_exact_one(texts, start):
 
     arr = pa.array(["x"] * start + texts, pa.string()).slice(start)
     assert _has_blank(arr) == _has_blank_exact(arr) == any(not t.strip() for t in texts)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "json"])
+def test_a_null_prompt_is_not_called_missing(tmp_path, fmt):
+    # "pass --prompt-field NAME" was the advice though the field was there, holding null.
+    rows = [{"id": "a", "prompt": "fine"}, {"id": "b", "prompt": None}]
+    p = tmp_path / f"n.{fmt}"
+    if fmt == "jsonl":
+        write_jsonl(p, rows)
+    else:
+        p.write_text(json.dumps(rows))
+    msg = r"line 2: prompt field 'prompt' is null; fix the row or pass --on-bad-line skip$"
+    with pytest.raises(InputError, match=msg):
+        read_prompts(p)
+    assert read_prompts(p, on_bad_line="skip").ids == ["a"]
+    rows[1] = {"id": "b", "prompt": None, "messages": [{"role": "user", "content": "hi"}]}  # the messages fallback stays
+    write_jsonl(p := tmp_path / "m.jsonl", rows)
+    assert read_prompts(p).ids == ["a", "b"]

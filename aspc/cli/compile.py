@@ -61,12 +61,17 @@ def compile_cmd(
     for msg in unused_note(config.strategy, config.order):
         note(msg, quiet)
     predictor_dir = None if config.predictor in (None, "default") else config.predictor
+    named = Path(output).name  # as the user wrote it: check_output resolves symlinks
     output = check_output(output, inputs=[input_path, *config.history, predictor_dir])
     with RichProgress(quiet) as progress:
         plan = compile_file(input_path, inputs, config, progress)
         progress.stage("write")
         write_plan(plan, output)
         progress.done()
+    if Path(named).suffix and Path(named).suffix.lower() not in (".parquet", ".pq", ".parq"):
+        # Names are the user's, so not refused (and noted once the plan is written, so a failed
+        # compile still prints its one line); but a plan.jsonl that is Parquet inside surprises every other tool.
+        note(f"{named}: a plan is always written as Parquet, whatever its name; name it .parquet to say so", quiet)
     skipped_note(plan.skipped, quiet)
     if plan.token_counter:
         note(f"prompt tokens counted by the {plan.token_counter.get('name', '?')} tokenizer", quiet)

@@ -205,12 +205,17 @@ def unused_note(strategy: str, order: str | None) -> list[str]:
     A note, not an error: a script that compiles every strategy with one set
     of options (a comparison) is right to pass them all.
     """
+    # --workers (compile's own option) is read by the interleave order only (aspc.schedule._front_load_heavy);
+    # the plan's config still records it, so plans keep their bytes, but the user is told it changed nothing.
     if strategy in ("sorted", "random"):
-        unused = [n for n in (*_ASP_ONLY, "order") if _given(n)]
+        unused = [n for n in (*_ASP_ONLY, "order", "workers") if _given(n)]
         why = f"--strategy {strategy} cuts fixed-size minibatches in its own order"
     elif order == "ascending":
-        unused = [n for n in _ASP_ONLY if _given(n)]
+        unused = [n for n in (*_ASP_ONLY, "workers") if _given(n)]
         why = "--order ascending cuts equal minibatches and keeps them in ascending order"
+    elif order == "lpt" and _given("workers"):
+        return ["--workers: --order lpt dispatches the longest minibatches first whatever the worker count, so it "
+                "is not used; --order interleave reads it"]  # fmt: skip
     else:
         return []
     if not unused:

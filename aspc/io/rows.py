@@ -77,12 +77,16 @@ def parse_prompt_value(value: Any) -> tuple[str, str]:
     return stored, text
 
 
-def _parse_prompt(rec: dict, prompt_field: str) -> tuple[str, str]:
+def _parse_prompt(rec: dict, prompt_field: str, null_is_absent: bool = True) -> tuple[str, str]:
     if prompt_field in rec and rec[prompt_field] is not None:
         value = rec[prompt_field]
     elif "messages" in rec and rec["messages"] is not None:
         value = rec["messages"]
+    elif not null_is_absent and prompt_field in rec:
+        # A JSON null is not a missing field: --prompt-field NAME, the advice below, would not help.
+        raise _RowError(f"prompt field {prompt_field!r} is null; fix the row or pass --on-bad-line skip")
     else:
+        # A Parquet row holds every column, so a null cell is how it lacks the field (wording pinned by golden.json).
         raise _RowError(f"missing prompt field {prompt_field!r}; pass --prompt-field NAME")
     return parse_prompt_value(value)
 
@@ -179,6 +183,10 @@ def _verl_index(rec: dict) -> str | None:
     if not isinstance(info, dict):
         return None
     v = info.get(VERL_INDEX[1])
+    if isinstance(v, (float, np.floating)) and not (math.isfinite(v) and float(v).is_integer()):
+        # A fractional index is no row index: refused as a float id field is, not silently replaced by
+        # content hashes. Whole floats (1.0) keep the documented fallback: plans from such data keep their ids.
+        raise _RowError(f"extra_info.index must be a string or integer, got float {float(v)!r}; use whole-number indexes")
     if isinstance(v, bool) or not isinstance(v, (str, int, np.integer)) or isinstance(v, HugeInt):
         return None
     s = str(v)
@@ -246,7 +254,7 @@ def read_rows(
                 raise _RowError(rec.reason)
             if not isinstance(rec, dict):
                 raise _RowError(f"expected an object with a {prompt_field!r} field, got {type(rec).__name__}")
-            stored, text = _parse_prompt(rec, prompt_field)
+            stored, text = _parse_prompt(rec, prompt_field, null_is_absent=fmt not in ("json", "jsonl"))
             pid = source.of(rec, stored)
             if pid in seen:
                 raise _RowError(

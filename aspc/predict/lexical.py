@@ -232,7 +232,7 @@ def resolve_target(name: str, targets: Sequence[str]) -> str:
     ``A`` and ``a`` are two heads); several matches are refused, naming them.
     """
     if not targets:
-        raise ConfigError(f"target {name!r} requested but this predictor was trained without target models")
+        raise ConfigError(f"target {name!r} requested but this predictor was trained without target models; drop --target")
     if name in targets:
         return name
     hits = [t for t in targets if t.lower() == name.lower()] or [t for t in targets if name.lower() in t.lower()]

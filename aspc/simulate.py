@@ -273,13 +273,13 @@ def _unaligned(actual: Any) -> Any:
 class _ReadOnce:
     """Input options (``no_lengths``'s) whose ``read`` also keeps the known lengths: one read, not two.
 
-    The prompts are read with the length field. When that succeeds and drops
-    no row, the table without its lengths is exactly what a read without the
-    field returns (the field only adds checks; the bulk and row readers agree),
-    and :attr:`with_lengths` spares the second read. Otherwise (a bad row, or
-    ``--on-bad-line skip`` dropping some) it reads without the field as
-    before, and the lengths are read again later, so every error comes at
-    the same point with the same words.
+    The prompts are read with the length field. When that succeeds, the
+    table without its lengths is what a read without the field returns, less
+    the rows ``--on-bad-line skip`` dropped for a bad length (the field only
+    adds checks; the bulk and row readers agree), and :attr:`with_lengths`
+    spares the second read. When it fails (a bad row) it reads without the
+    field as before, and the lengths are read again later, so every error
+    comes at the same point with the same words.
     """
 
     def __init__(self, inputs: Any, no_lengths: Any) -> None:
@@ -297,8 +297,8 @@ class _ReadOnce:
             full = self._inputs.read(path)
         except (InputError, ConfigError):
             return self._no_lengths.read(path)
-        if full.skipped:
-            return self._no_lengths.read(path)
+        # Under --on-bad-line skip this read is the one to keep: a read without the field would keep a row
+        # whose lengths are bad (negative, NaN, empty), and the run then found no lengths for it.
         self.with_lengths = full
         return PromptTable(
             ids=full.id_array,
@@ -308,7 +308,7 @@ class _ReadOnce:
             prompt_tokens=full.prompt_tokens,
             lengths=None,
             input_hash=full.input_hash,
-            skipped=[],
+            skipped=list(full.skipped),
             token_counter=full.token_counter,
         )
 

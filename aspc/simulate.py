@@ -111,6 +111,7 @@ def simulate_strategies(
     keep_through: int | None = None,
     scout_windows: int | None = None,
     progress: Progress = NULL_PROGRESS,
+    skipped: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Compile ``input_path`` with each strategy and simulate every plan.
 
@@ -144,6 +145,9 @@ def simulate_strategies(
     scout_windows
         ``asp+scout+roll``'s window count (default
         :data:`aspc.rolling_scout.DEFAULT_WINDOWS`).
+    skipped
+        A list to extend with the rows ``--on-bad-line skip`` left out of
+        ``input_path`` (:class:`aspc.io.SkippedRow`), for the caller to report.
 
     Returns
     -------
@@ -199,6 +203,8 @@ def simulate_strategies(
             # The prompts are rows of this very read: each one's lengths are found by its input row.
             actual = _RowAligned(actual, with_lengths.source_rows)
 
+    if skipped is not None:
+        skipped.extend(table.skipped)
     check_sample_memory(len(table.ids) * int(run_config.samples_per_prompt or config.samples_per_prompt or 1))
     if isinstance(actual, _RowAligned):
         missing = []  # the table's prompts are some of the rows the lengths were read with

@@ -32,3 +32,20 @@ def test_skip_drops_a_row_with_a_bad_length_as_compile_does(tmp_path, bad):
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)["strategies"]
     assert all(s["samples_planned"] == 119 for s in out.values()), {k: v["samples_planned"] for k, v in out.items()}
+
+
+def test_skip_reports_the_rows_it_left_out(tmp_path):
+    # A duplicate id and a bad length were dropped without a word: no note, no --json key.
+    recs = lognormal_records(120)
+    recs[5]["id"] = recs[4]["id"]
+    recs[9]["lengths"] = [-5, 10]
+    data = write_jsonl(tmp_path / "bad.jsonl", recs)
+    r = _sim(data, "--strategies", "random,asp", "--on-bad-line", "skip")
+    assert r.exit_code == 0, r.output
+    assert "skipped 2 bad rows (--on-bad-line skip): lines 6, 10" in _flat(r.stderr), r.stderr
+    r = _sim(data, "--strategies", "random,asp", "--on-bad-line", "skip", "--json")
+    got = json.loads(r.stdout)
+    assert got["n_skipped"] == 2 and [s["line"] for s in got["skipped_rows"]] == [6, 10], got.keys()
+    assert "duplicate prompt id" in got["skipped_rows"][0]["reason"]
+    clean = json.loads(_sim(write_jsonl(tmp_path / "ok.jsonl", lognormal_records(120)), "--json").stdout)
+    assert clean["n_skipped"] == 0 and "skipped_rows" not in clean

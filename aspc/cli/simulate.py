@@ -11,7 +11,16 @@ import click
 from rich.table import Table
 
 from aspc.choices import BOUNDED_ORDER
-from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, quiet_option
+from aspc.cli.common import (
+    RichProgress,
+    emit_json,
+    handle_errors,
+    json_option,
+    note,
+    quiet_option,
+    skipped_json,
+    skipped_note,
+)
 from aspc.cli.common import out_console as _out
 from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options
 from aspc.cli.paths import PathArg
@@ -152,6 +161,7 @@ def simulate_cmd(
     config = dataclasses.replace(config, workers=run_config.workers)
     if run_config.max_staleness is not None and not order_asked:
         config = dataclasses.replace(config, order=BOUNDED_ORDER)
+    skipped: list[Any] = []
     with RichProgress(quiet) as progress:
         results = simulate_strategies(
             input_path,
@@ -166,14 +176,16 @@ def simulate_cmd(
             keep_through=scout_keep_through,
             scout_windows=scout_windows,
             progress=progress,
+            skipped=skipped,
         )
+    skipped_note(skipped, quiet)
     table = comparison_table(results)
     planned = min((r[0] if isinstance(r, list) else r).summary.samples_planned for r in results.values())
     if run_config.global_batch > planned:  # as aspc run says it: a table of '-' must not read as a result
         note(f"--global-batch {run_config.global_batch} is more than the plans' {planned} samples: the trainer "
              f"takes no step and no iteration time is measured; pass --global-batch {planned} or less", quiet)  # fmt: skip
     if as_json:
-        emit_json({"strategies": table})
+        emit_json({"strategies": table, "n_skipped": len(skipped), **skipped_json(skipped)})
     elif not quiet:
         _out.print(
             comparison_rich(

@@ -155,6 +155,7 @@ def simulate_strategies(
         strategy -> :class:`aspc.runtime.RunResult` (a list of one per repeat
         when ``repeats > 1``), in the order given.
     """
+    config, run_config = _one_cap(config, run_config)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
         raise ConfigError(f"--repeats must be an integer in 1..{MAX_REPEATS}, got {repeats!r}")
     if isinstance(config.seed, int) and 0 <= config.seed <= SEED_MAX < config.seed + repeats - 1:
@@ -220,9 +221,7 @@ def simulate_strategies(
     results: dict[str, Any] = {}
     for r in range(repeats):
         seed = config.seed + r
-        # The run's response cap is the compile's too (one cap: CompileConfig.max_response_length).
-        cap = config.max_response_length or run_config.max_new_tokens
-        cfg_r = dataclasses.replace(config, seed=seed, max_response_length=cap)
+        cfg_r = dataclasses.replace(config, seed=seed)
         run_r = dataclasses.replace(run_config, seed=seed)
         actual_r = actual if r == 0 else draw_lengths(_unaligned(actual), seed)
         for strategy in strategies:
@@ -232,6 +231,25 @@ def simulate_strategies(
             )
             results.setdefault(strategy, []).append(res)
     return {k: (v[0] if repeats == 1 else v) for k, v in results.items()}
+
+
+def _one_cap(config: Any, run_config: RunConfig) -> tuple[Any, RunConfig]:
+    """The response cap, ``--max-response-length`` or ``--max-new-tokens``, set on both the compile and the run.
+
+    One cap: the plans are predicted for responses that stop there, and the
+    simulated responses stop there too. The compile's cap alone capped the
+    plans and left every replayed response at its recorded length; the run's
+    alone capped the responses and left the predictions uncapped.
+    """
+    from aspc.caps import check_cap
+
+    asked = check_cap("--max-response-length", config.max_response_length)
+    new_tokens = run_config.max_new_tokens
+    if asked is not None and new_tokens is not None and asked != new_tokens:
+        raise ConfigError(f"--max-response-length {asked} and --max-new-tokens {new_tokens} both cap the simulated "
+                          "responses; give one of them (or both with the same value)")  # fmt: skip
+    cap = asked if asked is not None else new_tokens
+    return dataclasses.replace(config, max_response_length=cap), dataclasses.replace(run_config, max_new_tokens=cap)
 
 
 class _RowAligned:

@@ -49,3 +49,20 @@ def test_skip_reports_the_rows_it_left_out(tmp_path):
     assert "duplicate prompt id" in got["skipped_rows"][0]["reason"]
     clean = json.loads(_sim(write_jsonl(tmp_path / "ok.jsonl", lognormal_records(120)), "--json").stdout)
     assert clean["n_skipped"] == 0 and "skipped_rows" not in clean
+
+
+def test_max_response_length_stops_the_simulated_responses_too(tmp_path):
+    # It capped the plans only: random's replayed responses kept their recorded lengths, its time as uncapped.
+    data = write_jsonl(tmp_path / "d.jsonl", lognormal_records(120))
+
+    def times(*extra):
+        r = _sim(data, "--strategies", "random,asp", "--json", *extra)
+        assert r.exit_code == 0, r.output
+        return {k: v["mean_iteration_time"] for k, v in json.loads(r.stdout)["strategies"].items()}
+
+    capped = times("--max-response-length", "50")
+    assert capped["random"] < 0.8 * times()["random"]
+    assert capped == times("--max-new-tokens", "50") == times("--max-new-tokens", "50", "--max-response-length", "50")
+    r = _sim(data, "--max-response-length", "50", "--max-new-tokens", "60")
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert r.output.startswith("Error: --max-response-length 50 and --max-new-tokens 60 both cap") and r.output.count("\n") == 1

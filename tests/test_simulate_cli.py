@@ -66,3 +66,20 @@ def test_max_response_length_stops_the_simulated_responses_too(tmp_path):
     r = _sim(data, "--max-response-length", "50", "--max-new-tokens", "60")
     assert r.exit_code == 2 and "Traceback" not in r.output
     assert r.output.startswith("Error: --max-response-length 50 and --max-new-tokens 60 both cap") and r.output.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('{"decode_base": 1' + "0" * 5000 + "}", "decode_base must be <= 1e+06 seconds, got a 5,001-digit integer"),
+        ("[" * 100000, "JSON nested too deeply"),
+        ('{"decode_base": 0.01, "decode_base": 5}', "key 'decode_base' is given twice"),
+    ],
+)
+def test_a_malformed_cost_model_file_is_one_line(tmp_path, text, words):
+    # A ValueError (Python's 4,300-digit limit) and a RecursionError were tracebacks; a repeated key kept the last.
+    cost = tmp_path / "cost.json"
+    cost.write_text(text)
+    r = _sim(write_jsonl(tmp_path / "d.jsonl", lognormal_records(40)), "--strategies", "random", "--sim-cost-model", cost)
+    assert r.exit_code == 2, r.exception  # an uncaught exception exits 1
+    assert r.output.count("\n") == 1 and r.output.startswith("Error: cost.json: ") and words in r.output, r.output

@@ -83,3 +83,17 @@ def test_a_malformed_cost_model_file_is_one_line(tmp_path, text, words):
     r = _sim(write_jsonl(tmp_path / "d.jsonl", lognormal_records(40)), "--strategies", "random", "--sim-cost-model", cost)
     assert r.exit_code == 2, r.exception  # an uncaught exception exits 1
     assert r.output.count("\n") == 1 and r.output.startswith("Error: cost.json: ") and words in r.output, r.output
+
+
+def test_asp_options_are_noted_when_no_asp_strategy_runs(tmp_path):
+    # Byte-identical --json with and without them, and not a word: as compile --strategy random, a note.
+    data = write_jsonl(tmp_path / "d.jsonl", lognormal_records(60))
+    extra = ["--order", "interleave", "--slack", "2", "--minibatch-overhead", "3", "--anneal-iterations", "7"]
+    r = _sim(data, "--strategies", "random,sorted", *extra)
+    assert r.exit_code == 0, r.output
+    assert ("--slack, --minibatch-overhead, --anneal-iterations, --order: --strategies random,sorted each cut "
+            "fixed-size minibatches in its own order, so they are not used") in _flat(r.stderr), r.stderr  # fmt: skip
+    r = _sim(data, "--strategies", "random,asp", "--slack", "2", "--anneal-iterations", "7")
+    assert r.exit_code == 0 and "not used" not in r.stderr, r.stderr  # asp reads them
+    r = _sim(data, "--strategies", "random,asp", "--slack", "2", "--order", "ascending")
+    assert "--slack: --order ascending cuts equal minibatches" in _flat(r.stderr), r.stderr

@@ -199,15 +199,16 @@ def _given(name: str) -> bool:
     return ctx is not None and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
 
 
-def unused_note(strategy: str, order: str | None) -> list[str]:
+def unused_note(strategy: str, order: str | None, who: str | None = None) -> list[str]:
     """A note naming compile options given on the command line that this strategy and order ignore.
 
     A note, not an error: a script that compiles every strategy with one set
-    of options (a comparison) is right to pass them all.
+    of options (a comparison) is right to pass them all. ``who`` words a
+    baseline's reason for a command with several (simulate's ``--strategies``).
     """
     if strategy in ("sorted", "random"):
         unused = [n for n in (*_ASP_ONLY, "order") if _given(n)]
-        why = f"--strategy {strategy} cuts fixed-size minibatches in its own order"
+        why = f"{who or f'--strategy {strategy} cuts'} fixed-size minibatches in its own order"
     elif order == "ascending":
         unused = [n for n in _ASP_ONLY if _given(n)]
         why = "--order ascending cuts equal minibatches and keeps them in ascending order"

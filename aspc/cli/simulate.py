@@ -22,7 +22,7 @@ from aspc.cli.common import (
     skipped_note,
 )
 from aspc.cli.common import out_console as _out
-from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options
+from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options, unused_note
 from aspc.cli.paths import PathArg
 from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
 
@@ -161,6 +161,15 @@ def simulate_cmd(
     config = dataclasses.replace(config, workers=run_config.workers)
     if run_config.max_staleness is not None and not order_asked:
         config = dataclasses.replace(config, order=BOUNDED_ORDER)
+    # Every asp-family strategy compiles as asp; only when none runs are asp's own options unread.
+    baselines = [n for n in names if n in ("random", "sorted")]
+    if len(baselines) == len(names):
+        who = f"--strategies {','.join(names)} {'cuts' if len(names) == 1 else 'each cut'}"
+        unused = unused_note(names[0], config.order, who)
+    else:
+        unused = unused_note("asp", config.order)
+    for msg in unused:
+        note(msg, quiet)
     skipped: list[Any] = []
     with RichProgress(quiet) as progress:
         results = simulate_strategies(

@@ -97,3 +97,13 @@ def test_asp_options_are_noted_when_no_asp_strategy_runs(tmp_path):
     assert r.exit_code == 0 and "not used" not in r.stderr, r.stderr  # asp reads them
     r = _sim(data, "--strategies", "random,asp", "--slack", "2", "--order", "ascending")
     assert "--slack: --order ascending cuts equal minibatches" in _flat(r.stderr), r.stderr
+
+
+def test_quiet_prints_the_table_and_no_diagnostics(tmp_path):
+    # -q printed nothing at all: the table is the command's only result; --quiet drops bars and diagnostics.
+    data = write_jsonl(tmp_path / "d.jsonl", lognormal_records(60))
+    loud = _sim(data, "--strategies", "random,sorted", "--slack", "2")
+    quiet = _sim(data, "--strategies", "random,sorted", "--slack", "2", "-q")
+    assert loud.exit_code == quiet.exit_code == 0, quiet.output
+    assert "mean iter s" in quiet.stdout and quiet.stdout == loud.stdout
+    assert "not used" in loud.stderr and quiet.stderr == ""

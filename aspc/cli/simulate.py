@@ -195,7 +195,7 @@ def simulate_cmd(
              f"takes no step and no iteration time is measured; pass --global-batch {planned} or less", quiet)  # fmt: skip
     if as_json:
         emit_json({"strategies": table, "n_skipped": len(skipped), **skipped_json(skipped)})
-    elif not quiet:
+    else:  # the table is the result: --quiet drops diagnostics and bars, not it
         _out.print(
             comparison_rich(
                 table,

@@ -107,3 +107,12 @@ def test_quiet_prints_the_table_and_no_diagnostics(tmp_path):
     assert loud.exit_code == quiet.exit_code == 0, quiet.output
     assert "mean iter s" in quiet.stdout and quiet.stdout == loud.stdout
     assert "not used" in loud.stderr and quiet.stderr == ""
+
+
+def test_the_bounded_order_note_only_when_asp_is_simulated(tmp_path):
+    # "asp planned for --max-staleness 2" was printed beside a table with no asp in it.
+    data = write_jsonl(tmp_path / "d.jsonl", lognormal_records(60))
+    r = _sim(data, "--strategies", "random,sorted", "--max-staleness", "2")
+    assert r.exit_code == 0 and "asp planned" not in r.stderr, r.stderr
+    r = _sim(data, "--strategies", "random,oracle", "--max-staleness", "2")
+    assert r.exit_code == 0 and "asp planned for --max-staleness 2" in _flat(r.stderr), r.stderr

@@ -162,7 +162,7 @@ def simulate_cmd(
     if run_config.max_staleness is not None and not order_asked:
         config = dataclasses.replace(config, order=BOUNDED_ORDER)
     # Every asp-family strategy compiles as asp; only when none runs are asp's own options unread.
-    baselines = [n for n in names if n in ("random", "sorted")]
+    baselines = [n for n in names if n in ("random", "sorted")]  # the rest plan as asp
     if len(baselines) == len(names):
         who = f"--strategies {','.join(names)} {'cuts' if len(names) == 1 else 'each cut'}"
         unused = unused_note(names[0], config.order, who)
@@ -214,6 +214,6 @@ def simulate_cmd(
         for msg in first.notes if first is not None else []:
             if msg.startswith(NO_REVISION):
                 note(f"asp+replan: {msg}", quiet)
-        if run_config.max_staleness is not None and not order_asked:
+        if run_config.max_staleness is not None and not order_asked and len(baselines) < len(names):
             note(f"asp planned for --max-staleness {run_config.max_staleness}: equal minibatches, shortest first "
                  "(--order ascending; --order lpt for the unbounded order)", quiet)  # fmt: skip

@@ -111,6 +111,7 @@ def simulate_strategies(
     keep_through: int | None = None,
     scout_windows: int | None = None,
     progress: Progress = NULL_PROGRESS,
+    skipped: list[Any] | None = None,
 ) -> dict[str, Any]:
     """Compile ``input_path`` with each strategy and simulate every plan.
 
@@ -144,6 +145,9 @@ def simulate_strategies(
     scout_windows
         ``asp+scout+roll``'s window count (default
         :data:`aspc.rolling_scout.DEFAULT_WINDOWS`).
+    skipped
+        A list to extend with the rows ``--on-bad-line skip`` left out of
+        ``input_path`` (:class:`aspc.io.SkippedRow`), for the caller to report.
 
     Returns
     -------
@@ -151,6 +155,7 @@ def simulate_strategies(
         strategy -> :class:`aspc.runtime.RunResult` (a list of one per repeat
         when ``repeats > 1``), in the order given.
     """
+    config, run_config = _one_cap(config, run_config)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
         raise ConfigError(f"--repeats must be an integer in 1..{MAX_REPEATS}, got {repeats!r}")
     if isinstance(config.seed, int) and 0 <= config.seed <= SEED_MAX < config.seed + repeats - 1:
@@ -199,6 +204,8 @@ def simulate_strategies(
             # The prompts are rows of this very read: each one's lengths are found by its input row.
             actual = _RowAligned(actual, with_lengths.source_rows)
 
+    if skipped is not None:
+        skipped.extend(table.skipped)
     check_sample_memory(len(table.ids) * int(run_config.samples_per_prompt or config.samples_per_prompt or 1))
     if isinstance(actual, _RowAligned):
         missing = []  # the table's prompts are some of the rows the lengths were read with
@@ -214,9 +221,7 @@ def simulate_strategies(
     results: dict[str, Any] = {}
     for r in range(repeats):
         seed = config.seed + r
-        # The run's response cap is the compile's too (one cap: CompileConfig.max_response_length).
-        cap = config.max_response_length or run_config.max_new_tokens
-        cfg_r = dataclasses.replace(config, seed=seed, max_response_length=cap)
+        cfg_r = dataclasses.replace(config, seed=seed)
         run_r = dataclasses.replace(run_config, seed=seed)
         actual_r = actual if r == 0 else draw_lengths(_unaligned(actual), seed)
         for strategy in strategies:
@@ -226,6 +231,25 @@ def simulate_strategies(
             )
             results.setdefault(strategy, []).append(res)
     return {k: (v[0] if repeats == 1 else v) for k, v in results.items()}
+
+
+def _one_cap(config: Any, run_config: RunConfig) -> tuple[Any, RunConfig]:
+    """The response cap, ``--max-response-length`` or ``--max-new-tokens``, set on both the compile and the run.
+
+    One cap: the plans are predicted for responses that stop there, and the
+    simulated responses stop there too. The compile's cap alone capped the
+    plans and left every replayed response at its recorded length; the run's
+    alone capped the responses and left the predictions uncapped.
+    """
+    from aspc.caps import check_cap
+
+    asked = check_cap("--max-response-length", config.max_response_length)
+    new_tokens = run_config.max_new_tokens
+    if asked is not None and new_tokens is not None and asked != new_tokens:
+        raise ConfigError(f"--max-response-length {asked} and --max-new-tokens {new_tokens} both cap the simulated "
+                          "responses; give one of them (or both with the same value)")  # fmt: skip
+    cap = asked if asked is not None else new_tokens
+    return dataclasses.replace(config, max_response_length=cap), dataclasses.replace(run_config, max_new_tokens=cap)
 
 
 class _RowAligned:
@@ -273,13 +297,13 @@ def _unaligned(actual: Any) -> Any:
 class _ReadOnce:
     """Input options (``no_lengths``'s) whose ``read`` also keeps the known lengths: one read, not two.
 
-    The prompts are read with the length field. When that succeeds and drops
-    no row, the table without its lengths is exactly what a read without the
-    field returns (the field only adds checks; the bulk and row readers agree),
-    and :attr:`with_lengths` spares the second read. Otherwise (a bad row, or
-    ``--on-bad-line skip`` dropping some) it reads without the field as
-    before, and the lengths are read again later, so every error comes at
-    the same point with the same words.
+    The prompts are read with the length field. When that succeeds, the
+    table without its lengths is what a read without the field returns, less
+    the rows ``--on-bad-line skip`` dropped for a bad length (the field only
+    adds checks; the bulk and row readers agree), and :attr:`with_lengths`
+    spares the second read. When it fails (a bad row) it reads without the
+    field as before, and the lengths are read again later, so every error
+    comes at the same point with the same words.
     """
 
     def __init__(self, inputs: Any, no_lengths: Any) -> None:
@@ -297,8 +321,8 @@ class _ReadOnce:
             full = self._inputs.read(path)
         except (InputError, ConfigError):
             return self._no_lengths.read(path)
-        if full.skipped:
-            return self._no_lengths.read(path)
+        # Under --on-bad-line skip this read is the one to keep: a read without the field would keep a row
+        # whose lengths are bad (negative, NaN, empty), and the run then found no lengths for it.
         self.with_lengths = full
         return PromptTable(
             ids=full.id_array,
@@ -308,7 +332,7 @@ class _ReadOnce:
             prompt_tokens=full.prompt_tokens,
             lengths=None,
             input_hash=full.input_hash,
-            skipped=[],
+            skipped=list(full.skipped),
             token_counter=full.token_counter,
         )
 

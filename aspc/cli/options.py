@@ -196,20 +196,23 @@ _ASP_ONLY = ("slack", "minibatch_overhead", "anneal_iterations", "equal_samples"
 
 def _given(name: str) -> bool:
     ctx = click.get_current_context(silent=True)
-    return ctx is not None and ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+    if ctx is None or (name == "workers" and ctx.info_name != "compile"):  # simulate's --workers runs the plans
+        return False
+    return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
 
 
-def unused_note(strategy: str, order: str | None) -> list[str]:
+def unused_note(strategy: str, order: str | None, who: str | None = None) -> list[str]:
     """A note naming compile options given on the command line that this strategy and order ignore.
 
     A note, not an error: a script that compiles every strategy with one set
-    of options (a comparison) is right to pass them all.
+    of options (a comparison) is right to pass them all. ``who`` words a
+    baseline's reason for a command with several (simulate's ``--strategies``).
     """
     # --workers (compile's own option) is read by the interleave order only (aspc.schedule._front_load_heavy);
     # the plan's config still records it, so plans keep their bytes, but the user is told it changed nothing.
     if strategy in ("sorted", "random"):
         unused = [n for n in (*_ASP_ONLY, "order", "workers") if _given(n)]
-        why = f"--strategy {strategy} cuts fixed-size minibatches in its own order"
+        why = f"{who or f'--strategy {strategy} cuts'} fixed-size minibatches in its own order"
     elif order == "ascending":
         unused = [n for n in (*_ASP_ONLY, "workers") if _given(n)]
         why = "--order ascending cuts equal minibatches and keeps them in ascending order"

@@ -11,9 +11,18 @@ import click
 from rich.table import Table
 
 from aspc.choices import BOUNDED_ORDER
-from aspc.cli.common import RichProgress, emit_json, handle_errors, json_option, note, quiet_option
+from aspc.cli.common import (
+    RichProgress,
+    emit_json,
+    handle_errors,
+    json_option,
+    note,
+    quiet_option,
+    skipped_json,
+    skipped_note,
+)
 from aspc.cli.common import out_console as _out
-from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options
+from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options, unused_note
 from aspc.cli.paths import PathArg
 from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
 
@@ -153,6 +162,16 @@ def simulate_cmd(
     config = dataclasses.replace(config, workers=run_config.workers)
     if run_config.max_staleness is not None and not order_asked:
         config = dataclasses.replace(config, order=BOUNDED_ORDER)
+    # Every asp-family strategy compiles as asp; only when none runs are asp's own options unread.
+    baselines = [n for n in names if n in ("random", "sorted")]  # the rest plan as asp
+    if len(baselines) == len(names):
+        who = f"--strategies {','.join(names)} {'cuts' if len(names) == 1 else 'each cut'}"
+        unused = unused_note(names[0], config.order, who)
+    else:
+        unused = unused_note("asp", config.order)
+    for msg in unused:
+        note(msg, quiet)
+    skipped: list[Any] = []
     with RichProgress(quiet) as progress:
         results = simulate_strategies(
             input_path,
@@ -167,7 +186,9 @@ def simulate_cmd(
             keep_through=scout_keep_through,
             scout_windows=scout_windows,
             progress=progress,
+            skipped=skipped,
         )
+    skipped_note(skipped, quiet)
     table = comparison_table(results)
     planned = min((r[0] if isinstance(r, list) else r).summary.samples_planned for r in results.values())
     if run_config.global_batch > planned:  # as aspc run says it: a table of '-' must not read as a result
@@ -177,8 +198,8 @@ def simulate_cmd(
     if leftover is not None and run_config.global_batch <= planned:
         note(leftover, quiet)
     if as_json:
-        emit_json({"strategies": table})
-    elif not quiet:
+        emit_json({"strategies": table, "n_skipped": len(skipped), **skipped_json(skipped)})
+    else:  # the table is the result: --quiet drops diagnostics and bars, not it
         _out.print(
             comparison_rich(
                 table,
@@ -197,6 +218,6 @@ def simulate_cmd(
         for msg in first.notes if first is not None else []:
             if msg.startswith(NO_REVISION):
                 note(f"asp+replan: {msg}", quiet)
-        if run_config.max_staleness is not None and not order_asked:
+        if run_config.max_staleness is not None and not order_asked and len(baselines) < len(names):
             note(f"asp planned for --max-staleness {run_config.max_staleness}: equal minibatches, shortest first "
                  "(--order ascending; --order lpt for the unbounded order)", quiet)  # fmt: skip

@@ -49,8 +49,10 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aspc.atomic import atomic_write_bytes
 from aspc.errors import ConfigError
@@ -105,11 +107,18 @@ def sim_cost_model_from_dict(values: dict, *, source: str = "cost model") -> Sim
         Unknown keys (a typo would otherwise silently keep a default), or values
         that are not finite numbers >= 0.
     """
+    from aspc.io.readers import HugeInt
+
     if not isinstance(values, dict):
         raise ConfigError(f"{source}: expected a JSON object of coefficients, got {type(values).__name__}")
     unknown = sorted(set(values) - set(SIM_COST_MODEL_KEYS))
     if unknown:
         raise ConfigError(f"{source}: unknown keys {unknown}; allowed keys are {', '.join(SIM_COST_MODEL_KEYS)}")
+    for k, v in values.items():  # json_int kept an integer past Python's 4,300-digit conversion limit unconverted
+        if isinstance(v, HugeInt):
+            bound = "a finite number >= 0" if v.negative else f"<= {COEFFICIENT_MAX:g} seconds"
+            raise ConfigError(f"{source}: cost model {k} must be {bound}, got a {'-' * v.negative}{v.digits:,}-digit "
+                              "integer; fix the cost-model file (aspc calibrate writes one)")  # fmt: skip
     try:
         return SimCostModel(**{k: v for k, v in values.items()})
     except ConfigError as exc:
@@ -118,14 +127,34 @@ def sim_cost_model_from_dict(values: dict, *, source: str = "cost model") -> Sim
 
 def load_sim_cost_model(path: str | os.PathLike) -> SimCostModel:
     """Read a cost-model JSON file (as ``aspc calibrate`` writes)."""
+    from aspc.io.readers import json_int
+
     path = Path(path)
     try:
-        values = json.loads(path.read_text(encoding="utf-8"))
+        # json_int and the RecursionError: the dataset readers' guards, so a 5,001-digit integer or a deep nest
+        # is one line, not Python's ValueError or RecursionError traceback.
+        values = json.loads(path.read_text(encoding="utf-8"), parse_int=json_int, object_pairs_hook=_no_repeats(path))
     except FileNotFoundError:
         raise ConfigError(f"{path}: cost-model file not found; check --cost-model") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path.name}: not valid JSON ({exc}); fix the cost-model file") from None
+    except RecursionError:
+        raise ConfigError(f"{path.name}: JSON nested too deeply; fix the cost-model file") from None
     return sim_cost_model_from_dict(values, source=path.name)
+
+
+def _no_repeats(path: Path) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """An ``object_pairs_hook`` refusing a key given twice: json.loads kept the last and dropped the first unsaid."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        for k, v in items:
+            if k in seen:
+                raise ConfigError(f"{path.name}: key {k!r} is given twice; keep one value per coefficient")
+            seen[k] = v
+        return seen
+
+    return pairs
 
 
 def save_sim_cost_model(model: SimCostModel, path: str | os.PathLike) -> None:

@@ -92,7 +92,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / ".." / "shared" / "data" / "castillo-dev.parquet"
-KEYS = ("kendall_tau", "spearman", "mae", "coverage_q10_q90")
 
 
 def load(path: Path) -> dict[str, list]:
@@ -475,6 +474,8 @@ def bench_speed(base, d) -> dict:
 
 
 def table(results: dict, models: list[str]) -> str:
+    from aspc.predict.metrics import mean_over
+
     names = [k for k in results if "per_model" in results[k]]
     lines = []
     head = f"{'model':38s}" + "".join(f" | {n[:22]:^28s}" for n in names)
@@ -484,26 +485,32 @@ def table(results: dict, models: list[str]) -> str:
         cells = []
         for n in names:
             pm = results[n]["per_model"]
-            r = {k: float(np.mean([pm[x][k] for x in pm])) for k in KEYS} if m == "mean" else pm.get(m)
+            r = mean_over(pm) if m == "mean" else pm.get(m)  # a figure a model's prompts cannot define is None
             cells.append(
                 " |      n/a"
                 if r is None
-                else f" | {r['kendall_tau']:6.3f} {r['spearman']:5.3f} {r['mae']:6.0f} "
-                f"{r['coverage_q10_q90']:5.3f}"
+                else f" | {_num(r['kendall_tau'], 6, 3)} {_num(r['spearman'], 5, 3)} {_num(r['mae'], 6, 0)} "
+                f"{_num(r['coverage_q10_q90'], 5, 3)}"
             )
         lines.append(f"{m[:38]:38s}" + "".join(cells))
     return "\n".join(lines)
 
 
+def _num(v: float | None, width: int, digits: int) -> str:
+    return f"{'n/a':>{width}s}" if v is None else f"{v:{width}.{digits}f}"
+
+
 def markdown(results: dict, models: list[str], key: str = "kendall_tau") -> str:
     """A README table: one row per model, one column per predictor, ``key`` in each cell."""
+    from aspc.predict.metrics import mean_over
+
     names = [k for k in results if "per_model" in results[k]]
     lines = ["| model | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for m in models + ["mean"]:
         cells = []
         for n in names:
             pm = results[n]["per_model"]
-            v = float(np.mean([pm[x][key] for x in pm])) if m == "mean" else pm.get(m, {}).get(key)
+            v = mean_over(pm)[key] if m == "mean" else pm.get(m, {}).get(key)
             cells.append("n/a" if v is None else f"{v:.3f}")
         label = "**mean**" if m == "mean" else m.split("--")[-1]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")

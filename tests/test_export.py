@@ -347,11 +347,14 @@ def test_a_nested_nanosecond_python_cannot_hold_is_one_line_without_pandas(tmp_p
         pytest.skip("pandas holds nanoseconds: nothing to refuse")
     recs = lognormal_records(30, seed=7)
     inner = pa.array([{"at": 1700000000123456789}] * 30, pa.struct([("at", pa.timestamp("ns"))]))
-    pq.write_table(pa.Table.from_pylist(recs).append_column("ns", inner), tmp_path / "src.parquet")
+    top = pa.array([1700000000123456789] * 30, pa.timestamp("ns"))  # converted: not the culprit
+    t = pa.Table.from_pylist(recs).append_column("ts", top).append_column("ns", inner)
+    pq.write_table(t, tmp_path / "src.parquet")
     _compile(tmp_path / "src.parquet", tmp_path / "plan.parquet")
     r = _cli(["export", tmp_path / "plan.parquet", "--format", "jsonl", "-o", tmp_path / "t.jsonl"])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
-    assert "'ns'" in r.output and "--format verl" in r.output and not (tmp_path / "t.jsonl").exists()
+    assert "'ns'" in r.output and "'ts'" not in r.output and "--format verl" in r.output
+    assert not (tmp_path / "t.jsonl").exists()
 
 
 def test_a_value_json_has_no_form_for_is_an_input_error():

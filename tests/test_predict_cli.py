@@ -272,3 +272,14 @@ def test_group_field_with_too_few_groups_says_it_was_ignored(files) -> None:
         assert folds == ("random prompts" if said else "leave one group out")
         msg = " ".join(res.stderr.split())
         assert ("--group-field 'source' ignored: the training prompts hold 2 groups" in msg) is said, res.stderr
+
+
+def test_a_null_prompt_in_jsonl_is_named_null_for_predict_too(files) -> None:
+    # compile said "is null; fix the row", predict eval "missing prompt field; pass --prompt-field NAME".
+    rows = files["test"].read_text().splitlines()
+    bad = json.loads(rows[0])
+    bad["prompt"] = None
+    data = files["dir"] / "nullp.jsonl"
+    data.write_text("\n".join([json.dumps(bad), *rows[1:]]) + "\n")
+    res = run("eval", str(files["pred"]), str(data), "--length-field", "length")
+    assert res.exit_code == 2 and "prompt field 'prompt' is null" in res.output, res.output

@@ -195,6 +195,10 @@ def test_a_log_stopped_early_is_told_to_finish_not_to_run_a_larger_plan(tmp_path
     with pytest.raises(RunError, match=r"minibatches so far \(status 'failed'\).*--resume") as err:
         calibrate(tmp_path / "RUN")
     assert "larger plan" not in str(err.value)
+    (tmp_path / "ROOT").mkdir()  # an epoch's log resumes through its root, with --epochs
+    (tmp_path / "RUN").rename(tmp_path / "ROOT" / "epoch-1")
+    with pytest.raises(RunError, match=r"--log \S*ROOT --resume, with its --epochs and options"):
+        calibrate(tmp_path / "ROOT" / "epoch-1")
 
 
 def test_an_output_in_the_input_log_names_a_path_outside_it(tmp_path):

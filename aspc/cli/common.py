@@ -51,7 +51,7 @@ class _Stdout:
     def _call(name: str, *args: Any) -> Any:
         if sys.stdout is None:  # started with stdout closed (>&-)
             raise StdoutError("stdout is closed; give the command somewhere to write its result (> FILE, or "
-                              "> /dev/null with --quiet)")  # fmt: skip
+                              "> /dev/null)")  # fmt: skip
         try:
             return getattr(sys.stdout, name)(*args)
         except OSError as exc:

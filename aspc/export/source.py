@@ -166,6 +166,9 @@ def _python_records(table: pa.Table) -> list[dict[str, Any]]:
 
 
 def _unconvertible(column: pa.ChunkedArray) -> bool:
+    t = column.type
+    if (pa.types.is_timestamp(t) or pa.types.is_duration(t)) and t.unit == "ns":
+        return False  # _python_records converts these itself: the culprit is another (a nested) column
     try:
         column.to_pylist()
     except ValueError:

@@ -77,6 +77,15 @@ def parse_prompt_value(value: Any) -> tuple[str, str]:
     return stored, text
 
 
+def nulls_absent(fmt: str) -> bool:
+    """Whether a null field of format ``fmt`` reads as an absent one (``_parse_prompt``'s ``null_is_absent``).
+
+    In Parquet and CSV a missing value is a null; in JSON a null was written
+    there, so "pass --prompt-field" would not help: the row is what to fix.
+    """
+    return fmt not in ("json", "jsonl")
+
+
 def _parse_prompt(rec: dict, prompt_field: str, null_is_absent: bool = True) -> tuple[str, str]:
     if prompt_field in rec and rec[prompt_field] is not None:
         value = rec[prompt_field]
@@ -254,7 +263,7 @@ def read_rows(
                 raise _RowError(rec.reason)
             if not isinstance(rec, dict):
                 raise _RowError(f"expected an object with a {prompt_field!r} field, got {type(rec).__name__}")
-            stored, text = _parse_prompt(rec, prompt_field, null_is_absent=fmt not in ("json", "jsonl"))
+            stored, text = _parse_prompt(rec, prompt_field, null_is_absent=nulls_absent(fmt))
             pid = source.of(rec, stored)
             if pid in seen:
                 raise _RowError(

@@ -225,13 +225,14 @@ def read_dataset_pairs(
     from aspc.errors import ConfigError
     from aspc.io.prompts import file_hash
     from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
-    from aspc.io.rows import _parse_prompt, _RowError, content_id, parse_length, required_id
+    from aspc.io.rows import _parse_prompt, _RowError, content_id, nulls_absent, parse_length, required_id
     from aspc.io.table import SkippedRow
 
     if on_bad_line not in ON_BAD_LINE:
         raise ConfigError(f"--on-bad-line must be 'error' or 'skip', not {on_bad_line!r}")
     path = Path(path)
     from_text = detect_format(path) == "csv"
+    absent = nulls_absent(detect_format(path))
     pos: dict[tuple[str, str | None], int] = {}
     stored_of: dict[str, str] = {}  # prompt id -> its stored prompt, whatever the target
     group_of: dict[str, str] = {}  # prompt id -> its group
@@ -246,7 +247,7 @@ def read_dataset_pairs(
                 raise _RowError(rec.reason)
             if not isinstance(rec, dict):
                 raise _RowError(f"expected an object with a {prompt_field!r} field, got {type(rec).__name__}")
-            stored, text = _parse_prompt(rec, prompt_field)
+            stored, text = _parse_prompt(rec, prompt_field, null_is_absent=absent)
             pid = required_id(rec, id_field)
             pid = content_id(stored) if pid is None else pid
             if length_field not in rec or rec[length_field] is None:

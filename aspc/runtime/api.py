@@ -302,7 +302,7 @@ def _run_locked(
                 summary.samples_planned = work.n_total_samples
             if lengths is not None:  # as the run that completed it reported
                 summary.extra["length_source"] = lengths.source
-            stored = old.get("summary") or {}  # a log written before these were stored: as the work is now
+            stored = old.get("summary") if isinstance(old.get("summary"), dict) else {}  # older logs: the work now
             summary.extra.update({k: stored.get(k, v) for k, v in work_extras(work).items()})
             return RunResult(
                 summary=summary,

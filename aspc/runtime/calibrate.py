@@ -51,7 +51,9 @@ sandwich errors for minibatch rows.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -327,10 +329,13 @@ def calibrate(path: str | os.PathLike) -> Calibration:
     if log.status != R.STATUS_COMPLETE and held < MIN_MINIBATCHES and (
         not isinstance(planned, int) or planned >= MIN_MINIBATCHES
     ):  # the plan is large enough: the run stopped before enough of it was logged
+        # An epoch's or a scout's log is resumed through its root (aspc run --epochs N --log ROOT --resume).
+        root = Path(path).parent if re.fullmatch(r"epoch-\d+|scout", Path(path).name) else Path(path)
+        how = f"aspc run PLAN --log {root} --resume" + (", with its --epochs and options" if root != Path(path)
+                                                         else ", with its options")  # fmt: skip
         raise RunError(
             f"the run log at {path} holds {held} minibatches so far (status {log.status!r}); calibrating needs at "
-            f"least {MIN_MINIBATCHES}: finish the run (aspc run PLAN --log {path} --resume, with its options), then "
-            "calibrate"
+            f"least {MIN_MINIBATCHES}: finish the run ({how}), then calibrate"
         )
     backend = (log.meta.get("config") or {}).get("backend") if isinstance(log.meta.get("config"), dict) else None
     cal = calibrate_columns(R.to_columns(log.tables[R.MINIBATCHES]), R.to_columns(log.tables[R.STEPS]),

@@ -200,3 +200,21 @@ def test_a_scout_resumed_with_another_cut_names_the_cut(setup, logs, extra):
     assert r.exit_code == 2, r.output
     assert "its length scout was cut at 1024 tokens" in r.output and "--scout-tokens" in r.output, r.output
     assert _snapshot(logs[SCOUT]) == before
+
+
+def test_a_writer_meeting_another_commands_lock_probe_still_starts(tmp_path):
+    # refuse_if_locked holds a shared lock for a moment: a writer starting in that instant was
+    # refused as "locked by another aspc run", with no run writing the log.
+    import fcntl
+    import os
+    import threading
+
+    from aspc.runtime.record.lock import LOCK_FILE, RunLogLock
+
+    log = tmp_path / "L"
+    log.mkdir()
+    fd = os.open(log / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # the probe's moment
+    threading.Timer(0.01, lambda: os.close(fd)).start()
+    with RunLogLock(log) as lock:
+        assert lock.held

@@ -59,7 +59,7 @@ class RunLogLock:
                     f"--log {self.path}: cannot create its lock file ({exc.strerror}); choose a writable path"
                 ) from None
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                _lock_now_or_soon(fd)
             except BlockingIOError:
                 holder = _read_pid(fd)
                 os.close(fd)
@@ -98,6 +98,21 @@ class RunLogLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _lock_now_or_soon(fd: int) -> None:
+    """The exclusive lock, tried twice 50 ms apart: :func:`refuse_if_locked` holds a shared one for a moment.
+
+    A writer holds it for its whole run, so the second try fails the same way
+    for a real holder; it only spares a writer that met another command's probe.
+    """
+    import time
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        time.sleep(0.05)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def refuse_if_locked(path: str | os.PathLike) -> None:

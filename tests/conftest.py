@@ -102,3 +102,17 @@ def save_tiny_bert(d: Path, words: Sequence[str], chars: str) -> Path:
     torch.manual_seed(0)
     transformers.BertModel(config).save_pretrained(str(d))
     return d
+
+
+def trainer_failing_at(step: int):
+    """The sim trainer, failing at ``step``: a run stops part-way with a resumable log (status failed)."""
+    from aspc.runtime.backends.sim_cost import SimCostModel
+    from aspc.runtime.trainers.sim import SimTrainer
+
+    class _StopAt(SimTrainer):
+        def step(self, batch):
+            if batch.step == step:
+                raise RuntimeError("trainer lost")
+            return super().step(batch)
+
+    return _StopAt(SimCostModel())

@@ -25,11 +25,10 @@ from aspc.io.prompts import PromptTable
 from aspc.predict.base import LengthPrediction
 from aspc.replan import OnlineReplanner
 from aspc.runtime import RunConfig, run
-from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.core.revise import revise_work
-from aspc.runtime.trainers.sim import SimTrainer
 from aspc.runtime.work import work_from_table
 from aspc.testing.plans import plan_table
+from tests.conftest import trainer_failing_at
 
 WORDS = ["explain", "list", "write", "code", "story", "short", "essay", "detail", "one", "word"]
 
@@ -108,17 +107,6 @@ class _Windows(OnlineReplanner):
         return super().revise(view)
 
 
-class _StopAt(SimTrainer):
-    def __init__(self, at: int):
-        super().__init__(SimCostModel())
-        self.at = at
-
-    def step(self, batch):
-        if batch.step == self.at:
-            raise RuntimeError("trainer lost")
-        return super().step(batch)
-
-
 def test_a_resumed_replanned_run_keeps_the_windows_of_an_uninterrupted_one(tmp_path):
     # Windows fall every 4 trainer steps counted from the start of the run, not from where a
     # resume picked it up: a log stopped after 6 steps resumes with windows at 8, 12, ..., not 10, 14, ...
@@ -129,7 +117,7 @@ def test_a_resumed_replanned_run_keeps_the_windows_of_an_uninterrupted_one(tmp_p
     log = tmp_path / "run"
     first = _Windows(plan.table, cfg, every_steps=4, log_dir=log)
     with pytest.raises(RunError, match="trainer lost"):
-        run(plan, config=rc, actual_lengths=lens, replanner=first, log_dir=log, trainer=_StopAt(6))
+        run(plan, config=rc, actual_lengths=lens, replanner=first, log_dir=log, trainer=trainer_failing_at(6))
     assert first.asked == [4]
     again = _Windows(plan.table, cfg, every_steps=4, log_dir=log)
     res = run(plan, config=rc, actual_lengths=lens, replanner=again, log_dir=log, resume=True)

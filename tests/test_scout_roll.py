@@ -21,9 +21,9 @@ from aspc.runtime import RunConfig, run
 from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.contracts import Replanner, Trainer, TrainResult
 from aspc.runtime.hold import PENDING_KEY, initial_holds, scout_row_mask
-from aspc.runtime.trainers.sim import SimTrainer
 from aspc.runtime.work import work_from_table
 from aspc.simulate import comparison_table, simulate_strategies
+from tests.conftest import trainer_failing_at
 
 
 def _plan(rows: list[tuple[str, int, int]]) -> pa.Table:
@@ -288,19 +288,6 @@ def test_a_keeping_rolling_scout_is_refused_under_a_staleness_bound(tmp_path):
             replanner=roll)  # fmt: skip
 
 
-class _StopAt(SimTrainer):
-    """The sim trainer, failing at one step: the run stops part-way with a resumable log."""
-
-    def __init__(self, at: int):
-        super().__init__(SimCostModel())
-        self.at = at
-
-    def step(self, batch):
-        if batch.step == self.at:
-            raise RuntimeError("trainer lost")
-        return super().step(batch)
-
-
 @pytest.mark.parametrize(("mode", "at"), [("static", 3), ("static", 11), ("continuous", 7)])
 def test_a_failed_rolling_run_resumes_with_its_holds(tmp_path, mode, at):
     import pyarrow.dataset as ds
@@ -310,7 +297,7 @@ def test_a_failed_rolling_run_resumes_with_its_holds(tmp_path, mode, at):
     log = tmp_path / "RUN"
     first = make(log)
     with pytest.raises(RunError, match="the trainer failed at step .*: RuntimeError: trainer lost"):  # one line
-        run(first.initial, config=rc, actual_lengths=lens, replanner=first, log_dir=log, trainer=_StopAt(at))
+        run(first.initial, config=rc, actual_lengths=lens, replanner=first, log_dir=log, trainer=trainer_failing_at(at))
     assert json.loads((log / "meta.json").read_text())["status"] == "failed"
     revised = range(1, first.done - first.start + 1)  # the first window is planned before the run, not revised
     assert sorted(p.name for p in (log / "plans").glob("*")) == [f"revision-{k}.parquet" for k in revised]

@@ -155,11 +155,19 @@ def own_tau(pred_dir: Path, model: str, rows, head: str | None = None) -> float:
     return float(kendall_tau(got.mean, np.array([np.mean(r["output_sizes"]) for r in va])))
 
 
-def inputs_for(model: str, rows, tmp: Path, seed: int) -> tuple[Path, Path]:
-    """Prompts with their ten lengths in a seeded order (the first 8 are replayed), and the other 2 as history."""
+def inputs_for(model: str, rows, tmp: Path, seed: int, whole_batches: bool = False) -> tuple[Path, Path]:
+    """Prompts with their ten lengths in a seeded order (the first 8 are replayed), and the other 2 as history.
+
+    ``whole_batches`` leaves out a seeded few prompts so that every sample
+    falls in a global batch: the mean iteration time then covers all the
+    generation (DESIGN.md, Metrics: it ends at the last trainer step).
+    """
     rng = np.random.default_rng(seed)
     inp, hist = tmp / f"{model}-{seed}.jsonl", tmp / f"{model}-{seed}-hist.jsonl"
-    seen = set()
+    mine = list({r["prompt_id"]: r for r in rows if r["model"] == model and r["split"] == "validate"})
+    extra = len(mine) % (GB // N) if whole_batches else 0
+    drop = set(np.random.default_rng([seed, 11]).choice(mine, size=extra, replace=False).tolist()) if extra else set()
+    seen = set(drop)
     with open(inp, "w") as fi, open(hist, "w") as fh:
         for r in rows:
             if r["model"] != model or r["split"] != "validate" or r["prompt_id"] in seen:
@@ -261,7 +269,7 @@ def memoised_loads(*roots: str) -> None:
 
 
 def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order=None, only=None, default="default", scout_tokens=None,
-               keep_through=None, scout_windows=None, pooled=None):
+               keep_through=None, scout_windows=None, pooled=None, whole_batches=False):
     from aspc.choices import BOUNDED_ORDER, DEFAULT_ORDER
     from aspc.compiler import CompileConfig, InputOptions, compile_file
     from aspc.epochs import run_epochs
@@ -270,7 +278,7 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order=None, only=Non
     from aspc.simulate import simulate_strategies
 
     want = (lambda name: True) if only is None else (lambda name: name == "random" or name in only)  # noqa: E731
-    inp, hist = inputs_for(model, rows, tmp, seed)
+    inp, hist = inputs_for(model, rows, tmp, seed, whole_batches)
     inputs = InputOptions(length_field="lengths")
     cfg = CompileConfig(
         samples_per_prompt=N, seed=seed, predictor=str(pred_dir), workers=W, max_response_length=CAP,
@@ -392,6 +400,12 @@ def main() -> None:
         "product's workflow; use the train-split default above for an honest prior) instead of training "
         "it from scratch on the model's rows alone",
     )
+    ap.add_argument(
+        "--whole-batches",
+        action="store_true",
+        help="leave out a seeded few prompts per model so that every sample is in a global batch (no left-over "
+        "generation outside the iteration times)",
+    )
     data_option(ap)
     args = ap.parse_args()
     if not use_data(args.data):
@@ -420,7 +434,7 @@ def main() -> None:
             pdir = predictor_for(model, rows, cache, args.own_init)
             reps = [
                 one_repeat(model, rows, pdir, tmp, s, staleness, args.order, only, args.default, args.scout_tokens,
-                           args.scout_keep_through, args.scout_windows, args.pooled)
+                           args.scout_keep_through, args.scout_windows, args.pooled, args.whole_batches)
                 for s in range(args.repeats)
             ]
             names = list(reps[0])

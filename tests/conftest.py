@@ -109,10 +109,13 @@ def trainer_failing_at(step: int):
     from aspc.runtime.backends.sim_cost import SimCostModel
     from aspc.runtime.trainers.sim import SimTrainer
 
-    class _StopAt(SimTrainer):
-        def step(self, batch):
-            if batch.step == step:
-                raise RuntimeError("trainer lost")
-            return super().step(batch)
+    trainer = SimTrainer(SimCostModel())  # the class a resume's sim trainer has: another one is refused
+    real = trainer.step
 
-    return _StopAt(SimCostModel())
+    def failing(batch):
+        if batch.step == step:
+            raise RuntimeError("trainer lost")
+        return real(batch)
+
+    trainer.step = failing
+    return trainer

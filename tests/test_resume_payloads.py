@@ -197,12 +197,11 @@ def test_resume_replays_the_steps_after_the_trainers_newest_checkpoint(tmp_path,
     assert any(f"restored weights version {floor}" in n for n in res.notes)
     assert not (log / PAYLOAD_DIR).exists()
 
-    class _Bad(_Recording):
-        def durable(self, version):
-            return version + 1
+    bad = _EveryN(3)  # the run's trainer class (a resume with another is refused), its durable() broken
+    bad.durable = lambda version: version + 1
 
     with pytest.raises(RunError, match=rf"durable\({logged}\) returned {logged + 1}; it must be a version from 0"):
-        run(table, config=cfg, backend=_backend(model_dir, lengths), trainer=_Bad(), log_dir=tmp_path / "COPY",
+        run(table, config=cfg, backend=_backend(model_dir, lengths), trainer=bad, log_dir=tmp_path / "COPY",
             resume=True)  # fmt: skip
 
 

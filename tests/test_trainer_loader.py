@@ -78,11 +78,11 @@ def bad_hook(context, how):
 class SelfInterrupting(Trainer):
     # Sends its own process SIGINT at step 3, as a user's Ctrl-C; keeps no checkpoints if told.
 
-    def __init__(self, refuse):
-        self.refuse = refuse
+    def __init__(self, refuse, at):
+        self.refuse, self.at = refuse, at
 
     def step(self, batch):
-        if batch.step == 3:
+        if batch.step == self.at:
             import os, signal
             os.kill(os.getpid(), signal.SIGINT)
         return TrainResult(version=batch.step + 1, elapsed=0.01)
@@ -95,8 +95,8 @@ class SelfInterrupting(Trainer):
             from aspc.errors import ConfigError
             raise ConfigError("--resume: this trainer keeps no checkpoints")
 
-def self_interrupting(context, refuse=False):
-    return SelfInterrupting(refuse)
+def self_interrupting(context, refuse=False, at=3):
+    return SelfInterrupting(refuse, at)
 """
 
 
@@ -197,7 +197,9 @@ def test_a_misbehaving_trainer_step_is_one_line_and_the_log_resumes(plan, user_d
     r = CliRunner().invoke(main, [*args, "--trainer", "good_trainer_mod:misbehaving", "--trainer-arg", f"how={how}"])
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1 and fragment in r.output, r.output
-    r = CliRunner().invoke(main, [*args, "--trainer", "good_trainer_mod:factory", "--resume", "--json"])
+    # The fixed trainer (its class unchanged: a resume with another one is refused) goes on from the log.
+    fixed = ["--trainer", "good_trainer_mod:misbehaving", "--trainer-arg", "how=fixed"]
+    r = CliRunner().invoke(main, [*args, *fixed, "--resume", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["n_trainer_steps"] == 40 // 8
 
@@ -259,8 +261,8 @@ def test_an_interrupted_run_offers_the_command_that_works_for_its_trainer(plan, 
         assert r.output.strip().endswith("--overwrite")
     else:
         assert "continue it with --resume" in r.output, r.output
-    # The advice, with a trainer that sends no signal.
-    follow = [*args[:-4], "--trainer", "good_trainer_mod:factory", "--overwrite" if refuse else "--resume"]
+    # The advice, with the same trainer sending no signal.
+    follow = [*args, "--trainer-arg", "at=-1", "--overwrite" if refuse else "--resume"]
     r = CliRunner().invoke(main, [*follow, "--json"])
     assert r.exit_code == 0, r.output
 
@@ -299,3 +301,21 @@ def test_a_refused_resume_leaves_the_log_as_it_found_it(plan, user_dir):
     r = CliRunner().invoke(main, [*args, "--resume"])
     assert r.exit_code == 2 and "this trainer keeps no checkpoints" in r.output, r.output
     assert (run_dir / "meta.json").read_bytes() == before
+
+
+def test_a_resume_without_the_runs_trainer_is_refused(plan, user_dir):
+    # Forgetting --trainer on --resume went on with the sim trainer: the log mixed real and simulated steps.
+    path, data = plan
+    run_dir = user_dir / "RUN"
+    args = ["run", str(path), "--actual-lengths", str(data), "--length-field", "lengths", "--workers", "2",
+            "--global-batch", "8", "--log", str(run_dir), "-q"]  # fmt: skip
+    assert CliRunner().invoke(main, [*args, "--trainer", "good_trainer_mod:self_interrupting"]).exit_code == 130
+    before = (run_dir / "meta.json").read_bytes()
+    for other in ([], ["--trainer", "good_trainer_mod:factory"]):
+        r = CliRunner().invoke(main, [*args, *other, "--resume"])
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+        assert "the trainer (good_trainer_mod.SelfInterrupting in the log" in r.output, r.output
+        assert (run_dir / "meta.json").read_bytes() == before
+    r = CliRunner().invoke(main, [*args, "--trainer", "good_trainer_mod:self_interrupting", "--trainer-arg", "at=-1",
+                                  "--resume"])  # fmt: skip
+    assert r.exit_code == 0, r.output

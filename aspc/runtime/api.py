@@ -272,6 +272,7 @@ def _run_locked(
         "replan_every": None if replanner is None else int(replanner.every_steps or 0),
         **lengths_info,
     }
+    run_info["trainer"] = resume_log.trainer_record(trainer)
     if (sampling := resume_log.sampling_record(backend)) is not None:  # a model backend's
         run_info["sampling"] = sampling
     if work.carried is not None:  # absent otherwise: earlier logs compare equal

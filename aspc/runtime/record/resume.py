@@ -78,6 +78,12 @@ def sampling_record(backend: Any) -> dict[str, Any] | None:
     return record
 
 
+def trainer_record(trainer: Any) -> str:
+    """The trainer's class, as ``meta.json`` stores it: a resume without the run's ``--trainer`` would mix trainers."""
+    cls = type(trainer)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Raise :class:`ConfigError` unless the log at ``path`` ran this plan with this configuration."""
     diffs = []
@@ -105,6 +111,8 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
         diffs.append(f"--scout-keep ({_kept(old_run.get('carried'))} in the log, {_kept(new['run'].get('carried'))} now)")
     if old_run.get("held") != new["run"].get("held"):
         diffs.append(f"the rolling scout ({_held(old_run.get('held'))} in the log, {_held(new['run'].get('held'))} now)")
+    if old_run.get("trainer") not in (None, new["run"]["trainer"]):  # logs before the record carry none
+        diffs.append(f"the trainer ({old_run['trainer']} in the log, {new['run']['trainer']} now: --trainer)")
     was, now = old_run.get("sampling"), new["run"].get("sampling")
     if was is not None and now is not None:  # logs before the record carry none and are not compared
         flag = {"replay": "--replay-lengths"}

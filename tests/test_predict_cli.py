@@ -135,6 +135,9 @@ def test_eval_json_keys(files) -> None:
     assert out["mae"] < out["baseline"]["mae"]
     human = run("eval", str(files["pred"]), str(files["test"]), "--length-field", "length")
     assert human.exit_code == 0 and "Kendall" in human.stdout
+    # The table is eval's result (no file is written): -q printed nothing at all.
+    quiet = run("eval", str(files["pred"]), str(files["test"]), "--length-field", "length", "-q")
+    assert quiet.exit_code == 0 and quiet.stdout == human.stdout and not quiet.stderr, quiet.output
 
 
 def test_eval_on_one_prompt_reports_no_rank_figures(files) -> None:

@@ -215,3 +215,19 @@ def test_an_output_in_the_input_log_names_a_path_outside_it(tmp_path):
         assert r.exit_code == 2 and what in r.output and "give a file path outside it" in r.output, r.output
     r = CliRunner().invoke(main, ["calibrate", str(tmp_path / "RUN"), "-o", str(tmp_path)])  # a file inside is fine
     assert r.exit_code == 2 and "give a file path inside it" in r.output, r.output
+
+
+def test_quiet_keeps_the_table_when_no_file_is_written(tmp_path):
+    # Without -o the table is calibrate's result: -q printed nothing at all.
+    from click.testing import CliRunner
+
+    from aspc.cli import main
+
+    run(synthetic_plan(1200, 12, n_samples=2, seed=9), config=RunConfig(workers=4, global_batch=24),
+        log_dir=tmp_path / "RUN")  # fmt: skip
+    loud = CliRunner().invoke(main, ["calibrate", str(tmp_path / "RUN")])
+    quiet = CliRunner().invoke(main, ["calibrate", str(tmp_path / "RUN"), "-q"])
+    assert loud.exit_code == quiet.exit_code == 0 and "coefficient" in quiet.stdout, quiet.output
+    assert quiet.stdout == loud.stdout and not quiet.stderr, quiet.output
+    written = CliRunner().invoke(main, ["calibrate", str(tmp_path / "RUN"), "-o", str(tmp_path / "c.json"), "-q"])
+    assert written.exit_code == 0 and written.output == "" and (tmp_path / "c.json").exists(), written.output

@@ -57,7 +57,7 @@ def calibrate_cmd(run_dir: Path, output: str | Path | None, as_json: bool, quiet
     }
     if as_json:
         emit_json({"cost_model": cal.sim_cost_model.to_dict(), "std_errors": cal.std_errors, **fit})
-    elif not quiet:
+    elif not quiet or output is None:  # without -o the table is the result: --quiet drops only the notes
         t = Table(title=plain(f"cost model fitted from {run_dir.name}"), header_style="bold")
         t.add_column("coefficient")
         t.add_column("value", justify="right")

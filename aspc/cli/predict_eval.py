@@ -117,7 +117,7 @@ def eval_cmd(
     skipped_note(pairs.skipped, quiet)
     if as_json:
         emit_json(result)
-    elif not quiet:
+    else:  # the table is the result (no file is written): --quiet drops diagnostics and bars, not it
         out_console.print(
             metrics_table(
                 {"predictor": result, "baseline": result["baseline"]}, f"{data.name}: n={result['n']}"

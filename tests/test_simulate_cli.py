@@ -97,6 +97,9 @@ def test_asp_options_are_noted_when_no_asp_strategy_runs(tmp_path):
     assert r.exit_code == 0 and "not used" not in r.stderr, r.stderr  # asp reads them
     r = _sim(data, "--strategies", "random,asp", "--slack", "2", "--order", "ascending")
     assert "--slack: --order ascending cuts equal minibatches" in _flat(r.stderr), r.stderr
+    # A bound chooses that order without --order: the note named an option the user never gave.
+    r = _sim(data, "--strategies", "random,asp", "--slack", "2", "--max-staleness", "2")
+    assert "--slack: under --max-staleness 2 asp plans with --order ascending, which cuts" in _flat(r.stderr), r.stderr
 
 
 def test_quiet_prints_the_table_and_no_diagnostics(tmp_path):

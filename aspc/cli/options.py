@@ -201,12 +201,13 @@ def _given(name: str) -> bool:
     return ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
 
 
-def unused_note(strategy: str, order: str | None, who: str | None = None) -> list[str]:
+def unused_note(strategy: str, order: str | None, who: str | None = None, implied: str | None = None) -> list[str]:
     """A note naming compile options given on the command line that this strategy and order ignore.
 
     A note, not an error: a script that compiles every strategy with one set
     of options (a comparison) is right to pass them all. ``who`` words a
-    baseline's reason for a command with several (simulate's ``--strategies``).
+    baseline's reason for a command with several (simulate's ``--strategies``);
+    ``implied`` names what chose ``order`` when the user did not.
     """
     # --workers (compile's own option) is read by the interleave order only (aspc.schedule._front_load_heavy);
     # the plan's config still records it, so plans keep their bytes, but the user is told it changed nothing.
@@ -215,7 +216,8 @@ def unused_note(strategy: str, order: str | None, who: str | None = None) -> lis
         why = f"{who or f'--strategy {strategy} cuts'} fixed-size minibatches in its own order"
     elif order == "ascending":
         unused = [n for n in (*_ASP_ONLY, "workers") if _given(n)]
-        why = "--order ascending cuts equal minibatches and keeps them in ascending order"
+        by = f"{implied} asp plans with --order ascending, which" if implied else "--order ascending"
+        why = f"{by} cuts equal minibatches and keeps them in ascending order"
     elif order == "lpt" and _given("workers"):
         return ["--workers: --order lpt dispatches the longest minibatches first whatever the worker count, so it "
                 "is not used; --order interleave reads it"]  # fmt: skip

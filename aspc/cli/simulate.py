@@ -168,7 +168,8 @@ def simulate_cmd(
         who = f"--strategies {','.join(names)} {'cuts' if len(names) == 1 else 'each cut'}"
         unused = unused_note(names[0], config.order, who)
     else:
-        unused = unused_note("asp", config.order)
+        bound = run_config.max_staleness is not None and not order_asked
+        unused = unused_note("asp", config.order, implied=f"under --max-staleness {run_config.max_staleness}" if bound else None)
     for msg in unused:
         note(msg, quiet)
     skipped: list[Any] = []

@@ -739,7 +739,10 @@ def test_epoch_and_replan_option_errors_are_usage_errors(tmp_path, small, plan):
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
 @pytest.mark.parametrize(
-    "args", [("inspect", "{plan}", "--json"), ("inspect", "{plan}"), ("check", "{plan}", "--json")]
+    "args",
+    [("inspect", "{plan}", "--json"), ("inspect", "{plan}"), ("check", "{plan}", "--json"),
+     # click's own output: a traceback from click.echo
+     ("--help",), ("--version",), ("compile", "--help"), ("predict", "train", "--help")],
 )
 def test_a_full_stdout_is_one_line(plan, args):
     # A result printed to a full disk (or a closed stdout) was an OSError traceback from the print.

@@ -46,6 +46,27 @@ class _UsageLine(click.ClickException):
         click.echo(f"Error: {self.message} (see '{self.command_path} --help')", file=file, err=True)
 
 
+def _from_click_echo(exc: OSError) -> bool:
+    """``exc`` came from click writing help, a version or a usage line (``aspc --help > /dev/full``)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code if tb is not None else None
+    return code is not None and code.co_name == "echo" and code.co_filename.endswith(("click/utils.py", "click\\utils.py"))
+
+
+def _output_line(exc: OSError) -> click.ClickException:
+    """click's own output failed: one line (exit 2), or a silent exit 141 when the reader closed the pipe."""
+    from aspc.cli.common import stdout_failure
+
+    err = stdout_failure(exc)
+    if err.pipe_closed:
+        sys.exit(128 + 13)
+    line = click.ClickException(str(err))
+    line.exit_code = err.exit_code
+    return line
+
+
 class _InterruptLine(click.ClickException):
     """SIGTERM/SIGINT outside a command's own handling: one line, exit 128 + signal."""
 
@@ -100,6 +121,10 @@ class _LazyGroup(click.Group):
         except Interrupted as exc:
             # click would print "Aborted!" and exit 1; keep the policy's line and code.
             raise _InterruptLine(exc) from None
+        except OSError as exc:
+            if not _from_click_echo(exc):
+                raise
+            raise _output_line(exc) from None
 
     def invoke(self, ctx: click.Context):  # noqa: ANN201 - click's signature
         try:
@@ -111,6 +136,10 @@ class _LazyGroup(click.Group):
         except Interrupted as exc:
             # click would print "Aborted!" and exit 1; keep the policy's line and code.
             raise _InterruptLine(exc) from None
+        except OSError as exc:
+            if not _from_click_echo(exc):
+                raise
+            raise _output_line(exc) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [

@@ -55,15 +55,20 @@ class _Stdout:
         try:
             return getattr(sys.stdout, name)(*args)
         except OSError as exc:
-            _silence_stdout()
-            if exc.errno == errno.EPIPE:
-                err = StdoutError("stdout: the reader closed the pipe")
-                err.pipe_closed = True
-                raise err from None
-            why = exc.strerror or type(exc).__name__
-            fix = "free space, or send the output elsewhere" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (
-                "send the output elsewhere")  # fmt: skip
-            raise StdoutError(f"cannot write the result to stdout: {why}; {fix}") from None
+            raise stdout_failure(exc) from None
+
+
+def stdout_failure(exc: OSError) -> StdoutError:
+    """The one-line error for a failed write to stdout; stdout is silenced so that the exit's flush cannot fail too."""
+    _silence_stdout()
+    if exc.errno == errno.EPIPE:
+        err = StdoutError("stdout: the reader closed the pipe")
+        err.pipe_closed = True
+        return err
+    why = exc.strerror or type(exc).__name__
+    fix = "free space, or send the output elsewhere" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (
+        "send the output elsewhere")  # fmt: skip
+    return StdoutError(f"cannot write the result to stdout: {why}; {fix}")
 
 
 def _silence_stdout() -> None:

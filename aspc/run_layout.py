@@ -28,7 +28,7 @@ from pathlib import Path
 
 from aspc.errors import ConfigError
 from aspc.runtime.record.lock import LOCK_FILE, RunLogLock, refuse_if_locked
-from aspc.runtime.record.runlog import is_run_log
+from aspc.runtime.record.runlog import is_run_log, never_started
 
 SINGLE, EPOCHS, SCOUT, ROLL = "single", "epochs", "scout", "roll"
 _EPOCH_DIR = re.compile(r"^epoch-\d+$")
@@ -153,14 +153,8 @@ def _check_log_layout(
 
 
 def _holds_files(p: Path) -> bool:
-    """Anything in ``p`` but a lock file and an empty ``plans/`` (what an epochs run makes first)."""
-    if not p.is_dir():
-        return False
-    for e in p.iterdir():
-        if e.name == LOCK_FILE or (e.name == "plans" and e.is_dir() and not any(e.iterdir())):
-            continue
-        return True
-    return False
+    """Anything in ``p`` but what a writer makes first (a lock file, temporaries, an empty ``plans/``, ...)."""
+    return p.is_dir() and not never_started(p)
 
 
 def clear_run_dir(root: str | os.PathLike, *, root_held: bool = False) -> None:

@@ -218,3 +218,61 @@ def test_a_writer_meeting_another_commands_lock_probe_still_starts(tmp_path):
     threading.Timer(0.01, lambda: os.close(fd)).start()
     with RunLogLock(log) as lock:
         assert lock.held
+
+
+def _skeleton(d: Path, *, plan_temp: bool = False) -> Path:
+    """What a writer killed (or out of space) before its first meta.json leaves: lock, a temporary, empty parts."""
+    from aspc.runtime.record.runlog import KINDS
+
+    d.mkdir(parents=True, exist_ok=True)
+    (d / ".lock").write_text("")
+    (d / ".meta.json.999999999.k2x9.tmp").write_text("{")  # pid 999999999: a writer long gone
+    for kind in KINDS:
+        (d / kind).mkdir(exist_ok=True)
+    if plan_temp:
+        (d / "plans").mkdir(exist_ok=True)
+        (d / "plans" / ".epoch-1.parquet.999999999.ab_c.tmp").write_bytes(b"PAR1")
+    return d
+
+
+@pytest.mark.parametrize("flag", [(), ("--resume",), ("--overwrite",)])
+def test_a_log_killed_before_its_first_meta_json_starts_afresh(setup, tmp_path, flag):
+    # A run killed (or out of disk space) while it created its log left the lock, a temporary and
+    # empty part folders; a rerun, --resume and --overwrite all refused it, only rm -rf went on.
+    log = _skeleton(tmp_path / "RUN")
+    r = _run_plan(setup, log, *flag)
+    assert r.exit_code == 0, r.output
+    assert not list(log.glob(".*.tmp"))
+    # A file of the user's beside the same leftovers is still refused.
+    other = _skeleton(tmp_path / "MINE")
+    (other / "notes.txt").write_text("mine")
+    before = _snapshot(other)
+    r = _run_plan(setup, other, *flag)
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert _snapshot(other) == before
+
+
+def test_epochs_killed_while_an_epoch_log_or_plan_was_created_resume(setup, tmp_path):
+    # Epoch 2's log killed at its creation: --resume refused it, and --overwrite threw epoch 1 away.
+    log = tmp_path / "E"
+    assert _run_plan(setup, log, "--epochs", "2").exit_code == 0
+    first = _snapshot(log / "epoch-1")
+    import shutil
+
+    shutil.rmtree(log / "epoch-2")
+    _skeleton(log / "epoch-2")
+    r = _run_plan(setup, log, "--epochs", "2", "--resume")
+    assert r.exit_code == 0, r.output
+    assert _snapshot(log / "epoch-1") == first  # read back, not run again
+    assert (log / "epoch-2" / "meta.json").is_file()
+    # Killed while writing epoch 1's plan: the root holds the lock and the plan's temporary only.
+    root = tmp_path / "P"
+    root.mkdir()
+    (root / ".lock").write_text("")
+    (root / "plans").mkdir()
+    (root / "plans" / ".epoch-1.parquet.999999999.ab_c.tmp").write_bytes(b"PAR1")
+    for flag in ("--resume", "--overwrite"):
+        r = _run_plan(setup, root, "--epochs", "2", flag)
+        assert r.exit_code == 0, r.output
+        shutil.rmtree(root)
+        _skeleton(root, plan_temp=True)

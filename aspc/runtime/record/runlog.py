@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ import pyarrow.compute as pc
 
 from aspc.errors import RunError, epochs_root_hint, short_reason
 from aspc.io.runlog_meta import check_runlog_version, committed, is_runlog_meta, part_ranges
+from aspc.runtime.record.lock import LOCK_FILE
 
 META_FILE = "meta.json"
 
@@ -178,6 +180,34 @@ def to_columns(table: pa.Table) -> dict[str, np.ndarray]:
 
 def is_run_log(path: str | os.PathLike) -> bool:
     return (Path(path) / META_FILE).is_file()
+
+
+# aspc.atomic's temporaries (.NAME.PID.X.tmp) and the folders a writer makes before its first meta.json.
+_TEMP = re.compile(r"^\..+\.\d+\.[A-Za-z0-9_]+\.tmp$")
+_SKELETON_DIRS = frozenset({*SCHEMAS, "plans", "payloads"})
+
+
+def never_started(path: str | os.PathLike) -> bool:
+    """``path`` is a directory holding only what a log's writers make before its first ``meta.json``.
+
+    That is the lock file, temporaries, and part (or ``plans/``) folders
+    holding nothing else: what a writer killed, or out of disk space, while it
+    created the log leaves. It is no run and none of the user's files, so a
+    rerun, ``--resume`` or ``--overwrite`` starts the log there afresh (before,
+    all three refused it and only ``rm -rf`` went on, losing an epochs run's
+    finished epochs with it).
+    """
+    p = Path(path)
+    if not p.is_dir() or is_run_log(p):
+        return False
+    for e in p.iterdir():
+        if e.name == LOCK_FILE or (_TEMP.match(e.name) and e.is_file() and not e.is_symlink()):
+            continue
+        if e.name in _SKELETON_DIRS and e.is_dir() and not e.is_symlink():
+            if all(_TEMP.match(x.name) and x.is_file() and not x.is_symlink() for x in e.iterdir()):
+                continue
+        return False
+    return True
 
 
 

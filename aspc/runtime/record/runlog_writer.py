@@ -31,6 +31,7 @@ from aspc.runtime.record.runlog import (
     is_run_log,
     join_consumed,
     live_tables,
+    never_started,
     read_meta,
     to_table,
 )
@@ -76,6 +77,8 @@ class RunLogWriter:
         p = self.path
         if p.exists() and not p.is_dir():
             raise ConfigError(f"--log {p}: exists and is not a directory; pick a new run directory")
+        if never_started(p):  # a writer's leftovers from before its first meta.json: start afresh
+            return
         if self.resume:
             if p.is_dir() and self._entries() and not is_run_log(p):
                 raise ConfigError(f"--log {p}: not an aspc run log, nothing to resume; pick the run's directory")

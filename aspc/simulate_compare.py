@@ -11,6 +11,7 @@ per worker; ratios are the mean of the per-repeat ratios.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -102,9 +103,15 @@ def left_over_note(results: dict[str, Any], global_batch: int) -> str | None:
     left = {name: s.samples_left_over for name, s in first.items() if s.samples_left_over}
     if not left:
         return None
-    planned = min(s.samples_planned for s in first.values())
-    fits = [d for d in range(global_batch, 0, -1) if planned % d == 0]
+    worst = max(left, key=left.__getitem__)
+    sizes = {s.samples_planned for s in first.values()}
+    # Count and total of one plan: a rolling scout's kept responses make its plan larger than the others'.
+    whose = "the plans'" if len(sizes) == 1 else f"{worst}'s"
+    # A batch that consumes every plan whole: a divisor of all their sizes (never the batch that left these).
+    common = math.gcd(*sizes)
+    fits = [d for d in range(global_batch - 1, 0, -1) if common % d == 0]
     better = f"; --global-batch {fits[0]} consumes all of them" if fits and fits[0] * 2 >= global_batch else ""
-    return (f"{max(left.values())} of the plans' {planned} samples are generated but no trainer step consumes them "
-            f"(--global-batch {global_batch}): the iteration times end at the last step and leave out whatever "
-            f"generation ends after it, which flatters a strategy that dispatches its longest work last{better}")  # fmt: skip
+    return (f"{left[worst]} of {whose} {first[worst].samples_planned} samples are generated but no trainer step "
+            f"consumes them (--global-batch {global_batch}): the iteration times end at the last step and leave out "
+            f"whatever generation ends after it, which flatters a strategy that dispatches its longest work "
+            f"last{better}")  # fmt: skip

@@ -255,3 +255,20 @@ def test_a_plan_given_as_observed_lengths_is_named_as_a_plan(tmp_path):
                  ["run", plan, "--actual-lengths", plan]):  # fmt: skip
         r = _run(args)
         assert r.exit_code == 2 and "p.parquet: an aspc plan, which holds predicted lengths" in r.output, r.output
+
+
+def test_the_left_over_note_counts_and_totals_one_plan_and_never_suggests_the_batch_in_use():
+    # A rolling scout's plan holds its kept responses too (4,808 samples against 4,800): the note said
+    # "8 of the plans' 4800 samples" and "--global-batch 240 consumes all of them" at --global-batch 240.
+    from types import SimpleNamespace
+
+    from aspc.simulate_compare import left_over_note
+
+    def res(planned, left):
+        return SimpleNamespace(summary=SimpleNamespace(samples_planned=planned, samples_left_over=left))
+
+    note = left_over_note({"random": res(4800, 0), "asp+scout+roll": [res(4808, 8)]}, 240)
+    assert note.startswith("8 of asp+scout+roll's 4808 samples") and "consumes all of them" not in note, note
+    note = left_over_note({"random": res(4800, 192), "asp": res(4800, 192)}, 256)
+    assert note.startswith("192 of the plans' 4800 samples") and note.endswith("--global-batch 240 consumes all of them")
+    assert left_over_note({"random": res(4800, 0)}, 240) is None

@@ -52,7 +52,7 @@ DEMO_RUN := --workers 4 --global-batch 64
 DEMO_SIM := --samples-per-prompt 8 --workers 8 --global-batch 256 --max-new-tokens 4096
 demo: install
 	mkdir -p examples/out
-	$(BIN)/aspc compile examples/prompts.jsonl --samples-per-prompt 4 --workers 4 -o examples/out/plan.parquet
+	$(BIN)/aspc compile examples/prompts.jsonl --samples-per-prompt 4 -o examples/out/plan.parquet
 	$(BIN)/aspc check examples/out/plan.parquet --max-imbalance 0.01
 	$(BIN)/aspc run examples/out/plan.parquet $(DEMO_RUN) --actual-lengths examples/prompts.jsonl \
 		--length-field lengths --log examples/out/run --overwrite

@@ -37,7 +37,8 @@ from aspc.cli.render import metrics_table
     "-w",
     type=int,
     default=None,
-    help="Generation workers the plan will run on: very long minibatches are then dispatched first.",
+    help="Generation workers the plan will run on; read by --order interleave, which then dispatches very long "
+    "minibatches first (--order lpt does so whatever the count).",
 )
 @input_options
 @tokenizer_option

@@ -83,6 +83,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 # One BLAS thread: the per-window ridge refits are small, and a threaded BLAS
 # spinning on a loaded machine made them 4x slower.
@@ -124,6 +125,29 @@ def load_rows():
 
     cols = ["model", "split", "prompt_id", "prompt_text", "output_sizes"]
     return pq.read_table(DATA, columns=cols).to_pylist()
+
+
+def refuse(message: str) -> NoReturn:
+    """One line on stderr and exit 2, as argparse does for a bad option (no traceback for a typo)."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def pick_models(spec: str | None, rows) -> list[str]:
+    """The validate-split models ``--models`` names: comma-separated exact names or substrings.
+
+    A substring takes every model containing it, as ``predict_quality.py --models`` does; a name
+    that matches none is refused here, since an empty model's rows only failed later, deep in
+    training, with "the training set is empty".
+    """
+    known = sorted({r["model"] for r in rows if r["split"] == "validate"})
+    if not spec:
+        return known
+    want = [w.strip() for w in spec.split(",") if w.strip()]
+    unknown = [w for w in want if not any(w in m for m in known)]
+    if unknown or not want:
+        refuse(f"--models: no model matches {', '.join(unknown) or repr(spec)}; known models: {', '.join(known)}")
+    return [m for m in known if any(w == m or (w not in known and w in m) for w in want)]
 
 
 def predictor_for(model: str, rows, cache: Path, init: str | None = None) -> Path:
@@ -369,7 +393,8 @@ def ratio(d, base, key="mean_iteration_time"):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=None, help="comma list (default: every model of the validate split)")
+    ap.add_argument("--models", default=None,
+                    help="comma list of model names or substrings (default: every model of the validate split)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--predictors", default=None, help="directory of per-model predictors (trained here if absent)")
     ap.add_argument("--staleness", default="1,2,4")
@@ -417,7 +442,7 @@ def main() -> None:
 
         aspc.rolling_scout.ROLL_AT = float(args.roll_at)
     rows = load_rows()
-    models = args.models.split(",") if args.models else sorted({r["model"] for r in rows if r["split"] == "validate"})
+    models = pick_models(args.models, rows)
     staleness = [int(k) for k in args.staleness.split(",") if k]
     only = set(args.rows.split(",")) if args.rows else None
     with tempfile.TemporaryDirectory() as t:

@@ -386,6 +386,31 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order=None, only=Non
     return out
 
 
+# Rows one_repeat() produces besides STRATS and the "X K=k" rows; the pooled ones need --pooled.
+EXTRA_ROWS = (
+    "asp+history", "asp e2", "asp+probe", "asp+probe-scratch", "asp+default", "asp+probe+replan", "asp+probe2",
+    "asp+probe2-half",
+)  # fmt: skip
+POOLED_ROWS = (*(f"asp+pooled{s[3:]}" for s in POOLED_BASES), "asp+pooled+probe")
+
+
+def pick_rows(spec: str | None, staleness: list[int], pooled: str | None) -> set[str] | None:
+    """The ``--rows`` names, checked: one_repeat() skips a name it does not know, so a typo ran random alone."""
+    if not spec:
+        return None
+    only = {w.strip() for w in spec.split(",") if w.strip()}
+    bounded = {f"{x} K={k}" for x in STRATS for k in staleness}
+    unknown = sorted(only - {*STRATS, *EXTRA_ROWS, *POOLED_ROWS, *bounded})
+    if unknown:
+        refuse(
+            f"--rows: unknown {', '.join(map(repr, unknown))}; valid: {', '.join([*STRATS, *EXTRA_ROWS, *POOLED_ROWS])}"
+            f", and 'X K=k' for X one of the first {len(STRATS)} and k in --staleness ({','.join(map(str, staleness))})"
+        )
+    if pooled is None and only & set(POOLED_ROWS):
+        refuse(f"--rows {', '.join(sorted(only & set(POOLED_ROWS)))}: needs --pooled DIR")
+    return only
+
+
 def ratio(d, base, key="mean_iteration_time"):
     b = d.get("_base", base[key]) if key == "mean_iteration_time" else base[key]
     return d[key] / b if d.get(key) is not None and b else float("nan")
@@ -441,10 +466,10 @@ def main() -> None:
         import aspc.rolling_scout
 
         aspc.rolling_scout.ROLL_AT = float(args.roll_at)
+    staleness = [int(k) for k in args.staleness.split(",") if k]
+    only = pick_rows(args.rows, staleness, args.pooled)
     rows = load_rows()
     models = pick_models(args.models, rows)
-    staleness = [int(k) for k in args.staleness.split(",") if k]
-    only = set(args.rows.split(",")) if args.rows else None
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         cache = Path(args.predictors) if args.predictors else tmp / "pred"

@@ -16,11 +16,21 @@ rows (its ridge penalty chosen by out-of-fold error, its bands calibrated as
 the lexical predictor's), alone and on top of the lexical prior; also with
 the table kept in float32 (the directory stores float16) to measure what
 the storage costs.
+
+The measurement is ``predict_quality.py``'s (its data, splits, metrics and
+table); run it from there, or from here, which runs predict_quality.py with
+these kinds (lexical first: its predictor is the prior of the ``+lexical``
+rows) and passes every other option on:
+
+    .venv/bin/python benchmarks/predict_embed.py --embeddings emb.npz
+    .venv/bin/python benchmarks/predict_embed.py --kinds static --models Phi-4 --static-f32
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -201,3 +211,30 @@ def sif_table(tok: str, table: np.ndarray, texts: list[str], a: float = 1e-3) ->
     flat, _ = token_ids(load_tokenizer_json(tok), texts, StaticConfig(), len(table))
     p = np.bincount(flat, minlength=len(table)) / max(len(flat), 1)
     return (table * (a / (a + p))[:, None]).astype(np.float16)
+
+
+KINDS = ("lexical", "minilm-heads", "static", "static-heads")  # predict_quality's kinds this module measures
+
+
+def main(argv: list[str] | None = None) -> int:
+    """predict_quality.py with this module's kinds: this file alone defines functions and measured nothing."""
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Every other option is predict_quality.py's (see its --help), e.g. --embeddings FILE.npz (cache the "
+               "MiniLM embeddings and the distilled table), --models, --own-pairs, --seed, --lexical-cache DIR, "
+               "--static-f32, --static-sif, --static-cut, --json-out; skips with a message when the data is absent.",
+    )  # fmt: skip
+    ap.add_argument("--kinds", default="lexical,minilm-heads,static",
+                    help=f"comma list of {', '.join(KINDS)} (default: %(default)s)")
+    args, rest = ap.parse_known_args(argv)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not kinds or any(k not in KINDS for k in kinds):
+        ap.error(f"--kinds: each one of {', '.join(KINDS)} (got {args.kinds!r})")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from predict_quality import main as quality
+
+    return quality(["--kinds", ",".join(kinds), *rest])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

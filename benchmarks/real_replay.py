@@ -41,7 +41,8 @@ What it does (every step is an ``aspc`` command, printed before it runs):
    ``aspc calibrate`` fits the samples' own decode times with one speed
    factor per minibatch, and the fitted step costs are printed with their
    bootstrap standard errors. ``--refit`` redoes this step alone on the logs
-   of an earlier run in ``--out``. Every run also times a fixed reference
+   of an earlier run in ``--out``, with that run's options (recorded in its
+   ``results.json``) and prompts. Every run also times a fixed reference
    minibatch before its first dispatch and after its last (``aspc run
    --speed-probe``); the cross-plan errors are then reported a second time
    at equal machine speed (the fit's prediction scaled by the predicted
@@ -170,6 +171,37 @@ def strip_decode_times(run: Path, dst: Path) -> None:
     (dst / "meta.json").write_text(json.dumps(meta))
 
 
+# Options of this run, not of the run that wrote the logs: everything else --refit reads from results.json.
+NOT_RECORDED = ("out", "refit", "without_decode_times")
+
+
+def recorded(args: argparse.Namespace) -> dict | None:
+    """``results.json`` of the earlier run in ``--out``, with its recorded options set on ``args``.
+
+    --refit must compare the simulator with what was run: the command line's defaults (workers, global
+    batch, cap) are not the recorded run's. None, after a one-line error, where there is no such run.
+    """
+    path = args.out / "results.json"
+    if not path.is_file() or not (args.out / "in.jsonl").is_file():
+        print(f"real_replay.py: error: --refit: no results.json and in.jsonl in {args.out} (an earlier run of this "
+              "benchmark with --out there writes them)", file=sys.stderr)
+        return None
+    old = json.loads(path.read_text())
+    options = old.get("options")
+    if options is None:  # results.json written before it kept the options: each run log has its run's
+        r = next(iter(old["runs"].values()))
+        meta = json.loads((args.out / f"run-{r['plan']}-{r['mode']}-{r['rep']}" / "meta.json").read_text())
+        options = {k: meta["config"][k] for k in ("workers", "global_batch", "max_new_tokens", "backend")}
+        options["model"] = (meta.get("run", {}).get("sampling") or {}).get("model", "?")
+    options = {k: v for k, v in options.items() if k not in NOT_RECORDED and hasattr(args, k)}
+    differ = [f"--{k.replace('_', '-')} {v} (not {getattr(args, k)})" for k, v in options.items() if getattr(args, k) != v]
+    if differ:
+        print("--refit: as recorded in results.json: " + ", ".join(differ))
+    vars(args).update(options)
+    old["options"] = options  # written back as they were: a refit of an old file must not record the CLI's defaults
+    return old
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=96)
@@ -204,23 +236,32 @@ def main(argv: list[str] | None = None) -> int:
                          "it) and report those cross-plan errors beside")
     ap.add_argument("--refit", action="store_true",
                     help="generate nothing: refit every run log of an earlier run of this benchmark in --out (its "
-                         "results.json) with this aspc's 'aspc calibrate' and redo the simulator comparisons")
+                         "results.json) with this aspc's 'aspc calibrate' and redo the simulator comparisons, with "
+                         "that run's options and in.jsonl (the other options given here are not used)")
     args = ap.parse_args(argv)
-    if not DATA.exists():
+    old = recorded(args) if args.refit else None
+    if args.refit and old is None:
+        return 2
+    if not args.refit and not DATA.exists():  # a refit reads only --out
         print(f"skipped: {DATA.name} not found next to the project (../shared/data/)")
         return 0
     plans = [p.strip() for p in args.plans.split(",") if p.strip()]
     if plans[0] != "random" or any(p not in ("random", "asp", "asp-step") for p in plans):
         raise SystemExit("--plans: random first, then any of asp, asp-step")
     out = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    if not args.refit:
+        out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // args.workers))}
     aspc = [sys.executable, "-m", "aspc.cli"]
     data = out / "in.jsonl"
-    info = write_input(data, args.prompts, args.samples, args.scale, args.model_data, args.seed,
-                       args.max_prompt_tokens)
-    print(f"lengths of {info['model']} / {args.scale:g}: mean {info['mean']:.1f}, p50 {info['p50']:.0f}, "
-          f"p90 {info['p90']:.0f}, max {info['max']} tokens (cap {args.max_new_tokens})")
+    if old is not None:  # the recorded run's prompts: a refit generates nothing, in.jsonl included
+        info = old.get("input")
+    else:
+        info = write_input(data, args.prompts, args.samples, args.scale, args.model_data, args.seed,
+                           args.max_prompt_tokens)
+    if info is not None:
+        print(f"lengths of {info['model']} / {args.scale:g}: mean {info['mean']:.1f}, p50 {info['p50']:.0f}, "
+              f"p90 {info['p90']:.0f}, max {info['max']} tokens (cap {args.max_new_tokens})")
     common = ["--actual-lengths", data, "--length-field", "lengths", "--workers", args.workers,
               "--global-batch", args.global_batch, "--max-new-tokens", args.max_new_tokens, "--json", "--quiet"]
     modes = [m.strip() for m in args.return_modes.split(",") if m.strip()]
@@ -244,8 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {}
     kappa: float | None = None
     t_start = time.perf_counter()
-    if args.refit:
-        old = json.loads((out / "results.json").read_text())
+    if old is not None:
         results, kappa = old["runs"], old["kappa"]
         plans = list(dict.fromkeys(r["plan"] for r in results.values()))
         modes = list(dict.fromkeys(r["mode"] for r in results.values()))
@@ -385,7 +425,10 @@ def main(argv: list[str] | None = None) -> int:
         row = [f"{p} {same[p]['sim_makespan_fit_random'] / r['sim_makespan_fit_random']:.3f}" for p in plans[1:]]
         print(f"  fit on {key:17} / random: " + ", ".join(row))
     print(f"benchmark wall time: {total:.0f} s")
-    (out / "results.json").write_text(json.dumps({"kappa": kappa, "runs": results}, indent=2) + "\n")
+    options = old["options"] if old is not None else {
+        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k not in NOT_RECORDED}
+    (out / "results.json").write_text(
+        json.dumps({"kappa": kappa, "options": options, "input": info, "runs": results}, indent=2) + "\n")
     return 0
 
 

@@ -45,7 +45,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--init", required=True, help="prior of the per-model predictors (see above)")
     ap.add_argument("--predictors", default=None, help="cache of per-model predictors (rl_reference's --predictors)")
-    ap.add_argument("--models", default=None, help="comma list (default: every model of the validate split)")
+    ap.add_argument("--models", default=None,
+                    help="comma list of model names or substrings (default: every model of the validate split)")
     ap.add_argument("--shares", default="0.1,0.25")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--static", action="store_true", help="also the static predictor (distils MiniLM: ~1 min)")
@@ -60,6 +61,8 @@ def main() -> None:
     from aspc.predict.ridge import ridge_fit
     from aspc.replan import RIDGE_LAMBDAS, used_columns
 
+    rows = R.load_rows()
+    models = R.pick_models(args.models, rows)  # before the static distillation: a typo costs no minute
     table = None
     if args.static:
         from aspc.predict.static import StaticConfig
@@ -67,8 +70,6 @@ def main() -> None:
         from aspc.progress import NULL_PROGRESS
 
         table = _distil(None, None, StaticConfig(), NULL_PROGRESS)
-    rows = R.load_rows()
-    models = args.models.split(",") if args.models else sorted({r["model"] for r in rows if r["split"] == "validate"})
     shares = [float(s) for s in args.shares.split(",")]
     totals: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as t:

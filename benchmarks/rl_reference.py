@@ -83,6 +83,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NoReturn
 
 # One BLAS thread: the per-window ridge refits are small, and a threaded BLAS
 # spinning on a loaded machine made them 4x slower.
@@ -124,6 +125,29 @@ def load_rows():
 
     cols = ["model", "split", "prompt_id", "prompt_text", "output_sizes"]
     return pq.read_table(DATA, columns=cols).to_pylist()
+
+
+def refuse(message: str) -> NoReturn:
+    """One line on stderr and exit 2, as argparse does for a bad option (no traceback for a typo)."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def pick_models(spec: str | None, rows) -> list[str]:
+    """The validate-split models ``--models`` names: comma-separated exact names or substrings.
+
+    A substring takes every model containing it, as ``predict_quality.py --models`` does; a name
+    that matches none is refused here, since an empty model's rows only failed later, deep in
+    training, with "the training set is empty".
+    """
+    known = sorted({r["model"] for r in rows if r["split"] == "validate"})
+    if not spec:
+        return known
+    want = [w.strip() for w in spec.split(",") if w.strip()]
+    unknown = [w for w in want if not any(w in m for m in known)]
+    if unknown or not want:
+        refuse(f"--models: no model matches {', '.join(unknown) or repr(spec)}; known models: {', '.join(known)}")
+    return [m for m in known if any(w == m or (w not in known and w in m) for w in want)]
 
 
 def predictor_for(model: str, rows, cache: Path, init: str | None = None) -> Path:
@@ -362,6 +386,31 @@ def one_repeat(model, rows, pred_dir, tmp, seed, staleness, order=None, only=Non
     return out
 
 
+# Rows one_repeat() produces besides STRATS and the "X K=k" rows; the pooled ones need --pooled.
+EXTRA_ROWS = (
+    "asp+history", "asp e2", "asp+probe", "asp+probe-scratch", "asp+default", "asp+probe+replan", "asp+probe2",
+    "asp+probe2-half",
+)  # fmt: skip
+POOLED_ROWS = (*(f"asp+pooled{s[3:]}" for s in POOLED_BASES), "asp+pooled+probe")
+
+
+def pick_rows(spec: str | None, staleness: list[int], pooled: str | None) -> set[str] | None:
+    """The ``--rows`` names, checked: one_repeat() skips a name it does not know, so a typo ran random alone."""
+    if not spec:
+        return None
+    only = {w.strip() for w in spec.split(",") if w.strip()}
+    bounded = {f"{x} K={k}" for x in STRATS for k in staleness}
+    unknown = sorted(only - {*STRATS, *EXTRA_ROWS, *POOLED_ROWS, *bounded})
+    if unknown:
+        refuse(
+            f"--rows: unknown {', '.join(map(repr, unknown))}; valid: {', '.join([*STRATS, *EXTRA_ROWS, *POOLED_ROWS])}"
+            f", and 'X K=k' for X one of the first {len(STRATS)} and k in --staleness ({','.join(map(str, staleness))})"
+        )
+    if pooled is None and only & set(POOLED_ROWS):
+        refuse(f"--rows {', '.join(sorted(only & set(POOLED_ROWS)))}: needs --pooled DIR")
+    return only
+
+
 def ratio(d, base, key="mean_iteration_time"):
     b = d.get("_base", base[key]) if key == "mean_iteration_time" else base[key]
     return d[key] / b if d.get(key) is not None and b else float("nan")
@@ -369,7 +418,8 @@ def ratio(d, base, key="mean_iteration_time"):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=None, help="comma list (default: every model of the validate split)")
+    ap.add_argument("--models", default=None,
+                    help="comma list of model names or substrings (default: every model of the validate split)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--predictors", default=None, help="directory of per-model predictors (trained here if absent)")
     ap.add_argument("--staleness", default="1,2,4")
@@ -416,10 +466,10 @@ def main() -> None:
         import aspc.rolling_scout
 
         aspc.rolling_scout.ROLL_AT = float(args.roll_at)
-    rows = load_rows()
-    models = args.models.split(",") if args.models else sorted({r["model"] for r in rows if r["split"] == "validate"})
     staleness = [int(k) for k in args.staleness.split(",") if k]
-    only = set(args.rows.split(",")) if args.rows else None
+    only = pick_rows(args.rows, staleness, args.pooled)
+    rows = load_rows()
+    models = pick_models(args.models, rows)
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         cache = Path(args.predictors) if args.predictors else tmp / "pred"

@@ -245,7 +245,8 @@ def cut_scout_kept(recs, pred, cfg, rc, end_r: float, tokens: int | None = None)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=None, help="comma list (default: every model of the validate split)")
+    ap.add_argument("--models", default=None,
+                    help="comma list of model names or substrings (default: every model of the validate split)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--predictors", default=None, help="directory of per-model predictors (trained here if absent)")
     ap.add_argument("--scout-tokens", type=int, default=None, help="the cut scout's T (default: the cap / 4)")
@@ -256,7 +257,7 @@ def main() -> None:
     if not R.use_data(args.data):
         return
     rows = R.load_rows()
-    models = args.models.split(",") if args.models else sorted({r["model"] for r in rows if r["split"] == "validate"})
+    models = R.pick_models(args.models, rows)
     cols = (
         "asp", "scout pass", "scout", "scout, trainer after",
         "cut scout", "cut scout, keep", "cut scout, keep, trainer after", "kept share",

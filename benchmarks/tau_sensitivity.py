@@ -35,7 +35,8 @@ import rl_reference as R  # noqa: E402 - the scenario's constants and inputs
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=None, help="comma list (default: every model of the validate split)")
+    ap.add_argument("--models", default=None,
+                    help="comma list of model names or substrings (default: every model of the validate split)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--sigmas", default="0,0.3,0.5,0.65,0.8,1.2,2")
     R.data_option(ap)
@@ -50,7 +51,7 @@ def main() -> None:
     from aspc.runtime import RunConfig, run
 
     rows = R.load_rows()
-    models = args.models.split(",") if args.models else sorted({r["model"] for r in rows if r["split"] == "validate"})
+    models = R.pick_models(args.models, rows)
     sigmas = [float(s) for s in args.sigmas.split(",")]
     taus: dict[float, list[float]] = {s: [] for s in sigmas}
     ratios: dict[float, list[float]] = {s: [] for s in sigmas}

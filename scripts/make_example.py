@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -36,17 +37,43 @@ def main() -> int:
     if not DATA.exists():
         print("data not found at ../shared/data/castillo-dev.parquet; nothing to do", file=sys.stderr)
         return 1
+    if args.output.is_dir() or not args.output.parent.is_dir():
+        what = "is a directory" if args.output.is_dir() else f"no directory {args.output.parent}"
+        print(f"make_example.py: error: -o {args.output}: {what}", file=sys.stderr)
+        return 2
     t = pq.read_table(DATA)
-    t = t.filter(pc.and_(pc.equal(t["split"], "validate"), pc.equal(t["model"], args.model)))
+    t = t.filter(pc.equal(t["split"], "validate"))
+    if args.model not in set(t["model"].to_pylist()):
+        known = ", ".join(sorted(set(t["model"].to_pylist())))
+        print(f"make_example.py: error: --model {args.model!r} is not in the data; known models: {known}",
+              file=sys.stderr)
+        return 2
+    t = t.filter(pc.equal(t["model"], args.model))
     t = t.filter(pc.less_equal(pc.utf8_length(t["prompt_text"]), args.max_prompt_chars))
     idx = np.sort(np.random.default_rng(args.seed).choice(t.num_rows, size=min(args.n, t.num_rows), replace=False))
     rows = t.take(idx).to_pylist()
-    with open(args.output, "w", encoding="utf-8") as fh:
-        for r in rows:
-            rec = {"id": r["prompt_id"], "prompt": r["prompt_text"], "lengths": r["output_sizes"], "dataset": r["dataset"]}
-            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
-    print(f"wrote {len(rows)} prompts of {args.model} to {args.output.relative_to(ROOT)}")
+    # Written beside the target and renamed over it: a failure midway leaves the old file, not half a new one.
+    tmp = args.output.with_name(f".{args.output.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for r in rows:
+                rec = {"id": r["prompt_id"], "prompt": r["prompt_text"], "lengths": r["output_sizes"],
+                       "dataset": r["dataset"]}
+                fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        os.replace(tmp, args.output)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    print(f"wrote {len(rows)} prompts of {args.model} to {shown(args.output)}")
     return 0
+
+
+def shown(path: Path) -> Path:
+    """``path`` relative to the repository where it lies inside it (as before), else as given."""
+    try:
+        return path.resolve().relative_to(ROOT)
+    except ValueError:
+        return path
 
 
 if __name__ == "__main__":

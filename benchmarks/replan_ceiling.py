@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--predictors", default=None, help="cache of per-model predictors (rl_reference's --predictors)")
     ap.add_argument("--models", default=None,
                     help="comma list of model names or substrings (default: every model of the validate split)")
-    ap.add_argument("--shares", default="0.1,0.25")
+    ap.add_argument("--shares", type=R.comma_list(float), default=[0.1, 0.25])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--static", action="store_true", help="also the static predictor (distils MiniLM: ~1 min)")
     R.data_option(ap)
@@ -70,7 +70,7 @@ def main() -> None:
         from aspc.progress import NULL_PROGRESS
 
         table = _distil(None, None, StaticConfig(), NULL_PROGRESS)
-    shares = [float(s) for s in args.shares.split(",")]
+    shares = args.shares
     totals: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as t:
         cache = Path(args.predictors) if args.predictors else Path(t)

@@ -133,6 +133,18 @@ def refuse(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def comma_list(cast):
+    """An argparse ``type``: a comma list of ``cast`` values (a bad one is argparse's one-line error, exit 2)."""
+
+    def parse(text: str) -> list:
+        try:
+            return [cast(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of {cast.__name__} values") from None
+
+    return parse
+
+
 def pick_models(spec: str | None, rows) -> list[str]:
     """The validate-split models ``--models`` names: comma-separated exact names or substrings.
 
@@ -422,7 +434,7 @@ def main() -> None:
                     help="comma list of model names or substrings (default: every model of the validate split)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--predictors", default=None, help="directory of per-model predictors (trained here if absent)")
-    ap.add_argument("--staleness", default="1,2,4")
+    ap.add_argument("--staleness", type=comma_list(int), default=[1, 2, 4])
     ap.add_argument("--order", choices=["lpt", "interleave", "ascending"], default=None,
                     help="asp's dispatch order (default: lpt; ascending in the rows under --max-staleness)")
     ap.add_argument("--scout-tokens", type=int, default=None, help="asp+scout's cut T (default: the cap / 4)")
@@ -466,7 +478,7 @@ def main() -> None:
         import aspc.rolling_scout
 
         aspc.rolling_scout.ROLL_AT = float(args.roll_at)
-    staleness = [int(k) for k in args.staleness.split(",") if k]
+    staleness = args.staleness
     only = pick_rows(args.rows, staleness, args.pooled)
     rows = load_rows()
     models = pick_models(args.models, rows)

@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--models", default=None,
                     help="comma list of model names or substrings (default: every model of the validate split)")
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--sigmas", default="0,0.3,0.5,0.65,0.8,1.2,2")
+    ap.add_argument("--sigmas", type=R.comma_list(float), default=[0, 0.3, 0.5, 0.65, 0.8, 1.2, 2])
     R.data_option(ap)
     args = ap.parse_args()
     if not R.use_data(args.data):
@@ -52,7 +52,7 @@ def main() -> None:
 
     rows = R.load_rows()
     models = R.pick_models(args.models, rows)
-    sigmas = [float(s) for s in args.sigmas.split(",")]
+    sigmas = args.sigmas
     taus: dict[float, list[float]] = {s: [] for s in sigmas}
     ratios: dict[float, list[float]] = {s: [] for s in sigmas}
     print(f"asp/random with synthetic predictions (true mean x lognormal noise), {args.repeats} seeds per model")

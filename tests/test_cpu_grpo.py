@@ -145,6 +145,17 @@ def test_grpo_checkpoint_resumes_the_exact_training_state(model_dir, tmp_path):
     c.restore(2)  # the one before the newest is kept: a kill between checkpoint and log commit
     assert all(torch.equal(c.current_weights()[k], v) for k, v in w.items())
 
+    # A new run of the same plan (another attempt, or another --log sharing the directory) pruned
+    # these and a resume of it restored them: another run's weights and optimiser state.
+    from aspc.errors import ConfigError
+
+    before = names
+    d = GRPOTrainer(model_dir, reward, checkpoint_dir=tmp_path / "ckpt")
+    d.setup(work)
+    with pytest.raises(ConfigError, match=r"already holds checkpoints of this plan from another run \(versions 2, 3\)"):
+        d.step(_batch(0, 0))
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("ckpt-*.pt")) == before
+
 
 def test_grpo_resume_refuses_what_it_cannot_restore(model_dir, tmp_path):
     from aspc.errors import ConfigError

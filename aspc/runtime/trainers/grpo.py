@@ -127,6 +127,7 @@ class GRPOTrainer(Trainer):
         # Every run (each epoch too) names its checkpoints by its own plan, as set up (before revisions).
         self._plan = ckpt.plan_fingerprint(work)
         self._logged, self._version, self._saved = None, 0, 0
+        self._resumed = False  # restore() called: a resume, whose run wrote this plan's checkpoints
         self._total = 0 if work is None else int(work.n_total_samples)
         if self._model is not None:
             # Set up again before close(): the next epoch of the same run, whose
@@ -164,6 +165,8 @@ class GRPOTrainer(Trainer):
 
         if self._model is None:
             raise RunError("GRPOTrainer.step called before setup(); this is a bug in the engine")
+        if batch.step == 0 and not self._resumed:
+            self._refuse_foreign_checkpoints()
         if batch.payload is None or any(p is None for p in batch.payload):
             raise ConfigError("the GRPO trainer needs generated tokens: use --backend hf or vllm, not sim (a resumed "
                               "run whose log stored none for its waiting samples cannot give them: rerun with --overwrite)")
@@ -250,6 +253,25 @@ class GRPOTrainer(Trainer):
         return ("this GRPO trainer keeps no checkpoints (give the next run a checkpoint_dir, the example's "
                 "--trainer-arg checkpoint_dir=DIR, to make it resumable)")
 
+    def _refuse_foreign_checkpoints(self) -> None:
+        """A new run (no restore) must not meet this plan's checkpoints: another run wrote them.
+
+        Checkpoints are named by plan, and an earlier attempt at the same plan
+        (or a run with another ``--log`` sharing the directory) would have its
+        files pruned by this run, and a resume of this run restore them,
+        training on from another run's weights and optimiser state.
+        """
+        if self.checkpoint_dir is None:
+            return
+        theirs = {v: p for v, p in ckpt.versions(self.checkpoint_dir, self._plan).items() if p not in self._mine}
+        if theirs:
+            raise ConfigError(
+                f"checkpoint_dir {self.checkpoint_dir} already holds checkpoints of this plan from another run "
+                f"(versions {', '.join(map(str, sorted(theirs)))}): this new run would prune them and its --resume "
+                f"could restore them; give the run its own checkpoint_dir, or remove them "
+                f"({self.checkpoint_dir}/ckpt-{self._plan}-v*.pt) if that run is over"
+            )
+
     def restore(self, version: int) -> Any:
         """Go on from the checkpoint of ``version`` (the steps the resumed run log holds); see the module notes.
 
@@ -259,6 +281,7 @@ class GRPOTrainer(Trainer):
             ``version`` > 0 and no checkpoint of it for this plan in
             ``checkpoint_dir`` (none given, or the files are gone).
         """
+        self._resumed = True
         if version == 0:
             return None  # the initial weights, as set up
         refusal = self.resume_refusal()

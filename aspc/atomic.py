@@ -70,7 +70,7 @@ def _tmp_prefix(target: Path) -> str:
     return f".{_stem(target)}.{os.getpid()}."
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True
     try:
@@ -99,7 +99,7 @@ def remove_stale_temps(target: str | os.PathLike) -> list[Path]:
         return removed
     for p in siblings:
         m = pattern.match(p.name)
-        if m is None or _pid_alive(int(m.group(1) or m.group(2))):
+        if m is None or pid_alive(int(m.group(1) or m.group(2))):
             continue
         try:
             if p.is_dir() and not p.is_symlink():

@@ -11,6 +11,7 @@ leaves every file of the directory as it was.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -243,13 +244,15 @@ def test_a_log_killed_before_its_first_meta_json_starts_afresh(setup, tmp_path, 
     r = _run_plan(setup, log, *flag)
     assert r.exit_code == 0, r.output
     assert not list(log.glob(".*.tmp"))
-    # A file of the user's beside the same leftovers is still refused.
-    other = _skeleton(tmp_path / "MINE")
-    (other / "notes.txt").write_text("mine")
-    before = _snapshot(other)
-    r = _run_plan(setup, other, *flag)
-    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
-    assert _snapshot(other) == before
+    # A file of the user's beside the same leftovers is still refused, one named like a temporary too,
+    # and so is a temporary whose writer is alive (this process).
+    for name in ("notes.txt", ".notes.2024.draft.tmp", f".meta.json.{os.getpid()}.live.tmp"):
+        other = _skeleton(tmp_path / f"MINE{len(name)}")
+        (other / name).write_text("mine")
+        before = _snapshot(other)
+        r = _run_plan(setup, other, *flag)
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+        assert _snapshot(other) == before
 
 
 def test_epochs_killed_while_an_epoch_log_or_plan_was_created_resume(setup, tmp_path):

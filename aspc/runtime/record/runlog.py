@@ -59,6 +59,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from aspc.atomic import pid_alive
 from aspc.errors import RunError, epochs_root_hint, short_reason
 from aspc.io.runlog_meta import check_runlog_version, committed, is_runlog_meta, part_ranges
 from aspc.runtime.record.lock import LOCK_FILE
@@ -182,8 +183,11 @@ def is_run_log(path: str | os.PathLike) -> bool:
     return (Path(path) / META_FILE).is_file()
 
 
-# aspc.atomic's temporaries (.NAME.PID.X.tmp) and the folders a writer makes before its first meta.json.
-_TEMP = re.compile(r"^\..+\.\d+\.[A-Za-z0-9_]+\.tmp$")
+# aspc.atomic's temporaries (.NAME.PID.X.tmp) of a run log's own files, and the folders a writer makes
+# before its first meta.json.
+_TEMP = re.compile(
+    r"^\.(?:meta\.json|plan\.parquet|(?:part-\d{6}|epoch-\d+|revision-\d+)\.parquet)\.(\d+)\.[A-Za-z0-9_]+\.tmp$"
+)
 _SKELETON_DIRS = frozenset({*SCHEMAS, "plans", "payloads"})
 
 
@@ -201,13 +205,18 @@ def never_started(path: str | os.PathLike) -> bool:
     if not p.is_dir() or is_run_log(p):
         return False
     for e in p.iterdir():
-        if e.name == LOCK_FILE or (_TEMP.match(e.name) and e.is_file() and not e.is_symlink()):
+        if e.name == LOCK_FILE or _leftover_temp(e):
             continue
-        if e.name in _SKELETON_DIRS and e.is_dir() and not e.is_symlink():
-            if all(_TEMP.match(x.name) and x.is_file() and not x.is_symlink() for x in e.iterdir()):
-                continue
+        if e.name in _SKELETON_DIRS and e.is_dir() and not e.is_symlink() and all(map(_leftover_temp, e.iterdir())):
+            continue
         return False
     return True
+
+
+def _leftover_temp(e: Path) -> bool:
+    """A temporary of a run log's own file whose writer is gone (a live one's is its writer's, not a leftover)."""
+    m = _TEMP.match(e.name)
+    return m is not None and e.is_file() and not e.is_symlink() and not pid_alive(int(m.group(1)))
 
 
 

@@ -316,6 +316,8 @@ def test_a_resume_without_the_runs_trainer_is_refused(plan, user_dir):
         assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
         assert "the trainer (good_trainer_mod.SelfInterrupting in the log" in r.output, r.output
         assert (run_dir / "meta.json").read_bytes() == before
-    r = CliRunner().invoke(main, [*args, "--trainer", "good_trainer_mod:self_interrupting", "--trainer-arg", "at=-1",
+    # The same class imported by another path (a copy of the module here) is the same trainer.
+    (user_dir / "same_trainer_mod.py").write_text((user_dir / "good_trainer_mod.py").read_text())
+    r = CliRunner().invoke(main, [*args, "--trainer", "same_trainer_mod:self_interrupting", "--trainer-arg", "at=-1",
                                   "--resume"])  # fmt: skip
     assert r.exit_code == 0, r.output

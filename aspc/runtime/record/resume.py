@@ -111,8 +111,11 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
         diffs.append(f"--scout-keep ({_kept(old_run.get('carried'))} in the log, {_kept(new['run'].get('carried'))} now)")
     if old_run.get("held") != new["run"].get("held"):
         diffs.append(f"the rolling scout ({_held(old_run.get('held'))} in the log, {_held(new['run'].get('held'))} now)")
-    if old_run.get("trainer") not in (None, new["run"]["trainer"]):  # logs before the record carry none
-        diffs.append(f"the trainer ({old_run['trainer']} in the log, {new['run']['trainer']} now: --trainer)")
+    # The class's name, not its module: the same trainer imported by another path (`__main__.T`, `train.T`;
+    # --trainer trainer:f or examples.x.trainer:f) is the same trainer. Logs before the record carry none.
+    was_trainer, now_trainer = old_run.get("trainer"), new["run"]["trainer"]
+    if was_trainer is not None and was_trainer.rsplit(".", 1)[-1] != now_trainer.rsplit(".", 1)[-1]:
+        diffs.append(f"the trainer ({was_trainer} in the log, {now_trainer} now: resume with the run's --trainer)")
     was, now = old_run.get("sampling"), new["run"].get("sampling")
     if was is not None and now is not None:  # logs before the record carry none and are not compared
         flag = {"replay": "--replay-lengths"}

@@ -99,19 +99,19 @@ def left_over_note(results: dict[str, Any], global_batch: int) -> str | None:
     as a plan's longest minibatch dispatched last, costs nothing there and a
     strategy that leaves its longest work for the end looks faster than it is.
     """
-    first = {name: (r[0] if isinstance(r, list) else r).summary for name, r in results.items()}
-    left = {name: s.samples_left_over for name, s in first.items() if s.samples_left_over}
-    if not left:
+    # Every repeat's plan: a rolling scout keeps a different number of responses in each.
+    runs = [(name, s.summary) for name, r in results.items() for s in (r if isinstance(r, list) else [r])]
+    worst_name, worst = max(runs, key=lambda run: run[1].samples_left_over)
+    if not worst.samples_left_over:
         return None
-    worst = max(left, key=left.__getitem__)
-    sizes = {s.samples_planned for s in first.values()}
+    sizes = {s.samples_planned for _, s in runs}
     # Count and total of one plan: a rolling scout's kept responses make its plan larger than the others'.
-    whose = "the plans'" if len(sizes) == 1 else f"{worst}'s"
+    whose = "the plans'" if len(sizes) == 1 else f"{worst_name}'s"
     # A batch that consumes every plan whole: a divisor of all their sizes (never the batch that left these).
     common = math.gcd(*sizes)
     fits = [d for d in range(global_batch - 1, 0, -1) if common % d == 0]
     better = f"; --global-batch {fits[0]} consumes all of them" if fits and fits[0] * 2 >= global_batch else ""
-    return (f"{left[worst]} of {whose} {first[worst].samples_planned} samples are generated but no trainer step "
+    return (f"{worst.samples_left_over} of {whose} {worst.samples_planned} samples are generated but no trainer step "
             f"consumes them (--global-batch {global_batch}): the iteration times end at the last step and leave out "
             f"whatever generation ends after it, which flatters a strategy that dispatches its longest work "
             f"last{better}")  # fmt: skip

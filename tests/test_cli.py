@@ -272,3 +272,6 @@ def test_the_left_over_note_counts_and_totals_one_plan_and_never_suggests_the_ba
     note = left_over_note({"random": res(4800, 192), "asp": res(4800, 192)}, 256)
     assert note.startswith("192 of the plans' 4800 samples") and note.endswith("--global-batch 240 consumes all of them")
     assert left_over_note({"random": res(4800, 0)}, 240) is None
+    # Repeats keep different numbers of scout responses: the note reads every repeat, not the first.
+    note = left_over_note({"random": [res(4800, 0), res(4800, 0)], "asp+scout+roll": [res(4800, 0), res(4807, 7)]}, 240)
+    assert note.startswith("7 of asp+scout+roll's 4807 samples") and "consumes all of them" not in note, note

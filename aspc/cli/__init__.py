@@ -59,7 +59,7 @@ def _output_line(exc: OSError) -> click.ClickException:
     """click's own output failed: one line (exit 2), or a silent exit 141 when the reader closed the pipe."""
     from aspc.cli.common import stdout_failure
 
-    err = stdout_failure(exc)
+    err = stdout_failure(exc, "the help or version text")
     if err.pipe_closed:
         sys.exit(128 + 13)
     line = click.ClickException(str(err))

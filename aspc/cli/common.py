@@ -58,8 +58,8 @@ class _Stdout:
             raise stdout_failure(exc) from None
 
 
-def stdout_failure(exc: OSError) -> StdoutError:
-    """The one-line error for a failed write to stdout; stdout is silenced so that the exit's flush cannot fail too."""
+def stdout_failure(exc: OSError, what: str = "the result") -> StdoutError:
+    """The one-line error for a failed write of ``what`` to stdout; stdout is silenced so the exit's flush cannot fail."""
     _silence_stdout()
     if exc.errno == errno.EPIPE:
         err = StdoutError("stdout: the reader closed the pipe")
@@ -68,7 +68,7 @@ def stdout_failure(exc: OSError) -> StdoutError:
     why = exc.strerror or type(exc).__name__
     fix = "free space, or send the output elsewhere" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else (
         "send the output elsewhere")  # fmt: skip
-    return StdoutError(f"cannot write the result to stdout: {why}; {fix}")
+    return StdoutError(f"cannot write {what} to stdout: {why}; {fix}")
 
 
 def _silence_stdout() -> None:

@@ -183,6 +183,8 @@ def test_cli_contract_response_len_is_the_replayed_length(tmp_path, model_dir):
         (["--model", "{model}", "--device", "npu"], "torch-npu"),
         (["--model", "{model}", "--device", "gpu:0"], "--device"),
         (["--model", "{model}", "--temperature", "-1"], "--temperature"),
+        # 1e-40 passed the check, then every minibatch failed ("probability tensor contains inf") and the log was left failed
+        (["--model", "{model}", "--temperature", "1e-40"], "too small to sample with (below 1e-05); pass 0 for greedy"),
         ([], "--model"),
     ],
 )

@@ -64,6 +64,10 @@ class GenerationOptions:
         return GenerationOptions(**{**self.__dict__, "replay_lengths": None, "replay": False})
 
 
+# Below it vLLM treats a temperature as greedy (its sampling epsilon) and hf's logits / T overflow.
+MIN_TEMPERATURE = 1e-5
+
+
 def check_sampling(temperature: float | None, top_p: float | None, top_k: int | None) -> None:
     """Sampling values no generation could use (``None``: left at the default).
 
@@ -72,6 +76,10 @@ def check_sampling(temperature: float | None, top_p: float | None, top_k: int | 
     """
     if temperature is not None and (not math.isfinite(temperature) or temperature < 0):
         raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    if temperature is not None and 0 < temperature < MIN_TEMPERATURE:
+        # Logits divided by it overflow float32 (hf: every minibatch failed at run time); vLLM decodes greedily.
+        raise ConfigError(f"--temperature {temperature} is too small to sample with (below {MIN_TEMPERATURE:g}); "
+                          "pass 0 for greedy decoding")  # fmt: skip
     if top_p is not None and not (0 < top_p <= 1):
         raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
     if top_k is not None and not 0 <= top_k <= 2**31 - 1:  # engines hold k in an int32

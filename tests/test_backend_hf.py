@@ -468,3 +468,21 @@ def test_resume_knows_the_model_by_its_directory_however_spelled(tmp_path, model
     dotted = ["." if a == str(model_dir) else a for a in args]
     r = CliRunner().invoke(main, [*dotted, "--resume"])
     assert r.exit_code == 0 and "already complete" in r.output, r.output
+
+
+def test_a_speed_probe_the_model_context_cannot_hold_says_to_drop_it(tmp_path):
+    # The probe's prompt is aspc's own: the advice was "lower --max-new-tokens 33 (never given) or shorten the prompt".
+    from aspc.runtime.backends.base import PROBE_TOKENS, probe_request
+    from aspc.testing.tiny_model import save_tiny_causal_lm
+
+    # One character is one token: the plan's prompts fit, the probe's do not.
+    model = save_tiny_causal_lm(tmp_path / "short", max_positions=80)
+    data, plan, _ = _contract_files(tmp_path, n=4)
+    run_dir = tmp_path / "RUN"
+    args = [*_contract_args(plan, model, data, run_dir), "--max-new-tokens", "16", "--speed-probe"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert f"--speed-probe: its reference minibatch needs {len(probe_request().prompts[0]) + PROBE_TOKENS + 1} positions per sequence" in r.output
+    assert "drop --speed-probe for this model" in r.output and not run_dir.exists(), r.output
+    r = CliRunner().invoke(main, args[:-1])
+    assert r.exit_code == 0, r.output

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from aspc.emit import schema as S
-from aspc.errors import RunError
+from aspc.errors import ConfigError, InputError, RunError
 from aspc.runtime.backends.options import DEFAULT_MAX_NEW_TOKENS, GenerationOptions
 from aspc.runtime.contracts import Clock, GenerationBackend, GenerationResult
 from aspc.runtime.lengths import join_actual_lengths
@@ -283,7 +283,15 @@ class ModelBackend(GenerationBackend):
         Runs through :meth:`execute`, the path every minibatch takes, with
         replayed lengths: the same work on every machine, model and plan.
         """
-        return float(self.execute(worker, probe_request()).elapsed)
+        try:
+            return float(self.execute(worker, probe_request()).elapsed)
+        except InputError as exc:
+            if not hasattr(exc, "context"):
+                raise
+            # The prompt is aspc's own: "lower --max-new-tokens or shorten the prompt" was advice no one could take.
+            needed, limit = exc.context
+            raise ConfigError(f"--speed-probe: its reference minibatch needs {needed} positions per sequence, more "
+                              f"than {limit}; drop --speed-probe for this model") from None  # fmt: skip
 
     def weights_version(self, worker: int) -> int:
         """The weights version ``worker``'s model holds (0 until its first reload)."""

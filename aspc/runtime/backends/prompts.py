@@ -59,10 +59,12 @@ def check_prompt_fits(prompt_id: str, n_tokens: int, max_new_tokens: int, limit:
         return
     room = limit - n_tokens
     fix = f"lower --max-new-tokens to {room} or less, or " if room > 0 else ""
-    raise InputError(
+    err = InputError(
         f"prompt {prompt_id!r} is {n_tokens} tokens; with --max-new-tokens {max_new_tokens} it needs "
         f"{n_tokens + max_new_tokens} positions, more than {limit_name} {limit}; {fix}drop or shorten the prompt"
     )
+    err.context = (n_tokens + max_new_tokens, f"{limit_name} {limit}")  # for callers whose prompt is aspc's own
+    raise err
 
 
 def plan_prompt_tokens(work: Any, tokenizer: Any) -> dict[str, list[int]]:

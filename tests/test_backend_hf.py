@@ -180,6 +180,8 @@ def test_cli_contract_response_len_is_the_replayed_length(tmp_path, model_dir):
         (["--model", "{tmp}/nope"], "no such directory"),
         (["--model", "{tmp}/empty"], "no config.json"),
         (["--model", "{tmp}/encoder"], "not a causal LM"),
+        # transformers took it for a torch file: an UnpicklingError after 12 s of loading
+        (["--model", "{tmp}/COPY.GGUF"], "name the file with a lower-case .gguf suffix"),
         (["--model", "{model}", "--device", "npu"], "torch-npu"),
         (["--model", "{model}", "--device", "gpu:0"], "--device"),
         (["--model", "{model}", "--temperature", "-1"], "--temperature"),
@@ -192,6 +194,7 @@ def test_bad_input_one_line_errors(tmp_path, model_dir, extra, fragment):
     if "torch-npu" in fragment and __import__("importlib").util.find_spec("torch_npu") is not None:
         pytest.skip("torch-npu is installed here")
     (tmp_path / "empty").mkdir()
+    (tmp_path / "COPY.GGUF").write_bytes(b"GGUF")
     (tmp_path / "encoder").mkdir()
     (tmp_path / "encoder" / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5Model"]}))
     data, plan, _ = _contract_files(tmp_path, n=4)

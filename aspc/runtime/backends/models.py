@@ -151,6 +151,9 @@ def resolve_model(spec: str | os.PathLike) -> Path:
     path = Path(s).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf(path)
+    if path.is_file() and path.suffix.lower() == ".gguf":  # transformers tells a GGUF file by its exact suffix
+        raise BackendError(f"--model {s}: name the file with a lower-case .gguf suffix (transformers reads GGUF "
+                           "weights only by that name)")  # fmt: skip
     if not path.exists():
         aliases = ", ".join(BUNDLED_MODELS)
         raise BackendError(f"--model {s}: no such directory; pass a local Hugging Face model directory, "

@@ -489,3 +489,15 @@ def test_a_speed_probe_the_model_context_cannot_hold_says_to_drop_it(tmp_path):
     assert "drop --speed-probe for this model" in r.output and not run_dir.exists(), r.output
     r = CliRunner().invoke(main, args[:-1])
     assert r.exit_code == 0, r.output
+
+
+def test_replayed_lengths_reused_cyclically_are_noted_as_the_sim_notes_them(tmp_path, model_dir):
+    data, _, _ = _contract_files(tmp_path, n=4)  # 2 recorded lengths per prompt
+    plan = tmp_path / "plan3.parquet"
+    r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "--samples-per-prompt", "3",
+                                  "--batch-size", "4", "-o", str(plan), "--quiet"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    args = _contract_args(plan, model_dir, data, tmp_path / "RUN")
+    r = CliRunner().invoke(main, args[:-1])  # without --json: the notes
+    assert r.exit_code == 0, r.output
+    assert "4 prompts have fewer observed lengths than samples; their lengths are reused cyclically" in " ".join(r.output.split())

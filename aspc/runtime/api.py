@@ -391,7 +391,7 @@ def _run_locked(
         )
         if probes is not None:
             probes = {"before": probes, "after": speed_probes(engine, config.workers, notes)}
-        notes += replanner.notes() if replanner is not None else []
+        notes += (replanner.notes() if replanner is not None else []) + list(getattr(backend, "setup_notes", []))
     except BaseException as exc:
         if writer is not None and refused and isinstance(exc, AspcError):
             writer.put_back()

@@ -73,6 +73,7 @@ class ModelBackend(GenerationBackend):
         self.device_share: float | None = None
         self._work: WorkPlan | None = None
         self._replay: np.ndarray | None = None  # int64 per global sample id (replay mode)
+        self.setup_notes: list[str] = []  # diagnostics of setup() the run reports (cyclic replay lengths)
         self._version: dict[int, int] = {}  # worker -> weights version its model holds
         self._busy: dict[int, bool] = {}  # worker -> generating now (reloads must not happen then)
         self._lock = threading.Lock()
@@ -104,12 +105,13 @@ class ModelBackend(GenerationBackend):
         self.n_workers = n_workers
         if self.options.replay:
             assert self.options.replay_lengths is not None  # GenerationOptions.validate checked it
-            self._replay = join_actual_lengths(
+            joined = join_actual_lengths(
                 work,
                 self.options.replay_lengths,
                 max_new_tokens=self.options.max_new_tokens,
                 source_name=self.options.replay_source,
-            ).response_len
+            )
+            self._replay, self.setup_notes = joined.response_len, list(joined.notes)
         served = range(n_workers) if self.serve_workers is None else self.serve_workers
         for w in served:
             self.start_worker(w)

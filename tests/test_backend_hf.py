@@ -69,6 +69,9 @@ def test_chat_and_plain_prompts_generate_real_tokens(model_dir):
     tok = load_tokenizer(model_dir)
     assert parse_chat(chat) == [{"role": "user", "content": "hi"}]
     assert parse_chat("[not json") is None and parse_chat("plain") is None
+    # Plain text that looks like a chat list is not aspc's stored form: it was run as a chat.
+    assert parse_chat('[{"role": "user", "content": "hi"}]') is None
+    assert render_prompt('[{"role": "user", "content": "hi"}]', tok) == ('[{"role": "user", "content": "hi"}]', False)
     text, templated = render_prompt(chat, tok)
     assert text == "user: hi\nassistant: " and templated
     assert render_prompt("plain text", tok) == ("plain text", False)

@@ -49,11 +49,11 @@ from aspc.errors import ConfigError, InputError, PlanError, short_reason
 from aspc.export.overrides import override_args, verl_settings
 from aspc.export.source import check_rows, locate_source, source_records, source_table
 from aspc.guards import check_output
+from aspc.io.rows import chat_messages
 
 FORMATS = EXPORT_FORMATS
 DEFAULT_DATA_SOURCE = "aspc"  # verl picks the reward function by data_source; set yours with --data-source
 ASPC_KEY = "aspc"  # extra_info key holding aspc's schedule fields
-CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 
 MESSAGE_TYPE = pa.struct([pa.field("role", pa.string()), pa.field("content", pa.string())])
 ASPC_FIELDS = (
@@ -103,32 +103,6 @@ class ExportResult:
             "warnings": self.warnings,
             "verl_overrides": self.verl_overrides(),
         }
-
-
-def chat_messages(stored: str) -> list[dict[str, str]] | None:
-    """The chat messages of a plan ``prompt`` cell, or ``None`` when it holds plain text.
-
-    ``aspc.io`` stores a chat as compact JSON (``separators=(",", ":")``,
-    keys ``role`` then ``content``); only a cell that parses to such a list
-    and re-serialises to the very same string is a chat, so text that merely
-    looks like JSON stays text.
-    """
-    if not stored.startswith('[{"role":'):
-        return None
-    try:
-        value = json.loads(stored)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(value, list) or not value:
-        return None
-    for m in value:
-        if not isinstance(m, dict) or list(m) != ["role", "content"]:
-            return None
-        if m["role"] not in CHAT_ROLES or not isinstance(m["content"], str):
-            return None
-    if json.dumps(value, ensure_ascii=False, separators=(",", ":")) != stored:
-        return None
-    return value
 
 
 def _as_chat(stored: str) -> list[dict[str, str]]:

@@ -59,6 +59,32 @@ def _canonical_chat(messages: list[Any]) -> tuple[str, str]:
     return stored, text
 
 
+def chat_messages(stored: str) -> list[dict[str, str]] | None:
+    """The chat messages of a plan ``prompt`` cell, or ``None`` when it holds plain text.
+
+    ``aspc.io`` stores a chat as compact JSON (``separators=(",", ":")``,
+    keys ``role`` then ``content``); only a cell that parses to such a list
+    and re-serialises to the very same string is a chat, so text that merely
+    looks like JSON stays text.
+    """
+    if not stored.startswith('[{"role":'):
+        return None
+    try:
+        value = json.loads(stored)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, list) or not value:
+        return None
+    for m in value:
+        if not isinstance(m, dict) or list(m) != ["role", "content"]:
+            return None
+        if m["role"] not in CHAT_ROLES or not isinstance(m["content"], str):
+            return None
+    if json.dumps(value, ensure_ascii=False, separators=(",", ":")) != stored:
+        return None
+    return value
+
+
 def parse_prompt_value(value: Any) -> tuple[str, str]:
     """Validate a prompt value (text or chat list); return its stored form and plain text."""
     if isinstance(value, str):

@@ -29,6 +29,7 @@ import numpy as np
 from aspc.choices import ON_BAD_LINE
 from aspc.errors import InputError, short_reason
 from aspc.io.lengths import committed_sample_parts
+from aspc.io.rows import chat_messages
 from aspc.io.runlog_meta import refuse_runlog_meta
 
 PLAN_IN_LOG = "plan.parquet"
@@ -71,14 +72,8 @@ def keep_plan_in_log(plan_path: str | os.PathLike, log_dir: str | os.PathLike) -
 
 def plan_text(stored: str) -> str:
     """Plain text of a plan's ``prompt`` cell: the text itself, or chat messages joined."""
-    if stored.startswith("[{"):
-        try:
-            msgs = json.loads(stored)
-        except ValueError:
-            return stored
-        if isinstance(msgs, list) and all(isinstance(m, dict) and "content" in m for m in msgs):
-            return "\n\n".join(str(m["content"]) for m in msgs)
-    return stored
+    msgs = chat_messages(stored)  # only aspc's stored form: text that looks like a chat list stays text
+    return stored if msgs is None else "\n\n".join(m["content"] for m in msgs)
 
 
 def read_run_log_pairs(

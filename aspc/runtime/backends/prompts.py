@@ -9,27 +9,20 @@ generation prompt appended; a tokenizer without a template gets a plain
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aspc.emit import schema as S
 from aspc.errors import InputError
+from aspc.io.rows import chat_messages
 
 
 def parse_chat(prompt: str) -> list[dict[str, str]] | None:
-    """The chat messages stored in ``prompt``, or ``None`` if it is plain text."""
-    if not prompt.startswith("[{"):
-        return None
-    try:
-        value = json.loads(prompt)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(value, list) or not value:
-        return None
-    for m in value:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            return None
-    return value
+    """The chat messages stored in ``prompt``, or ``None`` if it is plain text.
+
+    Only the compact form ``aspc.io`` stores a chat in counts: a plain-text
+    prompt that merely looks like a JSON chat list was run as a chat.
+    """
+    return chat_messages(prompt)
 
 
 def render_prompt(prompt: str, tokenizer: Any) -> tuple[str, bool]:

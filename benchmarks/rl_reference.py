@@ -133,14 +133,20 @@ def refuse(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
-def comma_list(cast):
-    """An argparse ``type``: a comma list of ``cast`` values (a bad one is argparse's one-line error, exit 2)."""
+def comma_list(cast, *, empty: bool = False):
+    """An argparse ``type``: a comma list of ``cast`` values (a bad one is argparse's one-line error, exit 2).
+
+    ``empty``: an empty list is a choice (``--windows ""``: none), not a run that measures nothing.
+    """
 
     def parse(text: str) -> list:
         try:
-            return [cast(x) for x in text.split(",") if x.strip()]
+            got = [cast(x) for x in text.split(",") if x.strip()]
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of {cast.__name__} values") from None
+        if not got and not empty:
+            raise argparse.ArgumentTypeError(f"{text!r} names no value; give at least one")
+        return got
 
     return parse
 
@@ -434,7 +440,7 @@ def main() -> None:
                     help="comma list of model names or substrings (default: every model of the validate split)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--predictors", default=None, help="directory of per-model predictors (trained here if absent)")
-    ap.add_argument("--staleness", type=comma_list(int), default=[1, 2, 4])
+    ap.add_argument("--staleness", type=comma_list(int, empty=True), default=[1, 2, 4])
     ap.add_argument("--order", choices=["lpt", "interleave", "ascending"], default=None,
                     help="asp's dispatch order (default: lpt; ascending in the rows under --max-staleness)")
     ap.add_argument("--scout-tokens", type=int, default=None, help="asp+scout's cut T (default: the cap / 4)")

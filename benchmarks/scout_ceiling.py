@@ -250,7 +250,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--predictors", default=None, help="directory of per-model predictors (trained here if absent)")
     ap.add_argument("--scout-tokens", type=int, default=None, help="the cut scout's T (default: the cap / 4)")
-    ap.add_argument("--windows", type=R.comma_list(int), default=[], help="comma list of window counts for the sequential windowed keep")
+    ap.add_argument("--windows", type=R.comma_list(int, empty=True), default=[], help="comma list of window counts for the sequential windowed keep")
     R.data_option(ap)
     args = ap.parse_args()
     windows = args.windows

@@ -569,8 +569,9 @@ def main() -> None:
         for name, s in summary.items():
             r = np.array(s["ratio"])
             gap = np.mean((1 - r) / (1 - orc))
+            gap_cell = f"{gap:.2f}" if np.isfinite(gap) else "–"  # without an oracle row: undefined, not "nan"
             print(
-                f"| {name} | {r.mean():.3f} | {r.max():.3f} | {gap:.2f} | {np.mean(s['mslb']):.3f} | {max(s['lag'])} |"
+                f"| {name} | {r.mean():.3f} | {r.max():.3f} | {gap_cell} | {np.mean(s['mslb']):.3f} | {max(s['lag'])} |"
             )
         for name, t in taus.items():
             print(

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -46,13 +45,13 @@ from aspc.errors import ConfigError, InputError
 from aspc.guards import SEED_MAX
 from aspc.io.history import read_history
 from aspc.io.lengths_by_id import LengthsById
-from aspc.io.ragged import RaggedLengths
-from aspc.io.table import PromptTable, column_numpy
+from aspc.io.table import PromptTable
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.api import run
 from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.config import RunConfig
 from aspc.simulate_compare import comparison_table  # noqa: F401  (the results' table, re-exported)
+from aspc.simulate_inputs import ReadOnce, RowAligned, draw_lengths, known_lengths, unaligned
 
 ORACLE = "oracle"
 ORACLE_EXACT = "oracle-exact"
@@ -181,7 +180,7 @@ def simulate_strategies(
             "simulate needs actual response lengths: pass --length-field FIELD or --actual-lengths FILE"
         )
     no_lengths = dataclasses.replace(inputs, length_field=None)
-    reader = _ReadOnce(inputs, no_lengths) if actual_lengths_path is None else no_lengths
+    reader = ReadOnce(inputs, no_lengths) if actual_lengths_path is None else no_lengths
     needs_predictor = any(s not in (ORACLE, ORACLE_EXACT) for s in strategies)
     if needs_predictor:
         table, prediction, identity = prepare(input_path, reader, config, progress)
@@ -202,12 +201,12 @@ def simulate_strategies(
         name = os.path.basename(os.fspath(input_path))
         if same_read:
             # The prompts are rows of this very read: each one's lengths are found by its input row.
-            actual = _RowAligned(actual, with_lengths.source_rows)
+            actual = RowAligned(actual, with_lengths.source_rows)
 
     if skipped is not None:
         skipped.extend(table.skipped)
     check_sample_memory(len(table.ids) * int(run_config.samples_per_prompt or config.samples_per_prompt or 1))
-    if isinstance(actual, _RowAligned):
+    if isinstance(actual, RowAligned):
         missing = []  # the table's prompts are some of the rows the lengths were read with
     elif isinstance(actual, LengthsById):
         missing = [table.ids[i] for i in actual.join(table.id_array)[0].tolist()]
@@ -223,7 +222,7 @@ def simulate_strategies(
         seed = config.seed + r
         cfg_r = dataclasses.replace(config, seed=seed)
         run_r = dataclasses.replace(run_config, seed=seed)
-        actual_r = actual if r == 0 else draw_lengths(_unaligned(actual), seed)
+        actual_r = actual if r == 0 else draw_lengths(unaligned(actual), seed)
         for strategy in strategies:
             res = _simulate_one(
                 strategy, table, prediction, identity, actual_r, name, inputs, cfg_r, run_r,
@@ -252,108 +251,6 @@ def _one_cap(config: Any, run_config: RunConfig) -> tuple[Any, RunConfig]:
     return dataclasses.replace(config, max_response_length=cap), dataclasses.replace(run_config, max_new_tokens=cap)
 
 
-class _RowAligned:
-    """Known lengths of the rows of one read, found by input row instead of by id.
-
-    Every prompt simulate compiles is a row of the read that gave these
-    lengths, so a plan row's lengths are those of its ``source_row``: a binary
-    search over the read's (increasing) rows, not a hash join of a million ids.
-    """
-
-    def __init__(self, by_id: LengthsById, source_rows: np.ndarray) -> None:
-        self.by_id = by_id
-        self.source_rows = np.asarray(source_rows, dtype=np.int64)
-        self._row_of: np.ndarray | None = None  # input row -> row here (-1: none), built on first use
-
-    def rows_of(self, source_rows: np.ndarray) -> np.ndarray | None:
-        """Rows here of the prompts at input rows ``source_rows``; None if some is not one of them."""
-        want = np.asarray(source_rows, dtype=np.int64)
-        have = self.source_rows
-        if self._row_of is None:
-            if have.size == 0 or have.min() < 0 or int(have.max()) > 4 * have.size + 1024:
-                return None  # rows too sparse for a lookup table (never for a reader's own rows)
-            row_of = np.full(int(have.max()) + 1, -1, dtype=np.int64)
-            row_of[have] = np.arange(have.size, dtype=np.int64)
-            if not np.array_equal(row_of[have], np.arange(have.size)):
-                return None  # a row twice: only ids can tell them apart
-            self._row_of = row_of
-        if want.size and (want.min() < 0 or want.max() >= self._row_of.size):
-            return None
-        rows = self._row_of[want]
-        return rows if want.size == 0 or rows.min() >= 0 else None
-
-    def for_plan(self, plan_table: Any) -> LengthsById:
-        """The lengths keyed by the plan's own id column, in plan order (the run then joins nothing)."""
-        rows = self.rows_of(column_numpy(plan_table.column(S.SOURCE_ROW)))
-        if rows is None:
-            return self.by_id
-        return LengthsById(plan_table.column(S.PROMPT_ID), self.by_id.lengths.take(rows))
-
-
-def _unaligned(actual: Any) -> Any:
-    return actual.by_id if isinstance(actual, _RowAligned) else actual
-
-
-class _ReadOnce:
-    """Input options (``no_lengths``'s) whose ``read`` also keeps the known lengths: one read, not two.
-
-    The prompts are read with the length field. When that succeeds, the
-    table without its lengths is what a read without the field returns, less
-    the rows ``--on-bad-line skip`` dropped for a bad length (the field only
-    adds checks; the bulk and row readers agree), and :attr:`with_lengths`
-    spares the second read. When it fails (a bad row) it reads without the
-    field as before, and the lengths are read again later, so every error
-    comes at the same point with the same words.
-    """
-
-    def __init__(self, inputs: Any, no_lengths: Any) -> None:
-        self._inputs = inputs
-        self._no_lengths = no_lengths
-        self.with_lengths: PromptTable | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._no_lengths, name)
-
-    def read(self, path: str | os.PathLike, **changes: Any) -> PromptTable:
-        if changes:
-            return self._no_lengths.read(path, **changes)
-        try:
-            full = self._inputs.read(path)
-        except (InputError, ConfigError):
-            return self._no_lengths.read(path)
-        # Under --on-bad-line skip this read is the one to keep: a read without the field would keep a row
-        # whose lengths are bad (negative, NaN, empty), and the run then found no lengths for it.
-        self.with_lengths = full
-        return PromptTable(
-            ids=full.id_array,
-            prompts=full.prompt_array,
-            texts=full.text_array,
-            source_rows=full.source_rows,
-            prompt_tokens=full.prompt_tokens,
-            lengths=None,
-            input_hash=full.input_hash,
-            skipped=list(full.skipped),
-            token_counter=full.token_counter,
-        )
-
-
-def draw_lengths(actual: Mapping[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
-    """Each prompt's recorded lengths in a seeded random order: sample ``i`` replays the ``i``-th drawn."""
-    rng = np.random.default_rng(seed)
-    return {pid: np.asarray(v)[rng.permutation(len(v))] for pid, v in sorted(actual.items())}
-
-
-def _known(actual: Any, table: PromptTable) -> RaggedLengths:
-    """Every prompt's actual lengths, in table order (simulate_strategies checked that all have some)."""
-    rows = actual.rows_of(table.source_rows) if isinstance(actual, _RowAligned) else None
-    if rows is not None:
-        return actual.by_id.lengths.take(rows)
-    actual = _unaligned(actual)
-    if isinstance(actual, LengthsById):
-        return actual.lengths.take(actual.rows_of(table.id_array))
-    return RaggedLengths.from_arrays(np.asarray(actual[pid], dtype=np.float64) for pid in table.ids)
-
-
 def _simulate_one(
     strategy, table, prediction, identity, actual, name, inputs, config, run_config, cost, progress, scout_tokens=None,
     keep_through=None, scout_windows=None,
@@ -367,7 +264,7 @@ def _simulate_one(
     n = run_config.samples_per_prompt or config.samples_per_prompt
     scout = None
     if strategy in (ORACLE, ORACLE_EXACT):
-        known = _known(actual, table)
+        known = known_lengths(actual, table)
         known = known if strategy == ORACLE else known.head(n)
         pred = prediction_from_lengths(cap_lengths(known, config.max_response_length))
         cfg = dataclasses.replace(config, strategy="asp", history=())
@@ -389,7 +286,7 @@ def _simulate_one(
         plan,
         config=run_config,
         sim_cost_model=cost,
-        actual_lengths=actual.for_plan(plan.table) if isinstance(actual, _RowAligned) else actual,
+        actual_lengths=actual.for_plan(plan.table) if isinstance(actual, RowAligned) else actual,
         lengths_name=name,
         replanner=replanner,
         progress=progress,
@@ -413,7 +310,7 @@ def _scout(table, prediction, actual, n, config, run_config, cost, tokens):
     if config.history:
         raise ConfigError("asp+scout plans from its own scout of every prompt; drop --history")
     t = scout_tokens(run_config.max_new_tokens, tokens)
-    lengths = spare_lengths(_known(actual, table), n, table.ids)
+    lengths = spare_lengths(known_lengths(actual, table), n, table.ids)
     scout = run_scout(table, prediction, lengths, config, run_config, t, cost)
     scout.summary.extra["scout_tokens"] = t
     seen = np.minimum(lengths, t)  # what a response cut at T tokens shows
@@ -430,7 +327,7 @@ def _rolling(table, prediction, actual, name, config, run_config, cost, progress
 
     if config.history:
         raise ConfigError(f"{SCOUT_ROLL} plans from its own scouts of every prompt; drop --history")
-    known = _known(actual, table)
+    known = known_lengths(actual, table)
     spare = spare_lengths(known, run_config.samples_per_prompt or config.samples_per_prompt, table.ids)
     metadata = getattr(load_predictor(config.predictor or "default", target=config.head), "metadata", {}) or {}
     t = scout_tokens(run_config.max_new_tokens, tokens)

@@ -66,6 +66,7 @@ def dataset(tmp_path_factory):
 @pytest.mark.parametrize("repeats", [1, 2])
 def test_simulate_by_input_row_equals_the_id_join(monkeypatch, dataset, repeats):
     import aspc.simulate as sim
+    import aspc.simulate_inputs as simulate_inputs
 
     inputs = InputOptions(length_field="lengths")
     cfg = CompileConfig(samples_per_prompt=3, workers=4, batch_size=16)
@@ -77,18 +78,18 @@ def test_simulate_by_input_row_equals_the_id_join(monkeypatch, dataset, repeats)
 
     fast = table(sim.simulate_strategies(dataset, inputs, cfg, rc, strategies=names, repeats=repeats))
     joined = []
-    real_join = sim.LengthsById.join
+    real_join = simulate_inputs.LengthsById.join
 
     def spy(self, ids):
         joined.append(len(ids))
         return real_join(self, ids)
 
-    monkeypatch.setattr(sim.LengthsById, "join", spy)
+    monkeypatch.setattr(simulate_inputs.LengthsById, "join", spy)
     again = table(sim.simulate_strategies(dataset, inputs, cfg, rc, strategies=names, repeats=repeats))
     assert again == fast
     if repeats == 1:
         assert joined == []  # no id was hashed: rows found by input row, plans keyed by their own ids
-    monkeypatch.setattr(sim._RowAligned, "rows_of", lambda self, rows: None)
-    monkeypatch.setattr(sim._RowAligned, "for_plan", lambda self, plan_table: self.by_id)
+    monkeypatch.setattr(simulate_inputs.RowAligned, "rows_of", lambda self, rows: None)
+    monkeypatch.setattr(simulate_inputs.RowAligned, "for_plan", lambda self, plan_table: self.by_id)
     slow = table(sim.simulate_strategies(dataset, inputs, cfg, rc, strategies=names, repeats=repeats))
     assert slow == fast

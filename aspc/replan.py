@@ -100,7 +100,7 @@ def bounded_correction(sol: Any, x: Features, fitted: np.ndarray, residual: np.n
 def refit_factor(texts: list[str], base_mean: np.ndarray, obs: np.ndarray, y: np.ndarray, lam: float = 10.0) -> np.ndarray:
     """Per prompt of ``texts``, the factor of the per-run correction refit on the prompts ``obs`` (log mean lengths ``y``).
 
-    Between epochs (:func:`aspc.epochs.epoch_prediction`): a ridge of the
+    Between epochs (:func:`aspc.epoch_predict.epoch_prediction`): a ridge of the
     observed log lengths on the prompts' features, offset by ``base_mean``'s
     logs, bounded as :func:`bounded_correction` bounds a revision's.
     """

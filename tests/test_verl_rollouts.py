@@ -127,6 +127,35 @@ def test_bad_dumps_are_one_line_errors(tmp_path):
         read_history([tmp_path / "r"])  # no prompts to match against
 
 
+def test_line_separators_in_a_response_do_not_cut_its_line(tmp_path):
+    # verl dumps with ensure_ascii=False: U+2028/U+2029/U+0085 stay raw inside the JSON strings.
+    outs = ["a\u2028b" * 3, "c\x85d", "e\u2029"]
+    write_dump(tmp_path / "r", 1, [(CHATML.format(user="What is 2+2?"), o) for o in outs])
+    assert "\u2028" in (tmp_path / "r" / "1.jsonl").read_text()
+    got = read_rollout_lengths(tmp_path / "r", ["q"], [_chat("What is 2+2?")])
+    assert got.n_samples == got.n_matched == 3
+    assert got.lengths["q"].tolist() == [float(_bytes_tokens(o)) for o in outs]
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ('{"input": "x", "output": "y\\udc00"}', r"line 2: 'output' holds a lone UTF-16 surrogate"),
+        ('{"input": "x", "output": "y", "score": ' + "9" * 5000 + "}", None),  # an unused huge score is fine
+        ('{"input": "x", "output": "y", "extra": ' + "[" * 100_000 + "]" * 100_000 + "}", r"line 2: JSON nested too"),
+        ('{"input": "x", "outp', r"line 2: malformed JSON .*cut off by an interrupted run\? delete that line"),
+    ],
+)
+def test_odd_dump_lines_are_one_line_errors(tmp_path, line, words):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "3.jsonl").write_text('{"input": "x", "output": "y"}\n' + line + "\n")
+    if words is None:
+        assert read_rollout_lengths(tmp_path / "r", ["a"], ["x"]).n_samples == 2
+        return
+    with pytest.raises(InputError, match=words):
+        read_rollout_lengths(tmp_path / "r", ["a"], ["x"])
+
+
 def test_compile_history_from_rollout_dir(tmp_path):
     """The contract's third command: aspc compile gsm8k.parquet --history ROLLOUT_DIR -o plan2.parquet."""
     src = write_gsm8k(tmp_path / "gsm8k.parquet", 64)

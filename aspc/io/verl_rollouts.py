@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import InputError
+from aspc.io.readers import json_int
 
 STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
 BYTES_PER_TOKEN = 4.0  # as aspc.io's prompt estimate: rough tokens per byte of English BPE text
@@ -195,22 +196,35 @@ def read_rollout_lengths(
     for f in files:
         with open(f, encoding="utf-8", errors="strict") as fh:
             try:
-                lines = fh.read().splitlines()
+                # Only \n ends a line: verl writes with ensure_ascii=False, so a response may hold
+                # U+2028/U+2029/U+0085, at which str.splitlines would cut a valid line in two.
+                lines = fh.read().split("\n")
             except UnicodeDecodeError:
                 raise InputError(f"{f.name}: not valid UTF-8; is this a verl rollout dump?") from None
         for lineno, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
+            where = f"{root.name}/{f.name}: line {lineno}"
             try:
-                rec = json.loads(line)
+                rec = json.loads(line, parse_int=json_int)
             except json.JSONDecodeError as exc:
-                raise InputError(f"{root.name}/{f.name}: line {lineno}: malformed JSON ({exc.msg})") from None
+                last = lineno == len(lines) or (lineno == len(lines) - 1 and not lines[-1])
+                cut = " (the file's last line: cut off by an interrupted run? delete that line)" if last else ""
+                raise InputError(f"{where}: malformed JSON ({exc.msg}){cut}") from None
+            except RecursionError:
+                raise InputError(f"{where}: JSON nested too deeply; is this a verl rollout dump?") from None
             if not isinstance(rec, dict) or not isinstance(rec.get("input"), str) or not isinstance(
                 rec.get("output"), str
             ):
                 raise InputError(
                     f"{root.name}/{f.name}: line {lineno}: expected verl's rollout fields 'input' and 'output' (strings)"
                 )
+            for key in ("input", "output"):
+                try:
+                    rec[key].encode("utf-8")
+                except UnicodeEncodeError:  # a lone surrogate (\udc00): valid JSON, not text
+                    raise InputError(f"{where}: '{key}' holds a lone UTF-16 surrogate, which is not text; "
+                                     "is this a verl rollout dump?") from None  # fmt: skip
             inputs.append(rec["input"])
             outputs.append(rec["output"])
     index = _ContentIndex(ids, prompts)

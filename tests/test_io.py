@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -365,6 +366,23 @@ def test_verl_ids_come_from_extra_info_index(tmp_path, fmt):
     else:
         write_jsonl(p, rows)
     with pytest.raises(InputError, match="line 4: duplicate prompt id '1' \\(first at row 2\\); make ids unique$"):
+        read_prompts(p)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("gap", [0, 3])
+def test_some_rows_without_extra_info_index_are_refused_in_any_order(tmp_path, fmt, gap):
+    # Row 0 without an index gave content ids for all (later indexes ignored); a later row, an error.
+    rows = _verl_rows(6)
+    rows[gap]["extra_info"] = None
+    p = tmp_path / f"v.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.Table.from_pylist(rows), p)
+    else:
+        write_jsonl(p, rows)
+    want = "line 2: has id field 'extra_info.index' but earlier rows do not" if gap == 0 else (
+        "line 4: missing id field 'extra_info.index' (earlier rows have one)")
+    with pytest.raises(InputError, match=re.escape(want) + "; add ids to every row$"):
         read_prompts(p)
 
 

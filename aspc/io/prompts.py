@@ -88,7 +88,9 @@ def read_prompts(
         A ``.jsonl``, ``.json``, ``.csv`` or ``.parquet`` file.
     prompt_field, id_field
         Field names. Without an id field in the data, ids come from verl's
-        ``extra_info.index`` when every row has one, else are content hashes.
+        ``extra_info.index`` when every row has one, else are content hashes
+        when no row has one; a dataset where only some rows have one (in
+        whichever order) is refused, as one where only some have the id field.
     length_field
         Optional field of known response lengths: a number or a list of
         numbers (several sampled lengths of the same prompt).

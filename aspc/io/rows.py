@@ -243,7 +243,7 @@ def estimate_tokens(utf8_bytes: np.ndarray) -> np.ndarray:
 
 
 class _Ids:
-    """Where the ids of a dataset come from, decided by its first valid row."""
+    """Where the ids of a dataset come from, decided by its first valid row; every later row must agree."""
 
     def __init__(self, id_field: str) -> None:
         self.id_field = id_field
@@ -266,6 +266,9 @@ class _Ids:
             if index is None:
                 raise _RowError("missing id field 'extra_info.index' (earlier rows have one); add ids to every row")
             return index
+        if index is not None:
+            # Refused as a late id field is: which rows came first must not decide between index and content ids.
+            raise _RowError("has id field 'extra_info.index' but earlier rows do not; add ids to every row")
         return content_id(stored)
 
 

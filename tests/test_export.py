@@ -357,6 +357,43 @@ def test_a_nested_nanosecond_python_cannot_hold_is_one_line_without_pandas(tmp_p
     assert not (tmp_path / "t.jsonl").exists()
 
 
+def test_jsonl_export_keeps_binary_text_and_refuses_image_bytes(tmp_path):
+    # Image bytes became text with a replacement character per bad byte: silently lost, exit 0.
+    recs = lognormal_records(30, seed=7)
+    t = pa.Table.from_pylist(recs).append_column("note", pa.array([b"caf\xc3\xa9"] * 30, pa.binary()))
+    pq.write_table(t, tmp_path / "text.parquet")
+    _compile(tmp_path / "text.parquet", tmp_path / "plan.parquet")
+    out = tmp_path / "t.jsonl"
+    r = _cli(["export", tmp_path / "plan.parquet", "--format", "jsonl", "-o", out, "-q"])
+    assert r.exit_code == 0, r.output
+    assert {json.loads(line)["note"] for line in out.read_text(encoding="utf-8").splitlines()} == {"café"}
+    image = pa.array([[{"bytes": b"\x89PNG\r\n\x1a\n\x00", "path": None}]] * 30)
+    pq.write_table(pa.Table.from_pylist(recs).append_column("images", image), tmp_path / "img.parquet")
+    _compile(tmp_path / "img.parquet", tmp_path / "plan2.parquet")
+    r = _cli(["export", tmp_path / "plan2.parquet", "--format", "jsonl", "-o", tmp_path / "i.jsonl"])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "not UTF-8 text, such as image bytes" in r.output and "--format verl" in r.output
+    assert not (tmp_path / "i.jsonl").exists()
+
+
+def test_a_large_list_chat_prompt_column_passes_to_verl_unchanged(tmp_path):
+    # A large_list prompt column was rebuilt from the plan, keeping only role and content of each message.
+    recs = lognormal_records(40, seed=3)
+    for rec in recs:
+        rec["prompt"] = [{"role": "system", "content": "Be brief.", "name": "sys"},
+                         {"role": "user", "content": rec["prompt"], "name": "u"}]  # fmt: skip
+    t = pa.Table.from_pylist(recs)
+    t = t.set_column(t.column_names.index("prompt"), "prompt", t.column("prompt").cast(
+        pa.large_list(t.schema.field("prompt").type.value_type)))
+    pq.write_table(t, tmp_path / "chat.parquet")
+    _compile(tmp_path / "chat.parquet", tmp_path / "plan.parquet")
+    out = tmp_path / "train.parquet"
+    assert _cli(["export", tmp_path / "plan.parquet", "--format", "verl", "-o", out, "-q"]).exit_code == 0
+    got = pq.read_table(out)
+    assert got.schema.field("prompt").type == t.schema.field("prompt").type
+    assert all(m["name"] in ("sys", "u") for row in got.column("prompt").to_pylist() for m in row)
+
+
 def test_a_value_json_has_no_form_for_is_an_input_error():
     with pytest.raises(InputError, match="no form for .*object"):
         _json_line({"x": object()})

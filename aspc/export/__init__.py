@@ -257,7 +257,9 @@ def _write_verl(
         table is not None
         and prompt_field == "prompt"
         and "prompt" in cols
-        and pa.types.is_list(table.schema.field("prompt").type)
+        # large_list too: Arrow tools that default to large types write the same chats so, and a rebuilt
+        # column would keep only role and content of each message.
+        and (pa.types.is_list(table.schema.field("prompt").type) or pa.types.is_large_list(table.schema.field("prompt").type))
     )
     replaced = not keep_prompt and prompt_field != "prompt" and "prompt" in cols
     if not keep_prompt:
@@ -351,13 +353,18 @@ def _json_default(o: Any) -> Any:
     readers and pandas' ``date_format="iso"`` expect; a Decimal is its exact string ("1.10"), since a JSON
     number would round it through a float; a duration is its length in seconds (an int when whole), the unit
     of ``timedelta.total_seconds`` and the most common in JSON, computed exactly before the one rounding to float.
+    Binary values that are UTF-8 text are that text; other bytes (images) have no JSON form and are refused.
     """
     if isinstance(o, np.generic):
         return o.item()
     if isinstance(o, np.ndarray):
         return o.tolist()
     if isinstance(o, bytes):
-        return o.decode("utf-8", errors="replace")
+        try:
+            return o.decode("utf-8")  # text stored as binary: the string is exact
+        except UnicodeDecodeError:
+            # Image bytes and the like: a replaced character per bad byte lost them for good.
+            raise TypeError("binary data that is not UTF-8 text, such as image bytes") from None
     if isinstance(o, (dt.date, dt.time)):  # datetime is a date
         return o.isoformat()
     if isinstance(o, decimal.Decimal):

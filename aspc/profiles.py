@@ -196,8 +196,12 @@ def compile_notes(metrics: dict[str, Any], config: Any, predictor: dict[str, Any
         out.append("responses uncapped: verl stops them at data.max_response_length; pass --max-response-length")
     if "history" in predictor and predictor.get("history_prompts_matched") == 0:
         # The plan is then the predictor's alone, which nothing else would say.
-        out.append("--history: none of the input's prompt ids has observed lengths there, so the history "
-                   "changed nothing; key its lengths by the input's prompt ids")  # fmt: skip
+        if predictor.get("history_verl_rollouts"):  # they carry no ids: matched by content, so ids are no advice
+            out.append("--history: no prompt of the input is in the verl rollouts, matched by content, so the "
+                       "history changed nothing; give the rollout_data_dir of a run on this dataset")  # fmt: skip
+        else:
+            out.append("--history: none of the input's prompt ids has observed lengths there, so the history "
+                       "changed nothing; key its lengths by the input's prompt ids")  # fmt: skip
     for r in predictor.get("history_verl_rollouts", []):
         how = "a tokenizer" if r["counted_with"] == "tokenizer" else "a byte estimate (pass --tokenizer to count exactly)"
         out.append(

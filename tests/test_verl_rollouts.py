@@ -184,3 +184,15 @@ def test_compile_history_from_rollout_dir(tmp_path):
     # Same rollouts, same plan bytes.
     r2 = CliRunner().invoke(main, ["compile", str(src), "--history", str(tmp_path / "rollouts"), "-o", str(tmp_path / "again.parquet"), "-q"])
     assert r2.exit_code == 0 and (tmp_path / "again.parquet").read_bytes() == (tmp_path / "plan2.parquet").read_bytes()
+
+
+def test_rollouts_of_another_dataset_say_so_not_to_key_by_ids(tmp_path):
+    # The note advised keying the lengths by prompt ids, which verl dumps do not carry.
+    src = write_gsm8k(tmp_path / "gsm8k.parquet", 32)
+    write_dump(tmp_path / "rollouts", 1, [(CHATML.format(user=f"Another dataset's question {i}?"), "y" * 40)
+                                          for i in range(16)])  # fmt: skip
+    r = CliRunner().invoke(main, ["compile", str(src), "--history", str(tmp_path / "rollouts"), "-o", str(tmp_path / "p.parquet")])
+    assert r.exit_code == 0, r.output
+    err = " ".join(r.stderr.split())
+    assert "0 of 16 samples" in err and "no prompt of the input is in the verl rollouts" in err
+    assert "prompt ids" not in err

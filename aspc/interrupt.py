@@ -37,6 +37,7 @@ _lock = threading.Lock()
 _depth = 0  # open deferred() blocks, any thread
 _pending: int | None = None  # a signal that arrived inside one
 _written: list[str] = []  # outputs put in place, whole, since handlers() was entered
+_last: int | None = None  # the signal _handler last raised as Interrupted
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
@@ -54,6 +55,8 @@ def _handler(signum: int, frame: FrameType | None) -> None:
         timer.daemon = True
         timer.start()
         return
+    global _last
+    _last = signum
     raise Interrupted(signum)
 
 
@@ -92,14 +95,50 @@ def handlers(restore: bool = True) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    global _last
     previous = {s: signal.signal(s, _handler) for s in SIGNALS if _ours(s)}
     _written.clear()
+    _last = None
     try:
         yield
     finally:
         if restore:
             for s, h in previous.items():
                 signal.signal(s, h)
+
+
+@contextlib.contextmanager
+def kept() -> Iterator[None]:
+    """Put aspc's handlers back after a library call that installs its own (``ray.init`` takes SIGTERM).
+
+    Ray's handler ends the process with ``sys.exit(15)``: no run log marked
+    interrupted, no resume command, exit 15. Only handlers of an active
+    :func:`handlers` block are put back; a library user's own stay Ray's.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    before = {s: signal.getsignal(s) for s in SIGNALS} if main else {}
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            if h is _handler and signal.getsignal(s) is not _handler:
+                signal.signal(s, _handler)
+
+
+@contextlib.contextmanager
+def ours_again() -> Iterator[None]:
+    """A plain KeyboardInterrupt from inside the block becomes the :class:`Interrupted` it stands for.
+
+    Ray's ``ray.get`` checks for signals while it waits and raises a plain
+    KeyboardInterrupt in place of the :class:`Interrupted` our handler raised,
+    losing the signal: click then printed "Aborted!" and exited 1.
+    """
+    try:
+        yield
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        raise Interrupted(_last if _last is not None else signal.SIGINT) from None
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ The library never installs handlers itself; the CLI does, around a command.
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import os
 import signal
@@ -51,7 +50,7 @@ def _handler(signum: int, frame: FrameType | None) -> None:
         # half (an llvmlite object stopped in its disposal is freed twice: a
         # segfault). The signal is sent again in a moment, until it lands
         # outside such code.
-        timer = threading.Timer(_RETRY_SECONDS, _thread.interrupt_main, (signum,))
+        timer = threading.Timer(_RETRY_SECONDS, _resend, (signum,))
         timer.daemon = True
         timer.start()
         return
@@ -61,6 +60,19 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 
 
 _RETRY_SECONDS = 0.005
+
+
+def _resend(signum: int) -> None:
+    """Deliver ``signum`` to the main thread again, as a real signal.
+
+    ``_thread.interrupt_main`` only sets Python's flag, which a main thread
+    blocked in a C call never looks at: a Ctrl-C that first landed in an
+    import while vLLM's engine started then waited out zmq's poll (up to 10
+    minutes) and was lost. A real signal interrupts the call (EINTR), and the
+    handler runs. Nothing is sent once the policy is gone (the command ended).
+    """
+    if signal.getsignal(signum) is _handler:
+        signal.pthread_kill(threading.main_thread().ident, signum)
 
 
 # Code an exception must not cut in half: finalizers (Python prints and drops
@@ -159,7 +171,7 @@ def deferred() -> Iterator[None]:
             if threading.current_thread() is threading.main_thread():
                 raise Interrupted(signum)
             # Deliver it where the handler can raise: the main thread.
-            _thread.interrupt_main(signum)
+            _resend(signum)
 
 
 def signal_name(signum: int) -> str:

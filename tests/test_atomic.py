@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -145,6 +146,31 @@ def test_a_signal_inside_a_finalizer_is_delivered_after_it(monkeypatch):
             time.sleep(2)  # the re-sent signal lands here
     assert seen == [True]
     assert not interrupt._in_finalizer(sys._getframe())
+
+
+def test_a_resent_signal_wakes_a_main_thread_blocked_in_a_c_call():
+    # Re-sent with _thread.interrupt_main, the signal only set Python's flag: a main thread then
+    # blocked in a C call (zmq's poll while vLLM's engine starts) slept through it, up to 10 minutes.
+    from aspc import interrupt
+    from aspc.errors import Interrupted
+
+    class Finalized:
+        def __del__(self):
+            interrupt._handler(signal.SIGINT, sys._getframe())  # deferred: re-sent in a moment
+
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Interrupted) as caught:
+            with interrupt.handlers():
+                obj = Finalized()
+                del obj
+                select.select([r], [], [], 20)  # blocks in the kernel until a real signal interrupts it
+    finally:
+        os.close(r)
+        os.close(w)
+    assert caught.value.signum == signal.SIGINT
+    assert time.monotonic() - t0 < 5
 
 
 @pytest.mark.parametrize("where", ["<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>"])

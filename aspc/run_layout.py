@@ -26,7 +26,7 @@ import re
 import shutil
 from pathlib import Path
 
-from aspc.errors import ConfigError
+from aspc.errors import ConfigError, LockError
 from aspc.runtime.record.lock import LOCK_FILE, RunLogLock, refuse_if_locked
 from aspc.runtime.record.runlog import is_run_log, never_started
 
@@ -96,6 +96,7 @@ def check_log_layout(
     """
     if root is None:
         return None
+    _refuse_a_part_of_another_run(Path(root))
     try:
         return _check_log_layout(Path(root), epochs, scout, resume, overwrite, n_epochs, scout_roll)
     except ConfigError:
@@ -150,6 +151,27 @@ def _check_log_layout(
             "or --resume to continue it"
         )
     return layout
+
+
+def _refuse_a_part_of_another_run(p: Path) -> None:
+    """Refuse ``RUN/epoch-K`` or ``RUN/scout`` of an epochs or scout run as a ``--log`` of its own.
+
+    A run there replaced an epoch the epochs run had finished (or took the
+    name of one it had yet to run), even while that run held ``RUN``'s lock:
+    the epochs run then failed, and could no longer be resumed.
+    """
+    if not (_EPOCH_DIR.match(p.name) or p.name == "scout"):
+        return
+    parent = p.parent
+    try:
+        refuse_if_locked(parent)
+    except LockError as exc:
+        raise LockError(f"--log {p} is a part of the run in {parent}, which another aspc run is writing: {exc}") from None
+    if any((parent / "plans").glob("epoch-*.parquet")):  # aspc's epochs: a user's own epoch-K folders have none
+        raise ConfigError(
+            f"--log {p} is a part of the --epochs/--scout run in {parent}; continue or replace that run with "
+            f"--log {parent}, or give this run another --log"
+        )
 
 
 def _holds_files(p: Path) -> bool:

@@ -175,6 +175,27 @@ def test_a_second_epochs_run_on_a_live_one_writes_nothing(setup, tmp_path):
     assert not (log / ".lock").exists()  # released at the end
 
 
+@pytest.mark.parametrize("part", ["epoch-1", "epoch-3", "scout"])
+@pytest.mark.parametrize("extra", [(), ("--overwrite",), ("--resume",)])
+def test_a_part_of_an_epochs_or_scout_run_is_not_a_log_of_its_own(setup, tmp_path, part, extra):
+    # `aspc run --log RUN/epoch-1 --overwrite` replaced a finished epoch of a live --epochs run (whose lock
+    # is on RUN), `--log RUN/epoch-3` took the next epoch's name: the epochs run failed, and could not resume.
+    from aspc.runtime.record.lock import RunLogLock
+
+    log = tmp_path / "live"
+    assert _run_plan(setup, log, "--epochs", "2", "--scout").exit_code == 0
+    before = _snapshot(log)
+    with RunLogLock(log):
+        r = _run_plan(setup, log / part, *extra)
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+        assert f"is a part of the run in {log}, which another aspc run is writing" in r.output
+    r = _run_plan(setup, log / part, *extra)  # no writer: still that run's own part
+    assert r.exit_code == 2 and f"is a part of the --epochs/--scout run in {log}; continue" in r.output, r.output
+    assert _snapshot(log) == before
+    mine = tmp_path / "mine" / part  # a user's own folder of that name, with no epochs run around it
+    assert _run_plan(setup, mine).exit_code == 0
+
+
 @pytest.mark.parametrize("extra", [(), ("--epochs", "2"), ("--epochs", "2", "--resume")])
 def test_a_log_being_written_is_named_as_such_not_as_a_directory_to_overwrite(setup, tmp_path, extra):
     # While a run writes RUN, a second `aspc run --log RUN` was told "directory exists and is not

@@ -358,6 +358,7 @@ def _scout_epoch(
         saved = backend.options
         replay = {"replay_lengths": kw["replay"]} if kw["replay"] is not None else {}
         backend.options = dataclasses.replace(saved, max_new_tokens=tokens, **replay)
+        backend.later_cap = saved.max_new_tokens  # the epochs' cap: checked before the scout, not after it
     splan = scout_plan(table, prior, cfg, config.workers, tokens)
     try:
         result = run(
@@ -374,7 +375,7 @@ def _scout_epoch(
         )
     finally:
         if saved is not None:
-            backend.options = saved
+            backend.options, backend.later_cap = saved, None
     result.summary.extra["scout_tokens"] = tokens
     observed = read_history(root / "scout")
     seen = np.array([float(np.min(observed[p])) if p in observed and len(observed[p]) else np.nan for p in ids])

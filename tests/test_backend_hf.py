@@ -370,6 +370,23 @@ def test_prompts_past_the_model_context_are_refused_before_the_log_starts_with_a
     assert r.exit_code == 0, r.output
 
 
+def test_a_scout_checks_the_prompts_against_the_epochs_cap_before_it_runs(tmp_path, model_dir):
+    # The scout's own cap is its cut: a plan too long for --max-new-tokens was refused only after
+    # the whole scout, its log left holding a scout the advised lower cap could not --resume.
+    records = [{"id": f"q{i}", "prompt": "x" * (1000 if i == 5 else 8), "lengths": [3, 4]} for i in range(8)]
+    data = write_jsonl(tmp_path / "IN.jsonl", records)
+    plan = tmp_path / "plan.parquet"
+    r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "--samples-per-prompt", "2",
+                                  "--batch-size", "4", "-o", str(plan), "--quiet"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["run", str(plan), "--backend", "hf", "--model", str(model_dir), "--workers", "2",
+                                  "--global-batch", "4", "--scout", "--scout-tokens", "16", "--max-new-tokens", "40",
+                                  "--log", str(tmp_path / "RUN"), "-q"])  # fmt: skip
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "prompt 'q5' is 1000 tokens; with --max-new-tokens 40 it needs 1040 positions" in r.output
+    assert not (tmp_path / "RUN" / "scout" / "meta.json").exists()  # refused before the scout ran
+
+
 def test_token_ids_past_the_embeddings_are_a_mismatched_tokenizer():
     from types import SimpleNamespace
 

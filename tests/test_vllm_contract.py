@@ -353,3 +353,41 @@ def test_cpu_dtype_auto_is_float32_without_native_bf16(tmp_path, monkeypatch):
                                True)["dtype"] == "float16"
     monkeypatch.setattr(V, "cpu_has_native_bf16", lambda: False)
     assert "dtype" not in V.engine_kwargs(GenerationOptions(model="M"), 0, 0.4, on_cpu=False)
+
+
+@needs_vllm
+@pytest.mark.parametrize(("extra", "words"), [
+    (["--temperature", "2.5"], "--temperature 2.5: vLLM samples at temperatures in [0, 2]; pass 2 or less"),
+    (["--device", "cuda:3"], "--device cuda:3: vLLM places each engine itself; choose the devices it sees with"),
+    (["--device", "cuda"], "--device cuda: this vLLM runs on cpu, not cuda; pass --device cpu or auto"),
+])  # fmt: skip
+def test_options_vllm_would_refuse_or_ignore_are_one_line_before_the_engine(tmp_path, extra, words):
+    # --temperature 2.5 started the engine, then every request failed vLLM's check, retried as a worker
+    # fault until --max-retries ran out; --device was ignored (cuda:3 ran on the CPU without a word).
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("the device cases are worded for vLLM on a CPU")
+    model_dir = vllm_tiny_model(tmp_path)
+    data, plan, _ = replay_files(tmp_path, n=4)
+    r = CliRunner().invoke(main, [*contract_args(plan, str(model_dir), data, tmp_path / "RUN"), *extra])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert words in r.output and not (tmp_path / "RUN").exists()
+
+
+@needs_vllm
+def test_greedy_with_several_samples_per_prompt_runs_on_vllm(tmp_path):
+    # vLLM refuses SamplingParams(n > 1) when greedy: every minibatch failed, retried to the end; hf ran it.
+    model_dir = vllm_tiny_model(tmp_path)
+    data, plan, _ = replay_files(tmp_path, n=8)
+    run_dir = tmp_path / "RUN"
+    done = aspc_process(["run", str(plan), "--backend", "vllm", "--model", str(model_dir), "--temperature", "0",
+                         "--max-new-tokens", "16", "--workers", "1", "--global-batch", "8", "--log", str(run_dir),
+                         "--json"])  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = run_log_samples(run_dir)
+    by_prompt: dict[str, set] = {}
+    for s in rows:
+        by_prompt.setdefault(s["prompt_id"], set()).add(s["response_len"])
+    assert len(rows) == 16 and len(by_prompt) == 8
+    assert all(len(v) == 1 for v in by_prompt.values())  # greedy: a prompt's samples are the same response

@@ -103,9 +103,10 @@ def make_backend(name: str | BackendKind, context: BackendContext) -> Generation
     opts = options_from_context(context.options)
     check_device_request(opts.device)
     if kind is BackendKind.VLLM:
-        from aspc.runtime.backends.vllm import VLLMBackend, require_vllm
+        from aspc.runtime.backends.vllm import VLLMBackend, check_vllm_device, require_vllm
 
         require_vllm()
+        check_vllm_device(opts.device)  # vLLM ignored it: --device cuda:3 ran on the CPU without a word
         return VLLMBackend(dataclasses.replace(opts, model=str(resolve_model(opts.model))))
     from aspc.runtime.backends.hf import HFBackend
 

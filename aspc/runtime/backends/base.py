@@ -84,6 +84,9 @@ class ModelBackend(GenerationBackend):
         self.check_remotely: Callable[[WorkPlan, int], None] | None = None
         # A Ray engine's actors left running for the next run on this backend, and how to stop them.
         self._remote: tuple[Any, Callable[[], None]] | None = None
+        # The cap a later run on the same prompts will use, checked now too: a scout's own is its cut,
+        # and a plan too long for the epochs' --max-new-tokens was refused only after the whole scout.
+        self.later_cap: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Shipped to Ray actors as a fresh worker_copy: locks do not pickle.
@@ -118,6 +121,7 @@ class ModelBackend(GenerationBackend):
         cap = self.options.max_new_tokens
         if cap is None:  # as request() caps: the longest replayed length and its EOS, else the default
             cap = DEFAULT_MAX_NEW_TOKENS if self._replay is None else int(self._replay.max(initial=0)) + 1
+        cap = max(int(cap), self.later_cap or 0)
         if self.serve_workers is None and n_workers:
             self.check_prompts(0, work, int(cap))
         if self.on_setup is not None:

@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from aspc.errors import BackendError
+from aspc.errors import BackendError, ConfigError
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
 from aspc.runtime.backends.prompts import check_plan_fits, check_prompt_fits, plan_prompt_tokens, render_prompt
 from aspc.runtime.contracts import GenerationResult
@@ -69,6 +69,7 @@ from aspc.runtime.contracts import GenerationResult
 VLLM_EXTRA = "pip install 'aspc[vllm]' (on Ascend also vllm-ascend; on a CPU: make vllm)"
 # Share of device memory all local engines together may take (vLLM's default is 0.9).
 DEVICE_MEMORY_SHARE = 0.85
+MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses higher
 CPU_KV_CACHE_BYTES = 1 << 30  # per engine on CPU: ~30k tokens of a 135M model's KV cache
 # CPU flags of native bf16 matrix arithmetic; without them vLLM's bf16 default is emulated.
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
@@ -117,6 +118,23 @@ def serialize_state_dict(weights: Mapping[str, Any]) -> bytes:
 
 
 RESERVED_ENGINE_ARGS = {"model": "--model", "worker_extension_cls": "aspc's weight reload", "seed": "--seed"}
+
+
+def check_vllm_device(requested: str) -> None:
+    """Refuse a ``--device`` vLLM would not honour: it runs on its platform's device and places engines itself."""
+    if requested == "auto":
+        return
+    from vllm.platforms import current_platform
+
+    kind, sep, _ = requested.partition(":")
+    have = str(current_platform.device_type)
+    if sep:
+        raise ConfigError(f"--device {requested}: vLLM places each engine itself; choose the devices it sees with "
+                          f"CUDA_VISIBLE_DEVICES (ASCEND_RT_VISIBLE_DEVICES on an NPU) and pass --device {kind} or "
+                          "auto")  # fmt: skip
+    if kind != have:
+        raise ConfigError(f"--device {requested}: this vLLM runs on {have}, not {kind}; pass --device {have} or auto, "
+                          "or install the vLLM build for that device")  # fmt: skip
 
 
 def parse_engine_args(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
@@ -223,6 +241,10 @@ class VLLMBackend(ModelBackend):
     def __init__(self, options: Any):
         super().__init__(options)
         check_engine_args(options.engine_args)
+        if options.temperature is not None and options.temperature > MAX_TEMPERATURE:
+            # vLLM's own check fails every request, hours later, as a worker fault retried to the end.
+            raise ConfigError(f"--temperature {options.temperature:g}: vLLM samples at temperatures in [0, "
+                              f"{MAX_TEMPERATURE:g}]; pass {MAX_TEMPERATURE:g} or less")  # fmt: skip
         self._llm: dict[int, Any] = {}
         self._emit: dict[int, Any] = {}  # worker -> on_samples callback of its running call
 
@@ -302,15 +324,20 @@ class VLLMBackend(ModelBackend):
         replay = replay_total(request)
         starts = np.concatenate([[0], np.cumsum(request.n_samples)])
         out = []
+        greedy = self.options.temperature == 0  # vLLM refuses n > 1 greedy: one request per sample
+
+        def add(r: int, pos: np.ndarray, exact: int | None = None) -> None:
+            for part in (pos[i : i + 1] for i in range(pos.size)) if greedy else (pos,):
+                out.append((r, part, self._sampling(int(part.size), request.max_new_tokens, exact)))
+
         for r in range(len(row_ids)):
             pos = np.arange(starts[r], starts[r + 1])
             if replay is None:
-                out.append((r, pos, self._sampling(int(pos.size), request.max_new_tokens)))
+                add(r, pos)
                 continue
             lens = replay[pos]
             for length in np.unique(lens):  # samples of one prompt and one length: one request, n of them
-                same = pos[lens == length]
-                out.append((r, same, self._sampling(int(same.size), request.max_new_tokens, int(length))))
+                add(r, pos[lens == length], int(length))
         return out
 
     def generate(self, worker: int, work: Any, on_samples: Any = None) -> GenerationResult:

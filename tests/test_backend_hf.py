@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from collections import Counter
 
@@ -183,6 +184,9 @@ def test_cli_contract_response_len_is_the_replayed_length(tmp_path, model_dir):
         (["--model", "{tmp}/nope"], "no such directory"),
         (["--model", "{tmp}/empty"], "no config.json"),
         (["--model", "{tmp}/encoder"], "not a causal LM"),
+        # vLLM failed on these after its engine started: three tracebacks, no cause (hf said it as an OSError)
+        (["--model", "{tmp}/noweights"], "no weights in it (no *.safetensors or pytorch_model*.bin)"),
+        (["--model", "{tmp}/notok"], "no tokenizer in it (no tokenizer.json, tokenizer_config.json"),
         # transformers took it for a torch file: an UnpicklingError after 12 s of loading
         (["--model", "{tmp}/COPY.GGUF"], "name the file with a lower-case .gguf suffix"),
         (["--model", "{model}", "--device", "npu"], "torch-npu"),
@@ -200,6 +204,11 @@ def test_bad_input_one_line_errors(tmp_path, model_dir, extra, fragment):
     (tmp_path / "COPY.GGUF").write_bytes(b"GGUF")
     (tmp_path / "encoder").mkdir()
     (tmp_path / "encoder" / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5Model"]}))
+    for name, drop in (("noweights", ("*.safetensors",)), ("notok", ("tokenizer*", "vocab*", "special_tokens*"))):
+        shutil.copytree(model_dir, tmp_path / name)
+        for pattern in drop:
+            for f in (tmp_path / name).glob(pattern):
+                f.unlink()
     data, plan, _ = _contract_files(tmp_path, n=4)
     args = ["run", str(plan), "--backend", "hf", "--actual-lengths", str(data), "--length-field", "lengths",
             "--replay-lengths", "--workers", "2", "--global-batch", "4", "--log", str(tmp_path / "RUN")]

@@ -163,7 +163,23 @@ def resolve_model(spec: str | os.PathLike) -> Path:
     if not (path / "config.json").is_file():
         raise BackendError(f"--model {s}: not a Hugging Face model directory (no config.json)")
     check_causal_lm(path)
+    _check_model_files(path, s)
     return path
+
+
+# What a model directory needs besides config.json. Checked up front: vLLM's engine failed on either
+# after starting, with three tracebacks and "Engine core initialization failed", or a cut-off sentence.
+WEIGHT_GLOBS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _check_model_files(path: Path, spec: str) -> None:
+    if not any(any(path.glob(g)) for g in WEIGHT_GLOBS):
+        raise BackendError(f"--model {spec}: no weights in it (no *.safetensors or pytorch_model*.bin); pass the "
+                           "directory the model was saved to (model.save_pretrained(DIR) writes them)")  # fmt: skip
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise BackendError(f"--model {spec}: no tokenizer in it (no {', '.join(TOKENIZER_FILES)}); save the "
+                           "policy's tokenizer there too (tokenizer.save_pretrained(DIR))")  # fmt: skip
 
 
 def check_causal_lm(path: Path) -> None:

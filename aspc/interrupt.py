@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
 
@@ -37,10 +38,18 @@ _depth = 0  # open deferred() blocks, any thread
 _pending: int | None = None  # a signal that arrived inside one
 _written: list[str] = []  # outputs put in place, whole, since handlers() was entered
 _last: int | None = None  # the signal _handler last raised as Interrupted
+_runs: dict[int, int] = {}  # signal -> calls of _handler for it
+_forwarded: set[int] = set()  # signals _Wakeup sent on to the main thread, not yet handled there
+_raised: set[int] = set()  # signals raised as Interrupted since handlers() was entered
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
     global _pending
+    _runs[signum] = _runs.get(signum, 0) + 1
+    if signum in _forwarded:
+        _forwarded.discard(signum)
+        if signum in _raised:
+            return  # the watcher's copy of a signal the main thread had already taken: raised once is enough
     with _lock:
         if _depth > 0:
             _pending = signum
@@ -56,6 +65,7 @@ def _handler(signum: int, frame: FrameType | None) -> None:
         return
     global _last
     _last = signum
+    _raised.add(signum)
     raise Interrupted(signum)
 
 
@@ -110,13 +120,94 @@ def handlers(restore: bool = True) -> Iterator[None]:
     global _last
     previous = {s: signal.signal(s, _handler) for s in SIGNALS if _ours(s)}
     _written.clear()
+    _raised.clear()
     _last = None
+    wakeup = _Wakeup() if restore else _Wakeup.kept()
     try:
         yield
     finally:
         if restore:
+            wakeup.close()  # first: nothing is sent on once the handlers are back
             for s, h in previous.items():
                 signal.signal(s, h)
+
+
+class _Wakeup:
+    """Signals that land in another thread while the main one waits in a C call, sent on to the main thread.
+
+    Python runs a handler only in the main thread, between bytecodes. A
+    signal the kernel hands to a library's thread (zmq's, torch's) only sets
+    a flag, and a main thread waiting in a C call that never returns to
+    Python does not see it: a Ctrl-C while vLLM's engine started waited out
+    zmq's poll (up to 10 minutes). Python's C handler also writes the signal
+    number to the wakeup fd; this thread reads it and, when the main thread
+    has not run the handler a moment later, sends the signal to the main
+    thread itself, which interrupts its call (EINTR) so the handler runs.
+    """
+
+    WAIT = 0.2  # seconds the main thread has to run the handler on its own
+    TRIES = 50
+    _process: _Wakeup | None = None  # the command-line process's own, kept to its end
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._w, False)
+        try:
+            self._old = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread of the main interpreter
+            self._old = None
+            os.close(self._w)
+            os.close(self._r)
+            return
+        self._main = threading.main_thread().ident
+        self._echoes: dict[int, int] = {}  # signals this thread sent, whose bytes come back too
+        self._closed = False
+        self._send = threading.Lock()  # close() waits for a send under way: none lands after it
+        threading.Thread(target=self._watch, name="aspc-signal-wakeup", daemon=True).start()
+
+    @classmethod
+    def kept(cls) -> _Wakeup:
+        if cls._process is None:
+            cls._process = cls()
+        return cls._process
+
+    def _watch(self) -> None:
+        try:
+            while (data := os.read(self._r, 64)) and not self._closed:
+                for signum in data:
+                    if signum not in SIGNALS:
+                        continue
+                    if self._echoes.get(signum):
+                        self._echoes[signum] -= 1
+                        continue
+                    self._forward(signum, _runs.get(signum, 0))
+        except OSError:
+            pass
+        finally:
+            os.close(self._r)
+
+    def _forward(self, signum: int, runs: int) -> None:
+        # The handler may have run just before the byte was read: then the copy sent on is
+        # dropped by the handler (_forwarded), so it is never raised twice.
+        for _ in range(self.TRIES):
+            time.sleep(self.WAIT)
+            with self._send:
+                if self._closed or _runs.get(signum, 0) != runs or signal.getsignal(signum) is not _handler:
+                    return
+                self._echoes[signum] = self._echoes.get(signum, 0) + 1
+                _forwarded.add(signum)
+                signal.pthread_kill(self._main, signum)
+
+    def close(self) -> None:
+        if self._old is None:
+            return
+        with self._send:
+            self._closed = True
+        with contextlib.suppress(ValueError):
+            prev = signal.set_wakeup_fd(self._old)
+            if prev != self._w:
+                signal.set_wakeup_fd(prev)  # another's since (an asyncio loop's): theirs stays
+        os.close(self._w)  # the watcher reads end of file and ends
 
 
 @contextlib.contextmanager

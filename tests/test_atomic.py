@@ -7,6 +7,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -171,6 +172,48 @@ def test_a_resent_signal_wakes_a_main_thread_blocked_in_a_c_call():
         os.close(w)
     assert caught.value.signum == signal.SIGINT
     assert time.monotonic() - t0 < 5
+
+
+def test_a_signal_another_thread_took_reaches_a_main_thread_blocked_in_a_c_call():
+    # The kernel hands a process signal to any thread; in a library's thread Python only sets a flag,
+    # which a main thread waiting in a C call (zmq's poll while vLLM's engine starts) never looked at.
+    from aspc import interrupt
+    from aspc.errors import Interrupted
+
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Interrupted) as caught:
+            with interrupt.handlers():
+                # The timer's own thread takes the signal, as zmq's or torch's threads do.
+                threading.Timer(0.2, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)).start()
+                select.select([r], [], [], 20)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert caught.value.signum == signal.SIGTERM
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_signal_the_main_thread_took_is_raised_once():
+    # The watcher may read the byte after the main thread already ran the handler; its copy sent on
+    # must not raise a second Interrupted in the cleanup the first one started.
+    from aspc import interrupt
+    from aspc.errors import Interrupted
+
+    raised = []
+    with interrupt.handlers():
+        for _ in range(3):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1)
+            except Interrupted as exc:
+                raised.append(exc.signum)
+            try:
+                time.sleep(4 * interrupt._Wakeup.WAIT)  # the cleanup: the watcher has had its moment
+            except Interrupted as exc:
+                raised.append(("again", exc.signum))
+    assert raised == [signal.SIGINT] * 3
 
 
 @pytest.mark.parametrize("where", ["<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>"])

@@ -66,10 +66,59 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     global _last
     _last = signum
     _raised.add(signum)
+    if _escapes:
+        _escapes[-1].raised(signum)
     raise Interrupted(signum)
 
 
 _RETRY_SECONDS = 0.005
+_INSIST_SECONDS = 1.0
+_escapes: list[_MustEscape] = []  # open must_escape() blocks, innermost last
+
+
+class _MustEscape:
+    """One :func:`must_escape` block: the signal raised inside it, raised again until the block is left."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def raised(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+            timer = threading.Timer(_INSIST_SECONDS, self._insist)
+            timer.daemon = True
+            timer.start()
+
+    def _insist(self) -> None:
+        # Still inside: the Interrupted was swallowed. Raise it again where the main thread is now.
+        if self in _escapes and self.signum is not None and signal.getsignal(self.signum) is _handler:
+            signal.pthread_kill(threading.main_thread().ident, self.signum)
+            timer = threading.Timer(_INSIST_SECONDS, self._insist)
+            timer.daemon = True
+            timer.start()
+
+
+@contextlib.contextmanager
+def must_escape() -> Iterator[None]:
+    """An :class:`Interrupted` raised inside must leave the block, even through a library that swallows it.
+
+    vLLM's ``zmq_socket_ctx`` catches KeyboardInterrupt while its engine
+    starts and goes on to wait up to 10 minutes for an engine that may be
+    dead: a Ctrl-C then hung ``aspc run``. While the block is still open after
+    a raise, the signal is raised again every second; a block that ends
+    normally after one raises it at its end.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    block = _MustEscape()
+    _escapes.append(block)
+    try:
+        yield
+    finally:
+        _escapes.remove(block)
+    if block.signum is not None:
+        raise Interrupted(block.signum)
 
 
 def _resend(signum: int) -> None:

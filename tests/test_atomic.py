@@ -216,6 +216,35 @@ def test_a_signal_the_main_thread_took_is_raised_once():
     assert raised == [signal.SIGINT] * 3
 
 
+@pytest.mark.parametrize("then", ["block", "return"])
+def test_an_interrupt_a_library_swallows_still_leaves_a_must_escape_block(then):
+    # vLLM's zmq_socket_ctx catches KeyboardInterrupt while its engine starts, then waits up to 10
+    # minutes for the engine: a Ctrl-C hung `aspc run --backend vllm` and was lost.
+    from aspc import interrupt
+    from aspc.errors import Interrupted
+
+    def library(r):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(2)
+        except KeyboardInterrupt:
+            pass  # swallowed, as the library does
+        if then == "block":
+            select.select([r], [], [], 20)  # and then waits in the kernel
+
+    r, w = os.pipe()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Interrupted) as caught:
+            with interrupt.handlers(), interrupt.must_escape():
+                library(r)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert caught.value.signum == signal.SIGINT
+    assert time.monotonic() - t0 < 6
+
+
 @pytest.mark.parametrize("where", ["<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>"])
 def test_a_signal_is_not_raised_inside_the_import_system(where):
     # importlib's module-lock weakref callback printed the Interrupted ("Exception ignored in

@@ -391,3 +391,37 @@ def test_greedy_with_several_samples_per_prompt_runs_on_vllm(tmp_path):
         by_prompt.setdefault(s["prompt_id"], set()).add(s["response_len"])
     assert len(rows) == 16 and len(by_prompt) == 8
     assert all(len(v) == 1 for v in by_prompt.values())  # greedy: a prompt's samples are the same response
+
+
+@needs_vllm
+@pytest.mark.parametrize("group", [True, False])
+def test_ctrl_c_while_the_engine_starts_ends_the_run_at_once(tmp_path, group):
+    # vLLM's zmq_socket_ctx swallows the KeyboardInterrupt while its engine starts, then waits up to 10
+    # minutes for an engine a terminal's Ctrl-C (the whole process group) has killed: aspc hung, then
+    # failed with a timeout, the interrupt lost and the log directory's lock left behind.
+    import signal
+    import time
+
+    model_dir = vllm_tiny_model(tmp_path)
+    data, plan, _ = replay_files(tmp_path)
+    run_dir = tmp_path / "RUN"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "aspc.cli", "run", str(plan), "--backend", "vllm", "--model",
+                          str(model_dir), "--max-new-tokens", "16", "--workers", "1", "--global-batch", "8", "--log",
+                          str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         cwd=ROOT, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not run_dir.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(8)  # inside vLLM's engine start (30-120 s here)
+    assert p.poll() is None, p.stderr.read()[-3000:]
+    (os.killpg if group else os.kill)(p.pid, signal.SIGINT)
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise AssertionError("aspc run did not end within 60 s of the Ctrl-C") from None
+    lines = [ln for ln in err.splitlines() if ln.startswith("Error:")]
+    assert p.returncode == 130, err[-3000:]
+    assert lines == [f"Error: interrupted by SIGINT before the run log was started; nothing was written to {run_dir}"]
+    assert not run_dir.exists()

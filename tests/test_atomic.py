@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -149,6 +150,17 @@ def test_a_signal_inside_a_finalizer_is_delivered_after_it(monkeypatch):
     assert not interrupt._in_finalizer(sys._getframe())
 
 
+@contextlib.contextmanager
+def _kernel_wait():
+    """A function that waits 20 s in the kernel (select on a pipe): only a real signal to this thread ends it early."""
+    r, w = os.pipe()
+    try:
+        yield lambda: select.select([r], [], [], 20)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_a_resent_signal_wakes_a_main_thread_blocked_in_a_c_call():
     # Re-sent with _thread.interrupt_main, the signal only set Python's flag: a main thread then
     # blocked in a C call (zmq's poll while vLLM's engine starts) slept through it, up to 10 minutes.
@@ -159,17 +171,12 @@ def test_a_resent_signal_wakes_a_main_thread_blocked_in_a_c_call():
         def __del__(self):
             interrupt._handler(signal.SIGINT, sys._getframe())  # deferred: re-sent in a moment
 
-    r, w = os.pipe()
     t0 = time.monotonic()
-    try:
-        with pytest.raises(Interrupted) as caught:
-            with interrupt.handlers():
-                obj = Finalized()
-                del obj
-                select.select([r], [], [], 20)  # blocks in the kernel until a real signal interrupts it
-    finally:
-        os.close(r)
-        os.close(w)
+    with _kernel_wait() as wait, pytest.raises(Interrupted) as caught:
+        with interrupt.handlers():
+            obj = Finalized()
+            del obj
+            wait()
     assert caught.value.signum == signal.SIGINT
     assert time.monotonic() - t0 < 5
 
@@ -180,17 +187,12 @@ def test_a_signal_another_thread_took_reaches_a_main_thread_blocked_in_a_c_call(
     from aspc import interrupt
     from aspc.errors import Interrupted
 
-    r, w = os.pipe()
     t0 = time.monotonic()
-    try:
-        with pytest.raises(Interrupted) as caught:
-            with interrupt.handlers():
-                # The timer's own thread takes the signal, as zmq's or torch's threads do.
-                threading.Timer(0.2, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)).start()
-                select.select([r], [], [], 20)
-    finally:
-        os.close(r)
-        os.close(w)
+    with _kernel_wait() as wait, pytest.raises(Interrupted) as caught:
+        with interrupt.handlers():
+            # The timer's own thread takes the signal, as zmq's or torch's threads do.
+            threading.Timer(0.2, lambda: signal.pthread_kill(threading.get_ident(), signal.SIGTERM)).start()
+            wait()
     assert caught.value.signum == signal.SIGTERM
     assert time.monotonic() - t0 < 5
 
@@ -223,24 +225,19 @@ def test_an_interrupt_a_library_swallows_still_leaves_a_must_escape_block(then):
     from aspc import interrupt
     from aspc.errors import Interrupted
 
-    def library(r):
+    def library(wait):
         try:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(2)
         except KeyboardInterrupt:
             pass  # swallowed, as the library does
         if then == "block":
-            select.select([r], [], [], 20)  # and then waits in the kernel
+            wait()  # and then waits in the kernel
 
-    r, w = os.pipe()
     t0 = time.monotonic()
-    try:
-        with pytest.raises(Interrupted) as caught:
-            with interrupt.handlers(), interrupt.must_escape():
-                library(r)
-    finally:
-        os.close(r)
-        os.close(w)
+    with _kernel_wait() as wait, pytest.raises(Interrupted) as caught:
+        with interrupt.handlers(), interrupt.must_escape():
+            library(wait)
     assert caught.value.signum == signal.SIGINT
     assert time.monotonic() - t0 < 6
 

@@ -209,10 +209,26 @@ class _Wakeup:
             os.close(self._r)
             return
         self._main = threading.main_thread().ident
+        _Wakeup._fds.add(self._w)
+        if not _Wakeup._fork_hook:
+            os.register_at_fork(after_in_child=_Wakeup._after_fork)
+            _Wakeup._fork_hook = True
         self._echoes: dict[int, int] = {}  # signals this thread sent, whose bytes come back too
         self._closed = False
         self._send = threading.Lock()  # close() waits for a send under way: none lands after it
         threading.Thread(target=self._watch, name="aspc-signal-wakeup", daemon=True).start()
+
+    _fds: set[int] = set()  # write ends of the watchers' pipes, open now
+    _fork_hook = False
+
+    @staticmethod
+    def _after_fork() -> None:
+        # A forked child (a fork-started worker) inherits the wakeup fd, not the watcher: its own signals
+        # would be read by the parent's watcher and sent on to the parent, interrupting it.
+        with contextlib.suppress(ValueError, OSError):
+            old = signal.set_wakeup_fd(-1)
+            if old not in _Wakeup._fds:
+                signal.set_wakeup_fd(old)  # not ours: the child keeps it
 
     @classmethod
     def kept(cls) -> _Wakeup:
@@ -252,6 +268,7 @@ class _Wakeup:
             return
         with self._send:
             self._closed = True
+        _Wakeup._fds.discard(self._w)
         with contextlib.suppress(ValueError):
             prev = signal.set_wakeup_fd(self._old)
             if prev != self._w:

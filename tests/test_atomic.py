@@ -218,6 +218,23 @@ def test_a_signal_the_main_thread_took_is_raised_once():
     assert raised == [signal.SIGINT] * 3
 
 
+def test_a_forked_childs_own_signal_does_not_reach_the_parent():
+    # A fork-started worker inherits the wakeup fd: a signal to the child alone was read by the
+    # parent's watcher and sent on to the parent, interrupting it.
+    from aspc import interrupt
+
+    with interrupt.handlers():
+        pid = os.fork()
+        if pid == 0:  # the child: its own SIGTERM ends it (Interrupted), the parent must not hear of it
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(2)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(4 * interrupt._Wakeup.WAIT)  # no Interrupted here
+
+
 @pytest.mark.parametrize("then", ["block", "return"])
 def test_an_interrupt_a_library_swallows_still_leaves_a_must_escape_block(then):
     # vLLM's zmq_socket_ctx catches KeyboardInterrupt while its engine starts, then waits up to 10

@@ -76,6 +76,7 @@ from aspc.rolling_scout import check_roll_run, rolling_epoch
 from aspc.rolling_scout import scout_lengths as scout_lengths_of
 from aspc.run_layout import check_log_layout, clear_run_dir
 from aspc.runtime.api import RunResult, run
+from aspc.runtime.backends.options import DEFAULT_MAX_NEW_TOKENS
 from aspc.runtime.record.lock import RunLogLock
 from aspc.scout import (
     check_keep,
@@ -358,7 +359,9 @@ def _scout_epoch(
         saved = backend.options
         replay = {"replay_lengths": kw["replay"]} if kw["replay"] is not None else {}
         backend.options = dataclasses.replace(saved, max_new_tokens=tokens, **replay)
-        backend.later_cap = saved.max_new_tokens  # the epochs' cap: checked before the scout, not after it
+        # The epochs' cap, checked before the scout, not after it (without --max-new-tokens: the default,
+        # unless the epochs replay lengths, whose longest sets it when they run).
+        backend.later_cap = saved.max_new_tokens or (None if saved.replay else DEFAULT_MAX_NEW_TOKENS)
     splan = scout_plan(table, prior, cfg, config.workers, tokens)
     try:
         result = run(

@@ -53,6 +53,7 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     with _lock:
         if _depth > 0:
             _pending = signum
+            _mark_raised(signum)  # raised at the block's end: a watcher's copy must not raise it again
             return
     if _in_finalizer(frame):
         # Raised here it would be printed and dropped, or cut Numba's state in
@@ -63,12 +64,16 @@ def _handler(signum: int, frame: FrameType | None) -> None:
         timer.daemon = True
         timer.start()
         return
+    _mark_raised(signum)
+    raise Interrupted(signum)
+
+
+def _mark_raised(signum: int) -> None:
     global _last
     _last = signum
     _raised.add(signum)
     if _escapes:
         _escapes[-1].raised(signum)
-    raise Interrupted(signum)
 
 
 _RETRY_SECONDS = 0.005
@@ -115,6 +120,14 @@ def must_escape() -> Iterator[None]:
     _escapes.append(block)
     try:
         yield
+    except Interrupted:
+        raise
+    except BaseException:
+        if block.signum is None:
+            raise
+        # Swallowed, then another error (vLLM: "Engine core initialization failed" once the engine died
+        # of the same Ctrl-C): the signal is what happened.
+        raise Interrupted(block.signum) from None
     finally:
         _escapes.remove(block)
     if block.signum is not None:
@@ -210,6 +223,7 @@ class _Wakeup:
             return
         self._main = threading.main_thread().ident
         _Wakeup._fds.add(self._w)
+        _Wakeup._pipes.add((self._r, self._w))
         if not _Wakeup._fork_hook:
             os.register_at_fork(after_in_child=_Wakeup._after_fork)
             _Wakeup._fork_hook = True
@@ -219,6 +233,7 @@ class _Wakeup:
         threading.Thread(target=self._watch, name="aspc-signal-wakeup", daemon=True).start()
 
     _fds: set[int] = set()  # write ends of the watchers' pipes, open now
+    _pipes: set[tuple[int, int]] = set()  # (read, write) ends of the watchers' pipes, open now
     _fork_hook = False
 
     @staticmethod
@@ -229,6 +244,12 @@ class _Wakeup:
             old = signal.set_wakeup_fd(-1)
             if old not in _Wakeup._fds:
                 signal.set_wakeup_fd(old)  # not ours: the child keeps it
+        for fds in _Wakeup._pipes:  # the child's copies: the parent's watcher then reads end of file on close
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        _Wakeup._pipes.clear()
+        _Wakeup._fds.clear()
 
     @classmethod
     def kept(cls) -> _Wakeup:
@@ -269,6 +290,7 @@ class _Wakeup:
         with self._send:
             self._closed = True
         _Wakeup._fds.discard(self._w)
+        _Wakeup._pipes.discard((self._r, self._w))
         with contextlib.suppress(ValueError):
             prev = signal.set_wakeup_fd(self._old)
             if prev != self._w:
@@ -329,6 +351,11 @@ def deferred() -> Iterator[None]:
                 raise Interrupted(signum)
             # Deliver it where the handler can raise: the main thread.
             _resend(signum)
+
+
+def interrupted_exit(code: int) -> bool:
+    """Whether ``code`` is the exit code of the signal this command was interrupted by."""
+    return _last is not None and code == 128 + _last
 
 
 def signal_name(signum: int) -> str:

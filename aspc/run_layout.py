@@ -160,9 +160,12 @@ def _refuse_a_part_of_another_run(p: Path) -> None:
     name of one it had yet to run), even while that run held ``RUN``'s lock:
     the epochs run then failed, and could no longer be resumed.
     """
-    if not (_EPOCH_DIR.match(p.name) or p.name == "scout"):
-        return
-    parent = p.parent
+    for q in dict.fromkeys((p, p.resolve())):  # a symlink to RUN/epoch-K too
+        if _EPOCH_DIR.match(q.name) or q.name == "scout":
+            _refuse_inside(p, q.parent)
+
+
+def _refuse_inside(p: Path, parent: Path) -> None:
     try:
         refuse_if_locked(parent)
     except LockError as exc:

@@ -235,6 +235,44 @@ def test_a_forked_childs_own_signal_does_not_reach_the_parent():
         time.sleep(4 * interrupt._Wakeup.WAIT)  # no Interrupted here
 
 
+def test_a_signal_held_by_a_commit_is_raised_once_after_it():
+    # Held by deferred(), it was raised at the block's end; the watcher's copy, sent on 0.2 s later,
+    # raised a second Interrupted into the cleanup the first one started.
+    from aspc import interrupt
+    from aspc.errors import Interrupted
+
+    raised = []
+    with interrupt.handlers():
+        try:
+            with interrupt.deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.02)  # the commit ends before the watcher's moment (0.2 s)
+        except Interrupted as exc:
+            raised.append(exc.signum)
+        try:
+            time.sleep(4 * interrupt._Wakeup.WAIT)
+        except Interrupted as exc:
+            raised.append(("again", exc.signum))
+    assert raised == [signal.SIGTERM]
+
+
+def test_a_swallowed_interrupt_then_another_error_leaves_as_the_interrupt():
+    # vLLM swallows the KeyboardInterrupt, then fails with "Engine core initialization failed" once its
+    # engine died of the same Ctrl-C: the run was reported failed (exit 2), not interrupted (130).
+    from aspc import interrupt
+    from aspc.errors import Interrupted
+
+    with pytest.raises(Interrupted) as caught:
+        with interrupt.handlers(), interrupt.must_escape():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(2)
+            except KeyboardInterrupt:
+                pass
+            raise RuntimeError("Engine core initialization failed")
+    assert caught.value.signum == signal.SIGINT
+
+
 @pytest.mark.parametrize("then", ["block", "return"])
 def test_an_interrupt_a_library_swallows_still_leaves_a_must_escape_block(then):
     # vLLM's zmq_socket_ctx catches KeyboardInterrupt while its engine starts, then waits up to 10

@@ -388,12 +388,13 @@ def test_a_scout_checks_the_prompts_against_the_epochs_cap_before_it_runs(tmp_pa
     r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "--samples-per-prompt", "2",
                                   "--batch-size", "4", "-o", str(plan), "--quiet"])
     assert r.exit_code == 0, r.output
-    r = CliRunner().invoke(main, ["run", str(plan), "--backend", "hf", "--model", str(model_dir), "--workers", "2",
-                                  "--global-batch", "4", "--scout", "--scout-tokens", "16", "--max-new-tokens", "40",
-                                  "--log", str(tmp_path / "RUN"), "-q"])  # fmt: skip
-    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
-    assert "prompt 'q5' is 1000 tokens; with --max-new-tokens 40 it needs 1040 positions" in r.output
-    assert not (tmp_path / "RUN" / "scout" / "meta.json").exists()  # refused before the scout ran
+    for cap, need in ((["--max-new-tokens", "40"], "40 it needs 1040"), ([], "256 it needs 1256")):  # 256: the default
+        r = CliRunner().invoke(main, ["run", str(plan), "--backend", "hf", "--model", str(model_dir), "--workers", "2",
+                                      "--global-batch", "4", "--scout", "--scout-tokens", "16", *cap,
+                                      "--log", str(tmp_path / "RUN"), "-q"])  # fmt: skip
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+        assert f"prompt 'q5' is 1000 tokens; with --max-new-tokens {need} positions" in r.output
+        assert not (tmp_path / "RUN" / "scout" / "meta.json").exists()  # refused before the scout ran
 
 
 def test_token_ids_past_the_embeddings_are_a_mismatched_tokenizer():

@@ -107,12 +107,14 @@ class _LazyGroup(click.Group):
                         interrupt.exit_on_signal(code)
                         if code == 0 and self._ran in _LEAN_EXIT:
                             interrupt.end_process(code)
+                        if interrupt.interrupted_exit(code):
+                            # Outputs are whole or gone; the atexit hooks run, the interpreter's teardown
+                            # is skipped: with Ray's core worker stopped mid-start it crashed (exit -11).
+                            interrupt.end_process(code)
         except Interrupted as exc:
             click.echo(f"Error: interrupted by {interrupt.signal_name(exc.signum)}; {interrupt.outcome()}", err=True)
             if process:
-                # Every output is whole or gone and the atexit hooks still run; the interpreter's teardown
-                # is skipped: with Ray's core worker stopped mid-start it crashed there (exit -11, not 130).
-                interrupt.end_process(exc.exit_code)
+                interrupt.end_process(exc.exit_code)  # as in the finally above
             sys.exit(exc.exit_code)
 
     def make_context(self, info_name, args, parent=None, **extra):  # noqa: ANN001, ANN201 - click's signature

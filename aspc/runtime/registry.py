@@ -107,7 +107,9 @@ def make_backend(name: str | BackendKind, context: BackendContext) -> Generation
 
         require_vllm()
         check_vllm_device(opts.device)  # vLLM ignored it: --device cuda:3 ran on the CPU without a word
-        return VLLMBackend(dataclasses.replace(opts, model=str(resolve_model(opts.model))))
+        # vLLM's other load formats (dummy: random weights for timing, tensorizer, ...) read no weight files.
+        files = str((opts.engine_args or {}).get("load_format", "auto")) in ("auto", "safetensors", "pt")
+        return VLLMBackend(dataclasses.replace(opts, model=str(resolve_model(opts.model, need_weights=files))))
     from aspc.runtime.backends.hf import HFBackend
 
     return HFBackend(dataclasses.replace(opts, model=str(resolve_model(opts.model))))

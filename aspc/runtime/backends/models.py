@@ -136,7 +136,7 @@ def convert_gguf(path: Path) -> Path:
     return target
 
 
-def resolve_model(spec: str | os.PathLike) -> Path:
+def resolve_model(spec: str | os.PathLike, *, need_weights: bool = True) -> Path:
     """The local Hugging Face causal-LM directory that ``--model spec`` names.
 
     Raises
@@ -163,18 +163,18 @@ def resolve_model(spec: str | os.PathLike) -> Path:
     if not (path / "config.json").is_file():
         raise BackendError(f"--model {s}: not a Hugging Face model directory (no config.json)")
     check_causal_lm(path)
-    _check_model_files(path, s)
+    _check_model_files(path, s, need_weights)
     return path
 
 
 # What a model directory needs besides config.json. Checked up front: vLLM's engine failed on either
 # after starting, with three tracebacks and "Engine core initialization failed", or a cut-off sentence.
-WEIGHT_GLOBS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
+WEIGHT_GLOBS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json", "*.pt")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def _check_model_files(path: Path, spec: str) -> None:
-    if not any(any(path.glob(g)) for g in WEIGHT_GLOBS):
+def _check_model_files(path: Path, spec: str, need_weights: bool) -> None:
+    if need_weights and not any(any(path.glob(g)) for g in WEIGHT_GLOBS):
         raise BackendError(f"--model {spec}: no weights in it (no *.safetensors or pytorch_model*.bin); pass the "
                            "directory the model was saved to (model.save_pretrained(DIR) writes them)")  # fmt: skip
     if not any((path / f).is_file() for f in TOKENIZER_FILES):

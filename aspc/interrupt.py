@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 from aspc.errors import Interrupted
 
@@ -77,61 +78,7 @@ def _mark_raised(signum: int) -> None:
 
 
 _RETRY_SECONDS = 0.005
-_INSIST_SECONDS = 1.0
-_escapes: list[_MustEscape] = []  # open must_escape() blocks, innermost last
-
-
-class _MustEscape:
-    """One :func:`must_escape` block: the signal raised inside it, raised again until the block is left."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-
-    def raised(self, signum: int) -> None:
-        if self.signum is None:
-            self.signum = signum
-            timer = threading.Timer(_INSIST_SECONDS, self._insist)
-            timer.daemon = True
-            timer.start()
-
-    def _insist(self) -> None:
-        # Still inside: the Interrupted was swallowed. Raise it again where the main thread is now.
-        if self in _escapes and self.signum is not None and signal.getsignal(self.signum) is _handler:
-            signal.pthread_kill(threading.main_thread().ident, self.signum)
-            timer = threading.Timer(_INSIST_SECONDS, self._insist)
-            timer.daemon = True
-            timer.start()
-
-
-@contextlib.contextmanager
-def must_escape() -> Iterator[None]:
-    """An :class:`Interrupted` raised inside must leave the block, even through a library that swallows it.
-
-    vLLM's ``zmq_socket_ctx`` catches KeyboardInterrupt while its engine
-    starts and goes on to wait up to 10 minutes for an engine that may be
-    dead: a Ctrl-C then hung ``aspc run``. While the block is still open after
-    a raise, the signal is raised again every second; a block that ends
-    normally after one raises it at its end.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    block = _MustEscape()
-    _escapes.append(block)
-    try:
-        yield
-    except Interrupted:
-        raise
-    except BaseException:
-        if block.signum is None:
-            raise
-        # Swallowed, then another error (vLLM: "Engine core initialization failed" once the engine died
-        # of the same Ctrl-C): the signal is what happened.
-        raise Interrupted(block.signum) from None
-    finally:
-        _escapes.remove(block)
-    if block.signum is not None:
-        raise Interrupted(block.signum)
+_escapes: list[Any] = []  # open aspc.interrupt_libraries.must_escape() blocks, innermost last
 
 
 def _resend(signum: int) -> None:
@@ -296,40 +243,6 @@ class _Wakeup:
             if prev != self._w:
                 signal.set_wakeup_fd(prev)  # another's since (an asyncio loop's): theirs stays
         os.close(self._w)  # the watcher reads end of file and ends
-
-
-@contextlib.contextmanager
-def kept() -> Iterator[None]:
-    """Put aspc's handlers back after a library call that installs its own (``ray.init`` takes SIGTERM).
-
-    Ray's handler ends the process with ``sys.exit(15)``: no run log marked
-    interrupted, no resume command, exit 15. Only handlers of an active
-    :func:`handlers` block are put back; a library user's own stay Ray's.
-    """
-    main = threading.current_thread() is threading.main_thread()
-    before = {s: signal.getsignal(s) for s in SIGNALS} if main else {}
-    try:
-        yield
-    finally:
-        for s, h in before.items():
-            if h is _handler and signal.getsignal(s) is not _handler:
-                signal.signal(s, _handler)
-
-
-@contextlib.contextmanager
-def ours_again() -> Iterator[None]:
-    """A plain KeyboardInterrupt from inside the block becomes the :class:`Interrupted` it stands for.
-
-    Ray's ``ray.get`` checks for signals while it waits and raises a plain
-    KeyboardInterrupt in place of the :class:`Interrupted` our handler raised,
-    losing the signal: click then printed "Aborted!" and exited 1.
-    """
-    try:
-        yield
-    except Interrupted:
-        raise
-    except KeyboardInterrupt:
-        raise Interrupted(_last if _last is not None else signal.SIGINT) from None
 
 
 @contextlib.contextmanager

@@ -259,11 +259,11 @@ def test_a_signal_held_by_a_commit_is_raised_once_after_it():
 def test_a_swallowed_interrupt_then_another_error_leaves_as_the_interrupt():
     # vLLM swallows the KeyboardInterrupt, then fails with "Engine core initialization failed" once its
     # engine died of the same Ctrl-C: the run was reported failed (exit 2), not interrupted (130).
-    from aspc import interrupt
+    from aspc import interrupt, interrupt_libraries
     from aspc.errors import Interrupted
 
     with pytest.raises(Interrupted) as caught:
-        with interrupt.handlers(), interrupt.must_escape():
+        with interrupt.handlers(), interrupt_libraries.must_escape():
             try:
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(2)
@@ -277,7 +277,7 @@ def test_a_swallowed_interrupt_then_another_error_leaves_as_the_interrupt():
 def test_an_interrupt_a_library_swallows_still_leaves_a_must_escape_block(then):
     # vLLM's zmq_socket_ctx catches KeyboardInterrupt while its engine starts, then waits up to 10
     # minutes for the engine: a Ctrl-C hung `aspc run --backend vllm` and was lost.
-    from aspc import interrupt
+    from aspc import interrupt, interrupt_libraries
     from aspc.errors import Interrupted
 
     def library(wait):
@@ -291,7 +291,7 @@ def test_an_interrupt_a_library_swallows_still_leaves_a_must_escape_block(then):
 
     t0 = time.monotonic()
     with _kernel_wait() as wait, pytest.raises(Interrupted) as caught:
-        with interrupt.handlers(), interrupt.must_escape():
+        with interrupt.handlers(), interrupt_libraries.must_escape():
             library(wait)
     assert caught.value.signum == signal.SIGINT
     assert time.monotonic() - t0 < 6

@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from aspc import interrupt
+from aspc import interrupt_libraries
 from aspc.errors import BackendError, ConfigError
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
 from aspc.runtime.backends.prompts import check_plan_fits, check_prompt_fits, plan_prompt_tokens, render_prompt
@@ -273,7 +273,7 @@ class VLLMBackend(ModelBackend):
             share = DEVICE_MEMORY_SHARE / max(1, self.n_workers if self.serve_workers is None else 1)
         kwargs = engine_kwargs(self.options, worker, share, current_platform.is_cpu())
         try:
-            with interrupt.must_escape():  # vLLM swallows a KeyboardInterrupt while its engine starts
+            with interrupt_libraries.must_escape():  # vLLM swallows a KeyboardInterrupt while its engine starts
                 self._llm[worker] = LLM(**kwargs)
         except Exception as exc:  # vLLM raises many types for an engine it cannot build
             raise BackendError(f"vLLM could not start worker {worker} on {self.options.model}: "

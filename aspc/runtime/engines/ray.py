@@ -50,7 +50,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from aspc import interrupt
+from aspc import interrupt_libraries
 from aspc.errors import AspcError, BackendError, ConfigError, RunError, short_reason
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend
 from aspc.runtime.config import ReturnMode
@@ -200,7 +200,7 @@ class RayEngine(ThreadEngine):
                 # Ray's INFO and WARNING lines at start ("Using address ...", the token-authentication
                 # notice of every local start) would share the console aspc owns; its errors still show.
                 quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
-                with interrupt.kept():  # ray.init installs a SIGTERM handler of its own
+                with interrupt_libraries.kept():  # ray.init installs a SIGTERM handler of its own
                     ray.init(**{**quiet, **(init_kwargs or {})})
             except (ValueError, OSError, RuntimeError) as exc:  # a malformed RAY_ADDRESS was a traceback
                 where = os.environ.get("RAY_ADDRESS")
@@ -254,7 +254,7 @@ class RayEngine(ThreadEngine):
         ray = self._ray
         actors = [self._actor(w) for w in range(n_workers)]
         try:
-            with interrupt.ours_again():  # a signal while ray.get waits comes out as a plain KeyboardInterrupt
+            with interrupt_libraries.ours_again():  # a signal while ray.get waits comes out as a plain KeyboardInterrupt
                 ray.get([a.pid.remote() for a in actors])
         except ray.exceptions.RayActorError as exc:
             raise BackendError(f"a Ray worker could not start: {_cause_line(exc)}") from None
@@ -263,7 +263,7 @@ class RayEngine(ThreadEngine):
     def check_prompts(self, work: Any, max_new_tokens: int) -> None:
         """The backend's check of every plan prompt against the model, run in worker 0's actor."""
         try:
-            with interrupt.ours_again():
+            with interrupt_libraries.ours_again():
                 self._ray.get(self._actor(0).check_prompts.remote(work, max_new_tokens))
         except self._ray.exceptions.RayActorError as exc:
             raise BackendError(f"Ray worker 0 died checking the plan's prompts: {_cause_line(exc)}") from None
@@ -306,7 +306,7 @@ class RayEngine(ThreadEngine):
         start = (0, self._handle(0, weights))
         actors = [self._actor(w) for w in range(workers)]
         try:
-            with interrupt.ours_again():
+            with interrupt_libraries.ours_again():
                 self._ray.get([a.load.remote(start) for a in actors])
         except self._ray.exceptions.RayActorError as exc:
             raise BackendError(f"a Ray worker could not load the trainer's weights: {_cause_line(exc)}") from None
@@ -320,7 +320,7 @@ class RayEngine(ThreadEngine):
     def speed_probe(self, worker: int) -> float:
         """The reference generation run in ``worker``'s actor, on the model it serves the run with."""
         try:
-            with interrupt.ours_again():
+            with interrupt_libraries.ours_again():
                 return float(self._ray.get(self._actor(worker).speed_probe.remote()))
         except self._ray.exceptions.RayActorError as exc:
             raise BackendError(f"the speed probe's Ray worker {worker} died: {_cause_line(exc)}") from None

@@ -1,0 +1,108 @@
+"""aspc's signal policy through libraries that take signals for themselves.
+
+:mod:`aspc.interrupt` raises :class:`~aspc.errors.Interrupted` in the main
+thread. Some libraries get in its way: Ray installs its own SIGTERM handler
+(:func:`kept`), Ray's ``ray.get`` turns the Interrupted into a plain
+KeyboardInterrupt (:func:`ours_again`), and vLLM swallows KeyboardInterrupt
+while its engine starts (:func:`must_escape`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+
+from aspc import interrupt
+from aspc.errors import Interrupted
+
+INSIST_SECONDS = 1.0  # how often a swallowed interrupt is raised again
+
+
+class _MustEscape:
+    """One :func:`must_escape` block: the signal raised inside it, raised again until the block is left."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def raised(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+            timer = threading.Timer(INSIST_SECONDS, self._insist)
+            timer.daemon = True
+            timer.start()
+
+    def _insist(self) -> None:
+        # Still inside: the Interrupted was swallowed. Raise it again where the main thread is now.
+        ours = self.signum is not None and signal.getsignal(self.signum) is interrupt._handler
+        if self in interrupt._escapes and ours:
+            signal.pthread_kill(threading.main_thread().ident, self.signum)
+            timer = threading.Timer(INSIST_SECONDS, self._insist)
+            timer.daemon = True
+            timer.start()
+
+
+@contextlib.contextmanager
+def must_escape() -> Iterator[None]:
+    """An :class:`Interrupted` raised inside must leave the block, even through a library that swallows it.
+
+    vLLM's ``zmq_socket_ctx`` catches KeyboardInterrupt while its engine
+    starts and goes on to wait up to 10 minutes for an engine that may be
+    dead: a Ctrl-C then hung ``aspc run``. While the block is still open after
+    a raise, the signal is raised again every second; a block that ends
+    normally after one raises it at its end.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    block = _MustEscape()
+    interrupt._escapes.append(block)
+    try:
+        yield
+    except Interrupted:
+        raise
+    except BaseException:
+        if block.signum is None:
+            raise
+        # Swallowed, then another error (vLLM: "Engine core initialization failed" once the engine died
+        # of the same Ctrl-C): the signal is what happened.
+        raise Interrupted(block.signum) from None
+    finally:
+        interrupt._escapes.remove(block)
+    if block.signum is not None:
+        raise Interrupted(block.signum)
+
+
+@contextlib.contextmanager
+def kept() -> Iterator[None]:
+    """Put aspc's handlers back after a library call that installs its own (``ray.init`` takes SIGTERM).
+
+    Ray's handler ends the process with ``sys.exit(15)``: no run log marked
+    interrupted, no resume command, exit 15. Only handlers of an active
+    :func:`handlers` block are put back; a library user's own stay Ray's.
+    """
+    main = threading.current_thread() is threading.main_thread()
+    before = {s: signal.getsignal(s) for s in interrupt.SIGNALS} if main else {}
+    try:
+        yield
+    finally:
+        for s, h in before.items():
+            if h is interrupt._handler and signal.getsignal(s) is not interrupt._handler:
+                signal.signal(s, interrupt._handler)
+
+
+@contextlib.contextmanager
+def ours_again() -> Iterator[None]:
+    """A plain KeyboardInterrupt from inside the block becomes the :class:`Interrupted` it stands for.
+
+    Ray's ``ray.get`` checks for signals while it waits and raises a plain
+    KeyboardInterrupt in place of the :class:`Interrupted` our handler raised,
+    losing the signal: click then printed "Aborted!" and exited 1.
+    """
+    try:
+        yield
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        raise Interrupted(interrupt._last if interrupt._last is not None else signal.SIGINT) from None

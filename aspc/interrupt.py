@@ -131,7 +131,7 @@ def handlers(restore: bool = True) -> Iterator[None]:
     _written.clear()
     _raised.clear()
     _last = None
-    wakeup = _Wakeup() if restore else _Wakeup.kept()
+    wakeup = _Wakeup() if restore else _Wakeup.for_process()
     try:
         yield
     finally:
@@ -169,7 +169,6 @@ class _Wakeup:
             os.close(self._r)
             return
         self._main = threading.main_thread().ident
-        _Wakeup._fds.add(self._w)
         _Wakeup._pipes.add((self._r, self._w))
         if not _Wakeup._fork_hook:
             os.register_at_fork(after_in_child=_Wakeup._after_fork)
@@ -179,7 +178,6 @@ class _Wakeup:
         self._send = threading.Lock()  # close() waits for a send under way: none lands after it
         threading.Thread(target=self._watch, name="aspc-signal-wakeup", daemon=True).start()
 
-    _fds: set[int] = set()  # write ends of the watchers' pipes, open now
     _pipes: set[tuple[int, int]] = set()  # (read, write) ends of the watchers' pipes, open now
     _fork_hook = False
 
@@ -189,17 +187,16 @@ class _Wakeup:
         # would be read by the parent's watcher and sent on to the parent, interrupting it.
         with contextlib.suppress(ValueError, OSError):
             old = signal.set_wakeup_fd(-1)
-            if old not in _Wakeup._fds:
+            if old not in {w for _, w in _Wakeup._pipes}:
                 signal.set_wakeup_fd(old)  # not ours: the child keeps it
         for fds in _Wakeup._pipes:  # the child's copies: the parent's watcher then reads end of file on close
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
         _Wakeup._pipes.clear()
-        _Wakeup._fds.clear()
 
     @classmethod
-    def kept(cls) -> _Wakeup:
+    def for_process(cls) -> _Wakeup:
         if cls._process is None:
             cls._process = cls()
         return cls._process
@@ -236,7 +233,6 @@ class _Wakeup:
             return
         with self._send:
             self._closed = True
-        _Wakeup._fds.discard(self._w)
         _Wakeup._pipes.discard((self._r, self._w))
         with contextlib.suppress(ValueError):
             prev = signal.set_wakeup_fd(self._old)

@@ -252,9 +252,15 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
         yield tmp
         ours = True
-        for root, _dirs, files in os.walk(tmp):
+        # Libraries write some files private (safetensors' save_file: 0600); outputs are shared files
+        # (a trainer under another uid reads the predictor), so every one gets the umask's mode.
+        file_mode, dir_mode = 0o666 & ~_umask(), 0o777 & ~_umask()
+        for root, dirs, files in os.walk(tmp):
+            for name in dirs:
+                os.chmod(os.path.join(root, name), dir_mode)
             for name in files:
                 with open(os.path.join(root, name), "rb") as fh:
+                    os.fchmod(fh.fileno(), file_mode)
                     os.fsync(fh.fileno())
         check_replaceable(target, "dir")
         # Held signals: one between the two renames left the earlier output moved aside for good.

@@ -83,10 +83,16 @@ def test_outputs_get_umask_permissions(tmp_path):
         atomic_write_bytes(tmp_path / "f", b"x")
         with atomic_dir(tmp_path / "d") as tmp:
             (tmp / "a").write_text("1")
+            # What safetensors' save_file does (the transformer predictor's weights were 0600).
+            os.close(os.open(tmp / "private", os.O_WRONLY | os.O_CREAT, 0o600))
+            (tmp / "sub").mkdir(mode=0o700)
+            os.close(os.open(tmp / "sub" / "w", os.O_WRONLY | os.O_CREAT, 0o600))
     finally:
         os.umask(old)
     assert (tmp_path / "f").stat().st_mode & 0o777 == 0o644
     assert (tmp_path / "d").stat().st_mode & 0o777 == 0o755
+    for inner, mode in (("a", 0o644), ("private", 0o644), ("sub", 0o755), ("sub/w", 0o644)):
+        assert (tmp_path / "d" / inner).stat().st_mode & 0o777 == mode, inner
 
 
 def test_atomic_dir_replaces_whole(tmp_path):

@@ -11,9 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aspc.predict import load_predictor
-from aspc.predict.calibration import MIN_SLOPE, Calibration, balanced_band_scale
+from aspc.predict.base import LengthPrediction
+from aspc.predict.calibration import (
+    EASE_FAR_SLOPE,
+    EASE_MARGIN,
+    MIN_SLOPE,
+    Calibration,
+    balanced_band_scale,
+    ease_lengths,
+)
 from aspc.predict.features import FeatureConfig, featurize
 from aspc.predict.lexical_kernel import hashed_scores
+from aspc.predict.lexical_train import train_lexical
 from aspc.predict.metrics import coverage, kendall_tau
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,3 +162,34 @@ def test_target_band_widens_only_a_target_whose_sources_disagree() -> None:
     o, pb = own.apply(grid), pooled.apply(grid - 0.4)
     np.testing.assert_allclose(b.q90, o.q50 * pb.q90 / pb.q50, rtol=1e-6)
     np.testing.assert_allclose(b.q10, o.q50 * pb.q10 / pb.q50, rtol=1e-6)
+
+
+def test_scores_far_past_the_training_prompts_stay_sane_lengths() -> None:
+    """A model fitted on prompts of at most 4 KB, asked about 1 KB to 1 MB ones (a pasted document).
+
+    The lexical features grow with log-size squared; a straight continuation of the calibration took
+    the 1 MB prompt to 1.5e10 tokens and ``aspc compile`` refused its own predictions.
+    """
+    rows = [json.loads(line) for line in (ROOT / "examples" / "prompts.jsonl").read_text().splitlines()][:200]
+    pred = train_lexical([r["prompt"] for r in rows], [np.asarray(r["lengths"][:1], float) for r in rows], seed=0)
+    longest = max(r["lengths"][0] for r in rows)
+    doc = (ROOT / "README.md").read_text() * 40
+    p = pred.predict(["Summarize this document:\n" + doc[: k * 1000] for k in (1, 5, 20, 50, 1000)])
+    for a in (p.mean, p.q10, p.q50, p.q90):
+        assert np.all(np.isfinite(a)) and np.all(a > 0)
+    assert p.q90.max() < 100 * longest, f"{p.q90.max():.3g} tokens for prompts whose answers ran to {longest}"
+
+
+def test_lengths_past_the_bounds_ease_to_the_least_slope() -> None:
+    seen = (np.log(10.0), np.log(1000.0))
+    lo, hi = 10.0 / EASE_MARGIN, 1000.0 * EASE_MARGIN
+    a = np.array([lo, 500.0, hi, hi * (1 + 1e-9), hi * np.exp(50.0), lo * np.exp(-50.0)])
+    p = ease_lengths(LengthPrediction(a, a, a, a), seen)
+    np.testing.assert_allclose(p.mean[:3], a[:3], rtol=1e-12)  # within the bounds: as they were
+    assert np.log(p.mean[3] / hi) == pytest.approx(1e-9, rel=1e-3)  # slope 1 at the bound
+    # 50 e-folds past: EASE_FAR_SLOPE * 50 + (1 - EASE_FAR_SLOPE) * ln 2, not 50.
+    far = EASE_FAR_SLOPE * 50 + (1 - EASE_FAR_SLOPE) * np.log(2.0)
+    assert np.log(p.mean[4] / hi) == pytest.approx(far, rel=1e-9)
+    assert np.log(lo / p.mean[5]) == pytest.approx(far, rel=1e-9)
+    grid = np.exp(np.linspace(-100, 100, 20001))
+    assert np.all(np.diff(ease_lengths(LengthPrediction(grid, grid, grid, grid), seen).q90) > 0)  # ranks kept

@@ -200,6 +200,62 @@ def test_load_errors(trained, tmp_path) -> None:
         load_predictor(tmp_path / "p")
 
 
+def _edited(pred, tmp_path, name, *, arrays=None, config=None):
+    """``pred`` saved, then its weights or feature configuration edited by hand, the hash dropped
+    (a predictor without ``weights_sha256`` loads: the README allows it)."""
+    d = tmp_path / name
+    pred.save(d)
+    with np.load(d / "weights.npz") as z:
+        a = {k: z[k] for k in z.files}
+    np.savez_compressed(d / "weights.npz", **{**a, **(arrays or {})})
+    meta = json.loads((d / "metadata.json").read_text())
+    del meta["weights_sha256"]
+    meta["config"]["features"].update(config or {})
+    (d / "metadata.json").write_text(json.dumps(meta))
+    return d
+
+
+@pytest.mark.parametrize(
+    "arrays",
+    [{"alpha": np.zeros(3)}, {"alpha": np.full(5, np.nan)}, {"intercepts": np.zeros((2, 2))},
+     {"intercepts": np.array([1e5, 1e5])}, {"cal0_slope": np.zeros(0)}, {"cal0_slope": np.array([np.inf])},
+     {"cal0_centers": np.array([-np.inf, 5.0])}],
+    ids=["alpha-shape", "alpha-nan", "intercepts-2d", "intercepts-huge", "slope-empty", "slope-inf", "centre-inf"],
+)  # fmt: skip
+def test_edited_weights_are_refused_in_one_line(trained, tmp_path, arrays) -> None:
+    pred, texts, _ = trained
+    if "cal0_centers" in arrays:
+        with np.load(_edited(pred, tmp_path, "probe") / "weights.npz") as z:
+            arrays = {"cal0_centers": np.concatenate([arrays["cal0_centers"][:1], z["cal0_centers"][1:]])}
+    d = _edited(pred, tmp_path, "p", arrays=arrays)
+    with pytest.raises(PredictorError, match="missing or corrupt"):
+        load_predictor(d).predict(texts)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"head_bytes": -1}, {"tail_bytes": 10**11}, {"char_ngrams": [0]}, {"word_bigrams": "false"},
+     {"bits": True}, {"bits": 18.0}],
+)  # fmt: skip
+def test_edited_feature_configuration_is_refused(trained, tmp_path, config) -> None:
+    pred, texts, _ = trained
+    with pytest.raises(PredictorError, match="missing or corrupt"):
+        load_predictor(_edited(pred, tmp_path, "p", config=config))
+
+
+@pytest.mark.parametrize("edit", [{"max": -1.0}, {"min": "0"}, {"min": 50.0, "max": 10.0}, {"max": None}])
+def test_edited_length_range_is_refused(trained, tmp_path, edit) -> None:
+    """The training lengths' range bounds how far predictions stray; a hand-edited one is refused."""
+    pred, texts, _ = trained
+    pred.save(tmp_path / "p")
+    meta = json.loads((tmp_path / "p" / "metadata.json").read_text())
+    assert {"min", "max"} <= set(meta["marginal"])
+    meta["marginal"].update(edit)
+    (tmp_path / "p" / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(PredictorError, match="marginal min/max"):
+        load_predictor(tmp_path / "p").predict(texts)
+
+
 def test_failed_save_leaves_target_untouched(trained, tmp_path, monkeypatch) -> None:
     pred, texts, _ = trained
     pred.save(tmp_path / "p")

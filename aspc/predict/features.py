@@ -50,6 +50,10 @@ _SEED_CHAR = np.uint64(0x7FEB352D2C1B7A11)
 _SEED_LENBIN = np.uint64(0x3C6EF372FE94F82B)
 
 
+MAX_SLICE_BYTES = 1 << 24
+"""Most head or tail bytes a saved configuration may ask for (prompts are at most 2 MiB)."""
+
+
 @dataclass(frozen=True)
 class FeatureConfig:
     """How prompts are turned into hashed features (saved with the predictor)."""
@@ -73,12 +77,30 @@ class FeatureConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> FeatureConfig:
+        """Read a saved configuration, refusing (ValueError) values training never writes.
+
+        A hand-edited ``head_bytes`` of -1 loaded and changed predictions by up to 68%; ``"false"``
+        read as a true ``word_bigrams``; a ``tail_bytes`` of 1e11 was taken as is.
+        """
+
+        def whole(name: str, lo: int, hi: int) -> int:
+            v = d[name]
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ValueError(f"features.{name} {v!r} is not an integer in {lo}..{hi}")
+            return v
+
+        grams = d["char_ngrams"]
+        if not isinstance(grams, list) or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 16
+                                              for n in grams):  # fmt: skip
+            raise ValueError(f"features.char_ngrams {grams!r} is not a list of integers in 1..16")
+        if not isinstance(d["word_bigrams"], bool):
+            raise ValueError(f"features.word_bigrams {d['word_bigrams']!r} is not true or false")
         return cls(
-            bits=int(d["bits"]),
-            char_ngrams=tuple(int(n) for n in d["char_ngrams"]),
-            word_bigrams=bool(d["word_bigrams"]),
-            head_bytes=int(d["head_bytes"]),
-            tail_bytes=int(d["tail_bytes"]),
+            bits=whole("bits", 1, 30),
+            char_ngrams=tuple(grams),
+            word_bigrams=d["word_bigrams"],
+            head_bytes=whole("head_bytes", 0, MAX_SLICE_BYTES),
+            tail_bytes=whole("tail_bytes", 0, MAX_SLICE_BYTES),
         )
 
 

@@ -41,8 +41,8 @@ from aspc.predict.base import (
     text_list,
     write_metadata,
 )
-from aspc.predict.calibration import Calibration
-from aspc.predict.features import FeatureConfig, featurize
+from aspc.predict.calibration import Calibration, ease_lengths, seen_lengths
+from aspc.predict.features import N_DENSE, FeatureConfig, featurize
 from aspc.predict.metrics import evaluate, mean_over
 
 WEIGHTS_FILE = "weights.npz"
@@ -144,11 +144,14 @@ class LexicalPredictor(Predictor):
         y = self.log_scores(texts)
         own = self.calibrations[self._head].apply(y)
         if not self.metadata.get("shared_band") or self._head == len(self.targets):
-            return own
+            return _finite(ease_lengths(own, seen_lengths(self.metadata, self.calibrations[self._head])))
         # The target's level, the pooled band: the pooled residuals left whole prompt sources out
         # for every target, so they know how far off a model's level is on a source it never saw.
         band = self.calibrations[-1].apply(y - self.intercepts[self._head] + self.intercepts[-1])
-        return LengthPrediction(own.mean, own.q50 * band.q10 / band.q50, own.q50, own.q50 * band.q90 / band.q50)
+        return _finite(ease_lengths(
+            LengthPrediction(own.mean, own.q50 * band.q10 / band.q50, own.q50, own.q50 * band.q90 / band.q50),
+            seen_lengths(self.metadata, self.calibrations[self._head], self.calibrations[-1]),
+        ))  # fmt: skip
 
     def with_target(self, name: str | None) -> LexicalPredictor:
         """The same predictor answering for target ``name`` (``None``: pooled).
@@ -198,6 +201,9 @@ class LexicalPredictor(Predictor):
             with np.load(Path(path) / WEIGHTS_FILE, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
             config = LexicalConfig.from_dict(meta["config"])
+            # Shapes and values checked here, not where they are used: a 3-long alpha raised a matvec
+            # traceback, a NaN one predicted NaN for every prompt (and eval printed "mae": NaN).
+            _check_weights(arrays)
             targets = list(meta["targets"])
             cals = [Calibration.from_arrays(arrays, f"cal{i}_") for i in range(len(arrays["intercepts"]))]
             # Checked before use: a hand-edited bits of -1 raised "negative shift count", targets "abc" an IndexError.
@@ -223,6 +229,32 @@ class LexicalPredictor(Predictor):
                 f"{path}: weights do not match their recorded hash (modified or corrupt); retrain it"
             )
         return pred.with_target(target) if target is not None else pred
+
+
+def _finite(p: LengthPrediction) -> LengthPrediction:
+    """``p``, refused unless every length is a finite positive number.
+
+    Trained weights never give anything else (lengths far out are eased); a hand-edited intercept of
+    1e5 made every prediction inf, and ``predict eval --json`` printed ``"mae": Infinity``.
+    """
+    if not all(np.all(np.isfinite(a) & (a > 0)) for a in (p.mean, p.q10, p.q50, p.q90)):
+        raise PredictorError("lexical predictor weights are missing or corrupt (its predictions are not finite "
+                             "positive lengths); retrain it")  # fmt: skip
+    return p
+
+
+def _check_weights(arrays: dict[str, np.ndarray]) -> None:
+    """Raise ValueError unless alpha and intercepts have their shapes and beta, alpha, intercepts are finite.
+
+    (beta's length is checked against the feature configuration after loading, with its own message.)
+    """
+    if arrays["alpha"].shape != (N_DENSE - 1,):
+        raise ValueError(f"alpha has shape {arrays['alpha'].shape}, not ({N_DENSE - 1},)")
+    if arrays["intercepts"].ndim != 1 or len(arrays["intercepts"]) < 2:
+        raise ValueError(f"intercepts has shape {arrays['intercepts'].shape}, not (targets + 1,)")
+    for name in ("beta", "alpha", "intercepts"):
+        if arrays[name].dtype.kind != "f" or not np.all(np.isfinite(arrays[name])):
+            raise ValueError(f"{name} is not all finite numbers")
 
 
 def resolve_target(name: str, targets: Sequence[str]) -> str:

@@ -43,7 +43,7 @@ from aspc.predict.base import (
     text_list,
     write_metadata,
 )
-from aspc.predict.calibration import Calibration
+from aspc.predict.calibration import Calibration, ease_lengths, seen_lengths
 from aspc.predict.lexical import resolve_target
 from aspc.predict.static_kernel import segmented_mean
 from aspc.predict.transformer import _length_features
@@ -230,7 +230,8 @@ class StaticPredictor(Predictor):
         return prior_text_scores(self.prior, texts)
 
     def predict(self, texts: Sequence[str], *, ids: Sequence[str] | None = None) -> LengthPrediction:
-        return self.calibrations[self._head].apply(self.log_scores(texts))
+        cal = self.calibrations[self._head]
+        return ease_lengths(cal.apply(self.log_scores(texts)), seen_lengths(self.metadata, cal))
 
     # -- persistence ------------------------------------------------------
     def _arrays(self) -> dict[str, np.ndarray]:

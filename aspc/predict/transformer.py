@@ -12,6 +12,7 @@ torch, transformers and safetensors are imported lazily; the rest of aspc
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -31,6 +32,7 @@ from aspc.predict.base import (
     text_list,
     write_metadata,
 )
+from aspc.predict.calibration import ease_lengths, seen_lengths
 from aspc.predict.lexical import resolve_target
 
 WEIGHTS_FILE = "model.safetensors"
@@ -244,7 +246,9 @@ class TransformerPredictor(Predictor):
         q10 = np.exp(raw[:, 1] - self.cqr_adjust)
         q50 = np.exp(raw[:, 2])
         q90 = np.exp(raw[:, 3] + self.cqr_adjust)
-        return LengthPrediction(np.exp(raw[:, 0]), np.minimum(q10, q50), q50, np.maximum(q90, q50))
+        m, sd = self.norm  # the training pairs' log lengths: mean and spread
+        pred = LengthPrediction(np.exp(raw[:, 0]), np.minimum(q10, q50), q50, np.maximum(q90, q50))
+        return ease_lengths(pred, seen_lengths(self.metadata, spread=(m - 3.0 * sd, m + 3.0 * sd)))
 
     def _state(self) -> dict[str, Any]:
         return {k: v.detach().cpu().contiguous() for k, v in self.net.state_dict().items()}
@@ -267,6 +271,7 @@ class TransformerPredictor(Predictor):
             self.tokenizer.save_pretrained(str(tmp / ENCODER_DIR))
             body = {k: v for k, v in self.metadata.items() if k != "target"}
             body.update(
+                encoder_sha256=_encoder_hash(tmp / ENCODER_DIR),
                 config=self.config.to_dict(),
                 targets=self.targets,
                 norm=list(self.norm),
@@ -286,6 +291,7 @@ class TransformerPredictor(Predictor):
         from aspc.devices import resolve_device
 
         path = Path(path)
+        _check_encoder_files(path, meta)
         try:
             cfg = transformers.AutoConfig.from_pretrained(str(path / ENCODER_DIR), local_files_only=True)
             encoder = transformers.AutoModel.from_config(cfg)
@@ -320,6 +326,33 @@ class TransformerPredictor(Predictor):
                 f"{path}: weights do not match their recorded hash (modified or corrupt); retrain it"
             )
         return pred.with_target(target) if target is not None else pred
+
+
+def _encoder_hash(encoder_dir: Path) -> str:
+    """sha256 over the names and bytes of the encoder directory's files (configuration, tokenizer)."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in encoder_dir.iterdir() if p.is_file()):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _check_encoder_files(path: Path, meta: dict[str, Any]) -> None:
+    """Refuse an encoder directory without its tokenizer, or whose files changed since training.
+
+    The weights' hash does not cover them: with ``tokenizer.json`` deleted, transformers built a
+    five-token vocabulary from ``tokenizer_config.json`` alone, every word became ``[UNK]``, and the
+    predictions went flat without a word. Predictors saved before the hash was recorded are checked
+    for the tokenizer file only.
+    """
+    encoder = path / ENCODER_DIR
+    missing = [n for n in ("config.json", "tokenizer.json") if not (encoder / n).is_file()]
+    if missing:
+        raise PredictorError(f"{path}: transformer predictor files are missing or corrupt "
+                             f"({ENCODER_DIR}/{missing[0]} is missing); retrain it")  # fmt: skip
+    recorded = meta.get("encoder_sha256")
+    if recorded is not None and recorded != _encoder_hash(encoder):
+        raise PredictorError(f"{path}: the encoder's tokenizer or configuration files do not match their recorded "
+                             "hash (modified or corrupt); retrain it")  # fmt: skip
 
 
 def _checked_meta(meta: dict[str, Any]) -> tuple[list[str], tuple[float, float], float]:

@@ -42,6 +42,7 @@ COMPILE_PATH = [
     "aspc/scout.py",
     "aspc/predict/base.py",
     "aspc/predict/calibration.py",
+    "aspc/predict/ease.py",
     "aspc/predict/features.py",
     "aspc/predict/history.py",
     "aspc/predict/history_estimates.py",
@@ -53,7 +54,7 @@ COMPILE_PATH = [
     "aspc/runtime/lengths.py",  # lengths drawn from a plan's predictions (a run without --actual-lengths)
 ]
 MACHINE_DEPENDENT = {"exp", "log", "log1p", "log2", "log10", "expm1", "exp2", "power", "float_power", "dot",
-                     "matmul", "inner", "vdot", "einsum", "tensordot", "cbrt", "sinh", "cosh", "arctan"}  # fmt: skip
+                     "matmul", "inner", "vdot", "einsum", "tensordot", "cbrt", "sinh", "cosh", "tanh", "arctan"}  # fmt: skip
 
 
 def _compile_path_files() -> list[Path]:

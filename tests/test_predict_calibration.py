@@ -12,14 +12,8 @@ from hypothesis import strategies as st
 
 from aspc.predict import load_predictor
 from aspc.predict.base import LengthPrediction
-from aspc.predict.calibration import (
-    EASE_FAR_SLOPE,
-    EASE_MARGIN,
-    MIN_SLOPE,
-    Calibration,
-    balanced_band_scale,
-    ease_lengths,
-)
+from aspc.predict.calibration import MIN_SLOPE, Calibration, balanced_band_scale
+from aspc.predict.ease import EASE_FAR_SLOPE, EASE_MARGIN, ease_lengths
 from aspc.predict.features import FeatureConfig, featurize
 from aspc.predict.lexical_kernel import hashed_scores
 from aspc.predict.lexical_train import train_lexical

@@ -41,7 +41,8 @@ from aspc.predict.base import (
     text_list,
     write_metadata,
 )
-from aspc.predict.calibration import Calibration, ease_lengths, seen_lengths
+from aspc.predict.calibration import Calibration
+from aspc.predict.ease import ease_lengths, seen_lengths
 from aspc.predict.features import N_DENSE, FeatureConfig, featurize
 from aspc.predict.metrics import evaluate, mean_over
 

@@ -43,7 +43,8 @@ from aspc.predict.base import (
     text_list,
     write_metadata,
 )
-from aspc.predict.calibration import Calibration, ease_lengths, seen_lengths
+from aspc.predict.calibration import Calibration
+from aspc.predict.ease import ease_lengths, seen_lengths
 from aspc.predict.lexical import resolve_target
 from aspc.predict.static_kernel import segmented_mean
 from aspc.predict.transformer import _length_features

@@ -32,7 +32,7 @@ from aspc.predict.base import (
     text_list,
     write_metadata,
 )
-from aspc.predict.calibration import ease_lengths, seen_lengths
+from aspc.predict.ease import ease_lengths, seen_lengths
 from aspc.predict.lexical import resolve_target
 
 WEIGHTS_FILE = "model.safetensors"

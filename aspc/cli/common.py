@@ -218,8 +218,29 @@ class RichProgress:
 
 
 def emit_json(obj: Any) -> None:
-    """Print one JSON object on stdout (and nothing else)."""
-    click.echo(json.dumps(obj, sort_keys=True, default=_json_default), file=stdout)  # type: ignore[arg-type]
+    """Print one strict JSON object on stdout (and nothing else); a NaN or infinite number is null.
+
+    Python writes them as NaN and Infinity, which strict parsers (jq, JSON.parse) refuse: the
+    whole output was lost to a hand-edited metric. null is how aspc's --json says "no figure"
+    elsewhere (aspc.predict.metrics), and allow_nan=False makes sure none slips through.
+    """
+    text = json.dumps(_finite(obj), sort_keys=True, default=_json_default, allow_nan=False)
+    click.echo(text, file=stdout)  # type: ignore[arg-type]
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NumPy's too) replaced by None, containers rebuilt."""
+    import math
+
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if type(obj).__module__ == "numpy":  # a NumPy scalar or array: as _json_default gives it, then checked
+        return _finite(_json_default(obj))
+    return obj
 
 
 def _json_default(o: Any) -> Any:

@@ -20,7 +20,7 @@ def inspect_cmd(plan_path: Path, as_json: bool) -> None:
     """Show a plan's metrics, config, per-group loads and minibatch size histogram."""
     import numpy as np
 
-    from aspc.emit import group_loads, read_plan, verify_integrity
+    from aspc.emit import group_loads, plan_cost_model, read_plan, verify_integrity
     from aspc.emit import schema as S
     from aspc.emit.metrics import minibatch_starts
     from aspc.memory import small_pages_only
@@ -28,8 +28,8 @@ def inspect_cmd(plan_path: Path, as_json: bool) -> None:
     small_pages_only()
     plan = read_plan(plan_path)
     verify_integrity(plan, plan_path.name)  # the metrics shown are the stored ones: they must be the rows'
-    minibatch_cost = plan.metrics.get("cost_model", "padded")
-    loads = group_loads(plan.table, minibatch_cost, plan.metrics.get("response_cap"))
+    # The cost model check uses (an older plan keeps it only in its config): the loads are the ones check gates.
+    loads = group_loads(plan.table, plan_cost_model(plan), plan.metrics.get("response_cap"))
     sizes = np.diff(minibatch_starts(plan.column(S.MINIBATCH)))
     values, counts = np.unique(sizes, return_counts=True)
     hist = {int(v): int(c) for v, c in zip(values, counts, strict=True)}

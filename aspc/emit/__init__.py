@@ -14,6 +14,7 @@ _HOMES = {
     "group_loads": "metrics",
     "plan_metrics": "metrics",
     "Plan": "plan",
+    "plan_cost_model": "plan",
     "read_plan": "plan",
     "rows_hash": "plan",
     "write_plan": "plan",

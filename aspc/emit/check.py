@@ -8,7 +8,7 @@ from typing import Any
 
 from aspc.emit import schema as S
 from aspc.emit.metrics import plan_metrics
-from aspc.emit.plan import Plan, rows_hash
+from aspc.emit.plan import Plan, plan_cost_model, rows_hash
 from aspc.errors import PlanError
 from aspc.guards import check_number
 
@@ -69,10 +69,7 @@ def verify_integrity(plan: Plan, name: str = "plan") -> dict[str, Any]:
             )
     if plan.stored_rows_hash and plan.stored_rows_hash != rows_hash(plan.table):
         raise PlanError(f"{name}: rows do not match the plan's metadata (edited by hand?); recompile the plan")
-    # Plans record it as metrics["cost_model"]; older ones only in their config.
-    cfg = plan.config
-    minibatch_cost = plan.metrics.get("cost_model") or cfg.get("minibatch_cost") or cfg.get("cost_model") or "padded"
-    metrics = plan_metrics(plan.table, minibatch_cost, cap=plan.metrics.get("response_cap"))
+    metrics = plan_metrics(plan.table, plan_cost_model(plan), cap=plan.metrics.get("response_cap"))
     for key, value in plan.metrics.items():
         if key not in metrics:
             continue

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import os
 import secrets
 import threading
@@ -346,6 +347,17 @@ def _check_metadata(plan: Plan, name: str) -> None:
             raise bad(f"{where} {key}", "a string")
         if d.get(key) is not None and d[key] not in MINIBATCH_COSTS:  # said without the file or a fix before
             raise bad(f"{where} {key}", f"one of {', '.join(MINIBATCH_COSTS)}")
+    # export hands these to verl (data.max_prompt_length): 'abc' made int() raise after the output was written,
+    # and -5, 1e30 or true went into the settings as they were.
+    tokens, exact = plan.metrics.get("prompt_tokens_max"), plan.metrics.get("prompt_tokens_exact")
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= MAX_LENGTH):
+        raise bad("aspc.metrics prompt_tokens_max", f"null or an integer in 0..{MAX_LENGTH:.0e}")
+    if exact is not None and not isinstance(exact, bool):
+        raise bad("aspc.metrics prompt_tokens_exact", "true, false or null")
+    for key in ("n_excluded_overlong", "n_excluded_remainder"):  # counted in export's note
+        v = plan.metrics.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise bad(f"aspc.metrics {key}", "null or an integer >= 0")
     inputs = plan.config.get("inputs")
     if inputs is not None and not (
         isinstance(inputs, dict) and all(v is None or isinstance(v, (str, bool, int)) for v in inputs.values())
@@ -353,3 +365,38 @@ def _check_metadata(plan: Plan, name: str) -> None:
                 for k in ("prompt_field", "id_field", "length_field", "on_bad_line"))
     ):  # fmt: skip
         raise bad("aspc.config inputs", "an object of field names")
+    # Compile stores finite numbers only; a NaN or Infinity (JSON reads both) made inspect --json print
+    # invalid JSON and would pass through every comparison unnoticed.
+    for where, d in (("aspc.metrics", plan.metrics), ("aspc.config", plan.config)):
+        at = _non_finite(d)
+        if at is not None:
+            raise bad(f"{where} {at}", "a finite number")
+
+
+def _non_finite(value: Any, at: str = "") -> str | None:
+    """The dotted key of the first NaN or infinite float in ``value`` (nested dicts and lists), else None."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else at
+    if isinstance(value, dict):
+        items: Any = ((f"{at}.{k}" if at else str(k), v) for k, v in value.items())
+    elif isinstance(value, list):
+        items = ((f"{at}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for key, v in items:
+        found = _non_finite(v, key)
+        if found is not None:
+            return found
+    return None
+
+
+def plan_cost_model(plan: Plan) -> str:
+    """The minibatch cost model of ``plan``'s metrics and group loads.
+
+    Plans record it as ``metrics["cost_model"]``; older ones only in their
+    config (``minibatch_cost``, before that ``cost_model``). check, inspect
+    and report all read it here: inspect and report once fell back to
+    "padded" on such a plan, and showed loads ~4x off from check's.
+    """
+    m, cfg = plan.metrics, plan.config
+    return str(m.get("cost_model") or cfg.get("minibatch_cost") or cfg.get("cost_model") or "padded")

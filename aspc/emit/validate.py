@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from aspc.emit import schema as S
 from aspc.errors import PlanError
+from aspc.guards import MAX_LENGTH
 
 
 def _contiguous_ids(ids: np.ndarray) -> bool:
@@ -53,7 +54,18 @@ def validate_table(table: pa.Table, *, name: str = "plan") -> None:
         v = table.column(col).to_numpy()
         if not np.all(np.isfinite(v)) or np.any(v < 0):
             raise PlanError(f"{name}: column {col} has negative or non-finite values; recompile the plan")
+        # Compile refuses longer lengths (aspc.guards.check_lengths); past it 'aspc run' overflowed and
+        # blamed "response lengths must be >= 0".
+        if np.any(v > MAX_LENGTH):
+            raise PlanError(f"{name}: column {col} has lengths over {MAX_LENGTH:.0e} tokens, more than compile "
+                            "allows; recompile the plan")  # fmt: skip
     q10 = table.column(S.PREDICTED_Q10).to_numpy()
+    q50 = table.column(S.PREDICTED_Q50).to_numpy()
     q90 = table.column(S.PREDICTED_Q90).to_numpy()
     if np.any(q10 > q90 + 1e-9):
         raise PlanError(f"{name}: predicted_q10 exceeds predicted_q90 in some rows; recompile the plan")
+    # The expected-max cost reads q50 as the median between them; compile's predictors keep that order.
+    if np.any(q10 > q50 + 1e-9):
+        raise PlanError(f"{name}: predicted_q10 exceeds predicted_q50 in some rows; recompile the plan")
+    if np.any(q50 > q90 + 1e-9):
+        raise PlanError(f"{name}: predicted_q50 exceeds predicted_q90 in some rows; recompile the plan")

@@ -173,13 +173,17 @@ def export_plan(
     prompt_field, id_field = inputs.get("prompt_field", "prompt"), inputs.get("id_field", "id")
     rows = plan.column(S.SOURCE_ROW).astype(np.int64).tolist()
     replaced = False  # the source's own 'prompt' column gave way to the chat built from another prompt field
+    overrides: dict[str, Any] = {}
+    warnings: list[str] = []
     if fmt == "verl":
-        has_ds, replaced = _write_verl(out_path, plan, src, rows, prompt_field, id_field, data_source)
+        table, has_ds, replaced = _verl_table(plan, src, rows, prompt_field, id_field, data_source)
+        # Before the file is written: a setting that cannot be made must leave no output behind.
+        overrides, warnings = verl_settings(plan, str(out_path), has_ds)
+        _write_parquet(out_path, table)
     else:
-        has_ds = _write_jsonl(out_path, plan, src, rows, id_field, data_source)
+        _write_jsonl(out_path, plan, src, rows, id_field, data_source)
     counts = np.bincount(plan.column(S.GROUP).astype(np.int64)).astype(int).tolist()
     nseq = plan.column(S.N_SAMPLES)
-    overrides, warnings = verl_settings(plan, str(out_path), has_ds) if fmt == "verl" else ({}, [])
     if replaced:
         # Said, not refused: the user's file keeps the column, and a renamed source would no longer match the plan.
         warnings.insert(0, f"the source's 'prompt' column is replaced by the chat built from {prompt_field!r}, the "
@@ -237,16 +241,15 @@ def _extra_info(table: pa.Table | None, plan: Plan) -> pa.Array:
     return pa.StructArray.from_arrays(children + [aspc], names=names + [ASPC_KEY], mask=info.is_null())
 
 
-def _write_verl(
-    path: Path,
+def _verl_table(
     plan: Plan,
     src: Path | None,
     rows: list[int],
     prompt_field: str,
     id_field: str,
     data_source: str | None,
-) -> tuple[bool, bool]:
-    """Write the verl Parquet; (rows have a data_source, the source's own 'prompt' column was replaced)."""
+) -> tuple[pa.Table, bool, bool]:
+    """The verl table; (it, rows have a data_source, the source's own 'prompt' column was replaced)."""
     n = plan.n_rows
     table = source_table(src, rows) if src is not None else None
     cols: dict[str, pa.Array | pa.ChunkedArray] = {}
@@ -280,11 +283,13 @@ def _write_verl(
     ids = plan.column(S.PROMPT_ID).tolist()
     if not _ids_recoverable(table, ids, id_field):
         cols[id_field] = pa.array(ids, pa.string())
-    out = pa.table(cols)
+    return pa.table(cols), has_ds or data_source is not None, replaced
+
+
+def _write_parquet(path: Path, table: pa.Table) -> None:
     with atomic_path(path) as tmp:
-        pq.write_table(out, tmp, compression="zstd")
+        pq.write_table(table, tmp, compression="zstd")
         _share(tmp)
-    return has_ds or data_source is not None, replaced
 
 
 def _write_jsonl(

@@ -125,13 +125,26 @@ def source_table(source: Path, rows: list[int]) -> pa.Table:
         if isinstance(exc, OverflowError):  # not seen without a wide integer; kept one line all the same
             raise InputError(f"{source.name}: a value does not fit a Parquet column ({short_reason(exc, limit=100)}); "
                              "export --format jsonl, or fix the field") from None  # fmt: skip
+        # Arrow's message does not name the field either (a prompt of text in some rows, a chat in others).
+        name, why = _mixed_field(recs) or ("", short_reason(exc, limit=100))
+        what = f"field {name!r}" if name else "a field"
         raise InputError(
-            f"{source.name}: a field mixes value types across rows ({short_reason(exc, limit=100)}); "
+            f"{source.name}: {what} mixes value types across rows ({why}); "
             "it cannot be a Parquet column: export --format jsonl, or fix the field"
         ) from None
     except UnicodeEncodeError:
         raise InputError(f"{source.name}: a field holds invalid Unicode (lone surrogates); "
                          "re-encode the data as UTF-8") from None  # fmt: skip
+
+
+def _mixed_field(recs: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """(name, Arrow's reason) of the first field, in order of appearance, whose values no one Arrow type holds."""
+    for name in dict.fromkeys(k for rec in recs for k in rec):
+        try:
+            pa.array([rec.get(name) for rec in recs])
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            return str(name), short_reason(exc, limit=100)
+    return None
 
 
 def _python_records(table: pa.Table) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from aspc.emit import Plan
+from aspc.emit import Plan, plan_cost_model
 from aspc.emit import schema as S
 from aspc.emit.metrics import load_lower_bound, minibatch_starts, table_costs
 from aspc.errors import RunError
@@ -57,7 +57,7 @@ class PlanView:
 def plan_view(plan: Plan, name: str) -> PlanView:
     """Arrays of ``plan`` the figures draw (minibatch costs recomputed from rows)."""
     t = plan.table
-    minibatch_cost = str(plan.metrics.get("cost_model", "padded"))
+    minibatch_cost = plan_cost_model(plan)  # check's, so the figures' loads are the ones check gates
     pred = plan.column(S.PREDICTED_LEN).astype(np.float64)
     nseq = plan.column(S.N_SAMPLES).astype(np.int64)
     starts = minibatch_starts(plan.column(S.MINIBATCH))

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc.emit.metrics import group_imbalance
 from aspc.report.canvas import (
     MAX_BINS,
     MAX_GROUP_LINES,
@@ -142,7 +143,7 @@ def fig_group_loads(plan: PlanView, path: Path) -> None:
         plan.lower_bound, color="black", linestyle="--", linewidth=1.2, label=f"lower bound {plan.lower_bound:,.0f}"
     )
     ax.axhline(float(loads.mean()), color="tab:green", linestyle=":", linewidth=1.2, label=f"mean {loads.mean():,.0f}")
-    imb = float(loads.max()) / plan.lower_bound - 1.0 if plan.lower_bound > 0 else 0.0
+    imb = group_imbalance(float(loads.max()), plan.lower_bound, g)  # check's figure: 0, not -0.00%, when balanced
     top = max(float(loads.max()), plan.lower_bound)
     low = min(float(loads.min()), plan.lower_bound)
     if top > 0 and low / top > 0.9:

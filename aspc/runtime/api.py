@@ -315,6 +315,8 @@ def _run_locked(
     engine = make_engine(config.engine, backend, trainer, mode, worker_timeout=config.worker_timeout)
 
     try:
+        if isinstance(getattr(backend, "run_seed", None), int):  # a model backend: samples seeded per epoch
+            backend.run_seed = config.seed  # type: ignore[attr-defined]
         backend.setup(work, config.workers)
         trainer_hook(trainer, "setup", work)
         if start_weights is not None:

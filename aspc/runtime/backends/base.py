@@ -42,6 +42,7 @@ class GenerationRequest:
     n_samples: np.ndarray  # int64 per row, >= 1; sum == number of samples
     replay_len: np.ndarray | None  # int64 per sample, tokens each must generate; None = end at EOS
     max_new_tokens: int  # cap on generated tokens per sequence
+    run_seed: int = 0  # RunConfig.seed (one more each epoch): with --seed, what hf seeds a minibatch's sampling from
 
     @property
     def n_total(self) -> int:
@@ -78,6 +79,9 @@ class ModelBackend(GenerationBackend):
         self._busy: dict[int, bool] = {}  # worker -> generating now (reloads must not happen then)
         self._lock = threading.Lock()
         self._closing = threading.Event()  # set by close(): in-flight generations stop at their next step
+        # The run's seed (the engine sets RunConfig.seed before setup: it moves by one per epoch, so an
+        # epoch's minibatch k draws other tokens than the last epoch's, and a resumed epoch the same ones).
+        self.run_seed = 0
         # Called with W at the end of setup() (see serve_remotely).
         self.on_setup: Callable[[int], None] | None = None
         # Under Ray, runs check_prompts(worker 0, work, cap) in an actor, after on_setup (see serve_remotely).
@@ -168,6 +172,7 @@ class ModelBackend(GenerationBackend):
             n_samples=plan.n_samples[r0:r1].astype(np.int64).copy(),
             replay_len=replay,
             max_new_tokens=max(1, cap),
+            run_seed=self.run_seed,
         )
 
     def generate(self, worker: int, work: MinibatchWork) -> GenerationResult:

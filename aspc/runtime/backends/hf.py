@@ -10,8 +10,15 @@ Replay mode (``--replay-lengths``)
     A logits processor forbids end-of-sequence tokens before a sequence's
     recorded length and forces one at it, so a real model on real hardware
     reproduces a recorded length distribution exactly:
-    ``response_len == min(recorded, max_new_tokens)``. Custom processors run
-    before temperature / top-k / top-p, so sampling cannot undo the forcing.
+    ``response_len == min(recorded, max_new_tokens)``. The sampler runs
+    after it, so sampling cannot undo the forcing.
+
+Sampling (``--temperature`` > 0)
+    A logits processor of aspc's draws each token, with a generator seeded
+    from ``(--seed, epoch, minibatch)``: the same seed gives the same tokens with
+    any number of workers, whichever worker runs a minibatch (on one device
+    type; kernels differ between devices). Only aspc's options shape it: the
+    model's ``generation_config.json`` contributes its special tokens alone.
 
 Timing
     The minibatch's ``elapsed`` is measured around tokenization, ``generate``
@@ -21,6 +28,7 @@ Timing
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -80,6 +88,24 @@ def _max_positions(config: Any) -> int | None:
     return max(value, int(base * factor))
 
 
+# The fields of a model's generation_config.json that say which token is which, not how to sample.
+SPECIAL_TOKEN_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+def only_special_tokens(config: Any) -> Any:
+    """A ``GenerationConfig`` holding only ``config``'s special token ids.
+
+    ``generate`` fills every field aspc leaves unset from the model's own
+    generation config, so a checkpoint's ``repetition_penalty`` (Qwen2.5-Instruct
+    ships 1.05), ``min_new_tokens`` or ``no_repeat_ngram_size`` silently shaped
+    the sampling: aspc's options alone decide it, every other field falls to
+    transformers' neutral defaults (no penalty, no minimum length).
+    """
+    from transformers import GenerationConfig
+
+    return GenerationConfig(**{k: getattr(config, k) for k in SPECIAL_TOKEN_FIELDS if getattr(config, k, None) is not None})
+
+
 def check_prompt_tokens(prompt_id: str, ids: list[int], max_new_tokens: int, state: _WorkerState) -> None:
     """Refuse a prompt the model cannot take, before ``generate`` fails on it with an IndexError.
 
@@ -106,8 +132,10 @@ def _stop_when(event: Any) -> Any:
     return StoppingCriteriaList([Closing()])
 
 
-def _processors(prompt_len: int, eos_ids: list[int], replay: np.ndarray | None, stamps: list[float]) -> Any:
-    """A LogitsProcessorList: a step clock, plus the replay forcing when ``replay`` is given."""
+def _processors(
+    prompt_len: int, eos_ids: list[int], replay: np.ndarray | None, stamps: list[float], sampler: Any = None
+) -> Any:
+    """A LogitsProcessorList: a step clock, the replay forcing when ``replay`` is given, then ``sampler`` if any."""
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -141,7 +169,53 @@ def _processors(prompt_len: int, eos_ids: list[int], replay: np.ndarray | None, 
     procs = [StepClock()]
     if replay is not None:
         procs.append(ReplayEnds(torch.tensor(np.asarray(replay), dtype=torch.long)))
+    if sampler is not None:
+        procs.append(sampler)
     return LogitsProcessorList(procs)
+
+
+def _sampler(temperature: float, top_p: float, top_k: int, seed: int) -> Any:
+    """A logits processor that samples each step's token with its own generator, seeded by ``seed``.
+
+    ``generate(do_sample=True)`` draws from torch's one process-wide
+    generator, which every thread worker shares: with two workers the draws
+    interleave as the threads happen to run, and the same ``--seed`` gave other
+    tokens. This one applies transformers' own temperature, top-k and top-p
+    warpers, draws from a generator of its own, and leaves only the drawn token
+    for ``generate``'s greedy pick. Seeded per minibatch, a minibatch's samples
+    are the same whichever worker runs it and whatever runs beside it.
+    """
+    import torch
+    from transformers import LogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    warpers = [TemperatureLogitsWarper(temperature)]  # the order generate(do_sample=True) applies them
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k=top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=top_p))
+
+    class SeededDraw(LogitsProcessor):
+        def __init__(self) -> None:
+            self.gen: Any = None
+
+        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+            for w in warpers:
+                scores = w(input_ids, scores)
+            if self.gen is None:
+                self.gen = torch.Generator(device=scores.device).manual_seed(seed)
+            probs = torch.softmax(scores.float(), dim=-1)
+            drawn = torch.multinomial(probs, num_samples=1, generator=self.gen)
+            only = torch.full_like(scores, torch.finfo(scores.dtype).min)
+            return only.scatter_(1, drawn, 0.0)
+
+    return SeededDraw()
+
+
+def minibatch_seed(seed: int, run_seed: int, minibatch: int) -> int:
+    """The sampling seed of one minibatch (``-1``: the speed probe): 63 bits of a hash of it, ``--seed`` and
+    the run's seed (``RunConfig.seed``, one more each epoch, so epochs draw afresh and a resumed one the same)."""
+    digest = hashlib.sha256(f"aspc-hf:{seed}:{run_seed}:{minibatch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 class HFBackend(ModelBackend):
@@ -158,7 +232,6 @@ class HFBackend(ModelBackend):
             self._version[worker] = 0  # whatever it holds is the new run's version 0
             return
         require_transformers()
-        import torch
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # one console owner: the CLI
@@ -167,10 +240,10 @@ class HFBackend(ModelBackend):
 
         path = Path(self.options.model)
         model = load_causal_lm(path, device=device, dtype=self.options.dtype)
+        model.generation_config = only_special_tokens(model.generation_config)
         tok = load_tokenizer(path)
         self._state[worker] = _WorkerState(model, tok, device)
         self._version.setdefault(worker, 0)
-        torch.manual_seed(self.options.seed + worker)
 
     def check_prompts(self, worker: int, work: Any, max_new_tokens: int) -> None:
         st = self._worker(worker)
@@ -206,7 +279,7 @@ class HFBackend(ModelBackend):
         tok = st.tokenizer
         row_ids = []
         for pid, prompt in zip(request.prompt_ids, request.prompts, strict=True):
-            text, templated = render_prompt(prompt, tok)
+            text, templated = render_prompt(prompt, tok, pid)
             row_ids.append(tok(text, add_special_tokens=not templated)["input_ids"])
             check_prompt_tokens(pid, row_ids[-1], request.max_new_tokens, st)
         seqs = [ids for ids, n in zip(row_ids, request.n_samples, strict=True) for _ in range(int(n))]
@@ -218,22 +291,19 @@ class HFBackend(ModelBackend):
                 input_ids[i, prompt_len - len(s) :] = torch.tensor(s, dtype=torch.long)
                 mask[i, prompt_len - len(s) :] = 1
         o = self.options
-        cfg = GenerationConfig(
-            max_new_tokens=request.max_new_tokens,
-            do_sample=o.temperature > 0,
-            temperature=o.temperature if o.temperature > 0 else None,
-            top_p=o.top_p if o.temperature > 0 else None,
-            top_k=o.top_k if o.temperature > 0 else None,
-            eos_token_id=st.eos_ids,
-            pad_token_id=st.pad_id,
-        )
+        # Sampling is the seeded processor's (see _sampler); generate itself always picks greedily.
+        cfg = GenerationConfig(max_new_tokens=request.max_new_tokens, do_sample=False, eos_token_id=st.eos_ids,
+                               pad_token_id=st.pad_id)  # fmt: skip
+        sampler = None
+        if o.temperature > 0:
+            sampler = _sampler(o.temperature, o.top_p, o.top_k, minibatch_seed(o.seed, request.run_seed, request.minibatch))
         stamps: list[float] = []
         with torch.inference_mode():
             out = st.model.generate(
                 input_ids=input_ids.to(st.device),
                 attention_mask=mask.to(st.device),
                 generation_config=cfg,
-                logits_processor=_processors(prompt_len, st.eos_ids, replay, stamps),
+                logits_processor=_processors(prompt_len, st.eos_ids, replay, stamps, sampler),
                 stopping_criteria=_stop_when(self._closing),
             )
         gen = out[:, prompt_len:].cpu()

@@ -22,7 +22,9 @@ import functools
 import hashlib
 import importlib.util
 import json
+import logging
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -182,6 +184,40 @@ def _check_model_files(path: Path, spec: str, need_weights: bool) -> None:
                            "policy's tokenizer there too (tokenizer.save_pretrained(DIR))")  # fmt: skip
 
 
+# Bytes of each weight file a fingerprint reads: FINGERPRINT_SAMPLES pieces of FINGERPRINT_PIECE bytes, spread
+# evenly. Enough to tell two training steps of one model apart (every tensor moves), cheap for a 100 GB checkpoint.
+FINGERPRINT_SAMPLES = 16
+FINGERPRINT_PIECE = 1 << 16
+
+
+def model_fingerprint(path: str | os.PathLike) -> str | None:
+    """A cheap hash of a model directory's contents: ``config.json``, and its weight files' names, sizes and samples.
+
+    verl saves every checkpoint as ``global_step_N/actor/huggingface``: the
+    directory's name alone could not tell a resume that ``--model`` names
+    another step. Names and sizes alone would not either (each step's files
+    have the same shapes), so each weight file also contributes evenly spread
+    pieces of its bytes, never the whole file. ``None`` where ``path`` is not
+    a readable directory.
+    """
+    folder = Path(path)
+    h = hashlib.sha256()
+    try:
+        h.update((folder / "config.json").read_bytes())
+        files = sorted({f for g in WEIGHT_GLOBS for f in folder.glob(g) if f.is_file()})
+        for f in files:
+            size = f.stat().st_size
+            h.update(f"\x00{f.name}\x00{size}\x00".encode())
+            with open(f, "rb") as fh:
+                step = max(FINGERPRINT_PIECE, size // FINGERPRINT_SAMPLES)
+                for at in range(0, size, step):
+                    fh.seek(at)
+                    h.update(fh.read(FINGERPRINT_PIECE))
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
 def check_causal_lm(path: Path) -> None:
     """Raise :class:`BackendError` unless ``path``'s config names a causal-LM architecture."""
     try:
@@ -217,19 +253,93 @@ def torch_dtype(name: str, device: str) -> Any:
 
 
 def load_causal_lm(path: Path, *, device: str = "cpu", dtype: str = "auto") -> Any:
-    """Load the causal LM at ``path`` (a resolved directory) onto ``device``, in eval mode."""
+    """Load the causal LM at ``path`` (a resolved directory) onto ``device``, in eval mode.
+
+    Raises
+    ------
+    BackendError
+        The directory does not load, or its weights do not fill the model's
+        parameters (see :func:`check_loaded_weights`).
+    """
     require_transformers()
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype, device), local_files_only=True)
+        with _no_load_report():
+            # ignore_mismatched_sizes: transformers would raise pointing at its report; the check below names them.
+            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype, device), local_files_only=True,
+                                                               output_loading_info=True, ignore_mismatched_sizes=True)
     except BackendError:
         raise
     except Exception as exc:
         raise BackendError(f"--model {path}: cannot load as a causal LM ({short_reason(exc, limit=200, with_type=True)})") from None
+    check_loaded_weights(path, model, info)
     return model.to(device).eval()
+
+
+def check_loaded_weights(path: Path, model: Any, info: dict[str, Any]) -> None:
+    """Refuse a model whose checkpoint left parameters at their random initialisation.
+
+    transformers loads such a directory anyway (a DDP checkpoint's ``module.``
+    names match nothing) and only logs a report: the run generated from random
+    weights and exited 0. ``info`` is ``from_pretrained(..., output_loading_info=True)``'s;
+    a tied parameter (``lm_head`` tied to the embeddings) is missing only if what it is tied to is.
+    """
+    tied = getattr(model, "all_tied_weights_keys", None) or {}
+    missing_all = set(info.get("missing_keys") or ())
+    # A tied parameter last: the example names a tensor the checkpoint should have held.
+    missing = sorted((k for k in missing_all if not (k in tied and tied[k] not in missing_all)), key=lambda k: (k in tied, k))
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    mismatched = sorted(info.get("mismatched_keys") or ())
+    if not (missing or unexpected or mismatched):
+        return
+    n_params = len(model.state_dict())
+    found = []
+    if missing:
+        found.append(f"{len(missing)} of the model's {n_params} tensors are not in it (e.g. {missing[0]!r})")
+    if unexpected:
+        found.append(f"{len(unexpected)} of its tensors are not the model's (e.g. {unexpected[0]!r})")
+    if mismatched:
+        name, have, want = mismatched[0]
+        found.append(f"{len(mismatched)} have another shape (e.g. {name!r}: {tuple(have)} in it, {tuple(want)} in the model)")
+    if unexpected and all(k.startswith("module.") for k in unexpected):
+        fix = ("its names start with 'module.' (a DDP-wrapped model's state dict): save the unwrapped model "
+               "(model.module.save_pretrained(DIR)) or strip the prefix")  # fmt: skip
+    else:
+        fix = "pass a directory saved by model.save_pretrained(DIR) from a model of the architecture config.json names"
+    raise BackendError(f"--model {path}: its weights do not fit the model: {'; '.join(found)}; {fix}")
+
+
+class _DropLoadReport(logging.Filter):
+    """Drops transformers' reports on a checkpoint's tensors while this thread is inside :func:`load_causal_lm`.
+
+    They went to stderr under ``--quiet``, a table of every tensor; each load
+    they describe is refused by :func:`check_loaded_weights` with aspc's own
+    line. Other threads' loads (a user's trainer calling ``from_pretrained``) keep them.
+    """
+
+    active = threading.local()
+    markers = ("LOAD REPORT", "checkpoint seem corrupted")  # transformers 5's report, and its tied-weights warning
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (getattr(self.active, "on", False) and any(m in str(record.msg) for m in self.markers))
+
+
+_LOAD_REPORT_FILTER = _DropLoadReport()
+
+
+@contextlib.contextmanager
+def _no_load_report() -> Iterator[None]:
+    logger = logging.getLogger("transformers.modeling_utils")  # where log_state_dict_report logs
+    if _LOAD_REPORT_FILTER not in logger.filters:
+        logger.addFilter(_LOAD_REPORT_FILTER)
+    _DropLoadReport.active.on = True
+    try:
+        yield
+    finally:
+        _DropLoadReport.active.on = False
 
 
 def load_tokenizer(path: Path) -> Any:

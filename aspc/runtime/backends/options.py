@@ -44,7 +44,7 @@ class GenerationOptions:
     temperature: float = 1.0  # 0 = greedy; sampling otherwise (RL needs samples that differ)
     top_p: float = 1.0  # nucleus mass kept, (0, 1]; 1 = off
     top_k: int = 0  # tokens kept; 0 = off
-    seed: int = 0  # seeds each worker's sampler (worker w uses seed + w)
+    seed: int = 0  # seeds the sampling (hf: each minibatch from (seed, minibatch); vllm: worker w uses seed + w)
     replay: bool = False  # force each sequence to end at its recorded length
     replay_lengths: dict[str, np.ndarray] | None = None  # prompt id -> observed lengths, for replay
     replay_source: str = ""  # where replay lengths came from, for messages

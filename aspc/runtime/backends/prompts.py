@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from aspc.emit import schema as S
-from aspc.errors import InputError
+from aspc.errors import InputError, short_reason
 from aspc.io.rows import chat_messages
 
 
@@ -25,18 +25,53 @@ def parse_chat(prompt: str) -> list[dict[str, str]] | None:
     return chat_messages(prompt)
 
 
-def render_prompt(prompt: str, tokenizer: Any) -> tuple[str, bool]:
+def render_prompt(prompt: str, tokenizer: Any, prompt_id: str | None = None) -> tuple[str, bool]:
     """The text to tokenize for ``prompt``, and whether a chat template already added special tokens.
 
     Text from a chat template already holds the model's special tokens, so it
     must be tokenized with ``add_special_tokens=False`` (no second BOS).
+    ``prompt_id`` names the prompt in the error below.
+
+    Raises
+    ------
+    InputError
+        The model's chat template failed on the prompt's messages: a template
+        that refuses a role (Gemma's and Mistral's ``raise_exception('System
+        role not supported')``), or one that does not parse.
     """
     messages = parse_chat(prompt)
     if messages is None:
         return prompt, False
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
+        except Exception as exc:  # a model's template is code: jinja errors, its own raise_exception, anything
+            raise template_error(prompt_id, messages, exc) from None
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ", False
+
+
+def template_error(prompt_id: str | None, messages: list[dict[str, str]], exc: Exception) -> InputError:
+    """The one-line error for a chat template that failed on ``prompt_id``'s ``messages``.
+
+    Uncaught, the jinja error surfaced as a traceback from the plan check, before anything said which prompt.
+    """
+    from jinja2 import TemplateSyntaxError  # transformers renders chat templates with jinja2: it is installed
+
+    what = "a chat prompt" if prompt_id is None else f"prompt {prompt_id!r}"
+    if isinstance(exc, TemplateSyntaxError):
+        where = f" at line {exc.lineno}" if exc.lineno else ""
+        return InputError(
+            f"{what}: --model's chat template does not parse ({' '.join(str(exc.message).split())[:160]}"
+            f"{where}); fix the template (chat_template.jinja, or chat_template in tokenizer_config.json, in the "
+            "model directory)"
+        )
+    roles = ", ".join(dict.fromkeys(str(m.get("role")) for m in messages))
+    if any(m.get("role") == "system" for m in messages):  # Gemma's and Mistral's templates take no system turn
+        fix = "fold the system message into the first user turn, or fix the template in the model directory"
+    else:
+        fix = "make the prompt's messages fit what the template accepts, or fix the template in the model directory"
+    return InputError(f"{what}: --model's chat template refused its messages (roles {roles}): "
+                      f"{short_reason(exc, limit=160)}; {fix}")
 
 
 def check_prompt_fits(prompt_id: str, n_tokens: int, max_new_tokens: int, limit: int | None, limit_name: str) -> None:
@@ -69,7 +104,7 @@ def plan_prompt_tokens(work: Any, tokenizer: Any) -> dict[str, list[int]]:
     for pid, prompt in zip(work.prompt_ids, work.table.column(S.PROMPT).to_pylist(), strict=True):
         pid = S.prompt_of(str(pid))
         if pid not in out:
-            text, templated = render_prompt(prompt, tokenizer)
+            text, templated = render_prompt(prompt, tokenizer, pid)
             out[pid] = tokenizer(text, add_special_tokens=not templated)["input_ids"]
     return out
 

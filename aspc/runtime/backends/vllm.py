@@ -363,7 +363,7 @@ class VLLMBackend(ModelBackend):
         row_ids = []
         limit = max_model_len(llm)
         for pid, prompt in zip(request.prompt_ids, request.prompts, strict=True):
-            text, templated = render_prompt(prompt, tok)
+            text, templated = render_prompt(prompt, tok, pid)
             row_ids.append(tok(text, add_special_tokens=not templated)["input_ids"])
             check_prompt_fits(pid, len(row_ids[-1]), request.max_new_tokens, limit, "the engine's max_model_len")
         reqs = self._requests(request, row_ids)

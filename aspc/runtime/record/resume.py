@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from aspc.emit import schema as S
 from aspc.errors import ConfigError
+from aspc.runtime.backends.models import model_fingerprint
 from aspc.runtime.config import OPERATIONAL_KEYS, ReturnMode, RunConfig, check_log_options  # noqa: F401 - its old home
 from aspc.runtime.record.metrics import RunSummary, summarize_log
 from aspc.runtime.record.runlog import read_run_log, to_columns
@@ -68,13 +69,16 @@ def sampling_record(backend: Any) -> dict[str, Any] | None:
     """The model and sampling options of a real backend (``None`` for the sim's), as ``meta.json`` stores them.
 
     The model is its directory's name: a resume on another machine may find
-    the same model at another path.
+    the same model at another path; and its contents' fingerprint
+    (:func:`~aspc.runtime.backends.models.model_fingerprint`): another model
+    may have the same name.
     """
     opts = getattr(backend, "options", None)
     if opts is None or not hasattr(opts, "temperature") or not getattr(opts, "model", None):
         return None
     record = {k: getattr(opts, k) for k in _SAMPLING}
     record["model"] = Path(os.path.realpath(str(opts.model))).name  # "--model ." is the directory's own name
+    record["model_fingerprint"] = model_fingerprint(opts.model)  # its contents: many models share a name
     return record
 
 
@@ -121,6 +125,10 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
         flag = {"replay": "--replay-lengths"}
         diffs += [f"{flag.get(k, '--' + k.replace('_', '-'))} ({was.get(k)!r} in the log, {now.get(k)!r} now)"
                   for k in _SAMPLING if was.get(k) != now.get(k)]  # fmt: skip
+        a, b = was.get("model_fingerprint"), now.get("model_fingerprint")  # logs before the key carry none
+        if a and b and a != b and was.get("model") == now.get("model"):
+            diffs.append(f"--model ({was.get('model')!r} with contents {a[:12]}… in the log, another "
+                         f"{now.get('model')!r} with contents {b[:12]}… now: its config.json or weights differ)")
     if (old.get("cost_model") or {}) != new["cost_model"]:
         diffs.append("the cost model")
     old_len = (old.get("run") or {}).get("lengths_name")

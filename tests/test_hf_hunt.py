@@ -166,6 +166,38 @@ def test_a_checkpoint_whose_tensors_match_nothing_is_refused_without_the_load_re
     assert "lm_head.weight" not in state and load_causal_lm(model_dir) is not None
 
 
+def test_extra_tensors_alone_load_and_a_failing_load_shows_its_report(tmp_path, model_dir, monkeypatch):
+    # Review: extra tensors leave no parameter random (TRL's value head; old GPT-2 checkpoints' attn.masked_bias)
+    # and were refused; and a report held back was lost exactly when transformers' own error points at it.
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    from aspc.errors import BackendError
+    from aspc.runtime.backends.models import load_causal_lm
+
+    extra = _variant(model_dir, tmp_path / "value-head")
+    state = load_file(str(model_dir / "model.safetensors"))
+    save_file({**state, "v_head.summary.weight": torch.zeros(1, 8)}, str(extra / "model.safetensors"),
+              metadata={"format": "pt"})  # fmt: skip
+    assert load_causal_lm(extra) is not None
+
+    def failing(*args, **kwargs):
+        logging.getLogger("transformers.modeling_utils").warning("LOAD REPORT: CONVERSION entries ...")
+        raise RuntimeError("look at the CONVERSION entries of the above report!")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", failing)
+    reports = _Reports()
+    logger = logging.getLogger("transformers.modeling_utils")
+    logger.addHandler(reports)
+    try:
+        with pytest.raises(BackendError, match="CONVERSION entries"):
+            load_causal_lm(extra)
+    finally:
+        logger.removeHandler(reports)
+    assert any("LOAD REPORT" in m for m in reports.seen)
+
+
 def test_resume_refuses_another_model_under_the_same_directory_name(tmp_path, model_dir):
     # verl saves every step as global_step_N/actor/huggingface: the name alone matched any other step.
     from aspc.testing.tiny_model import save_tiny_causal_lm

@@ -350,7 +350,12 @@ def _check_encoder_files(path: Path, meta: dict[str, Any]) -> None:
         raise PredictorError(f"{path}: transformer predictor files are missing or corrupt "
                              f"({ENCODER_DIR}/{missing[0]} is missing); retrain it")  # fmt: skip
     recorded = meta.get("encoder_sha256")
-    if recorded is not None and recorded != _encoder_hash(encoder):
+    try:
+        found = None if recorded is None else _encoder_hash(encoder)
+    except OSError as exc:  # unreadable (permissions): one line, like the weights'
+        raise PredictorError(f"{path}: transformer predictor files are missing or corrupt "
+                             f"({exc.strerror or exc}: {ENCODER_DIR}); retrain it") from None  # fmt: skip
+    if recorded is not None and recorded != found:
         raise PredictorError(f"{path}: the encoder's tokenizer or configuration files do not match their recorded "
                              "hash (modified or corrupt); retrain it")  # fmt: skip
 

@@ -293,7 +293,8 @@ def check_loaded_weights(path: Path, model: Any, info: dict[str, Any]) -> None:
     missing = sorted((k for k in missing_all if not (k in tied and tied[k] not in missing_all)), key=lambda k: (k in tied, k))
     unexpected = sorted(info.get("unexpected_keys") or ())
     mismatched = sorted(info.get("mismatched_keys") or ())
-    if not (missing or unexpected or mismatched):
+    # Extra tensors alone leave no parameter random (TRL's value head, an old GPT-2's attn.masked_bias): they load.
+    if not (missing or mismatched):
         return
     n_params = len(model.state_dict())
     found = []
@@ -312,22 +313,29 @@ def check_loaded_weights(path: Path, model: Any, info: dict[str, Any]) -> None:
     raise BackendError(f"--model {path}: its weights do not fit the model: {'; '.join(found)}; {fix}")
 
 
-class _DropLoadReport(logging.Filter):
-    """Drops transformers' reports on a checkpoint's tensors while this thread is inside :func:`load_causal_lm`.
+class _HoldLoadReport(logging.Filter):
+    """Holds back transformers' reports on a checkpoint's tensors while this thread is inside :func:`load_causal_lm`.
 
-    They went to stderr under ``--quiet``, a table of every tensor; each load
-    they describe is refused by :func:`check_loaded_weights` with aspc's own
-    line. Other threads' loads (a user's trainer calling ``from_pretrained``) keep them.
+    They went to stderr under ``--quiet``, a table of every tensor, for loads
+    :func:`check_loaded_weights` refuses with aspc's own line or that load
+    correctly (extra tensors). When ``from_pretrained`` itself fails (a weight
+    conversion error says "look at the CONVERSION entries of the above
+    report"), the held reports are logged after all. Other threads' loads (a
+    user's trainer calling ``from_pretrained``) are never touched.
     """
 
-    active = threading.local()
+    local = threading.local()
     markers = ("LOAD REPORT", "checkpoint seem corrupted")  # transformers 5's report, and its tied-weights warning
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (getattr(self.active, "on", False) and any(m in str(record.msg) for m in self.markers))
+        held = getattr(self.local, "held", None)
+        if held is None or not any(m in str(record.msg) for m in self.markers):
+            return True
+        held.append(record)
+        return False
 
 
-_LOAD_REPORT_FILTER = _DropLoadReport()
+_LOAD_REPORT_FILTER = _HoldLoadReport()
 
 
 @contextlib.contextmanager
@@ -335,11 +343,16 @@ def _no_load_report() -> Iterator[None]:
     logger = logging.getLogger("transformers.modeling_utils")  # where log_state_dict_report logs
     if _LOAD_REPORT_FILTER not in logger.filters:
         logger.addFilter(_LOAD_REPORT_FILTER)
-    _DropLoadReport.active.on = True
+    _HoldLoadReport.local.held = held = []
     try:
         yield
+    except BaseException:
+        _HoldLoadReport.local.held = None
+        for record in held:  # the error may point at them
+            logger.handle(record)
+        raise
     finally:
-        _DropLoadReport.active.on = False
+        _HoldLoadReport.local.held = None
 
 
 def load_tokenizer(path: Path) -> Any:

@@ -254,7 +254,8 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
         ours = True
         # Libraries write some files private (safetensors' save_file: 0600); outputs are shared files
         # (a trainer under another uid reads the predictor), so every one gets the umask's mode.
-        file_mode, dir_mode = 0o666 & ~_umask(), 0o777 & ~_umask()
+        umask = _umask()
+        file_mode, dir_mode = 0o666 & ~umask, 0o777 & ~umask
         for root, dirs, files in os.walk(tmp):
             for name in dirs:
                 os.chmod(os.path.join(root, name), dir_mode)

@@ -183,7 +183,7 @@ def mean_over(per: dict[str, dict[str, Any]]) -> dict[str, float | None]:
 
 def marginal_summary(lengths: Sequence[np.ndarray]) -> dict[str, float]:
     """What a no-information predictor knows: the marginal mean and quantiles of single lengths (and
-    their range, which bounds how far predictions may stray: :func:`aspc.predict.calibration.ease_lengths`)."""
+    their range, which bounds how far predictions may stray: :func:`aspc.predict.ease.ease_lengths`)."""
     flat = np.concatenate([np.asarray(a, dtype=np.float64) for a in lengths])
     q10, q50, q90 = np.quantile(flat, [0.1, 0.5, 0.9])
     return {"mean": float(flat.mean()), "q10": float(q10), "q50": float(q50), "q90": float(q90),

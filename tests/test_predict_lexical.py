@@ -243,6 +243,21 @@ def test_edited_feature_configuration_is_refused(trained, tmp_path, config) -> N
         load_predictor(_edited(pred, tmp_path, "p", config=config))
 
 
+@pytest.mark.parametrize(
+    "kwargs", [{"word_bigrams": 1}, {"head_bytes": 1 << 30}, {"char_ngrams": (0,)}, {"bits": 18.0}, {"tail_bytes": -1}]
+)
+def test_feature_configuration_the_loader_refuses_is_refused_when_built(kwargs) -> None:
+    """A configuration built in Python obeys the loader's rules: it used to train and save, then fail to load."""
+    with pytest.raises(ValueError, match="features\\."):
+        FeatureConfig(**kwargs)
+
+
+def test_feature_configuration_built_in_python_round_trips() -> None:
+    cfg = FeatureConfig(char_ngrams=[3], bits=np.int64(12), word_bigrams=np.bool_(False))
+    assert cfg == FeatureConfig(char_ngrams=(3,), bits=12, word_bigrams=False)
+    assert FeatureConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
 @pytest.mark.parametrize("edit", [{"max": -1.0}, {"min": "0"}, {"min": 50.0, "max": 10.0}, {"max": None}])
 def test_edited_length_range_is_refused(trained, tmp_path, edit) -> None:
     """The training lengths' range bounds how far predictions stray; a hand-edited one is refused."""
@@ -252,8 +267,8 @@ def test_edited_length_range_is_refused(trained, tmp_path, edit) -> None:
     assert {"min", "max"} <= set(meta["marginal"])
     meta["marginal"].update(edit)
     (tmp_path / "p" / "metadata.json").write_text(json.dumps(meta))
-    with pytest.raises(PredictorError, match="marginal min/max"):
-        load_predictor(tmp_path / "p").predict(texts)
+    with pytest.raises(PredictorError, match=f"^{tmp_path / 'p'}: predictor metadata marginal min/max"):
+        load_predictor(tmp_path / "p")  # refused on load, naming the directory
 
 
 def test_failed_save_leaves_target_untouched(trained, tmp_path, monkeypatch) -> None:

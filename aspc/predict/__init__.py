@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from aspc.choices import PREDICTOR_KINDS
-from aspc.errors import ConfigError
+from aspc.errors import ConfigError, PredictorError
 from aspc.predict.base import FORMAT_VERSION, MIN_PAIRS, LengthPrediction, Predictor, read_metadata
 from aspc.predict.history import HistoryPredictor, blend_history
 from aspc.predict.metrics import evaluate
@@ -103,11 +103,15 @@ def load_predictor(
 
         pred = StaticPredictor.load(directory, target=target)
     else:
-        from aspc.errors import PredictorError
-
         raise PredictorError(
             f"{directory}: unknown predictor kind {found!r}; this aspc reads {', '.join(KINDS)}"
         )
+    from aspc.predict.ease import marginal_range
+
+    try:
+        marginal_range(pred.metadata)
+    except PredictorError as exc:
+        raise PredictorError(f"{directory}: {exc}") from None
     pred.metadata["name"] = DEFAULT if name == DEFAULT else directory.name
     return pred
 

@@ -60,13 +60,25 @@ def seen_lengths(metadata: dict, *cals: Calibration, spread: tuple[float, float]
         lo, hi = min(lo, float(c.curves[0].min())), max(hi, float(c.curves[-1].max()))
     if spread is not None:
         lo, hi = min(lo, spread[0]), max(hi, spread[1])
-    marginal = metadata.get("marginal")
-    if isinstance(marginal, dict) and ("min" in marginal or "max" in marginal):
-        a, b = marginal.get("min"), marginal.get("max")
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < np.inf for x in (a, b)) or a > b:
-            raise PredictorError(f"predictor metadata marginal min/max {a!r}/{b!r} are not lengths min <= max; retrain it")
-        lo, hi = min(lo, math.log(max(a, 1.0))), max(hi, math.log(max(b, 1.0)))
+    fitted = marginal_range(metadata)
+    if fitted is not None:
+        lo, hi = min(lo, math.log(max(fitted[0], 1.0))), max(hi, math.log(max(fitted[1], 1.0)))
     return lo, hi
+
+
+def marginal_range(metadata: dict) -> tuple[float, float] | None:
+    """The training lengths' ``marginal`` ``min`` and ``max`` (``None`` where not recorded).
+
+    Raises PredictorError if they are malformed (a hand edit); loading checks this up front, so the
+    error names the predictor's directory instead of surfacing later at the first prediction.
+    """
+    marginal = metadata.get("marginal")
+    if not (isinstance(marginal, dict) and ("min" in marginal or "max" in marginal)):
+        return None
+    a, b = marginal.get("min"), marginal.get("max")
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < np.inf for x in (a, b)) or a > b:
+        raise PredictorError(f"predictor metadata marginal min/max {a!r}/{b!r} are not lengths min <= max; retrain it")
+    return float(a), float(b)
 
 
 def _eased(d: np.ndarray) -> np.ndarray:

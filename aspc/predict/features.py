@@ -75,32 +75,45 @@ class FeatureConfig:
             "tail_bytes": self.tail_bytes,
         }
 
+    def __post_init__(self) -> None:
+        # The same rules for a configuration built in Python as for one read from a saved predictor:
+        # word_bigrams=1 or head_bytes=2**30 trained, saved, and then refused at load.
+        def whole(name: str, lo: int, hi: int) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
+                raise ValueError(f"features.{name} {v!r} is not an integer in {lo}..{hi}")
+            object.__setattr__(self, name, int(v))
+
+        grams = self.char_ngrams
+        if not isinstance(grams, (list, tuple)) or any(
+            isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= 16 for n in grams
+        ):
+            raise ValueError(f"features.char_ngrams {grams!r} is not a list of integers in 1..16")
+        object.__setattr__(self, "char_ngrams", tuple(int(n) for n in grams))
+        if not isinstance(self.word_bigrams, (bool, np.bool_)):
+            raise ValueError(f"features.word_bigrams {self.word_bigrams!r} is not true or false")
+        object.__setattr__(self, "word_bigrams", bool(self.word_bigrams))
+        whole("bits", 1, 30)
+        whole("head_bytes", 0, MAX_SLICE_BYTES)
+        whole("tail_bytes", 0, MAX_SLICE_BYTES)
+
     @classmethod
     def from_dict(cls, d: dict) -> FeatureConfig:
         """Read a saved configuration, refusing (ValueError) values training never writes.
 
         A hand-edited ``head_bytes`` of -1 loaded and changed predictions by up to 68%; ``"false"``
-        read as a true ``word_bigrams``; a ``tail_bytes`` of 1e11 was taken as is.
+        read as a true ``word_bigrams``; a ``tail_bytes`` of 1e11 was taken as is. JSON has no
+        tuples or NumPy types, so a saved list must be a list and a number a plain int or bool.
         """
-
-        def whole(name: str, lo: int, hi: int) -> int:
-            v = d[name]
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise ValueError(f"features.{name} {v!r} is not an integer in {lo}..{hi}")
-            return v
-
         grams = d["char_ngrams"]
-        if not isinstance(grams, list) or any(isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 16
-                                              for n in grams):  # fmt: skip
+        if not isinstance(grams, list):
             raise ValueError(f"features.char_ngrams {grams!r} is not a list of integers in 1..16")
-        if not isinstance(d["word_bigrams"], bool):
-            raise ValueError(f"features.word_bigrams {d['word_bigrams']!r} is not true or false")
         return cls(
-            bits=whole("bits", 1, 30),
+            bits=d["bits"],
             char_ngrams=tuple(grams),
             word_bigrams=d["word_bigrams"],
-            head_bytes=whole("head_bytes", 0, MAX_SLICE_BYTES),
-            tail_bytes=whole("tail_bytes", 0, MAX_SLICE_BYTES),
+            head_bytes=d["head_bytes"],
+            tail_bytes=d["tail_bytes"],
         )
 
 

@@ -454,3 +454,30 @@ def test_a_source_prompt_column_replaced_by_the_prompt_field_chat_is_said(tmp_pa
     _compile(text_data, tmp_path / "plain.parquet")
     r = _cli(["export", tmp_path / "plain.parquet", "-o", tmp_path / "p.parquet"])
     assert r.exit_code == 0 and "'prompt' column" not in r.stderr
+
+
+def test_verl_export_keeps_a_field_the_first_dispatched_row_lacks(tmp_path):
+    """Columns are every record's fields: Arrow's from_pylist took the first record's keys and dropped the rest."""
+    recs = [{"id": "a", "prompt": "one", "len": 10, "reward_model": {"ground_truth": "1"}},
+            {"id": "b", "prompt": "two", "len": 20, "reward_model": {"ground_truth": "2"}, "meta": 7},
+            {"id": "c", "prompt": "three", "len": 900}]  # fmt: skip
+    src = write_jsonl(tmp_path / "rm.jsonl", recs)
+    r = _cli(["compile", src, "--length-field", "len", "-b", "1", "-o", tmp_path / "plan.parquet", "-q"])
+    assert r.exit_code == 0, r.output
+    export_plan(tmp_path / "plan.parquet", tmp_path / "train.parquet")
+    t = pq.read_table(tmp_path / "train.parquet")
+    got = dict(zip(t.column("id").to_pylist(), t.column("reward_model").to_pylist(), strict=True))
+    assert t.column("id").to_pylist()[0] == "c"  # longest first: the row without the field leads
+    assert got == {"a": {"ground_truth": "1"}, "b": {"ground_truth": "2"}, "c": None}
+    assert dict(zip(t.column("id").to_pylist(), t.column("meta").to_pylist(), strict=True)) == {"a": None, "b": 7,
+                                                                                                 "c": None}
+
+
+@pytest.mark.parametrize(("fmt", "name"), [("verl", "x.jsonl"), ("verl", "x.json"), ("jsonl", "x.parquet")])
+def test_an_output_named_for_the_other_format_is_refused(tmp_path, text_data, fmt, name):
+    _compile(text_data, tmp_path / "plan.parquet")
+    r = _cli(["export", tmp_path / "plan.parquet", "--format", fmt, "-o", tmp_path / name])
+    assert r.exit_code == 2 and f"--format {fmt} writes" in r.output and len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / name).exists()
+    r = _cli(["export", tmp_path / "plan.parquet", "--format", fmt, "-o", tmp_path / "x.data", "-q"])
+    assert r.exit_code == 0, r.output  # a suffix of no format is the user's choice

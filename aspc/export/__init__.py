@@ -115,6 +115,19 @@ def _aspc_rows(plan: Plan) -> list[dict[str, Any]]:
     return [{k: v[i] for k, v in cols.items()} for i in range(plan.n_rows)]
 
 
+# What each format writes, and the suffixes that name another format (any other suffix is left to the user).
+_WRITES = {"verl": ("Parquet", (".jsonl", ".ndjson", ".json", ".csv")), "jsonl": ("JSON lines", (".parquet", ".pq"))}
+
+
+def _check_suffix(out_path: Path, fmt: str) -> None:
+    """Refuse an output named for another format: a JSONL file called x.parquet failed later in verl or compile."""
+    what, wrong = _WRITES[fmt]
+    if out_path.suffix.lower() in wrong:
+        other = "jsonl" if fmt == "verl" else "verl"
+        raise ConfigError(f"-o {out_path.name}: --format {fmt} writes {what}, not {out_path.suffix} data; "
+                          f"name the output {'.parquet' if fmt == 'verl' else '.jsonl'}, or pass --format {other}")
+
+
 def export_plan(
     plan_path: str | os.PathLike,
     out_path: str | os.PathLike,
@@ -155,6 +168,7 @@ def export_plan(
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
     plan_path, out_path = Path(plan_path), Path(out_path)
+    _check_suffix(out_path, fmt)
     plan = read_plan(plan_path)
     verify_integrity(plan, plan_path.name)  # a plan 'aspc check' refuses (rows edited by hand) is not exported
     if plan.config.get("scout_roll") or any(str(p).endswith(S.SCOUT_ID_SUFFIX) for p in plan.column(S.PROMPT_ID)):

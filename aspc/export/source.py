@@ -111,8 +111,11 @@ def source_table(source: Path, rows: list[int]) -> pa.Table:
 
         return read_parquet_table(source).take(pa.array(rows, pa.int64()))
     recs = source_records(source, rows)
+    # Every field any record has, in first-seen order, null where a record lacks it: from_pylist takes
+    # its columns from the first record alone and dropped reward_model when the first row had none.
+    names = list(dict.fromkeys(k for rec in recs for k in rec))
     try:
-        return pa.Table.from_pylist(recs)
+        return pa.Table.from_pydict({k: [rec.get(k) for rec in recs] for k in names})
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
         # Arrow's own message names neither the field nor the row, and JSON integers have no size limit.
         for r, rec in zip(rows, recs, strict=True):

@@ -85,6 +85,10 @@ class BackendError(AspcError):
     """A runtime backend or engine cannot be used (missing extra, bad model)."""
 
 
+class WorkerLostError(BackendError):
+    """A worker's engine is gone for good (its process died): another try on it would fail the same way."""
+
+
 class RunError(AspcError):
     """A run failed (worker faults past the retry limit, inconsistent run log)."""
 

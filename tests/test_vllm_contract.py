@@ -333,7 +333,7 @@ def test_engine_arg_is_only_for_vllm(tmp_path):
 
 
 def test_cpu_dtype_auto_is_float32_without_native_bf16(tmp_path, monkeypatch):
-    from aspc.runtime.backends import vllm as V
+    from aspc.runtime.backends import vllm_args as V
     from aspc.runtime.backends.options import GenerationOptions
 
     info = tmp_path / "cpuinfo"

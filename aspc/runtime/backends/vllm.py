@@ -62,39 +62,22 @@ from typing import Any
 import numpy as np
 
 from aspc import interrupt_libraries
-from aspc.errors import BackendError, ConfigError
+from aspc.errors import BackendError, ConfigError, WorkerLostError
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
 from aspc.runtime.backends.prompts import check_plan_fits, check_prompt_fits, plan_prompt_tokens, render_prompt
+from aspc.runtime.backends.vllm_args import (  # noqa: F401 - CPU_KV_CACHE_BYTES, parse_engine_args: imported from here
+    CPU_KV_CACHE_BYTES,
+    check_engine_args,
+    configure_vllm_env,
+    engine_kwargs,
+    parse_engine_args,
+)
 from aspc.runtime.contracts import GenerationResult
 
 VLLM_EXTRA = "pip install 'aspc[vllm]' (on Ascend also vllm-ascend; on a CPU: make vllm)"
 # Share of device memory all local engines together may take (vLLM's default is 0.9).
 DEVICE_MEMORY_SHARE = 0.85
 MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses higher
-CPU_KV_CACHE_BYTES = 1 << 30  # per engine on CPU: ~30k tokens of a 135M model's KV cache
-# CPU flags of native bf16 matrix arithmetic; without them vLLM's bf16 default is emulated.
-CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU advertises native bf16 arithmetic (False where the flags cannot be read)."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    return any(f in line.split() for f in CPU_BF16_FLAGS)
-    except OSError:
-        pass
-    return False
-
-
-def configure_vllm_env() -> None:
-    """Environment vLLM reads at import (and its engine subprocesses inherit); user settings win."""
-    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout belongs to --json
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models are local; nothing downloads at run time
-
-
 def require_vllm() -> None:
     """Raise :class:`BackendError` with the install command if vLLM is not importable."""
     if importlib.util.find_spec("vllm") is None:
@@ -118,9 +101,6 @@ def serialize_state_dict(weights: Mapping[str, Any]) -> bytes:
     return save(out)
 
 
-RESERVED_ENGINE_ARGS = {"model": "--model", "worker_extension_cls": "aspc's weight reload", "seed": "--seed"}
-
-
 def check_vllm_device(requested: str) -> None:
     """Refuse a ``--device`` vLLM would not honour: it runs on its platform's device and places engines itself."""
     if requested == "auto":
@@ -138,48 +118,6 @@ def check_vllm_device(requested: str) -> None:
                           "or install the vLLM build for that device")  # fmt: skip
 
 
-def parse_engine_args(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    """``--engine-arg KEY=VALUE`` strings as ``vllm.LLM`` keyword arguments; values parse as JSON when they can."""
-    import json
-
-    from aspc.errors import ConfigError
-
-    out: dict[str, Any] = {}
-    for p in pairs:
-        key, sep, value = p.partition("=")
-        if not sep or not key.isidentifier():
-            raise ConfigError(f"--engine-arg {p!r}: expected KEY=VALUE with KEY a vllm.LLM argument name "
-                              "(e.g. max_num_seqs=64)")
-        if key in RESERVED_ENGINE_ARGS:
-            raise ConfigError(f"--engine-arg {key}: set by {RESERVED_ENGINE_ARGS[key]}, not an engine argument")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
-def check_engine_args(args: Mapping[str, Any] | None) -> None:
-    """Raise :class:`ConfigError` for a key ``vllm.LLM`` would not accept (before any engine starts)."""
-    if not args:
-        return
-    import dataclasses
-
-    from aspc.errors import ConfigError
-
-    configure_vllm_env()
-    from vllm.engine.arg_utils import EngineArgs
-
-    known = {f.name for f in dataclasses.fields(EngineArgs)}
-    bad = sorted(set(args) - known)
-    if bad:
-        raise ConfigError(f"--engine-arg {bad[0]}: not an argument of vllm.LLM / EngineArgs "
-                          f"(vLLM's engine arguments are listed by 'vllm serve --help')")
-    clash = sorted(set(args) & set(RESERVED_ENGINE_ARGS))
-    if clash:
-        raise ConfigError(f"--engine-arg {clash[0]}: set by {RESERVED_ENGINE_ARGS[clash[0]]}")
-
-
 class AspcWorkerExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); runs inside vLLM's worker processes."""
 
@@ -195,33 +133,6 @@ class AspcWorkerExtension:
             state = as_state_dict(str(weights))
         self.reload_weights(weights_iterator=iter(state.items()))  # type: ignore[attr-defined]
         return len(state)
-
-
-def engine_kwargs(options: Any, worker: int, share: float, on_cpu: bool) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.LLM`` for one worker's engine."""
-    kwargs: dict[str, Any] = {
-        "model": options.model,
-        "seed": options.seed + worker,
-        "worker_extension_cls": f"{__name__}.AspcWorkerExtension",
-    }
-    if on_cpu:
-        kwargs["enforce_eager"] = True
-        if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-            kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-    else:
-        kwargs["gpu_memory_utilization"] = share
-    if options.dtype != "auto":
-        kwargs["dtype"] = options.dtype
-    elif on_cpu and not cpu_has_native_bf16():
-        # vLLM picks bf16 on any CPU; emulated, each sequence then costs ~40 ms a step on
-        # 2 AVX2 cores for a 135M model, so the step time grows with every active sequence.
-        # float32 (aspc's documented --dtype auto on CPU) ran 2x faster at 4 sequences there.
-        kwargs["dtype"] = "float32"
-    extra = dict(options.engine_args or {})
-    if "gpu_memory_utilization" in extra and on_cpu:  # the user sized the KV cache as a share of RAM
-        kwargs.pop("kv_cache_memory_bytes", None)
-    kwargs.update(extra)  # --engine-arg wins over every default above
-    return kwargs
 
 
 def max_model_len(llm: Any) -> int | None:
@@ -384,7 +295,7 @@ class VLLMBackend(ModelBackend):
             if self._closing.is_set():  # the run is over: drop the minibatch, keep the engine reusable
                 engine.abort_request(list(map(str, ids)), internal=True)
                 raise BackendError(f"worker {worker}: generation stopped because the run is closing")
-            for out in engine.step():
+            for out in self._step(worker, engine):
                 i = index.get(str(out.request_id))
                 if i is None or not out.finished:
                     continue
@@ -395,7 +306,10 @@ class VLLMBackend(ModelBackend):
                 finish[pos] = time.perf_counter() - t0
                 for p, c in zip(pos, seqs, strict=True):
                     toks = list(c.token_ids)
-                    stop = c.finish_reason == "stop" and bool(toks) and toks[-1] in eos
+                    # An EOS of generation_config.json (Llama 3's <|eot_id|>, say) is a stop token to vLLM,
+                    # which names it in stop_reason; the tokenizer's EOS alone missed it, so the response
+                    # counted it and came back unfinished (hf merges both sources; so does this).
+                    stop = c.finish_reason == "stop" and bool(toks) and (toks[-1] in eos or toks[-1] == c.stop_reason)
                     n_tok = len(toks) - int(stop)
                     if replay is not None:
                         n_tok = min(n_tok, int(replay[p]))  # a zero-length replay still generates one token
@@ -418,6 +332,19 @@ class VLLMBackend(ModelBackend):
         t1 = time.perf_counter()
         return GenerationResult(response_len=lens, finish_offset=np.minimum(finish, t1 - t0), elapsed=t1 - t0,
                                 payload=payload if self.options.return_payload else None)
+
+    @staticmethod
+    def _step(worker: int, engine: Any) -> list[Any]:
+        """One engine step; a dead engine process (killed, or crashed on the model) stops the run in one line."""
+        try:
+            return engine.step()
+        except Exception as exc:
+            if type(exc).__name__ != "EngineDeadError":  # vLLM's class moves between releases; its name does not
+                raise
+            raise WorkerLostError(
+                f"worker {worker}: vLLM's engine process died; its cause (out of memory, a model this vLLM "
+                "cannot run) is in vLLM's log above: fix that, then rerun (with --resume where the run has a --log)"
+            ) from None
 
     def close(self) -> None:
         self.release_remote()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from aspc.errors import ConfigError, InputError, PlanError
+from aspc.errors import ConfigError, InputError, PlanError, WorkerLostError
 from aspc.runtime.contracts import GenerationResult, TrainBatch, TrainResult
 from aspc.runtime.core.scheduler import Dispatch
 
@@ -170,9 +170,11 @@ def is_worker_fault(exc: BaseException) -> bool:
 
     Errors about the input or the configuration (``ConfigError``,
     ``InputError``, ``PlanError``) would fail the same way again and stop the
-    run at once; so do interrupts (``KeyboardInterrupt``, ``SystemExit``).
+    run at once; so do a dead engine (``WorkerLostError``: vLLM's engine
+    process killed, by the OOM killer say) and interrupts (``KeyboardInterrupt``,
+    ``SystemExit``).
     """
-    return isinstance(exc, Exception) and not isinstance(exc, (ConfigError, InputError, PlanError))
+    return isinstance(exc, Exception) and not isinstance(exc, (ConfigError, InputError, PlanError, WorkerLostError))
 
 
 def fault_message(exc: BaseException) -> str:

@@ -79,6 +79,11 @@ def sampling_record(backend: Any) -> dict[str, Any] | None:
     record = {k: getattr(opts, k) for k in _SAMPLING}
     record["model"] = Path(os.path.realpath(str(opts.model))).name  # "--model ." is the directory's own name
     record["model_fingerprint"] = model_fingerprint(opts.model)  # its contents: many models share a name
+    from aspc.runtime.backends.vllm_args import generation_engine_args
+
+    # --engine-arg dtype=..., quantization=...: another engine samples otherwise. Always recorded ({} without
+    # any), so a log without the key is one from before it, and is not compared.
+    record["engine_args"] = generation_engine_args(getattr(opts, "engine_args", None))
     return record
 
 
@@ -125,6 +130,10 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
         flag = {"replay": "--replay-lengths"}
         diffs += [f"{flag.get(k, '--' + k.replace('_', '-'))} ({was.get(k)!r} in the log, {now.get(k)!r} now)"
                   for k in _SAMPLING if was.get(k) != now.get(k)]  # fmt: skip
+        ea, eb = was.get("engine_args"), now.get("engine_args") or {}
+        if isinstance(ea, dict):
+            diffs += [f"--engine-arg {k} ({ea.get(k)!r} in the log, {eb.get(k)!r} now)"
+                      for k in sorted(set(ea) | set(eb)) if ea.get(k) != eb.get(k)]  # fmt: skip
         a, b = was.get("model_fingerprint"), now.get("model_fingerprint")  # logs before the key carry none
         if a and b and a != b and was.get("model") == now.get("model"):
             diffs.append(f"--model ({was.get('model')!r} with contents {a[:12]}… in the log, another "

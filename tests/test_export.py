@@ -163,7 +163,8 @@ def test_chat_detection_is_exact():
     assert chat_messages("plain text") is None
     assert chat_messages('[{"role": "user", "content": "hi"}]') is None  # not aspc's compact form: text
     assert chat_messages('[{"role":"robot","content":"hi"}]') is None
-    assert chat_messages('[{"role":"user","content":"hi","x":1}]') is None
+    # Keys beside role and content are kept (name, tool_calls): compile stores them since it reads them.
+    assert chat_messages('[{"role":"user","content":"hi","x":1}]') == [{"role": "user", "content": "hi", "x": 1}]
     assert chat_messages('[{"role":"user","content":"hi"}') is None
 
 
@@ -481,3 +482,20 @@ def test_an_output_named_for_the_other_format_is_refused(tmp_path, text_data, fm
     assert not (tmp_path / name).exists()
     r = _cli(["export", tmp_path / "plan.parquet", "--format", fmt, "-o", tmp_path / "x.data", "-q"])
     assert r.exit_code == 0, r.output  # a suffix of no format is the user's choice
+
+
+def test_a_tool_call_chat_keeps_its_message_keys_through_compile_and_verl_export(tmp_path):
+    """Message keys beside role and content were dropped, changing what the model is prompted with."""
+    chat = [{"role": "user", "content": "hi", "name": "bob"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "t1", "type": "function",
+                                                                  "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "content": "42", "tool_call_id": "t1"}]  # fmt: skip
+    src = write_jsonl(tmp_path / "tc.jsonl", [{"id": "a", "messages": chat, "len": 5},
+                                              {"id": "b", "messages": [{"role": "user", "content": "x"}], "len": 9}])
+    r = _cli(["compile", src, "--length-field", "len", "-o", tmp_path / "plan.parquet", "-q"])
+    assert r.exit_code == 0, r.output
+    export_plan(tmp_path / "plan.parquet", tmp_path / "train.parquet")
+    rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    got = {row["extra_info"]["aspc"]["prompt_id"]: row["prompt"] for row in rows}
+    assert [{k: v for k, v in m.items() if v is not None} for m in got["a"]] == chat
+    assert [{k: v for k, v in m.items() if v is not None} for m in got["b"]] == [{"role": "user", "content": "x"}]

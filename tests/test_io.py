@@ -302,9 +302,10 @@ def test_unterminated_csv_quote_says_so(tmp_path):
     with pytest.raises(InputError, match='^q.csv: line 3: unterminated quote') as info:
         read_prompts(p, length_field="len")
     assert "\n" not in str(info.value)
-    # A stray quote after a quoted field stays accepted, as csv's default dialect reads it.
+    # Text after a closing quote is refused: csv's default dialect read "x"y as xy, changing the prompt.
     p.write_text('id,prompt\na,"x"y\n')
-    assert read_prompts(p).prompts == ["xy"]
+    with pytest.raises(InputError, match="line 2: a quoted field has text after its closing quote"):
+        read_prompts(p)
 
 
 def test_two_columns_of_one_name_are_refused(tmp_path):

@@ -110,6 +110,20 @@ def _as_chat(stored: str) -> list[dict[str, str]]:
     return msgs if msgs is not None else [{"role": "user", "content": stored}]
 
 
+def _chat_column(chats: list[list[dict[str, Any]]]) -> pa.Array:
+    """The chats as verl's list of message structs: role and content, and any other keys the messages have
+    (name, tool_calls, tool_call_id: a tool-call conversation prompts the model with them), null where a
+    message lacks one, as a Hugging Face dataset of such chats holds them."""
+    if not any(len(m) > 2 for c in chats for m in c):  # role and content only (compile checked them)
+        return pa.array(chats, pa.list_(MESSAGE_TYPE))
+    try:
+        return pa.array(chats)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise InputError(f"the chats' message keys hold values of different types across messages "
+                         f"({short_reason(exc, limit=100)}); export --format jsonl, which keeps each message "
+                         "as it is") from None
+
+
 def _aspc_rows(plan: Plan) -> list[dict[str, Any]]:
     cols = {f.name: plan.column(f.name).tolist() for f in ASPC_FIELDS}
     return [{k: v[i] for k, v in cols.items()} for i in range(plan.n_rows)]
@@ -287,7 +301,7 @@ def _verl_table(
             chats = [[{"role": "user", "content": p}] for p in table.column(prompt_field).to_pylist()]
         else:
             chats = [_as_chat(p) for p in plan.column(S.PROMPT).tolist()]
-        cols["prompt"] = pa.array(chats, pa.list_(MESSAGE_TYPE))
+        cols["prompt"] = _chat_column(chats)
     has_ds = "data_source" in cols
     if data_source is not None:
         cols["data_source"] = pa.array([data_source] * n, pa.string())

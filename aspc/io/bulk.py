@@ -138,7 +138,7 @@ def _prompts(tab: pa.Table, prompt_field: str) -> tuple[pa.Array, pa.Array]:
                 s, t = parse_prompt_value(value)
                 stored.append(s)
                 texts.append(t)
-        except _RowError:
+        except (_RowError, UnicodeDecodeError):  # UnicodeDecodeError: a message's text is not UTF-8
             raise _Bail from None
         return string_column(stored), string_column(texts)
     arr = _valid_strings(arr)
@@ -152,6 +152,8 @@ def _id_strings(col: pa.Array) -> pa.Array:
         return col.cast(pa.string())
     arr = _valid_strings(col)
     _check(not _has_blank(arr))
+    # A NUL marks aspc's own rows in a plan (rows._check_no_nul); the row reader words the error.
+    _check(not pc.any(pc.match_substring(arr, "\x00")).as_py())
     return arr
 
 
@@ -264,7 +266,6 @@ def read_parquet_bulk(
     return table_from_columns(tab, rows, prompt_field=prompt_field, id_field=id_field, length_field=length_field)
 
 
-_CHAT = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 _INT64 = (-(2**63), 2**63 - 1)
 
 
@@ -273,9 +274,9 @@ def _kind(v: object, role: str) -> pa.DataType | None:
     if isinstance(v, bool):
         return None
     if role == "prompt":
-        if isinstance(v, str):
-            return pa.string()
-        return _CHAT if isinstance(v, list) and all(isinstance(m, dict) for m in v) else None
+        # Not chats: a struct type for their messages makes pyarrow drop every key it does not name
+        # (name, tool_calls), which the stored chat keeps; the row reader reads them.
+        return pa.string() if isinstance(v, str) else None
     if role == "id":
         if isinstance(v, str):
             return pa.string()

@@ -11,6 +11,7 @@ Readers fail with :class:`~aspc.errors.InputError` on anything malformed.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -52,6 +53,46 @@ class BadRecord:
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
+
+
+class TwiceKeys(dict):
+    """A JSON object that names some keys more than once (json.loads keeps the last value of each)."""
+
+    twice: frozenset[str] = frozenset()
+
+
+def json_object(pairs: list[tuple[str, Any]]) -> dict:
+    """``object_pairs_hook`` for json.loads: a plain dict, or a :class:`TwiceKeys` naming the repeated keys."""
+    rec = dict(pairs)
+    if len(rec) == len(pairs):
+        return rec
+    out = TwiceKeys(rec)
+    seen: set[str] = set()
+    out.twice = frozenset(k for k, _ in pairs if k in seen or seen.add(k))
+    return out
+
+
+class BadTextRow(dict):
+    """A Parquet record with a :data:`BAD_TEXT` cell (the row reader checks only the fields it reads)."""
+
+
+class BadText:
+    """A Parquet string cell whose bytes are not UTF-8 (binary data stored with a string type)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<invalid UTF-8>"
+
+
+BAD_TEXT = BadText()
+
+
+class ShortRow(dict):
+    """A CSV row with fewer cells than the header; the missing ones read as None."""
+
+    missing: tuple[str, ...] = ()  # header names past the row's last cell
+    width = 0  # cells in the header
 
 
 SUPPORTED_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".parquet", ".pq")
@@ -99,7 +140,36 @@ def check_not_parquet(data: bytes, path: Path) -> None:
         raise InputError(f"{path.name}: this is a Parquet file, not JSONL; rename it to .parquet")
 
 
-def iter_jsonl(path: Path) -> Iterator[tuple[int, int, Any]]:
+def _key_tokens(keys: tuple[str, ...]) -> tuple[str, ...] | None:
+    """How each key is written in a JSON object free of \\u escapes, or None if some key has other spellings."""
+    if any(not k.isprintable() or any(c in k for c in '"\\/') for k in keys):
+        return None
+    return tuple(f'"{k}"' for k in keys)
+
+
+# Built once: json.loads builds a decoder per call, a sixth of the row reader's time on short lines.
+_DECODE = json.JSONDecoder(parse_int=json_int).decode
+_DECODE_PAIRS = json.JSONDecoder(parse_int=json_int, object_pairs_hook=json_object).decode
+
+
+def _loads_line(line: str, tokens: tuple[str, ...] | None) -> Any:
+    if line.startswith("\ufeff"):
+        return json.loads(line, parse_int=json_int)  # json.loads's own message for a BOM inside the file
+    # The pairs hook costs a quarter more per line: a line that spells each key read at most once,
+    # and escapes no character, cannot repeat one of them.
+    if tokens is None or (tokens and ("\\u" in line or max(map(line.count, tokens)) > 1)):
+        return _DECODE_PAIRS(line)
+    return _DECODE(line)
+
+
+def _json_reason(exc: json.JSONDecodeError) -> str:
+    # "Unterminated string starting at" already ends in "at": without the cut it read "at at column 20".
+    return exc.msg.removesuffix(" at")
+
+
+def iter_jsonl(path: Path, keys: tuple[str, ...] = ()) -> Iterator[tuple[int, int, Any]]:
+    """Rows of a JSONL file; an object that repeats one of ``keys`` is a :class:`TwiceKeys`."""
+    tokens = _key_tokens(keys)
     data = path.read_bytes()
     check_not_parquet(data, path)
     text = _decode(data, path)
@@ -109,21 +179,26 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, int, Any]]:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line, parse_int=json_int)
+            rec = _loads_line(line, tokens)
         except json.JSONDecodeError as exc:
             # Not raised here: the caller decides between failing and skipping.
-            rec = BadRecord(f"malformed JSON ({exc.msg} at column {exc.colno})")
+            rec = BadRecord(f"malformed JSON ({_json_reason(exc)} at column {exc.colno})")
         except RecursionError:
             rec = BadRecord("JSON nested too deeply")
         yield lineno - 1, lineno, rec
 
 
-def iter_json(path: Path) -> Iterator[tuple[int, int, Any]]:
+def iter_json(path: Path, keys: tuple[str, ...] = ()) -> Iterator[tuple[int, int, Any]]:
+    """Records of a JSON array; an object that repeats one of ``keys`` is a :class:`TwiceKeys`."""
     text = _decode(path.read_bytes(), path)
     try:
-        doc = json.loads(text, parse_int=json_int)
+        hook = json_object if keys else None
+        doc = json.loads(text, parse_int=json_int, object_pairs_hook=hook)
     except json.JSONDecodeError as exc:
-        raise InputError(f"{path.name}: malformed JSON at line {exc.lineno}: {exc.msg}") from None
+        hint = "fix the JSON"
+        if exc.msg == "Extra data" and _one_record_a_line(text):
+            hint = "it holds one record per line: rename the file to .jsonl"
+        raise InputError(f"{path.name}: malformed JSON at line {exc.lineno}: {_json_reason(exc)}; {hint}") from None
     except RecursionError:
         raise InputError(f"{path.name}: JSON nested too deeply") from None
     if not isinstance(doc, list):
@@ -132,34 +207,71 @@ def iter_json(path: Path) -> Iterator[tuple[int, int, Any]]:
         yield i, i + 1, rec
 
 
+def _one_record_a_line(text: str) -> bool:
+    """Whether the first line of ``text`` is a JSON object by itself: JSON lines saved as .json."""
+    try:
+        return isinstance(json.loads(text.lstrip().split("\n", 1)[0]), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
 class _CsvError(Exception):
     def __init__(self, line: int, exc: csv.Error) -> None:
         super().__init__(str(exc))
         self.line = line  # file lines read when the error happened
 
 
-def _unterminated_quote(text: str) -> int | None:
-    """Line on which a quoted CSV field opens and never closes, else None.
+# Python's csv module refuses fields over 131,072 characters by default. The whole file is in memory
+# already, so the cap protects nothing; it only refused prompts the JSON readers take. Prompt size is
+# checked per row (MAX_PROMPT_BYTES in aspc.io.rows), and a runaway quote is found by _strict_check.
+_CSV_FIELD_LIMIT = 2**31 - 1  # the largest a C long holds on every platform
 
-    The lenient reader would swallow the rest of the file into that one
-    cell; the strict one reports it (and resumes after its other errors,
-    which the lenient reader accepts).
+
+@contextlib.contextmanager
+def _csv_field_limit() -> Iterator[None]:
+    old = csv.field_size_limit(_CSV_FIELD_LIMIT)
+    try:
+        yield
+    finally:
+        csv.field_size_limit(old)
+
+
+def _strict_check(text: str) -> tuple[int | None, bool]:
+    """(line on which a quoted field opens and never closes, else None; whether any other quote is malformed).
+
+    The lenient reader would swallow the rest of the file into an unclosed
+    quote's cell, and reads ``"hi" there`` as ``hi there``; the strict one
+    reports both (and resumes on the next line after the latter).
     """
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     start = 1
+    bad = False
     while True:
         try:
             next(reader)
         except StopIteration:
-            return None
+            return None, bad
         except csv.Error as exc:
             if "unexpected end of data" in str(exc):
-                return start
+                return start, bad
+            bad = True
         start = reader.line_num + 1
 
 
-def _csv_rows(text: str) -> Iterator[tuple[int, list[str]]]:
-    """(line the row starts on, cells) for every CSV row, the header and empty rows included."""
+def _quoted_badly(raw: str) -> bool:
+    """Whether the strict reader refuses one row's text (text after a closing quote)."""
+    try:
+        list(csv.reader(io.StringIO(raw, newline=""), strict=True))
+    except csv.Error:
+        return True
+    return False
+
+
+_BAD_QUOTE = 'a quoted field has text after its closing quote; quote the whole field and double each quote inside it ("")'
+
+
+def _csv_rows(text: str) -> Iterator[tuple[int, int, list[str]]]:
+    """(first line, last line, cells) of every CSV row, the header and empty rows included."""
     reader = csv.reader(io.StringIO(text, newline=""))
     start = 1
     while True:
@@ -169,37 +281,52 @@ def _csv_rows(text: str) -> Iterator[tuple[int, list[str]]]:
             return
         except csv.Error as exc:
             raise _CsvError(reader.line_num, exc) from None
-        yield start, cells
+        yield start, reader.line_num, cells
         start = reader.line_num + 1
 
 
 def iter_csv(path: Path) -> Iterator[tuple[int, int, Any]]:
     text = _decode(path.read_bytes(), path)
-    line = _unterminated_quote(text)
+    with _csv_field_limit():
+        yield from _iter_csv_text(text, path)
+
+
+def _iter_csv_text(text: str, path: Path) -> Iterator[tuple[int, int, Any]]:
+    line, bad_quotes = _strict_check(text)
     if line is not None:
         raise InputError(
             f"{path.name}: line {line}: unterminated quote (a field opened with \" never closes); "
             'close it, and double any quote inside a quoted field ("")'
         )
+    # Only a file the strict reader refused pays for checking its rows one by one.
+    lines = io.StringIO(text, newline="").readlines() if bad_quotes else []
     rows = _csv_rows(text)
     try:
-        header = next(rows, None)
-        if header is None or not header[1]:
+        # A blank line above the header is no header with no columns.
+        header = next((r for r in rows if len(r[2]) > 1 or "".join(r[2]).strip()), None)
+        if header is None:
             raise InputError(f"{path.name}: CSV has no header row; add one naming the columns")
-        names = header[1]
+        if lines and _quoted_badly("".join(lines[header[0] - 1 : header[1]])):
+            raise InputError(f"{path.name}: line {header[0]}: header: {_BAD_QUOTE}")
+        names = header[2]
         twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
         if twice is not None:
             # A dict of the row would keep the last of the two silently: which one the user meant is unknown.
             raise InputError(f"{path.name}: line {header[0]}: two columns are named {twice!r}; rename or drop one")
         row = 0
-        for line, cells in rows:
+        for line, last, cells in rows:
             if not cells:
                 continue
             # csv.DictReader's layout: missing cells are None. Extra cells are a bad row: an unquoted comma in a
             # prompt ("Hello, world") would otherwise cut the prompt at the comma and drop the rest silently.
             rec: Any = dict(zip(names, cells, strict=False))
-            if len(cells) < len(names):
-                rec.update({k: None for k in names[len(cells) :]})
+            if lines and _quoted_badly("".join(lines[line - 1 : last])):
+                rec = BadRecord(_BAD_QUOTE)
+            elif len(cells) < len(names):
+                rec = ShortRow(rec)
+                rec.missing = tuple(names[len(cells) :])
+                rec.width = len(names)
+                rec.update({k: None for k in rec.missing})
             elif len(cells) > len(names):
                 rec = BadRecord(f"{len(cells)} fields but the header has {len(names)}; quote fields that hold commas")
             yield row, line, rec
@@ -231,11 +358,42 @@ def iter_parquet(path: Path) -> Iterator[tuple[int, int, Any]]:
     try:
         batches = table.to_batches(max_chunksize=65536)
         for batch in batches:
-            for rec in batch.to_pylist():
+            try:
+                recs = batch.to_pylist()
+            except UnicodeDecodeError:
+                recs = _records_with_bad_text(batch)
+            for rec in recs:
                 yield row, row + 1, rec
                 row += 1
     except (pa.ArrowException, ValueError) as exc:
         raise InputError(f"{path.name}: row {row + 1}: unreadable Parquet data ({short_reason(exc)})") from None
+
+
+def _records_with_bad_text(batch) -> list[dict[str, Any]]:
+    """The batch's records, each cell that is not UTF-8 read as :data:`BAD_TEXT`.
+
+    Converting the whole batch failed at its first row; a bad cell in a column
+    the row reader never looks at must not refuse the row, and one it does
+    look at names its own row (and can be skipped).
+    """
+    columns = []
+    for col in batch.columns:
+        try:
+            columns.append(col.to_pylist())
+        except UnicodeDecodeError:
+            columns.append([_cell(col, i) for i in range(len(col))])
+    names = batch.schema.names
+    return [
+        (BadTextRow if any(v is BAD_TEXT for v in values) else dict)(zip(names, values, strict=True))
+        for values in zip(*columns, strict=True)
+    ]
+
+
+def _cell(col, i: int) -> Any:
+    try:
+        return col[i].as_py()
+    except UnicodeDecodeError:
+        return BAD_TEXT
 
 
 def iter_records(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
@@ -243,15 +401,19 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     return ((row, rec) for row, _line, rec in iter_numbered_records(path))
 
 
-def iter_numbered_records(path: str | os.PathLike) -> Iterator[tuple[int, int, Any]]:
-    """Yield ``(row_number, line, record)`` from a dataset file of any supported format."""
+def iter_numbered_records(path: str | os.PathLike, keys: tuple[str, ...] = ()) -> Iterator[tuple[int, int, Any]]:
+    """Yield ``(row_number, line, record)`` from a dataset file of any supported format.
+
+    A JSON object that repeats one of ``keys`` is a :class:`TwiceKeys` (CSV and
+    Parquet refuse a repeated column name whatever it is).
+    """
     path = Path(path)
     fmt = detect_format(path)
     _check_file(path)
     if fmt == "jsonl":
-        return iter_jsonl(path)
+        return iter_jsonl(path, keys)
     if fmt == "json":
-        return iter_json(path)
+        return iter_json(path, keys)
     if fmt == "csv":
         return iter_csv(path)
     return iter_parquet(path)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import InputError
-from aspc.io.readers import BadRecord, HugeInt, iter_numbered_records, json_int
+from aspc.io.readers import BadRecord, BadText, HugeInt, ShortRow, TwiceKeys, iter_numbered_records, json_int
 from aspc.io.table import PromptTable, SkippedRow
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -49,9 +49,12 @@ def _canonical_chat(messages: list[Any]) -> tuple[str, str]:
         role, content = m.get("role"), m.get("content")
         if role not in CHAT_ROLES:
             raise _RowError(f"chat message {i} has unknown role {role!r}; use one of {sorted(CHAT_ROLES)}")
+        if isinstance(content, (list, tuple)) and all(isinstance(part, dict) for part in content):
+            # Every consumer of a plan (templates without one, exports, predictors) reads content as text.
+            raise _RowError(f"chat message {i} content is a list of parts; join the text parts into one string")
         if not isinstance(content, str):
             raise _RowError(f"chat message {i} content must be a string")
-        norm.append({"role": role, "content": content})
+        norm.append({"role": role, "content": content, **_other_keys(m, i)})
     if not any(m["content"].strip() for m in norm):
         raise _RowError("chat prompt is empty")
     stored = json.dumps(norm, ensure_ascii=False, separators=(",", ":"))
@@ -59,13 +62,30 @@ def _canonical_chat(messages: list[Any]) -> tuple[str, str]:
     return stored, text
 
 
-def chat_messages(stored: str) -> list[dict[str, str]] | None:
+def _other_keys(message: dict, i: int) -> dict[str, Any]:
+    """A message's keys other than role and content (name, tool_calls, tool_call_id), in their order.
+
+    They are part of what a chat template renders. A null one is left out: a
+    Parquet struct gives every message every field, null where it has none.
+    """
+    other = {k: v for k, v in message.items() if k not in ("role", "content") and v is not None}
+    for k, v in other.items():
+        try:
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError):
+            raise _RowError(
+                f"chat message {i} field {k!r} holds {type(v).__name__} data JSON cannot hold; drop it or store it as text"
+            ) from None
+    return other
+
+
+def chat_messages(stored: str) -> list[dict[str, Any]] | None:
     """The chat messages of a plan ``prompt`` cell, or ``None`` when it holds plain text.
 
     ``aspc.io`` stores a chat as compact JSON (``separators=(",", ":")``,
-    keys ``role`` then ``content``); only a cell that parses to such a list
-    and re-serialises to the very same string is a chat, so text that merely
-    looks like JSON stays text.
+    keys ``role`` then ``content``, then any others the message had); only a
+    cell that parses to such a list and re-serialises to the very same string
+    is a chat, so text that merely looks like JSON stays text.
     """
     if not stored.startswith('[{"role":'):
         return None
@@ -76,7 +96,7 @@ def chat_messages(stored: str) -> list[dict[str, str]] | None:
     if not isinstance(value, list) or not value:
         return None
     for m in value:
-        if not isinstance(m, dict) or list(m) != ["role", "content"]:
+        if not isinstance(m, dict) or list(m)[:2] != ["role", "content"]:
             return None
         if m["role"] not in CHAT_ROLES or not isinstance(m["content"], str):
             return None
@@ -93,6 +113,8 @@ def parse_prompt_value(value: Any) -> tuple[str, str]:
         stored, text = value, value
     elif isinstance(value, (list, tuple)):
         stored, text = _canonical_chat(list(value))
+    elif isinstance(value, BadText):
+        raise _RowError("prompt is not valid UTF-8 text; re-encode the data as UTF-8")
     else:
         raise _RowError(f"prompt must be a string or a list of chat messages, got {type(value).__name__}")
     size = len(stored.encode("utf-8", errors="surrogatepass"))
@@ -130,6 +152,8 @@ def _number(v: Any, where: str) -> float:
     if isinstance(v, HugeInt):
         sign = "negative" if v.negative else "positive"
         raise _RowError(f"{where} is a {v.digits:,}-digit {sign} integer; lengths are token counts up to {MAX_LENGTH:,}")
+    if v is None:  # inside a list: a null cell is parse_length's "missing" (wording pinned by golden.json)
+        raise _RowError(f"{where} holds a null in its list; fill it in, or pass --on-bad-line skip to drop the row")
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
         raise _RowError(f"{where} must be a number, got {type(v).__name__} {str(v)[:20]!r}")
     try:
@@ -180,7 +204,15 @@ def _parse_id(rec: dict, id_field: str) -> str | None:
         raise _RowError(f"id field {id_field!r} is empty")
     if not _utf8(s):
         raise _RowError(f"id field {id_field!r} holds invalid Unicode (lone surrogates); re-encode the data as UTF-8")
+    _check_no_nul(s, f"id field {id_field!r}")
     return s
+
+
+def _check_no_nul(s: str, where: str) -> None:
+    # aspc marks its own rows in a plan with NUL (a rolling scout's ids end in "\x00scout"): run and
+    # export refuse a plan whose ids hold one, so compile refuses it first, naming the row.
+    if "\x00" in s:
+        raise _RowError(f"{where} holds a NUL character (\\x00); remove it from the id")
 
 
 def required_id(rec: dict, id_field: str) -> str | None:
@@ -215,6 +247,8 @@ def _utf8(s: str) -> bool:
 def _verl_index(rec: dict) -> str | None:
     """verl's ``extra_info.index`` as an id, or None when the row has no usable one."""
     info = rec.get(VERL_INDEX[0])
+    if isinstance(info, BadText):
+        raise _RowError("extra_info holds text that is not valid UTF-8; re-encode the data as UTF-8")
     if not isinstance(info, dict):
         return None
     v = info.get(VERL_INDEX[1])
@@ -227,6 +261,8 @@ def _verl_index(rec: dict) -> str | None:
     s = str(v)
     if s.strip() and not _utf8(s):
         raise _RowError("extra_info.index holds invalid Unicode (lone surrogates); re-encode the data as UTF-8")
+    if s.strip():
+        _check_no_nul(s, "extra_info.index")
     return s if s.strip() else None
 
 
@@ -272,6 +308,26 @@ class _Ids:
         return content_id(stored)
 
 
+def _check_read_fields(rec: dict, fields: tuple[str | None, ...]) -> None:
+    """Refuse a row whose fields that aspc reads are repeated, not UTF-8, or cut off by a short CSV row."""
+    if rec.get(fields[0]) is None:
+        fields += ("messages",)  # the prompt comes from here
+    for f in fields:
+        if f is None:
+            continue
+        if isinstance(rec, TwiceKeys) and f in rec.twice:
+            # JSON keeps the last of the two silently, as a dict of CSV or Parquet columns would: those are refused.
+            raise _RowError(f"field {f!r} appears twice in the object; keep one")
+        if isinstance(rec.get(f), BadText):
+            raise _RowError(f"field {f!r} is not valid UTF-8 text; re-encode the data as UTF-8")
+        if isinstance(rec, ShortRow) and f in rec.missing:
+            n = rec.width - len(rec.missing)
+            raise _RowError(
+                f"row has {n} of the header's {rec.width} fields, so {f!r} is missing; complete the row, "
+                "and quote fields that hold line breaks"
+            )
+
+
 def read_rows(
     path: Path, *, prompt_field: str, id_field: str, length_field: str | None, on_bad_line: str, fmt: str
 ) -> PromptTable:
@@ -286,12 +342,15 @@ def read_rows(
     seen: dict[str, int] = {}
     source = _Ids(id_field)
     name = path.name
-    for row, line, rec in iter_numbered_records(path):
+    keys = tuple(k for k in (prompt_field, "messages", id_field, length_field) if k is not None)
+    for row, line, rec in iter_numbered_records(path, keys):
         try:
             if isinstance(rec, BadRecord):
                 raise _RowError(rec.reason)
             if not isinstance(rec, dict):
                 raise _RowError(f"expected an object with a {prompt_field!r} field, got {type(rec).__name__}")
+            if type(rec) is not dict:  # TwiceKeys, ShortRow or BadTextRow
+                _check_read_fields(rec, (prompt_field, id_field, length_field))
             stored, text = _parse_prompt(rec, prompt_field, null_is_absent=nulls_absent(fmt))
             pid = source.of(rec, stored)
             if pid in seen:

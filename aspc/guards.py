@@ -184,6 +184,7 @@ def check_output(
     kind: str = "file",
     option: str = "-o",
     others: dict[str, str | os.PathLike] | None = None,
+    resume: bool = False,
 ) -> Path:
     """Validate an output path before any work is done; return the path to write.
 
@@ -201,6 +202,9 @@ def check_output(
     others
         The command's other outputs by option name: ``target`` may be none of
         them, nor lie inside one or contain one.
+    resume
+        ``target`` is a run log continued in place (``--resume``), which
+        replaces nothing: the plan copy it keeps may be the input.
 
     Returns
     -------
@@ -279,7 +283,7 @@ def check_output(
                 f"{option} {raw} is also an input ({in_real.name}); writing it would replace your data: "
                 "choose another output path"
             )
-        if kind == "dir" and _is_within(in_real, real):
+        if kind == "dir" and _is_within(in_real, real) and not (resume and _plan_copy(in_real, real)):
             raise OutputError(
                 f"{option} {raw} contains the input {in_real.name}; replacing the directory would delete it: "
                 "choose another output directory"
@@ -292,6 +296,19 @@ def check_output(
                 "that input: choose a path outside it"
             )
     return real if link else path
+
+
+# aspc.predict.pairs.PLAN_IN_LOG, which imports the readers that import this module.
+PLAN_IN_LOG = "plan.parquet"
+
+
+def _plan_copy(path: Path, log: Path) -> bool:
+    """Whether ``path`` is a plan copy ``aspc run`` keeps in run log ``log`` (``plan.parquet``, or an epoch's).
+
+    Resuming reads it and leaves it be: the copy it keeps is the same bytes,
+    which :func:`aspc.predict.pairs.keep_plan_in_log` does not write again.
+    """
+    return path.name == PLAN_IN_LOG and path.is_file() and log in (path.parent, path.parent.parent)
 
 
 def check_replaceable(target: Path, kind: str = "file") -> None:

@@ -251,8 +251,16 @@ def check_history_field(history: Sequence[Any]) -> None:
                           "rollout directories carry their own lengths: drop it")  # fmt: skip
 
 
-def check_lengths_field(actual_lengths: object) -> None:
-    """Refuse ``--length-field`` given on the command line without ``--actual-lengths`` (run, probe): it would be ignored."""
-    if actual_lengths is None and _given("length_field"):
+def check_lengths_field(actual_lengths: object, *, id_field: bool = False) -> None:
+    """Refuse ``--length-field`` (and with ``id_field``, ``--id-field``) given without ``--actual-lengths``: it
+    would be ignored. ``aspc probe``'s ``--id-field`` also names the id field of its PROMPTS, so it stands alone
+    there; ``aspc run`` passes ``id_field=True``.
+    """
+    if actual_lengths is not None:
+        return
+    if _given("length_field"):
         raise ConfigError("--length-field names the length field of --actual-lengths: pass --actual-lengths too, "
+                          "or drop it")  # fmt: skip
+    if id_field and _given("id_field"):
+        raise ConfigError("--id-field names the prompt id field of --actual-lengths: pass --actual-lengths too, "
                           "or drop it")  # fmt: skip

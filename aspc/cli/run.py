@@ -306,7 +306,7 @@ def run_cmd(
 
     # Before a real backend resolves its model or a history file is read.
     check_log_options(log_dir, overwrite=overwrite, resume=resume)
-    check_lengths_field(actual_lengths)
+    check_lengths_field(actual_lengths, id_field=True)
     check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens, scout_keep,
                         scout_keep_through, kwargs.get("backend") or "sim", scout_roll=scout_roll,
                         scout_windows=scout_windows)  # fmt: skip
@@ -314,7 +314,7 @@ def run_cmd(
         from aspc.guards import check_output
 
         cost_file = kwargs.get("sim_cost_model")
-        check_output(log_dir, inputs=[plan_path, actual_lengths, cost_file], kind="dir", option="--log")
+        check_output(log_dir, inputs=[plan_path, actual_lengths, cost_file], kind="dir", option="--log", resume=resume)
     from aspc.run_layout import SINGLE, check_log_layout, clear_run_dir
 
     layout = check_log_layout(

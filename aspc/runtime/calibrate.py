@@ -70,6 +70,7 @@ from aspc.runtime.calibrate_fit import (  # noqa: F401 - nnls and select_free ar
     unseparated,
 )
 from aspc.runtime.record import runlog as R
+from aspc.runtime.record.metrics import NONFINITE_LOG, nonfinite_time
 
 # Rows needed per fit: a few more than unknowns, or the fit is not a fit.
 MIN_MINIBATCHES = 8
@@ -338,8 +339,11 @@ def calibrate(path: str | os.PathLike) -> Calibration:
             f"least {MIN_MINIBATCHES}: finish the run ({how}), then calibrate"
         )
     backend = (log.meta.get("config") or {}).get("backend") if isinstance(log.meta.get("config"), dict) else None
-    cal = calibrate_columns(R.to_columns(log.tables[R.MINIBATCHES]), R.to_columns(log.tables[R.STEPS]),
-                            samples=R.to_columns(log.tables[R.SAMPLES]), padded=backend in PADDED_BACKENDS)
+    mbs, steps = R.to_columns(log.tables[R.MINIBATCHES]), R.to_columns(log.tables[R.STEPS])
+    bad = nonfinite_time({R.MINIBATCHES: mbs, R.STEPS: steps})
+    if bad is not None:  # the fit came out NaN, refused as a cost-model coefficient the user never wrote
+        raise RunError(f"{path}: {NONFINITE_LOG.format(bad=bad)} and calibrate the new log")
+    cal = calibrate_columns(mbs, steps, samples=R.to_columns(log.tables[R.SAMPLES]), padded=backend in PADDED_BACKENDS)
     if log.status != R.STATUS_COMPLETE:
         cal.notes.append(f"run log status is {log.status!r}: fitted on the rows it holds")
     cal.speed_probe_s = mean_speed_probe(log.meta)

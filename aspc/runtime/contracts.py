@@ -14,18 +14,26 @@ from __future__ import annotations
 
 import math
 import numbers
+import signal
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from aspc.errors import AspcError, RunError
+from aspc.errors import AspcError, Interrupted, RunError
 
 if TYPE_CHECKING:  # annotations only: the contracts load neither numpy nor pyarrow (fast --help)
     import numpy as np
 
     from aspc.runtime.work import MinibatchWork, WorkPlan
+
+
+# Seconds a trainer step may report: the cost model's bound on every coefficient
+# (aspc.runtime.backends.sim_cost.COEFFICIENT_MAX, which this bottom layer cannot import).
+# 11.6 days is far past any real step; 1e308 pushed the simulated clock to inf.
+STEP_ELAPSED_MAX = 1e6
 
 
 class Clock(str, Enum):
@@ -184,19 +192,44 @@ def take_step(trainer: Trainer, batch: TrainBatch, *, replay: bool = False) -> T
         res = trainer.step(batch)
     except AspcError:
         raise
-    except (Exception, SystemExit) as exc:  # user code: one line (its message may span several)
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code: one line (its message may span several)
+        if not raised_by_code(exc):
+            raise
         raise RunError(f"the trainer failed {where}: {_said(exc)}; fix it and rerun (a run with --log continues "
                        "with --resume)") from exc  # fmt: skip
     if not isinstance(res, TrainResult):
         raise RunError(f"the trainer {where} returned {type(res).__name__}, not a TrainResult; fix its step()")
     el = res.elapsed
-    if isinstance(el, bool) or not isinstance(el, numbers.Real) or not math.isfinite(el) or el < 0:
-        raise RunError(f"the trainer {where} returned elapsed {el!r}; step() must return the seconds the step took "
+    # An int past a float's range is finite (math.isfinite raised OverflowError on it); the bound refuses it.
+    huge = isinstance(el, numbers.Integral) and not isinstance(el, bool) and abs(el) > 1e300
+    if isinstance(el, bool) or not isinstance(el, numbers.Real) or not (huge or math.isfinite(el)) or el < 0:
+        shown = ("an integer below -1e300" if el < 0 else "an integer over 1e300") if huge else repr(el)
+        raise RunError(f"the trainer {where} returned elapsed {shown}; step() must return the seconds the step took "
                        "(finite, >= 0)")  # fmt: skip
+    # The sim trainer's steps cost α + β·tokens of a bounded cost model: finite, though they may pass one coefficient.
+    if el > STEP_ELAPSED_MAX and getattr(trainer, "known_step_cost", lambda: None)() is None:
+        shown = "an integer over 1e300" if huge else format(float(el), ".3g")
+        raise RunError(f"the trainer {where} returned elapsed {shown}; step() must return the seconds the step took "
+                       f"(at most {STEP_ELAPSED_MAX:g} seconds, 11.6 days)")  # fmt: skip
     if res.version != batch.step + 1:
         raise RunError(f"the trainer {where} published version {res.version!r}, not {batch.step + 1}; step() must "
                        "return version batch.step + 1")  # fmt: skip
     return res
+
+
+def raised_by_code(exc: BaseException) -> bool:
+    """Whether ``exc`` came from the code that raised it, not from a signal (a real Ctrl-C stays an interrupt).
+
+    Under :mod:`aspc.interrupt`'s policy a signal is :class:`~aspc.errors.Interrupted`,
+    and signals reach the main thread only; a plain ``KeyboardInterrupt`` in the
+    main thread under Python's own SIGINT handler may be a real Ctrl-C.
+    """
+    if not isinstance(exc, KeyboardInterrupt):
+        return True
+    if isinstance(exc, Interrupted):
+        return False
+    main = threading.current_thread() is threading.main_thread()
+    return not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
 
 
 def _said(exc: BaseException) -> str:
@@ -215,7 +248,9 @@ def trainer_hook(trainer: Trainer, hook: str, *args: Any, fail: bool = True) -> 
         getattr(trainer, hook)(*args)
     except AspcError:
         raise
-    except (Exception, SystemExit) as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        if not raised_by_code(exc):
+            raise
         done = "the run is complete, but " if hook == "close" else ""  # what was logged stands
         err = RunError(f"{done}the trainer's {hook}() failed: {_said(exc)}; fix it and rerun")
         if fail:
@@ -230,7 +265,9 @@ def durable_version(trainer_durable: Callable[[int], Any], version: int) -> int:
         floor = trainer_durable(int(version))
     except AspcError:
         raise
-    except (Exception, SystemExit) as exc:
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        if not raised_by_code(exc):
+            raise
         raise RunError(f"the trainer's durable() failed: {_said(exc)}; fix it and rerun") from exc
     if isinstance(floor, bool) or not isinstance(floor, numbers.Integral) or not 0 <= floor <= version:
         raise RunError(f"the trainer's durable({version}) returned {floor!r}; it must be a version from 0 to {version} "

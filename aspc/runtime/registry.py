@@ -221,6 +221,8 @@ def make_components(
     if not real:
         ignored = [f"--{k.replace('_', '-')}" for k, unset in _REAL_ONLY.items() if opts.get(k) not in unset]
         ignored += ["--replay-lengths"] if replay else []
+        # Wall-clock engines abandon a hung generation call after it; a simulated call cannot hang.
+        ignored += ["--worker-timeout"] if getattr(config, "worker_timeout", None) is not None else []
         if ignored:
             notes.append(f"{', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored by the sim backend, "
                          "which replays recorded lengths on a cost model; pass --backend hf or vllm to generate "

@@ -36,7 +36,12 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import RunError
+from aspc.runtime.contracts import STEP_ELAPSED_MAX
 from aspc.runtime.record import runlog as R
+
+# An older aspc let a trainer's huge elapsed push the clock to inf: such a log cannot be measured.
+NONFINITE_LOG = ("the run log holds a time that is not finite ({bad}): a trainer's elapsed overflowed its clock "
+                 f"(a step may now report at most {STEP_ELAPSED_MAX:g} s); run the plan again")  # fmt: skip
 
 # Fraction of a minibatch's sequences that form its "tail" for the skew bubble.
 SKEW_TAIL_FRACTION = 0.1
@@ -162,6 +167,10 @@ def summarize(
     queue_capacity
         The queue high-water mark, reported as is.
     """
+    bad = nonfinite_time(columns)
+    if bad is not None:  # numpy's warnings and null metrics said it only in passing, under a 'complete' run
+        raise RunError(f"the run's clock is not finite: {bad}; a trainer or backend reported a time too large to "
+                       "add up: fix it and rerun")  # fmt: skip
     smp, mbs, stp, que = (columns[k] for k in (R.SAMPLES, R.MINIBATCHES, R.STEPS, R.QUEUE))
     # Minibatch rows in id order: a log read back holds them in completion order,
     # and float sums must not depend on which.
@@ -247,6 +256,25 @@ def summarize(
     )
 
 
+# Engine-clock columns every row has (a sample's finish_time is NaN until it returns).
+_TIMES = {R.MINIBATCHES: ("dispatch_time", "start", "end"), R.STEPS: ("start", "end")}
+
+
+def nonfinite_time(columns: dict[str, dict[str, np.ndarray]]) -> str | None:
+    """The first minibatch or step time that is NaN or infinite, as "step 3 end is inf"; ``None`` if all are finite."""
+    for kind, names in _TIMES.items():
+        cols = columns.get(kind) or {}
+        for name in names:
+            t = np.asarray(cols.get(name, ()), dtype=np.float64)
+            bad = np.flatnonzero(~np.isfinite(t))
+            if bad.size:
+                key = "minibatch" if kind == R.MINIBATCHES else "step"
+                ids = cols.get(key)
+                row = int(ids[bad[0]]) if ids is not None and len(ids) == t.size else int(bad[0])
+                return f"{key} {row} {name} is {t[bad[0]]}"
+    return None
+
+
 def summarize_log(log: R.RunLog) -> RunSummary:
     """Recompute the summary of a run log read back from disk.
 
@@ -259,6 +287,9 @@ def summarize_log(log: R.RunLog) -> RunSummary:
     from aspc.guards import MAX_WORKERS
 
     cols = {k: R.to_columns(t) for k, t in log.tables.items()}
+    bad = nonfinite_time(cols)
+    if bad is not None:
+        raise RunError(f"{log.path}: {NONFINITE_LOG.format(bad=bad)}")
     # A failed or killed run's meta.json is read as it was left; a damaged field is one line, not a
     # TypeError (null), ValueError ("x"), numpy's minlength error (-3) or a 0-worker division later.
     config, run = _meta_object(log, "config"), _meta_object(log, "run")

@@ -13,6 +13,7 @@ Nothing in a dataset, plan or run log can name code to import.
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import re
 import sys
@@ -68,14 +69,16 @@ def load_factory(spec: str) -> Callable[..., Any]:
 def make_user_trainer(spec: str, context: Any, trainer_args: dict[str, Any] | None = None) -> Any:
     """Build the trainer ``--trainer spec`` names; see the module docstring for the protocol."""
     from aspc.errors import AspcError
-    from aspc.runtime.contracts import Trainer
+    from aspc.runtime.contracts import Trainer, raised_by_code
 
     factory = load_factory(spec)
     try:
         trainer = factory(context, **(trainer_args or {}))
     except AspcError:
         raise
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt) as exc:  # a Ctrl-C (aspc.interrupt's Interrupted) stays an interrupt
+        if not raised_by_code(exc):
+            raise
         raise ConfigError(f"--trainer {spec}: the factory failed ({short_reason(exc, limit=200, with_type=True)})") from None
     except SystemExit as exc:
         raise ConfigError(f"--trainer {spec}: the factory called sys.exit({exc.code!r}); return a Trainer instead") from None
@@ -96,8 +99,24 @@ def parse_trainer_args(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
         key, sep, value = p.partition("=")
         if not sep or not key.isidentifier():
             raise ConfigError(f"--trainer-arg {p!r}: expected KEY=VALUE with KEY a Python identifier")
+        if key in out:  # last-wins dropped the first value unsaid
+            raise ConfigError(f"--trainer-arg {key} is given twice; keep one value per key")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
+        if not _finite(out[key]):
+            raise ConfigError(f"--trainer-arg {p!r}: JSON reads a number in it as NaN or infinity; pass finite "
+                              f"numbers, or quote it as a JSON string ('{key}=\"{value}\"') if text is meant")  # fmt: skip
     return out
+
+
+def _finite(value: Any) -> bool:
+    """Whether no float in a parsed JSON value is NaN or infinite (json reads 1e999 as inf, and NaN)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True

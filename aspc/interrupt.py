@@ -262,6 +262,12 @@ def deferred() -> Iterator[None]:
             _resend(signum)
 
 
+def signal_taken() -> int | None:
+    """The signal aspc's handler last raised as :class:`Interrupted`, while its policy is in force (else None:
+    a signal an earlier in-process command took says nothing of a KeyboardInterrupt now)."""
+    return _last if signal.getsignal(signal.SIGINT) is _handler else None
+
+
 def interrupted_exit(code: int) -> bool:
     """Whether ``code`` is the exit code of the signal this command was interrupted by."""
     return _last is not None and code == 128 + _last

@@ -474,7 +474,7 @@ def test_verl_export_keeps_a_field_the_first_dispatched_row_lacks(tmp_path):
                                                                                                  "c": None}
 
 
-@pytest.mark.parametrize(("fmt", "name"), [("verl", "x.jsonl"), ("verl", "x.json"), ("jsonl", "x.parquet")])
+@pytest.mark.parametrize(("fmt", "name"), [("verl", "x.jsonl"), ("verl", "x.json"), ("jsonl", "x.parquet"), ("jsonl", "x.json")])
 def test_an_output_named_for_the_other_format_is_refused(tmp_path, text_data, fmt, name):
     _compile(text_data, tmp_path / "plan.parquet")
     r = _cli(["export", tmp_path / "plan.parquet", "--format", fmt, "-o", tmp_path / name])

@@ -208,3 +208,28 @@ def test_a_null_inside_a_parquet_list_of_lengths_says_so(tmp_path):
     pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["x", "y"], "lengths": [[3, 4], [5, None]]}), src)
     msg = _refused(src, "--length-field", "lengths")
     assert "l.parquet: line 2: length field 'lengths' holds a null in its list; fill it in" in msg
+
+
+def test_a_quote_opening_after_a_bad_quote_is_unterminated_not_one_skipped_row(tmp_path):
+    # The strict pass dropped the line after '"a"b', never saw '"c' open, and skip mode then lost every row
+    # after it as one bad row ("no prompts found (1 bad rows skipped)").
+    src = tmp_path / "swallow.csv"
+    src.write_text('prompt,id\n"a"b,"c\ngood,2\ngood2,3\n')
+    for options in ({}, {"on_bad_line": "skip"}):
+        with pytest.raises(InputError, match=r"^swallow.csv: line 2: unterminated quote"):
+            read_prompts(src, **options)
+
+
+def test_the_csv_field_limit_holds_for_interleaved_readers(tmp_path):
+    """The limit is process-wide: one reader putting it back lowered it under another one mid-file."""
+    import csv
+
+    from aspc.io.readers import iter_csv
+
+    src = tmp_path / "big.csv"
+    src.write_text("id,prompt\n" + "".join(f"r{i},{'w' * 200_000}\n" for i in range(3)))
+    a, b = iter_csv(src), iter_csv(src)
+    next(a), next(b)
+    assert len(list(a)) == 2
+    assert [len(rec["prompt"]) for _, _, rec in b] == [200_000, 200_000]
+    assert csv.field_size_limit() >= 200_000

@@ -22,19 +22,27 @@ from tests.conftest import EXAMPLE, invoke_cli, one_line_error
 MODULE = """
 import os
 import signal
+import time
 
 from aspc.runtime.contracts import Trainer, TrainResult
 
 
 class Fixed(Trainer):
-    def __init__(self, elapsed=0.01, kb_at=None, sig_at=None, fail_at=None):
+    def __init__(self, elapsed=0.01, kb_at=None, sig_at=None, fail_at=None, ray_at=None):
         self.elapsed, self.kb_at, self.sig_at, self.fail_at = elapsed, kb_at, sig_at, fail_at
+        self.ray_at = ray_at
 
     def step(self, b):
         if b.step == self.kb_at:
             raise KeyboardInterrupt
         if b.step == self.sig_at:  # a user's Ctrl-C: a real signal to this process
             os.kill(os.getpid(), signal.SIGINT)
+        if b.step == self.ray_at:  # ray.get's way with a Ctrl-C: aspc's Interrupted caught, a plain one raised
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+            except KeyboardInterrupt:
+                raise KeyboardInterrupt from None
         if b.step == self.fail_at and not os.environ.get("HUNT_FIXED"):
             raise RuntimeError("boom")
         return TrainResult(b.step + 1, self.elapsed)
@@ -196,6 +204,7 @@ def test_a_factorys_own_keyboard_interrupt_is_a_factory_failure(hunt_mod, plan):
 
 
 @pytest.mark.parametrize("where", [["--trainer", "hunt_trainer_mod:make", "--trainer-arg", "sig_at=3"],
+                                   ["--trainer", "hunt_trainer_mod:make", "--trainer-arg", "ray_at=3"],
                                    ["--trainer", "hunt_trainer_mod:make_sig"]])  # fmt: skip
 def test_a_real_ctrl_c_in_trainer_code_stays_an_interrupt(hunt_mod, ex_plan, where):
     msg = one_line_error(invoke_cli("run", ex_plan, "--log", hunt_mod / "S", "-q", *where), 130)

@@ -25,6 +25,8 @@ from tests.test_vllm_contract import HAVE_VLLM, contract_args, needs_vllm, repla
     ("enforce_eager=1", "--engine-arg enforce_eager=1: vllm.LLM takes true or false here; pass e.g. enforce_eager="),
     ("dtype=float64", "--engine-arg dtype='float64': vllm.LLM takes one of auto, "),
     ("gpu_memory_utilization=lots", "takes a number here"),
+    ("revision=1234", """revision='"1234"' (a number read as JSON: quote it to pass it as text)"""),
+    ("kv_cache_memory_bytes=1e9", "takes an integer or null here; pass e.g. kv_cache_memory_bytes=1000000000"),
     ("skip_tokenizer_init=true", "--engine-arg skip_tokenizer_init=True: aspc counts and checks prompt tokens with "
                                  "the engine's tokenizer; drop it"),
 ])  # fmt: skip
@@ -42,6 +44,9 @@ def test_an_engine_arg_given_twice_is_refused():
 
     with pytest.raises(ConfigError, match="--engine-arg max_num_seqs is given twice; pass it once"):
         parse_engine_args(["max_num_seqs=4", "max_num_seqs=8"])
+    for value in ("NaN", "1e999", "-Infinity"):
+        with pytest.raises(ConfigError, match="not a finite number"):
+            parse_engine_args([f"gpu_memory_utilization={value}"])
 
 
 @pytest.mark.skipif(not HAVE_VLLM, reason="EngineArgs' fields come from vLLM")

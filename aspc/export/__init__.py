@@ -130,7 +130,7 @@ def _aspc_rows(plan: Plan) -> list[dict[str, Any]]:
 
 
 # What each format writes, and the suffixes that name another format (any other suffix is left to the user).
-_WRITES = {"verl": ("Parquet", (".jsonl", ".ndjson", ".json", ".csv")), "jsonl": ("JSON lines", (".parquet", ".pq"))}
+_WRITES = {"verl": ("Parquet", (".jsonl", ".ndjson", ".json", ".csv")), "jsonl": ("JSON lines", (".parquet", ".pq", ".json"))}
 
 
 def _check_suffix(out_path: Path, fmt: str) -> None:

@@ -11,7 +11,6 @@ Readers fail with :class:`~aspc.errors.InputError` on anything malformed.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
@@ -224,16 +223,10 @@ class _CsvError(Exception):
 # Python's csv module refuses fields over 131,072 characters by default. The whole file is in memory
 # already, so the cap protects nothing; it only refused prompts the JSON readers take. Prompt size is
 # checked per row (MAX_PROMPT_BYTES in aspc.io.rows), and a runaway quote is found by _strict_check.
+# Raised once, here, and never lowered: the limit is process-wide, and a reader that set it and put it
+# back around its rows lowered it under another reader (a thread, an interleaved generator) mid-file.
 _CSV_FIELD_LIMIT = 2**31 - 1  # the largest a C long holds on every platform
-
-
-@contextlib.contextmanager
-def _csv_field_limit() -> Iterator[None]:
-    old = csv.field_size_limit(_CSV_FIELD_LIMIT)
-    try:
-        yield
-    finally:
-        csv.field_size_limit(old)
+csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
 
 
 def _strict_check(text: str) -> tuple[int | None, bool]:
@@ -287,8 +280,7 @@ def _csv_rows(text: str) -> Iterator[tuple[int, int, list[str]]]:
 
 def iter_csv(path: Path) -> Iterator[tuple[int, int, Any]]:
     text = _decode(path.read_bytes(), path)
-    with _csv_field_limit():
-        yield from _iter_csv_text(text, path)
+    yield from _iter_csv_text(text, path)
 
 
 def _iter_csv_text(text: str, path: Path) -> Iterator[tuple[int, int, Any]]:
@@ -321,6 +313,13 @@ def _iter_csv_text(text: str, path: Path) -> Iterator[tuple[int, int, Any]]:
             # prompt ("Hello, world") would otherwise cut the prompt at the comma and drop the rest silently.
             rec: Any = dict(zip(names, cells, strict=False))
             if lines and _quoted_badly("".join(lines[line - 1 : last])):
+                if last == len(lines) and "".join(lines[line - 1 : last]).count('"') % 2:
+                    # Text after a closing quote hid a quote that opens later on that line from the strict
+                    # pass; the lenient reader ran it to the end of the file, which skip would drop whole.
+                    raise InputError(
+                        f"{path.name}: line {line}: unterminated quote (a field opened with \" never closes); "
+                        'close it, and double any quote inside a quoted field ("")'
+                    )
                 rec = BadRecord(_BAD_QUOTE)
             elif len(cells) < len(names):
                 rec = ShortRow(rec)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from aspc import interrupt
 from aspc.errors import AspcError, Interrupted, RunError
 
 if TYPE_CHECKING:  # annotations only: the contracts load neither numpy nor pyarrow (fast --help)
@@ -223,11 +224,22 @@ def raised_by_code(exc: BaseException) -> bool:
     Under :mod:`aspc.interrupt`'s policy a signal is :class:`~aspc.errors.Interrupted`,
     and signals reach the main thread only; a plain ``KeyboardInterrupt`` in the
     main thread under Python's own SIGINT handler may be a real Ctrl-C.
+
+    Raises
+    ------
+    Interrupted
+        ``exc`` is a plain KeyboardInterrupt while aspc's handler has taken a
+        signal: Ray's ``ray.get`` (inside a verl-style step, say) turns the
+        Interrupted it raised into a plain one, and the signal must not read
+        as the trainer's own failure.
     """
     if not isinstance(exc, KeyboardInterrupt):
         return True
     if isinstance(exc, Interrupted):
         return False
+    taken = interrupt.signal_taken()
+    if taken is not None:
+        raise Interrupted(taken) from None
     main = threading.current_thread() is threading.main_thread()
     return not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
 

@@ -9,6 +9,7 @@ own fields; anything subtler is left to vLLM.
 
 from __future__ import annotations
 
+import math
 import os
 import types
 import typing
@@ -74,6 +75,8 @@ def parse_engine_args(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
+        if isinstance(out[key], float) and not math.isfinite(out[key]):  # json reads NaN, 1e999; no setting wants them
+            raise ConfigError(f"--engine-arg {p!r}: not a finite number; pass a finite one")
     return out
 
 
@@ -101,7 +104,7 @@ def check_engine_args(args: Mapping[str, Any] | None) -> None:
         want = _wanted(fields[key])
         if want is not None and not _fits(args[key], *want):
             raise ConfigError(f"--engine-arg {key}={args[key]!r}: vllm.LLM takes {_said(*want)} here; "
-                              f"pass e.g. {key}={_example(fields[key], *want)}")  # fmt: skip
+                              f"pass e.g. {key}={_example(fields[key], *want, args[key])}")  # fmt: skip
 
 
 def _wanted(field: Any) -> tuple[str, tuple[str, ...], bool] | None:
@@ -135,9 +138,13 @@ def _said(kind: str, choices: tuple[str, ...], null: bool) -> str:
     return said + (" or null" if null else "")
 
 
-def _example(field: Any, kind: str, choices: tuple[str, ...], null: bool) -> str:
+def _example(field: Any, kind: str, choices: tuple[str, ...], null: bool, value: Any = None) -> str:
     if kind == "literal":
         return choices[0]
+    if kind == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"'\"{value}\"' (a number read as JSON: quote it to pass it as text)"
+    if kind == "int" and isinstance(value, float) and value.is_integer():
+        return f"{int(value)}"
     d = field.default
     if isinstance(d, bool) or kind == "bool":
         return "true" if d is not True else "false"

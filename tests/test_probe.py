@@ -196,9 +196,9 @@ def test_length_field_without_actual_lengths_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("extra", [("--overwrite",), ()])
-def test_a_locked_log_is_worded_for_probe(tmp_path, extra):
-    # Another process writing the log: the run's words said "rerun with --resume", which probe lacks;
-    # without --overwrite, "directory exists and is not empty", advice for a log in use.
+def test_a_locked_log_is_refused_as_one_in_use(tmp_path, extra):
+    # Another process writing the log: without --overwrite, "directory exists and is not empty" was
+    # advice for a log nobody uses. The lock's words ("stop it and rerun with --resume") hold for probe.
     from aspc.runtime.record.lock import RunLogLock
 
     data = write_prompts(tmp_path / "p.jsonl", 120)
@@ -211,7 +211,55 @@ def test_a_locked_log_is_worded_for_probe(tmp_path, extra):
     finally:
         lock.release()
     assert res.exit_code != 0 and "is locked by another aspc run" in res.output, res.output
-    assert "--resume" not in res.output and "pass --overwrite to probe again once nothing else writes it" in res.output
+    assert "rerun with --resume" in res.output
+
+
+STOPPING = """
+import os
+import signal
+
+from aspc.runtime.contracts import Trainer, TrainResult
+
+
+class Stopping(Trainer):
+    def step(self, b):
+        if b.step == 2 and not os.environ.get("PROBE_GO_ON"):  # a user's Ctrl-C, mid-probe
+            os.kill(os.getpid(), signal.SIGINT)
+        return TrainResult(b.step + 1, 0.01)
+
+
+def make(ctx):
+    return Stopping()
+"""
+
+
+def test_an_interrupted_probe_resumes_and_trains_what_a_whole_one_would(tmp_path, monkeypatch):
+    # Before: "interrupted by SIGINT; nothing was written" with no next step, and no --resume:
+    # the only way on was --overwrite, generating every response again.
+    (tmp_path / "probe_stop_mod.py").write_text(STOPPING)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(__import__("sys").modules, "probe_stop_mod", raising=False)
+    data = write_prompts(tmp_path / "p.jsonl", 400)
+    trainer = ["--trainer", "probe_stop_mod:make", "--global-batch", "16", "--seed", "3"]
+    log, out = tmp_path / "L", tmp_path / "P"
+    res = probe(*_sim(data, log, out, *trainer))
+    assert res.exit_code == 130 and len(res.output.strip().splitlines()) == 1, res.output
+    assert f"the probe's run log {log} keeps every committed sample" in res.output and "--resume" in res.output
+    assert json.loads((log / "meta.json").read_text())["status"] == "interrupted" and not out.exists()
+    refused = probe(*_sim(data, log, out, *trainer))  # without --resume: the way on is named
+    assert refused.exit_code == 2 and "pass --resume to finish the probe it holds" in refused.output
+    assert "contradict" in probe(*_sim(data, log, out, *trainer, "--resume", "--overwrite")).output
+    monkeypatch.setenv("PROBE_GO_ON", "1")
+    res = probe(*_sim(data, log, out, *trainer, "--resume"))
+    assert res.exit_code == 0, res.output
+    whole = probe(*_sim(data, tmp_path / "L0", tmp_path / "P0", *trainer))
+    assert whole.exit_code == 0, whole.output
+    for f in sorted(p.name for p in (tmp_path / "P0").iterdir()):
+        assert (out / f).read_bytes() == (tmp_path / "P0" / f).read_bytes(), f
+    other = probe(*_sim(data, log, out, *trainer, "--resume", "--prompts", "120"))  # another sample: refused
+    assert other.exit_code != 0 and "--resume" in other.output and len(other.output.strip().splitlines()) == 1
+    missing = probe(*_sim(data, tmp_path / "none", out, *trainer, "--resume"))
+    assert missing.exit_code == 2 and "no probe run log to resume there" in missing.output
 
 
 def test_an_interrupted_probe_leaves_a_log_to_train_from(tmp_path, monkeypatch):

@@ -28,9 +28,9 @@ from aspc.runtime.contracts import Trainer, TrainResult
 
 
 class Fixed(Trainer):
-    def __init__(self, elapsed=0.01, kb_at=None, sig_at=None, fail_at=None, ray_at=None):
+    def __init__(self, elapsed=0.01, kb_at=None, sig_at=None, fail_at=None, ray_at=None, close_sig=False):
         self.elapsed, self.kb_at, self.sig_at, self.fail_at = elapsed, kb_at, sig_at, fail_at
-        self.ray_at = ray_at
+        self.ray_at, self.close_sig = ray_at, close_sig
 
     def step(self, b):
         if b.step == self.kb_at:
@@ -46,6 +46,10 @@ class Fixed(Trainer):
         if b.step == self.fail_at and not os.environ.get("HUNT_FIXED"):
             raise RuntimeError("boom")
         return TrainResult(b.step + 1, self.elapsed)
+
+    def close(self):
+        if self.close_sig and not os.environ.get("HUNT_FIXED"):  # a Ctrl-C while the run shuts down
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def make(ctx, **kw):
@@ -209,6 +213,20 @@ def test_a_factorys_own_keyboard_interrupt_is_a_factory_failure(hunt_mod, plan):
 def test_a_real_ctrl_c_in_trainer_code_stays_an_interrupt(hunt_mod, ex_plan, where):
     msg = one_line_error(invoke_cli("run", ex_plan, "--log", hunt_mod / "S", "-q", *where), 130)
     assert msg.startswith("Error: interrupted by SIGINT") and "trainer failed" not in msg
+
+
+def test_a_ctrl_c_while_the_run_shuts_down_marks_the_log(hunt_mod, ex_plan, monkeypatch):
+    # Before: the log stayed "running", as a crash leaves it, though aspc was alive to mark it.
+    from aspc.runtime.record.runlog import read_meta
+
+    log, trainer = hunt_mod / "C", ["--trainer", "hunt_trainer_mod:make", "--trainer-arg", "close_sig=True"]
+    msg = one_line_error(invoke_cli("run", ex_plan, "--log", log, "-q", *trainer), 130)
+    assert msg.startswith("Error: interrupted by SIGINT")
+    assert read_meta(log)["status"] == "interrupted"
+    monkeypatch.setenv("HUNT_FIXED", "1")
+    r = invoke_cli("run", ex_plan, "--log", log, "-q", "--json", *trainer, "--resume")
+    assert r.exit_code == 0, r.output
+    assert read_meta(log)["status"] == "complete"
 
 
 def test_keyboard_interrupt_under_pythons_own_handler_is_not_taken_for_the_trainers():

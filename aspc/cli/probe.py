@@ -90,6 +90,8 @@ def _subset(table: Any, k: int, seed: int) -> Any:
               help="What to do with a malformed row of PROMPTS.")  # fmt: skip
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for the sample, the run and training.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing aspc run log at --log.")
+@click.option("--resume", is_flag=True,
+              help="Continue the probe's run log after an interruption or a failure (same options), then train.")  # fmt: skip
 @json_option
 @quiet_option
 @handle_errors
@@ -108,6 +110,7 @@ def probe_cmd(
     on_bad_line: str,
     seed: int,
     overwrite: bool,
+    resume: bool,
     as_json: bool,
     quiet: bool,
     **kwargs: Any,
@@ -118,6 +121,7 @@ def probe_cmd(
     aspc probe prompts.jsonl --backend hf --model DIR --prompts 4000 --log probe/ -o pred/
     aspc probe prompts.jsonl --backend sim --actual-lengths prompts.jsonl --length-field lengths \\
         --prompts 500 --seed 0 --log probe/ -o pred/
+    aspc probe prompts.jsonl ...same options... --log probe/ -o pred/ --resume   # after a signal or a failure
     """
     from aspc.atomic import check_writable
     from aspc.cli.predict import train_from_pairs
@@ -130,7 +134,9 @@ def probe_cmd(
     from aspc.predict.base import check_output_dir
     from aspc.predict.pairs import PLAN_IN_LOG, read_run_log_pairs
     from aspc.runtime import run
+    from aspc.runtime.config import check_log_options
 
+    check_log_options(log_dir, overwrite=overwrite, resume=resume)
     if n_prompts < MIN_PAIRS:
         raise ConfigError(f"--prompts {n_prompts}: a predictor needs at least {MIN_PAIRS} pairs; probe more prompts")
     from aspc.guards import check_compile_config, check_output, check_seed
@@ -143,12 +149,17 @@ def probe_cmd(
     output = check_output(output, inputs=reads, kind="dir")
     check_output_dir(output)
     check_writable(output)  # found now, not after the generations
-    check_output(log_dir, inputs=reads, kind="dir", option="--log", others={"-o": output})
-    # Said here: the run log's own words offer --resume, which probe does not have.
-    if not overwrite and log_dir.is_dir() and any(log_dir.iterdir()):
-        _refuse_if_written_now(log_dir)
-        raise ConfigError(f"--log {log_dir}: directory exists and is not empty; pick a new path, or pass --overwrite "
-                          "to probe again")  # fmt: skip
+    check_output(log_dir, inputs=reads, kind="dir", option="--log", others={"-o": output}, resume=resume)
+    if resume and not (log_dir / "meta.json").is_file():
+        raise ConfigError(f"--log {log_dir}: no probe run log to resume there; probe without --resume")
+    # Said here: the run log's own words for a log in use speak of a run, not a probe.
+    if not overwrite and not resume and log_dir.is_dir() and any(log_dir.iterdir()):
+        from aspc.runtime.record.lock import refuse_if_locked
+
+        refuse_if_locked(log_dir)  # a log in use is refused as such, not as one to pass --overwrite for
+        again = "pass --resume to finish the probe it holds, or --overwrite to probe again" if (
+            log_dir / "meta.json").is_file() else "or pass --overwrite to probe again"
+        raise ConfigError(f"--log {log_dir}: directory exists and is not empty; pick a new path, {again}")
     check_lengths_field(actual_lengths)
     config, cost = run_config_from_kwargs(kwargs, seed=seed, samples_per_prompt=1)
     table = read_prompts(prompts_path, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)
@@ -195,16 +206,17 @@ def probe_cmd(
                 trainer=trainer,
                 log_dir=log_dir,
                 overwrite=overwrite,
+                resume=resume,
                 progress=progress,
             )
-        except Interrupted:
+        except BaseException as exc:
             # This run's log (it started one: no plan inside yet) keeps its committed samples: with
             # the plan beside them 'aspc predict train LOG' can use them.
             if (log_dir / "meta.json").is_file() and not (log_dir / PLAN_IN_LOG).exists():
                 write_plan(plan, log_dir / PLAN_IN_LOG)
+            if isinstance(exc, Interrupted):
+                raise CliError(_interrupted(exc, log_dir), exc.exit_code) from None
             raise
-        except AspcError as exc:
-            raise _for_probe(exc, log_dir) from None
         # The plan goes inside the log: it holds the prompt texts 'aspc predict train RUN' needs.
         write_plan(plan, log_dir / PLAN_IN_LOG)
         # The generations are the costly part (a real backend): a failed or interrupted training keeps
@@ -248,20 +260,17 @@ def probe_cmd(
     )
 
 
-def _for_probe(exc: AspcError, log_dir: Path) -> AspcError:
-    """The run log's words (a log made meanwhile by another probe or run) offer --resume, which probe lacks."""
-    from aspc.errors import finding
+def _interrupted(exc: Any, log_dir: Path) -> str:
+    """One line: what a signal during the probe's generations left, and the command that continues it."""
+    import sys
 
-    if not (str(exc).startswith(f"--log {log_dir}") and "--resume" in str(exc)):
-        return exc
-    return type(exc)(f"{finding(exc)}; pick a new --log, or pass --overwrite to probe again once nothing else writes it")
+    from aspc.interrupt import signal_name
 
+    name = signal_name(exc.signum)
+    if not (log_dir / "meta.json").is_file():
+        return f"interrupted by {name} before the probe's run log was started; nothing was written to {log_dir}"
+    argv = [a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")]
+    cmd = shlex.join(["aspc", *argv, "--resume"]) if "probe" in argv else "aspc probe <the same options> --resume"
+    return (f"interrupted by {name}; the probe's run log {log_dir} keeps every committed sample (and the plan, "
+            f"{log_dir / 'plan.parquet'}): continue it, then train, with {cmd}")  # fmt: skip
 
-def _refuse_if_written_now(log_dir: Path) -> None:
-    """A log another probe or run is writing now is refused as such, not as one to pass --overwrite for."""
-    from aspc.runtime.record.lock import refuse_if_locked
-
-    try:
-        refuse_if_locked(log_dir)
-    except AspcError as exc:
-        raise _for_probe(exc, log_dir) from None

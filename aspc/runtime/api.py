@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from aspc.errors import AspcError, ConfigError, OutputError, RunError
+from aspc.errors import AspcError, ConfigError, OutputError
 from aspc.progress import NULL_PROGRESS, Progress
 from aspc.runtime.backends.sim_cost import SimCostModel
 from aspc.runtime.carry import carry_into, carry_record, check_carried, logged_versions, restore_carries
@@ -50,6 +50,7 @@ from aspc.runtime.registry import (
     make_trainer,
     parse_backend,
 )
+from aspc.runtime.shutdown import close_run, disk_full
 from aspc.runtime.speed_probe import speed_probes
 from aspc.runtime.work import work_from_table
 
@@ -328,7 +329,7 @@ def _run_locked(
             writer.start(new_meta)
     except BaseException:
         # A vLLM engine left open kept the process waiting at exit for its engine-core process.
-        _close(engine, backend, trainer, closes)
+        close_run(engine, backend, trainer, closes, None, None)
         raise
     recorder = Recorder(work, writer, flush_seconds=config.log_flush_seconds)
     recorder.payloads.durable = trainer.durable  # at each commit: what a resume would restore and replay
@@ -354,6 +355,7 @@ def _run_locked(
     steps_done = 0
     notes: list[str] = []
     refused = False  # a resume refused before any new work leaves the log as it found it
+    open_log = writer  # the writer until the run's own failure marks the log
     try:
         if resuming:
             assert log_dir is not None and writer is not None
@@ -395,15 +397,17 @@ def _run_locked(
             probes = {"before": probes, "after": speed_probes(engine, config.workers, notes)}
         notes += (replanner.notes() if replanner is not None else []) + list(getattr(backend, "setup_notes", []))
     except BaseException as exc:
+        open_log = None
         if writer is not None and refused and isinstance(exc, AspcError):
             writer.put_back()
         elif writer is not None:
             writer.abort(exc, recorder.flush)
             if isinstance(exc, OutputError):
-                raise _disk_full(exc, log_dir) from None
+                raise disk_full(exc, log_dir) from None
         raise
     finally:
-        late = _close(engine, backend, trainer, closes)  # the trainer's close() failure: raised once the log is whole
+        # The trainer's close() failure: raised once the log is whole. A Ctrl-C while Ray or vLLM shut down marks it.
+        late = close_run(engine, backend, trainer, closes, open_log, recorder.flush)
     columns = recorder.all_columns()
     summary = summarize(
         columns, n_workers=config.workers, samples_planned=work.n_total_samples, queue_capacity=capacity
@@ -422,7 +426,7 @@ def _run_locked(
         except BaseException as exc:
             writer.abort(exc, lambda: None)
             if isinstance(exc, OutputError):
-                raise _disk_full(exc, log_dir) from None
+                raise disk_full(exc, log_dir) from None
             raise
     if late is not None:
         raise late
@@ -434,17 +438,3 @@ def _run_locked(
         log_dir=None if log_dir is None else Path(log_dir),
     )
 
-
-def _close(engine: Any, backend: Any, trainer: Any, closes: tuple[bool, bool]) -> Any:
-    """Close what this run owns (``closes``: backend, trainer); the trainer's close() failure, or ``None``."""
-    engine.close(keep_workers=not closes[0])
-    if closes[0]:
-        backend.close()
-    return trainer_hook(trainer, "close", fail=False) if closes[1] else None
-
-
-def _disk_full(exc: OutputError, log_dir: str | os.PathLike | None) -> RunError:
-    return RunError(
-        f"run log {log_dir}: {exc}; every committed part is kept and the log is resumable: "
-        "free space, then rerun with --resume"
-    )

@@ -256,8 +256,12 @@ def test_an_interrupted_probe_resumes_and_trains_what_a_whole_one_would(tmp_path
     assert whole.exit_code == 0, whole.output
     for f in sorted(p.name for p in (tmp_path / "P0").iterdir()):
         assert (out / f).read_bytes() == (tmp_path / "P0" / f).read_bytes(), f
+    (log / "plan.parquet").unlink()  # as a kill -9 leaves a log: no plan inside
+    before = {f: f.read_bytes() for f in log.rglob("*") if f.is_file()}
     other = probe(*_sim(data, log, out, *trainer, "--resume", "--prompts", "120"))  # another sample: refused
     assert other.exit_code != 0 and "--resume" in other.output and len(other.output.strip().splitlines()) == 1
+    # The refused probe's plan is not put beside samples of another plan.
+    assert {f: f.read_bytes() for f in log.rglob("*") if f.is_file()} == before
     missing = probe(*_sim(data, tmp_path / "none", out, *trainer, "--resume"))
     assert missing.exit_code == 2 and "no probe run log to resume there" in missing.output
 

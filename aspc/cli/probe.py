@@ -195,6 +195,7 @@ def probe_cmd(
             predictor_identity=scheduler.identity(),
             progress=progress,
         )
+        before = _meta_bytes(log_dir)
         try:
             result = run(
                 plan,
@@ -210,9 +211,11 @@ def probe_cmd(
                 progress=progress,
             )
         except BaseException as exc:
-            # This run's log (it started one: no plan inside yet) keeps its committed samples: with
-            # the plan beside them 'aspc predict train LOG' can use them.
-            if (log_dir / "meta.json").is_file() and not (log_dir / PLAN_IN_LOG).exists():
+            # This run's log (it wrote one: no plan inside yet) keeps its committed samples: with the plan
+            # beside them 'aspc predict train LOG' can use them. A log this run did not write (refused, or
+            # another process's) never gets this plan: its samples may be another plan's.
+            wrote = (now := _meta_bytes(log_dir)) is not None and now != before
+            if wrote and not (log_dir / PLAN_IN_LOG).exists():
                 write_plan(plan, log_dir / PLAN_IN_LOG)
             if isinstance(exc, Interrupted):
                 raise CliError(_interrupted(exc, log_dir), exc.exit_code) from None
@@ -258,6 +261,14 @@ def probe_cmd(
         f"wrote {kind} predictor to {output}" + (f" (refit from {init_arg})" if init_arg else ""),
         quiet,
     )
+
+
+def _meta_bytes(log_dir: Path) -> bytes | None:
+    """The log's ``meta.json`` as it is now (``None``: none), to tell whether a run wrote it."""
+    try:
+        return (log_dir / "meta.json").read_bytes()
+    except OSError:
+        return None
 
 
 def _interrupted(exc: Any, log_dir: Path) -> str:

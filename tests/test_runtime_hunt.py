@@ -307,3 +307,24 @@ def test_a_non_finite_trainer_arg_is_refused(value):
 def test_a_non_finite_trainer_arg_is_one_line_on_the_command_line(hunt_mod, plan):
     r = invoke_cli("run", plan, "-q", "--trainer", "hunt_trainer_mod:make", "--trainer-arg", "elapsed=1e999")
     assert "--trainer-arg 'elapsed=1e999': JSON reads a number in it as NaN or infinity" in one_line_error(r, 2)
+
+
+def test_a_signal_just_after_the_log_says_running_marks_it(ex_plan, tmp_path, monkeypatch):
+    # Before: a signal between meta.json's "running" and the run's main block left the log "running".
+    import signal
+
+    import aspc.runtime.api as api
+    from aspc.emit import read_plan
+    from aspc.errors import Interrupted
+    from aspc.runtime.record.runlog import read_meta
+
+    def signalled(*args, **kwargs):
+        raise Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(api, "Scheduler", signalled)
+    with pytest.raises(Interrupted):
+        api.run(read_plan(ex_plan), log_dir=tmp_path / "R")
+    assert read_meta(tmp_path / "R")["status"] == "interrupted"
+    monkeypatch.undo()
+    assert api.run(read_plan(ex_plan), log_dir=tmp_path / "R", resume=True).summary.n_trainer_steps > 0
+    assert read_meta(tmp_path / "R")["status"] == "complete"

@@ -327,35 +327,37 @@ def _run_locked(
         engine.advance_clock(0.0)
         if writer is not None:
             writer.start(new_meta)
-    except BaseException:
+        recorder = Recorder(work, writer, flush_seconds=config.log_flush_seconds)
+        recorder.payloads.durable = trainer.durable  # at each commit: what a resume would restore and replay
+        revision = 0
+        if resuming and replanner is not None:
+            # The log numbers minibatches and samples as the last revision left them.
+            for first, tail in replanner.stored_revisions():
+                revision += 1
+                new_to_old = revise_work(work, first, tail)
+                backend.on_revision(work, first, new_to_old)  # type: ignore[attr-defined]
+                recorder.on_revision(work, first, new_to_old, revision)
+        scheduler = Scheduler(
+            work.minibatch_sizes,
+            config.workers,
+            config.global_batch,
+            capacity,
+            max_retries=config.max_retries,
+            max_staleness=config.max_staleness,
+            holds=work.holds,
+        )
+        batches = BatchBuilder(work)
+        weights = None
+        steps_done = 0
+        notes: list[str] = []
+        refused = False  # a resume refused before any new work leaves the log as it found it
+        open_log = writer  # the writer until the run's own failure marks the log
+    except BaseException as exc:
+        if writer is not None and writer.started:  # a signal once meta.json said "running": say what happened
+            writer.abort(exc, lambda: None)
         # A vLLM engine left open kept the process waiting at exit for its engine-core process.
         close_run(engine, backend, trainer, closes, None, None)
         raise
-    recorder = Recorder(work, writer, flush_seconds=config.log_flush_seconds)
-    recorder.payloads.durable = trainer.durable  # at each commit: what a resume would restore and replay
-    revision = 0
-    if resuming and replanner is not None:
-        # The log numbers minibatches and samples as the last revision left them.
-        for first, tail in replanner.stored_revisions():
-            revision += 1
-            new_to_old = revise_work(work, first, tail)
-            backend.on_revision(work, first, new_to_old)  # type: ignore[attr-defined]
-            recorder.on_revision(work, first, new_to_old, revision)
-    scheduler = Scheduler(
-        work.minibatch_sizes,
-        config.workers,
-        config.global_batch,
-        capacity,
-        max_retries=config.max_retries,
-        max_staleness=config.max_staleness,
-        holds=work.holds,
-    )
-    batches = BatchBuilder(work)
-    weights = None
-    steps_done = 0
-    notes: list[str] = []
-    refused = False  # a resume refused before any new work leaves the log as it found it
-    open_log = writer  # the writer until the run's own failure marks the log
     try:
         if resuming:
             assert log_dir is not None and writer is not None

@@ -99,6 +99,11 @@ class RunLogWriter:
         """``start`` will continue an existing log (``resume`` and a run log at ``path``)."""
         return self.resume and is_run_log(self.path)
 
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` has marked the log ``running`` (what :meth:`abort` must then mark)."""
+        return bool(self._meta)
+
     def start(self, meta: dict[str, Any]) -> None:
         """Create the directory and write ``meta.json`` with status ``running``.
 

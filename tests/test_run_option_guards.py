@@ -201,6 +201,22 @@ def test_signal_between_epochs_names_the_epoch(tmp_path):
     assert "is marked interrupted" in _interrupted_message(Interrupted(2), tmp_path, 3)
 
 
+def test_signal_before_an_overwrite_replaced_an_epochs_log_says_it_holds_the_earlier_run(tmp_path):
+    # Before: "after epoch 3 of 1 finished ... continue it with --resume", which was then refused.
+    import time
+
+    from aspc.cli.run import _interrupted_message
+    from aspc.errors import Interrupted
+
+    (tmp_path / "epoch-3").mkdir(parents=True)
+    (tmp_path / "epoch-3" / "meta.json").write_text(json.dumps({"status": "complete"}))
+    started = time.time() + 1.0  # the command began after the earlier run's last epoch was written
+    msg = _interrupted_message(Interrupted(2), tmp_path, 1, started=started, overwrite=True)
+    assert "before the run began" in msg and "still holds the earlier run" in msg and "--resume" not in msg
+    # Not overwriting, the same log is this run's to go on with.
+    assert "continue it with --resume" in _interrupted_message(Interrupted(2), tmp_path, 3, started=started)
+
+
 def test_signal_after_epoch_one_plan_says_resume_not_nothing_written(tmp_path, small, plan):
     # Before: "nothing was written to RUN" beside RUN/plans/epoch-1.parquet, and the rerun the
     # message implied was refused ("already holds epoch plans").

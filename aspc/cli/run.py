@@ -97,14 +97,20 @@ def _logged_steps(meta_file: Path) -> int | None:
 
 
 def _interrupted_message(
-    exc: Interrupted, log_dir: Path | None, epochs: int = 1, refusal: str | None = None, started: float = 0.0
+    exc: Interrupted,
+    log_dir: Path | None,
+    epochs: int = 1,
+    refusal: str | None = None,
+    started: float = 0.0,
+    overwrite: bool = False,
 ) -> str:
     """One line: what the signal did to the run, and the command that continues it.
 
     ``refusal``: the trainer's ``resume_refusal()``; a log holding trainer
     steps then cannot go on, and the line says to start over instead.
     ``started``: when the command began (``time.time()``); a complete log
-    written before it is an earlier run's.
+    written before it is an earlier run's; under ``overwrite`` so is an
+    earlier run's complete epoch (the new run had not yet replaced the log).
     """
     import json
     import shlex
@@ -134,6 +140,10 @@ def _interrupted_message(
         status = json.loads(meta_file.read_text(encoding="utf-8")).get("status", "?")
     except (OSError, ValueError, AttributeError):
         status = "?"
+    earlier = status == "complete" and overwrite and meta_file.stat().st_mtime < started
+    if earlier and meta_file.parent != log_dir:
+        return (f"interrupted by {name} before the run began; run log {log_dir} still holds the earlier run: "
+                f"rerun with --overwrite to replace it: {fresh}")  # fmt: skip
     if status == "complete" and meta_file.parent == log_dir:
         if meta_file.stat().st_mtime >= started:  # this run completed; the signal cut its close-down short
             return f"interrupted by {name} after the run completed; run log {log_dir} is complete"
@@ -402,7 +412,7 @@ def run_cmd(
             )
     except Interrupted as exc:
         refusal = _refusal(trainer)
-        raise CliError(_interrupted_message(exc, log_dir, epochs, refusal, started), exc.exit_code) from None
+        raise CliError(_interrupted_message(exc, log_dir, epochs, refusal, started, overwrite), exc.exit_code) from None
     if log_dir is not None:  # the plan's prompt texts let 'aspc predict train RUN' learn from the run
         from aspc.predict.pairs import keep_plan_in_log
 

@@ -427,12 +427,14 @@ def test_sighup_is_an_interrupt_unless_nohup_ignores_it(tmp_path):
     from aspc import interrupt
     from aspc.errors import Interrupted
 
-    with interrupt.handlers(), pytest.raises(Interrupted) as info:
-        os.kill(os.getpid(), signal.SIGHUP)
-        time.sleep(1)
-    assert info.value.signum == signal.SIGHUP and info.value.exit_code == 129
-    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
+    # A terminal's default, whatever this test process inherited (under nohup it starts ignored).
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
+        with interrupt.handlers(), pytest.raises(Interrupted) as info:
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(1)
+        assert info.value.signum == signal.SIGHUP and info.value.exit_code == 129
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
         with interrupt.handlers():
             assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
             os.kill(os.getpid(), signal.SIGHUP)  # ignored: the command goes on

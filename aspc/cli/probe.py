@@ -282,6 +282,8 @@ def _interrupted(exc: Any, log_dir: Path) -> str:
         return f"interrupted by {name} before the probe's run log was started; nothing was written to {log_dir}"
     argv = [a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")]
     cmd = shlex.join(["aspc", *argv, "--resume"]) if "probe" in argv else "aspc probe <the same options> --resume"
-    return (f"interrupted by {name}; the probe's run log {log_dir} keeps every committed sample (and the plan, "
-            f"{log_dir / 'plan.parquet'}): continue it, then train, with {cmd}")  # fmt: skip
+    plan = log_dir / "plan.parquet"
+    kept = f" (and the plan, {plan})" if plan.is_file() else ""
+    return (f"interrupted by {name}; the probe's run log {log_dir} keeps every committed sample{kept}: "
+            f"continue it, then train, with {cmd}")  # fmt: skip
 

@@ -54,6 +54,7 @@ def compile_cmd(
     from aspc.emit import write_plan
     from aspc.guards import check_compile_config, check_output
     from aspc.memory import small_pages_only
+    from aspc.predict import default_predictor_path, predictor_path
 
     small_pages_only()
     inputs, config = compile_config_from_kwargs(kwargs)
@@ -61,7 +62,10 @@ def compile_cmd(
     check_compile_config(config)
     for msg in unused_note(config.strategy, config.order):
         note(msg, quiet)
-    predictor_dir = None if config.predictor in (None, "default") else config.predictor
+    # The predictor is an input too (the shipped one when none is named and lengths are predicted).
+    predictor_dir = None if inputs.length_field is not None else default_predictor_path()
+    if config.predictor is not None:
+        predictor_dir = predictor_path(config.predictor)
     named = Path(output).name  # as the user wrote it: check_output resolves symlinks
     output = check_output(output, inputs=[input_path, *config.history, predictor_dir])
     with RichProgress(quiet) as progress:

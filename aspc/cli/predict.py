@@ -186,11 +186,13 @@ def train_cmd(
     """
     from aspc.atomic import check_writable
     from aspc.guards import check_output, check_seed
-    from aspc.predict import check_kind_options
+    from aspc.predict import check_kind_options, default_predictor_path, predictor_path
     from aspc.predict.base import check_output_dir
 
     check_seed(seed)
-    reads = [data, plan, None if init in (None, "default") else init, base_model]
+    # The shipped predictor is read as --init default, and as a static head's prior (unless --no-prior).
+    prior = default_predictor_path() if kind == "static" and not no_prior else None
+    reads = [data, plan, None if init is None else predictor_path(init), prior, base_model]
     output = check_output(output, inputs=reads, kind="dir")
     check_output_dir(output)
     check_writable(output)  # found now, not after the training
@@ -233,6 +235,13 @@ def train_cmd(
         progress.done()
     skipped_note(pairs.skipped, quiet)
     _group_note(group_field, pairs, pred, quiet)
+    untrained = (pred.metadata.get("training") or {}).get("untrained_targets") or []
+    if untrained:
+        names = ", ".join(untrained[:5]) + (f" and {len(untrained) - 5} more" if len(untrained) > 5 else "")
+        many = len(untrained) > 1
+        note(f"target{'s' if many else ''} {names}: every prompt fell in the validation split, so "
+             f"{'their heads answer' if many else 'its head answers'} at the pooled level; give "
+             f"{'them' if many else 'it'} more prompts, or a smaller --validation-split", quiet)  # fmt: skip
     val = pred.metadata.get("validation")
     if as_json:
         emit_json(
@@ -330,11 +339,11 @@ def apply_cmd(
     from aspc.guards import check_output
     from aspc.io import read_prompts
     from aspc.memory import small_pages_only
-    from aspc.predict import HistoryPredictor, load_predictor
+    from aspc.predict import HistoryPredictor, load_predictor, predictor_path
 
     small_pages_only()  # a million prompts' texts and features (a MiniLM, if any, is small)
     check_history_field(history or ())
-    output = check_output(output, inputs=[data, *history, None if predictor == "default" else predictor])
+    output = check_output(output, inputs=[data, *history, predictor_path(predictor)])
     check_device(device, predictor)
     pred = load_predictor(predictor, target=target, device=device)
     table = read_prompts(data, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)

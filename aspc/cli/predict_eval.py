@@ -71,11 +71,12 @@ def eval_cmd(
     --target-field, every row is scored by its model's head and the figures
     are given per model (``per_target``) beside the pooled ones.
     """
-    from aspc.predict import load_predictor
+    from aspc.predict import load_predictor, predictor_path
     from aspc.predict.metrics import baseline_prediction, evaluate, marginal_summary
 
     if target is not None and target_field is not None:
         raise ConfigError("give --target (one head for every row) or --target-field (each row's own), not both")
+    predictor_path(predictor)  # refuses 'default' while ./default is a directory
     check_fields(prompt_field, id_field, length_field, target_field, None)
     check_device(device, predictor)
     check_run_log_options(data)

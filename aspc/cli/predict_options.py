@@ -49,11 +49,9 @@ def check_device(device: str, predictor: str | None = None) -> None:
     first: "CUDA is not available" hid that the option does not apply at all.
     """
     if device.lower() != "auto" and predictor is not None:
-        from pathlib import Path
+        from aspc.predict import predictor_path, read_metadata
 
-        from aspc.predict import DEFAULT, default_predictor_path, read_metadata
-
-        kind = read_metadata(default_predictor_path() if predictor == DEFAULT else Path(predictor))["aspc_predictor"]
+        kind = read_metadata(predictor_path(predictor))["aspc_predictor"]
         if kind != "transformer":
             raise ConfigError(f"--device {device}: a {kind} predictor runs on the CPU with no device to choose; "
                               "drop --device")  # fmt: skip

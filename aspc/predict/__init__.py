@@ -41,6 +41,7 @@ __all__ = [
     "default_predictor_path",
     "evaluate",
     "load_predictor",
+    "predictor_path",
     "train_predictor",
 ]
 
@@ -53,6 +54,26 @@ DEFAULT = "default"
 def default_predictor_path() -> Path:
     """Directory of the lexical predictor shipped inside the package."""
     return Path(str(resources.files("aspc.predict") / "default"))
+
+
+def predictor_path(name: str | Path) -> Path:
+    """The directory a predictor name the user gave stands for: the shipped one for ``"default"``.
+
+    Commands call this on the name as given (``--predictor``, ``--init``, ``PREDICTOR``), before
+    reading or writing anything: it is the path their outputs must stay out of.
+
+    Raises
+    ------
+    aspc.errors.ConfigError
+        ``"default"`` while the current directory holds a directory ``default``: the name silently
+        meant the shipped predictor, never that directory (a predictor trained with ``-o default``).
+    """
+    if str(name) != DEFAULT:
+        return Path(name)
+    if Path(DEFAULT).is_dir():
+        raise ConfigError("'default' names the shipped predictor, but ./default is also a directory here; "
+                          "pass ./default for that directory, or rename it to use the shipped one")  # fmt: skip
+    return default_predictor_path()
 
 
 def load_predictor(

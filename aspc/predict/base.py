@@ -35,6 +35,19 @@ MIN_PAIRS = 50
 held-out split and residual quantiles are meaningless."""
 
 
+def finite_number(x: Any) -> bool:
+    """Whether ``x`` (a value read from JSON metadata) is a finite number NumPy can hold.
+
+    A float, or an int within int64; not a bool. JSON has integers of any size, and ``10**30`` made
+    ``np.isfinite`` raise TypeError (it fits no NumPy integer) and ``float(10**400)`` OverflowError.
+    """
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, int):
+        return -(2**63) <= x < 2**63
+    return isinstance(x, float) and math.isfinite(x)
+
+
 @dataclass(frozen=True)
 class LengthPrediction:
     """Predicted response lengths, one entry per prompt, all in tokens.
@@ -306,3 +319,70 @@ def validation_prompt_count(n_prompts: int, split: float) -> int:
             f"{n_prompts - n_val} to train on, under the {MIN_TRAINING_PROMPTS} needed; {fix} (0: no validation)"
         )
     return n_val
+
+
+def check_target_contrasts(text_of_row: np.ndarray, target_of_row: np.ndarray | None, rows: np.ndarray) -> None:
+    """Refuse training targets that cannot be told apart from their prompts.
+
+    Each target's level is its own unpenalised intercept, so the shared text
+    weights learn only from prompts whose target measured other prompts too:
+    with one prompt per target (a target field that names the prompt) each
+    level fits its prompt exactly, the text and length weights are left
+    undetermined, and the predictor came out predicting 0 or 1e13 tokens.
+
+    Raises
+    ------
+    InputError
+        Fewer such training prompts (``rows``) than :data:`MIN_TRAINING_PROMPTS`, or than all of them.
+    """
+    if target_of_row is None:
+        return
+    pairs = np.unique(np.stack([target_of_row[rows], text_of_row[rows]]), axis=1)  # distinct (target, text)
+    prompts_of_target = np.bincount(pairs[0])
+    shared = len(np.unique(pairs[1][prompts_of_target[pairs[0]] >= 2]))
+    n_text = len(np.unique(text_of_row[rows]))
+    need = min(MIN_TRAINING_PROMPTS, n_text)
+    if shared < need:
+        n_targets = np.count_nonzero(prompts_of_target)
+        raise InputError(
+            f"{n_targets} targets for {n_text} training prompts: only {shared} of the prompts share their target "
+            "with another prompt, and the text weights learn from those alone (each target's level is fitted on "
+            f"its own prompts); give each target several prompts (at least {need} such prompts), or drop --target-field"
+        )
+
+
+def check_trained_heads(pred: Any, texts: Sequence[str]) -> None:
+    """Refuse a freshly trained predictor that predicts unusable lengths for its own training prompts.
+
+    Its heads share the text score and differ by their level, and every calibrated output rises with the
+    score, so the lowest- and highest-scored of ``texts`` bound every head's predictions on all of them.
+    The bound is the one a plan's lengths must meet (finite, positive, at most
+    :data:`aspc.guards.MAX_LENGTH`): a predictor beyond it would be refused by every command that used it.
+    """
+    from aspc.guards import MAX_LENGTH
+
+    scores = pred.log_scores(texts)
+    probe = [texts[int(np.argmin(scores))], texts[int(np.argmax(scores))]]
+    for name in [None, *getattr(pred, "targets", [])]:
+        try:
+            p = pred.with_target(name).predict(probe)
+            ok = all(np.all(np.isfinite(a) & (a > 0) & (a <= MAX_LENGTH)) for a in (p.mean, p.q10, p.q50, p.q90))
+        except PredictorError:
+            ok = False
+        if not ok:
+            head = "the pooled head" if name is None else f"the head of target {name!r}"
+            targets = bool(getattr(pred, "targets", None))
+            fix = "give each target more prompts, or drop --target-field" if targets else "give more varied prompts"
+            raise InputError(
+                f"training gave an unusable predictor: {head} predicts lengths outside (0, {MAX_LENGTH:.0e}] tokens "
+                f"for training prompts (these pairs do not determine its weights); {fix}"
+            )
+
+
+def untrained_targets(names: Sequence[str], target_of_row: np.ndarray | None, rows: np.ndarray) -> dict[str, Any]:
+    """``{"untrained_targets": [...]}``: targets with no training row (all their prompts held out for
+    validation), whose heads answer at the pooled level; ``{}`` when there are none, as for most data."""
+    if target_of_row is None:
+        return {}
+    absent = np.bincount(target_of_row[rows], minlength=len(names)) == 0
+    return {"untrained_targets": [names[t] for t in np.flatnonzero(absent)]} if absent.any() else {}

@@ -261,13 +261,18 @@ def fit_calibrations(oof, lengths, train_rows, target_of_row, target_names, icpt
         cal = Calibration.fit(oof[train_rows], tr_lengths, bins, band_scale=scale)
         return [cal, cal], float(scale), target_scales
     row_groups = [train_rows[target_of_row[train_rows] == t] for t in range(len(target_names))]
-    cals = [Calibration.fit(oof[g], [lengths[i] for i in g], bins) for g in row_groups]
     shift = icpt[target_of_row[train_rows]] - intercepts[-1]
     pooled_y = oof[train_rows] - shift
     pooled_l = [lengths[i] / pm.exp(s) for i, s in zip(train_rows, shift, strict=True)]
     scale = balanced_band_scale(pooled_y, pooled_l, fold_of_row[train_rows], bins) if by_group else 1.0
-    cals.append(Calibration.fit(pooled_y, pooled_l, bins, band_scale=scale))
+    pooled = Calibration.fit(pooled_y, pooled_l, bins, band_scale=scale)
+    # A target with no training row (its prompts all held out for validation) has the pooled level
+    # (the trainers give it the pooled intercept) and so the pooled calibration.
+    cals = [Calibration.fit(oof[g], [lengths[i] for i in g], bins) if len(g) else pooled for g in row_groups]
+    cals.append(pooled)
     for t, g in enumerate(row_groups if by_group else []):
+        if not len(g):
+            continue
         cals[t], target_scales[target_names[t]] = target_band(
             cals[t], cals[-1], float(icpt[t] - intercepts[-1]), oof[g], [lengths[i] for i in g],
             fold_of_row[g], pooled_y, pooled_l, fold_of_row[train_rows])  # fmt: skip

@@ -14,7 +14,7 @@ import numpy as np
 
 from aspc import portable_math as pm
 from aspc.errors import PredictorError
-from aspc.predict.base import LengthPrediction
+from aspc.predict.base import LengthPrediction, finite_number
 from aspc.predict.calibration import Calibration
 
 EASE_MARGIN = 4.0
@@ -76,8 +76,9 @@ def marginal_range(metadata: dict) -> tuple[float, float] | None:
     if not (isinstance(marginal, dict) and ("min" in marginal or "max" in marginal)):
         return None
     a, b = marginal.get("min"), marginal.get("max")
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < np.inf for x in (a, b)) or a > b:
-        raise PredictorError(f"predictor metadata marginal min/max {a!r}/{b!r} are not lengths min <= max; retrain it")
+    if not all(finite_number(x) and x >= 0 for x in (a, b)) or a > b:
+        shown = f"{repr(a)[:40]}/{repr(b)[:40]}"  # a JSON integer may have hundreds of digits
+        raise PredictorError(f"predictor metadata marginal min/max {shown} are not lengths min <= max; retrain it")
     return float(a), float(b)
 
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from aspc import portable_math as pm
 from aspc.errors import ConfigError, PredictorError
-from aspc.predict.base import LengthPrediction, Predictor, hash_arrays, text_list
+from aspc.predict.base import LengthPrediction, Predictor, finite_number, hash_arrays, text_list
 from aspc.predict.history_estimates import (
     epoch_alignment,
     estimate_kappa,
@@ -201,7 +201,7 @@ def check_history_prior(meta: Mapping[str, Any]) -> None:
 
 
 def _variance(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x)) and x >= 0
+    return finite_number(x) and x >= 0
 
 
 class HistoryPredictor(Predictor):

@@ -219,7 +219,8 @@ class LexicalPredictor(Predictor):
             if not names or not fits or len(set(targets)) != len(targets):
                 raise ValueError(f"targets {meta['targets']!r} are not names of the weights' {heads - 1} target heads")
             pred = cls(config, arrays["beta"], arrays["alpha"], arrays["intercepts"], targets, cals, meta)
-        except (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        except (OSError, KeyError, ValueError, TypeError, OverflowError, EOFError, zipfile.BadZipFile,
+                zlib.error) as exc:  # OverflowError: float() of a JSON integer such as 10**400
             raise PredictorError(
                 f"{path}: lexical predictor weights are missing or corrupt ({exc}); retrain it"
             ) from None

@@ -22,7 +22,14 @@ import numpy as np
 
 from aspc import portable_math as pm
 from aspc.errors import ConfigError
-from aspc.predict.base import check_training_pairs, hash_training_data, validation_prompt_count
+from aspc.predict.base import (
+    check_target_contrasts,
+    check_trained_heads,
+    check_training_pairs,
+    hash_training_data,
+    untrained_targets,
+    validation_prompt_count,
+)
 from aspc.predict.calibration import estimate_history_prior, fit_calibrations
 from aspc.predict.features import N_DENSE, Features, featurize
 from aspc.predict.lexical import DEFAULT_KAPPA, LexicalConfig, LexicalPredictor, validation_metrics
@@ -54,6 +61,17 @@ def _fit(f: Features, rows, text_of_row, target_of_row, n_targets, y, weight, co
     if target_of_row is None:
         return sol.alpha[1:], sol.alpha[:1], sol.beta, sol
     return sol.alpha[: N_DENSE - 1], sol.alpha[N_DENSE - 1 :], sol.beta, sol
+
+
+def _levels(icpt: np.ndarray, rows: np.ndarray, target_of_row: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Per-target intercepts of a fit on ``rows``, then the pooled one (their mean, weighted like the fit).
+
+    A target with no row among ``rows`` has no column in the fit (its intercept came out 0, a level of
+    one token): it gets the pooled level instead, the prediction for a target the fit never saw.
+    """
+    share = np.bincount(target_of_row[rows], weights=weight[rows], minlength=len(icpt))
+    pooled = pm.dot(share, icpt) / float(share.sum())
+    return np.append(np.where(share > 0, icpt, pooled), pooled)
 
 
 def _score(f: Features, text_of_row, target_of_row, alpha, intercepts, beta) -> np.ndarray:
@@ -139,6 +157,7 @@ def train_lexical(
     is_val_text = fold_of_text < n_val
     train_rows = np.flatnonzero(~is_val_text[text_of_row])
     val_rows = np.flatnonzero(is_val_text[text_of_row])
+    check_target_contrasts(text_of_row, target_of_row, train_rows)
 
     y = pm.log(np.maximum([float(np.mean(a)) for a in lengths], 1.0))
     # Each distinct prompt weighs 1 in total however many targets measured it, so prompts
@@ -179,7 +198,10 @@ def train_lexical(
                 f, fit_rows, text_of_row, target_of_row, n_targets, y_fit, weight, config, lam, beta0
             )
             beta0 = beta
-            tor = None if target_of_row is None else target_of_row[held]
+            tor = None
+            if target_of_row is not None:
+                # A target whose rows are all held out (few prompts, or one source) is new to this fit.
+                icpt, tor = _levels(icpt, fit_rows, target_of_row, weight)[:-1], target_of_row[held]
             oof[held] = _score(f, text_of_row[held], tor, alpha, icpt, beta) + prior_text[text_of_row[held]]
         return oof, beta0
 
@@ -208,8 +230,9 @@ def train_lexical(
     if target_of_row is None:
         intercepts = np.array([icpt[0], icpt[0]])
     else:
-        share = np.bincount(target_of_row[train_rows], weights=weight[train_rows], minlength=n_targets)
-        intercepts = np.append(icpt, pm.dot(share, icpt) / float(share.sum()))
+        # A target whose prompts all fell in the validation split answers at the pooled level.
+        intercepts = _levels(icpt, train_rows, target_of_row, weight)
+        icpt = intercepts[:-1]
     # Leave-one-source-out residuals: widen the band until sources count equally (see
     # calibration.fit_calibrations); random folds are in-distribution and plain conformal is right.
     by_group = fold_mode == "leave one group out"
@@ -241,7 +264,9 @@ def train_lexical(
     if init is not None:
         meta["training"]["init"] = init.identity()
         meta["training"]["init_lam"] = lam  # the penalty the out-of-fold error chose
+    meta["training"].update(untrained_targets(target_names, target_of_row, train_rows))
     pred = LexicalPredictor(config, beta, alpha, intercepts, target_names, cals, meta)
+    check_trained_heads(pred, [str(t) for t in uniq[~is_val_text]])
     if len(val_rows):
         meta["validation"] = validation_metrics(
             pred,

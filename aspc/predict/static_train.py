@@ -25,7 +25,14 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import ConfigError, PredictorError
-from aspc.predict.base import check_training_pairs, hash_training_data, validation_prompt_count
+from aspc.predict.base import (
+    check_target_contrasts,
+    check_trained_heads,
+    check_training_pairs,
+    hash_training_data,
+    untrained_targets,
+    validation_prompt_count,
+)
 from aspc.predict.calibration import estimate_history_prior, fit_calibrations
 from aspc.predict.lexical import DEFAULT_KAPPA, validation_metrics
 from aspc.predict.metrics import marginal_summary
@@ -167,9 +174,18 @@ def train_static(
     is_val_text = fold_of_text < n_val
     train_rows = np.flatnonzero(~is_val_text[text_of_row])
     val_rows = np.flatnonzero(is_val_text[text_of_row])
+    check_target_contrasts(text_of_row, target_of_row, train_rows)
     y = np.log(np.maximum([float(np.mean(a)) for a in lengths], 1.0))
     per_text = np.bincount(text_of_row, minlength=n_text)
     weight = 1.0 / per_text[text_of_row]  # each distinct prompt weighs 1 however many targets measured it
+
+    def _levels(icpt: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Intercepts of a fit on ``rows``, then the pooled one; a target without rows there gets the pooled."""
+        assert target_of_row is not None
+        share = np.bincount(target_of_row[rows], weights=weight[rows], minlength=n_heads)
+        pooled = float(share @ icpt / share.sum())
+        return np.append(np.where(share > 0, icpt, pooled), pooled)
+
     folds = max(2, min(config.folds, len(train_rows) // 20))
     fold_of_row = (fold_of_text[text_of_row] - n_val) % folds
     by_group = groups is not None and len({groups[i] for i in train_rows}) >= 3
@@ -217,7 +233,11 @@ def train_static(
         for k in range(folds):
             held = train_rows[fold_of_row[train_rows] == k]
             if len(held):
-                oof[held] = x[held] @ solve(g_all - grams[k], b_all - rhs[k], lam) + prior_text[text_of_row[held]]
+                wk = solve(g_all - grams[k], b_all - rhs[k], lam)
+                if target_of_row is not None:
+                    # A target whose rows are all held out (few prompts, or one source) is new to this fit.
+                    wk[dim + 2 :] = _levels(wk[dim + 2 :], train_rows[fold_of_row[train_rows] != k])[:-1]
+                oof[held] = x[held] @ wk + prior_text[text_of_row[held]]
         err = float(weight[train_rows] @ (oof[train_rows] - y[train_rows]) ** 2)
         if best is None or err < best[0]:
             best = (err, lam, oof)
@@ -232,8 +252,9 @@ def train_static(
     if target_of_row is None:
         intercepts = np.array([icpt[0], icpt[0]])
     else:
-        share = np.bincount(target_of_row[train_rows], weights=weight[train_rows], minlength=n_heads)
-        intercepts = np.append(icpt, float(share @ icpt / share.sum()))
+        # A target whose prompts all fell in the validation split answers at the pooled level.
+        intercepts = _levels(icpt, train_rows)
+        icpt = intercepts[:-1]
     cals, band, target_scales = fit_calibrations(oof, lengths, train_rows, target_of_row, target_names, icpt,
                                                  intercepts, fold_of_row, by_group, config.calibration_bins)  # fmt: skip
     head = {"w": w[:dim], "mu": mu, "sd": sd, "w_len": w[dim : dim + 2], "intercepts": intercepts}
@@ -260,7 +281,9 @@ def train_static(
     }
     if init is not None:
         meta["training"]["init"] = init.identity()
+    meta["training"].update(untrained_targets(target_names, target_of_row, train_rows))
     pred = StaticPredictor(config, tok_json, tab, head, target_names, cals, meta, prior=prior)
+    check_trained_heads(pred, [str(t) for t in uniq[~is_val_text]])
     if len(val_rows):
         meta["validation"] = validation_metrics(
             pred, [texts[i] for i in val_rows], [lengths[i] for i in val_rows],

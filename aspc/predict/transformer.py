@@ -27,6 +27,7 @@ from aspc.predict.base import (
     LengthPrediction,
     Predictor,
     check_output_dir,
+    finite_number,
     hash_arrays,
     read_metadata,
     text_list,
@@ -373,15 +374,11 @@ def _checked_meta(meta: dict[str, Any]) -> tuple[list[str], tuple[float, float],
     names = isinstance(targets, list) and all(isinstance(t, str) and t for t in targets)
     if not names or len(set(targets)) != len(targets):
         raise ValueError(f"targets {targets!r} is not a list of distinct names")
-    if not isinstance(norm, list) or len(norm) != 2 or not all(_finite(x) for x in norm) or not norm[1] > 0:
+    if not isinstance(norm, list) or len(norm) != 2 or not all(finite_number(x) for x in norm) or not norm[1] > 0:
         raise ValueError(f"norm {norm!r} is not [mean, positive std]")
-    if not _finite(cqr):
+    if not finite_number(cqr):
         raise ValueError(f"cqr_adjust {cqr!r} is not a finite number")
     return list(targets), (norm[0], norm[1]), cqr
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
 
 
 def _load_base(torch: Any, transformers: Any, base_model: str | None) -> tuple[Any, Any, str]:

@@ -37,8 +37,9 @@ imports ``ray``.
   generation time.
 
 Connects to the cluster in ``RAY_ADDRESS`` if set, else starts a local Ray
-instance (and shuts it down at the end). A Ray session that is already
-initialised is used as is and left running.
+instance (and shuts it down at the end; should this process die first,
+:mod:`.ray_reaper` ends what Ray's own fate-sharing leaves). A Ray session
+that is already initialised is used as is and left running.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from aspc.runtime.config import ReturnMode
 from aspc.runtime.contracts import Clock, GenerationBackend, GenerationResult, Trainer
 from aspc.runtime.core.events import Event
 from aspc.runtime.core.scheduler import Dispatch
+from aspc.runtime.engines import ray_reaper
 from aspc.runtime.engines.threads import ThreadEngine
 from aspc.runtime.work import MinibatchWork
 
@@ -200,8 +202,11 @@ class RayEngine(ThreadEngine):
                 # Ray's INFO and WARNING lines at start ("Using address ...", the token-authentication
                 # notice of every local start) would share the console aspc owns; its errors still show.
                 quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
+                before = ray_reaper.children(os.getpid())
                 with interrupt_libraries.kept():  # ray.init installs a SIGTERM handler of its own
                     ray.init(**{**quiet, **(init_kwargs or {})})
+                # A kill -9 of this process leaves the raylet's agents alive for a minute: see ray_reaper.
+                ray_reaper.watch(ray_reaper.children(os.getpid()) - before)
             except (ValueError, OSError, RuntimeError) as exc:  # a malformed RAY_ADDRESS was a traceback
                 where = os.environ.get("RAY_ADDRESS")
                 raise ConfigError(f"--engine ray: cannot start or reach Ray{f' at RAY_ADDRESS={where}' if where else ''} "
@@ -412,6 +417,8 @@ def _stop(ray: Any, actors: list[Any], owns_ray: bool) -> None:
             pass
     if owns_ray and ray.is_initialized():
         ray.shutdown()
+    if owns_ray:
+        ray_reaper.release()
 
 
 def _task_failure(exc: BaseException, error: type[AspcError], what: str) -> AspcError:

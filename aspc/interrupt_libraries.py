@@ -2,6 +2,7 @@
 
 :mod:`aspc.interrupt` raises :class:`~aspc.errors.Interrupted` in the main
 thread. Some libraries get in its way: Ray installs its own SIGTERM handler
+and its C++ side changes SIGTERM behind Python's back
 (:func:`kept`), Ray's ``ray.get`` turns the Interrupted into a plain
 KeyboardInterrupt (:func:`ours_again`), and vLLM swallows KeyboardInterrupt
 while its engine starts (:func:`must_escape`).
@@ -81,6 +82,10 @@ def kept() -> Iterator[None]:
     Ray's handler ends the process with ``sys.exit(15)``: no run log marked
     interrupted, no resume command, exit 15. Only handlers of an active
     :func:`handlers` block are put back; a library user's own stay Ray's.
+    They are put back even where Python's table still names ours: a C
+    library's ``sigaction`` changes the process's disposition behind it
+    (``ray.shutdown`` left SIGTERM at the default action, and a SIGTERM then
+    killed the run with no message and its log still "running").
     """
     main = threading.current_thread() is threading.main_thread()
     before = {s: signal.getsignal(s) for s in interrupt.SIGNALS} if main else {}
@@ -88,8 +93,24 @@ def kept() -> Iterator[None]:
         yield
     finally:
         for s, h in before.items():
-            if h is interrupt._handler and signal.getsignal(s) is not interrupt._handler:
+            if h is interrupt._handler:
                 signal.signal(s, interrupt._handler)
+
+
+def no_ray_failure_handler() -> None:
+    """Keep Ray's C++ crash handler (absl's) out of a driver whose signals aspc handles.
+
+    It takes SIGTERM from inside ``ray.init`` (a SIGTERM then killed the run
+    with no message) and sets it to the default action at ``ray.shutdown``.
+    Only this process's driver: the workers the raylet starts keep it.
+    """
+    if signal.getsignal(signal.SIGTERM) is not interrupt._handler:
+        return  # a library user's own process: Ray as Ray sets it up
+    try:
+        from ray._private import ray_constants  # read when the driver's CoreWorker is made
+    except ImportError:  # another Ray: kept() still puts the handlers back after init and shutdown
+        return
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
 
 
 @contextlib.contextmanager

@@ -86,3 +86,52 @@ def test_a_signal_under_ray_is_one_line_and_its_exit_code(tmp_path, sig, moment)
         assert lines[0].endswith("--resume")
     else:
         assert "nothing was written" in lines[0]
+
+
+_DRIVER = """
+import ctypes, os, signal, sys, time
+from aspc import interrupt
+from aspc.errors import Interrupted
+from aspc.runtime import SimCostModel
+from aspc.runtime.config import ReturnMode
+from aspc.runtime.contracts import BackendContext
+from aspc.runtime.registry import make_backend, make_engine
+from aspc.runtime.trainers.sim import SimTrainer
+
+libc = ctypes.CDLL(None, use_errno=True)
+
+class SigAction(ctypes.Structure):
+    _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16), ("flags", ctypes.c_int),
+                ("restorer", ctypes.c_void_p)]
+
+def disposition(n):  # the process's own, not Python's table
+    sa = SigAction()
+    assert libc.sigaction(n, None, ctypes.byref(sa)) == 0
+    return sa.handler or 0
+
+with interrupt.handlers():
+    term, trap = disposition(signal.SIGTERM), disposition(signal.SIGTRAP)  # absl takes SIGTRAP too
+    opts = {"model": sys.argv[1], "device": "cpu", "max_new_tokens": 8}
+    backend = make_backend("hf", BackendContext(n_workers=1, options=opts))
+    engine = make_engine("ray", backend, SimTrainer(SimCostModel()), ReturnMode.STATIC)
+    print("after init", disposition(signal.SIGTERM) == term, disposition(signal.SIGTRAP) == trap, flush=True)
+    engine.close()
+    print("after shutdown", disposition(signal.SIGTERM) == term, flush=True)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+    except Interrupted as exc:
+        print("interrupted", exc.signum, flush=True)
+"""
+
+
+def test_sigterm_stays_aspcs_through_ray_init_and_shutdown(tmp_path):
+    # Ray's C++ crash handler (absl) took SIGTERM inside ray.init and left it at the default action after
+    # ray.shutdown, behind Python's back: a SIGTERM while the run closed killed it with no message (-15).
+    model = tiny_model(tmp_path)
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run([sys.executable, "-c", _DRIVER, str(model)], capture_output=True, text=True, env=env,
+                         timeout=240)  # fmt: skip
+    assert out.returncode == 0, (out.returncode, out.stdout, out.stderr[-2000:])
+    assert out.stdout.splitlines() == ["after init True True", "after shutdown True", "interrupted 15"], out.stdout

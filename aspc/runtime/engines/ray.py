@@ -204,6 +204,7 @@ class RayEngine(ThreadEngine):
                 quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
                 before = ray_reaper.children(os.getpid())
                 with interrupt_libraries.kept():  # ray.init installs a SIGTERM handler of its own
+                    interrupt_libraries.no_ray_failure_handler()
                     ray.init(**{**quiet, **(init_kwargs or {})})
                 # A kill -9 of this process leaves the raylet's agents alive for a minute: see ray_reaper.
                 ray_reaper.watch(ray_reaper.children(os.getpid()) - before)
@@ -416,7 +417,8 @@ def _stop(ray: Any, actors: list[Any], owns_ray: bool) -> None:
         except Exception:  # already dead
             pass
     if owns_ray and ray.is_initialized():
-        ray.shutdown()
+        with interrupt_libraries.kept():  # absl's handler, where installed, is uninstalled to the default action
+            ray.shutdown()
     if owns_ray:
         ray_reaper.release()
 

@@ -248,7 +248,10 @@ def test_default_shadowed_by_a_directory_is_refused(tmp_path, monkeypatch, what)
         ("predict", "eval", "default", EXAMPLE, "--length-field", "lengths"),
         ("compile", EXAMPLE, "--predictor", "default", "-o", "o.parquet"),
         ("predict", "train", EXAMPLE, "--length-field", "lengths", "--init", "default", "-o", "o"),
-    ]
+        ("probe", EXAMPLE, "--backend", "sim", "--actual-lengths", EXAMPLE, "--length-field", "lengths",
+         "--prompts", "100", "--log", "L", "-o", "o"),  # --init default is probe's default
+        ("simulate", EXAMPLE, "--predictor", "default", "--strategies", "asp"),
+    ]  # fmt: skip
     for args in commands:
         msg = one_line_error(invoke_cli(*args, "-q"), 2)
         assert "'default' names the shipped predictor, but ./default is also a directory here" in msg, args
@@ -285,6 +288,11 @@ def test_the_shipped_predictor_is_never_written(tmp_path) -> None:
         (("compile", EXAMPLE, "--predictor", "default", "-o", shipped / "plan.parquet"),
          "lies inside the input directory"),
         (("compile", EXAMPLE, "-o", shipped / "plan.parquet"), "lies inside the input directory"),
+        (("probe", EXAMPLE, "--backend", "sim", "--actual-lengths", EXAMPLE, "--length-field", "lengths",
+          "--prompts", "100", "--log", shipped / "L", "-o", tmp_path / "o"), "lies inside the input directory"),
+        (("probe", EXAMPLE, "--backend", "sim", "--actual-lengths", EXAMPLE, "--length-field", "lengths",
+          "--init", "none", "--prompts", "100", "--log", tmp_path / "L", "-o", shipped / "o"),
+         "lies inside the input directory"),  # --init none still schedules the probe with it
     ]  # fmt: skip
     for args, words in refused:
         assert words in one_line_error(invoke_cli(*args, "-q"), 2), args

@@ -130,7 +130,7 @@ def probe_cmd(
     from aspc.errors import Interrupted
     from aspc.interrupt import signal_name
     from aspc.io import read_prompts
-    from aspc.predict import MIN_PAIRS, check_init_kind, load_predictor
+    from aspc.predict import MIN_PAIRS, check_init_kind, default_predictor_path, load_predictor, predictor_path
     from aspc.predict.base import check_output_dir
     from aspc.predict.pairs import PLAN_IN_LOG, read_run_log_pairs
     from aspc.runtime import run
@@ -145,7 +145,8 @@ def probe_cmd(
     compile_config = CompileConfig(samples_per_prompt=1, seed=seed, batch_size=batch_size)
     check_compile_config(compile_config)
     init_arg = None if init.lower() == "none" else init
-    reads = [prompts_path, actual_lengths, None if init_arg in (None, "default") else init_arg]
+    # The shipped predictor is read either way: refit (--init default) or scheduling the probe (--init none).
+    reads = [prompts_path, actual_lengths, default_predictor_path() if init_arg is None else predictor_path(init_arg)]
     output = check_output(output, inputs=reads, kind="dir")
     check_output_dir(output)
     check_writable(output)  # found now, not after the generations
@@ -167,7 +168,7 @@ def probe_cmd(
         raise ConfigError(
             f"{prompts_path.name}: {len(table)} prompts, a probe needs at least {MIN_PAIRS} to train a predictor"
         )
-    scheduler = load_predictor(init_arg or "default")
+    scheduler = load_predictor(reads[-1])
     if init_arg is not None:  # before any generation: the refit needs it to be of --kind's kind
         check_init_kind(scheduler, kind, init_arg)
     lengths = None

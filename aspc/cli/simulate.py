@@ -156,6 +156,10 @@ def simulate_cmd(
     names = parse_strategies(strategies)
     order_asked = kwargs.get("order") is not None
     inputs, config = compile_config_from_kwargs(kwargs)
+    if config.predictor is not None:
+        from aspc.predict import predictor_path
+
+        predictor_path(config.predictor)  # 'default' beside a ./default directory is refused, as by compile
     # One seed for everything: the compile options' --seed also seeds the run.
     run_config, cost = run_config_from_kwargs(kwargs, seed=config.seed)
     # Plans are compiled for the workers they will run on (makespan-aware order), and for the run's bound.

@@ -140,6 +140,7 @@ def run_epochs(
     *,
     config: Any,
     actual_lengths: dict[str, np.ndarray] | None = None,
+    lengths_source: dict[str, Any] | None = None,
     length_drift: float = 0.0,
     overwrite: bool = False,
     compile_overrides: dict[str, Any] | None = None,
@@ -153,6 +154,7 @@ def run_epochs(
     scout_keep_through: int | None = None,
     scout_roll: bool = False,
     scout_windows: int | None = None,
+    plan_name: str = "",
     **run_kwargs: Any,
 ) -> EpochsResult:
     """Run ``plan`` for ``n_epochs`` passes; epoch ``k >= 2`` is compiled from epochs ``1..k-1``.
@@ -170,6 +172,8 @@ def run_epochs(
     actual_lengths
         Recorded lengths the simulator replays (see the module notes); None
         draws them from each epoch's plan.
+    lengths_source
+        Their file's identity (:func:`aspc.runtime.run`), logged with ``length_drift`` for ``--resume``.
     length_drift
         ``F``: epoch ``k`` replays lengths scaled by ``(1 + F) ** (k - 1)``; ``> -1``.
     compile_overrides
@@ -198,6 +202,8 @@ def run_epochs(
         :mod:`aspc.rolling_scout`; any backend): no ``RUN/scout/``, epoch 1's
         plan holds the scout rows and each window's revision is in
         ``RUN/epoch-1/plans/``.
+    plan_name
+        The PLAN path, for messages.
     run_kwargs
         Passed to :func:`aspc.runtime.run` (cost model, lengths name, progress).
     """
@@ -236,6 +242,7 @@ def run_epochs(
                               n_epochs=n_epochs, scout_roll=scout and scout_roll)  # fmt: skip
     if resume and tokens is not None and not scout_roll:
         check_scout_cut(root, tokens)
+    run_kwargs["lengths_source"] = {**(lengths_source or {}), "length_drift": float(length_drift)}
     n = config.samples_per_prompt or int(plan.table.column(S.N_SAMPLES)[0].as_py())
     if scout_roll and n < 2 and config.max_staleness is None:
         raise ConfigError(f"--scout-roll keeps a scout response as one of its prompt's samples, so it needs "
@@ -258,6 +265,8 @@ def run_epochs(
     root_lock = RunLogLock(root)
     try:
         root_lock.acquire()
+        if resume:  # before anything is written: an epoch log no resume reads, or another --length-drift
+            _check_epoch_logs(root, n_epochs, None if actual_lengths is None else length_drift)
         if overwrite and layout is not None:
             # Another kind of run, or more epochs than this one will write: none of it may survive.
             clear_run_dir(root, root_held=True)
@@ -291,7 +300,7 @@ def run_epochs(
                 )
             plan_path = plans_dir / f"epoch-{k}.parquet"
             if resume and plan_path.exists():
-                _check_stored_plan(current, plan_path, k)
+                _check_stored_plan(current, plan_path, k, plan_name, given=k == 1 and tokens is None)
             else:
                 write_plan(current, plan_path)
             plans.append(current)
@@ -394,8 +403,8 @@ def _scout_epoch(
     return result, first, seen
 
 
-def _check_stored_plan(plan: Plan, path: Path, epoch: int) -> None:
-    """Raise :class:`ConfigError` unless ``path`` holds ``plan``: its rows and its configuration."""
+def _check_stored_plan(plan: Plan, path: Path, epoch: int, plan_name: str = "", *, given: bool = False) -> None:
+    """Raise :class:`ConfigError` unless ``path`` holds ``plan`` (rows, configuration); ``given``: ``plan`` is PLAN."""
     from aspc.emit.plan import as_stored, read_plan, rows_hash
     from aspc.errors import PlanError, finding
 
@@ -407,7 +416,35 @@ def _check_stored_plan(plan: Plan, path: Path, epoch: int) -> None:
                           "run logs) or pass --overwrite to start the epochs again") from None  # fmt: skip
     same_rows = stored.stored_rows_hash == rows_hash(plan.table.cast(S.PLAN_SCHEMA))
     if not (same_rows and stored.config == as_stored(plan.config)):
-        raise ConfigError(
-            f"{path}: not the plan epoch {epoch} compiles from the run logs before it (edited, or other "
-            "options); resume with the options the run started with, or pass --overwrite to start the epochs again"
-        )
+        named = f"PLAN {plan_name}" if plan_name else "the given plan"
+        what = (f"epoch 1 ran another plan than {named} (or {path.name} was edited)" if given else
+                f"not the plan epoch {epoch} compiles from {named} and the run logs before it (edited, or another "
+                "PLAN or other options)")  # fmt: skip
+        raise ConfigError(f"{path}: {what}; resume with the PLAN and options the run started with, or pass "
+                          "--overwrite to start the epochs again")  # fmt: skip
+
+
+def _check_epoch_logs(root: Path, n_epochs: int, drift: float | None) -> None:
+    """Refuse a resume an epoch's log cannot take: no ``meta.json``, or another ``drift`` (None: not compared).
+
+    Logs from before the record of ``--length-drift`` carry none and are not compared.
+    """
+    from aspc.errors import AspcError
+    from aspc.runtime.record.runlog import is_run_log, never_started, read_meta
+
+    for name in ["scout", *(f"epoch-{k}" for k in range(1, n_epochs + 1))]:
+        d = root / name
+        if d.is_dir() and not is_run_log(d) and not never_started(d):
+            fix = ("pass --overwrite to start the run again" if name == "scout" else
+                   f"delete {d} to run epoch {name[6:]} again, or pass --overwrite to start the epochs again")  # fmt: skip
+            raise ConfigError(f"--log {root}: {d} holds files but no meta.json, so its log cannot be resumed; {fix}")
+        try:
+            run_info = read_meta(d).get("run") if drift is not None and is_run_log(d) else None
+        except AspcError:  # damaged: that log's own resume says so
+            continue
+        source = run_info.get("lengths_file") if isinstance(run_info, dict) else None
+        old = source.get("length_drift") if isinstance(source, dict) else None
+        if isinstance(old, (int, float)) and float(old) != drift:
+            raise ConfigError(f"--resume {root}: its epochs replay lengths with --length-drift {float(old)!r}, this run "
+                              f"with {float(drift)!r}; resume with --length-drift {float(old)!r}, or start a new run "
+                              "with --overwrite")  # fmt: skip

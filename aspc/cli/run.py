@@ -362,6 +362,11 @@ def run_cmd(
         if actual_lengths is not None:
             lengths = read_history(actual_lengths, id_field=id_field, length_field=length_field, option="--length-field",
                                    own_id_field=True)  # fmt: skip
+        source = None  # what else identifies the lengths file: a --resume names what changed, accepts a copy
+        if actual_lengths is not None:
+            from aspc.io.history import source_hash
+
+            source = {"sha256": source_hash(actual_lengths), "length_field": length_field, "id_field": id_field}
         backend, trainer, backend_notes = build_real_components(
             kwargs, config, cost, lengths, actual_lengths.name if actual_lengths else ""
         )
@@ -375,7 +380,7 @@ def run_cmd(
                 plan, epochs, log_dir, config, cost, lengths, actual_lengths, length_drift, replan, replan_every,
                 overwrite=overwrite, resume=resume, as_json=as_json, quiet=quiet, backend=backend, trainer=trainer,
                 scout=scout, scout_tokens=scout_tokens, scout_keep=scout_keep, scout_keep_through=scout_keep_through,
-                scout_roll=scout_roll, scout_windows=scout_windows,
+                scout_roll=scout_roll, scout_windows=scout_windows, lengths_source=source, plan_name=str(plan_path),
             )
         replanner = None
         if replan:
@@ -389,11 +394,6 @@ def run_cmd(
             )
         if overwrite and layout not in (None, SINGLE):  # epochs replaced by one run: none of them may survive
             clear_run_dir(log_dir)
-        source = None
-        if actual_lengths is not None:
-            from aspc.io.history import source_hash
-
-            source = {"sha256": source_hash(actual_lengths), "length_field": length_field, "id_field": id_field}
         with RichProgress(quiet) as progress:
             result = run(
                 plan,

@@ -138,11 +138,14 @@ def run_epochs_cmd(
     scout_keep_through: int | None = None,
     scout_roll: bool = False,
     scout_windows: int | None = None,
+    lengths_source: dict | None = None,
+    plan_name: str = "",
 ) -> None:
     """Run the epochs, print per-epoch metrics (or ``{"epochs": [...], totals}`` with --json).
 
     ``backend`` and ``trainer``: the real components ``aspc run`` built (hf, vllm, a user trainer), kept
-    open across the epochs (:mod:`aspc.epochs`); ``None`` for the sim.
+    open across the epochs (:mod:`aspc.epochs`); ``None`` for the sim. ``lengths_source``: what identifies
+    the --actual-lengths file (as a single run records it); ``plan_name``: PLAN's path, for messages.
     """
     from aspc.epochs import run_epochs
     from aspc.rolling_scout import roll_note
@@ -158,6 +161,7 @@ def run_epochs_cmd(
             log_dir,
             config=config,
             actual_lengths=lengths,
+            lengths_source=lengths_source,
             length_drift=length_drift,
             overwrite=overwrite,
             resume=resume,
@@ -174,6 +178,7 @@ def run_epochs_cmd(
             scout_keep_through=scout_keep_through,
             scout_roll=scout_roll,
             scout_windows=scout_windows,
+            plan_name=plan_name,
         )
     out = res.to_dict()
     if as_json:

@@ -92,11 +92,13 @@ def test_bad_rows_give_line_numbers(tmp_path, lines, fragment):
         ([], "empty list"),
         (True, "must be a number"),
         (1e12, "above"),
-        (None, "missing length field"),
+        (None, "length field 'len' is null; give every row a length"),  # the field's name was right
+        (..., "missing length field 'len'; pass --length-field NAME"),  # no such field: perhaps another name
     ],
 )
 def test_bad_lengths(tmp_path, value, fragment):
-    p = write_jsonl(tmp_path / "bad.jsonl", [{"id": "a", "prompt": "x", "len": value}])
+    row = {"id": "a", "prompt": "x"} if value is ... else {"id": "a", "prompt": "x", "len": value}
+    p = write_jsonl(tmp_path / "bad.jsonl", [row])
     with pytest.raises(InputError, match=fragment):
         read_prompts(p, length_field="len")
 

@@ -143,7 +143,7 @@ def read_lengths(
             raise InputError(f"{where}: id field {id_field!r} must be a string or integer, got {type(pid).__name__}; "
                              "fix the row's id")  # fmt: skip
         try:
-            lens = parse_length(rec.get(length_field), length_field, from_text, option)
+            lens = parse_length(rec.get(length_field), length_field, from_text, option, present=length_field in rec)
         except _RowError as exc:
             raise InputError(f"{where}: {exc}") from None
         out.setdefault(str(pid), []).append(lens)

@@ -181,7 +181,11 @@ def iter_jsonl(path: Path, keys: tuple[str, ...] = ()) -> Iterator[tuple[int, in
             rec = _loads_line(line, tokens)
         except json.JSONDecodeError as exc:
             # Not raised here: the caller decides between failing and skipping.
-            rec = BadRecord(f"malformed JSON ({_json_reason(exc)} at column {exc.colno})")
+            if exc.msg == "Extra data":  # json's own words named no fix
+                rec = BadRecord(f"malformed JSON: more text follows the record, at column {exc.colno}; "
+                                "put one record per line")
+            else:
+                rec = BadRecord(f"malformed JSON ({_json_reason(exc)} at column {exc.colno})")
         except RecursionError:
             rec = BadRecord("JSON nested too deeply")
         yield lineno - 1, lineno, rec

@@ -172,8 +172,13 @@ def _number(v: Any, where: str) -> float:
     return x
 
 
-def parse_length(value: Any, field_name: str, from_text: bool = False, option: str = "--length-field") -> np.ndarray:
-    """Validate a length value (a number or a non-empty list of numbers); ``option`` names the field's option."""
+def parse_length(
+    value: Any, field_name: str, from_text: bool = False, option: str = "--length-field", present: bool = False
+) -> np.ndarray:
+    """Validate a length value (a number or a non-empty list of numbers); ``option`` names the field's option.
+
+    ``present``: the record has the field (a ``None`` is then a null there, not a field named wrong).
+    """
     if from_text and isinstance(value, str):
         # CSV cells are text: accept "412" and "[412, 388]".
         try:
@@ -187,6 +192,8 @@ def parse_length(value: Any, field_name: str, from_text: bool = False, option: s
             raise _RowError(f"length field {field_name!r} is an empty list")
         return np.array([_number(v, f"length field {field_name!r}") for v in value], dtype=np.float64)
     if value is None:
+        if present:  # the option named the field right: saying to pass it again misled
+            raise _RowError(f"length field {field_name!r} is null; give every row a length")
         raise _RowError(f"missing length field {field_name!r}; pass {option} NAME")
     return np.array([_number(value, f"length field {field_name!r}")], dtype=np.float64)
 
@@ -358,7 +365,9 @@ def read_rows(
                     f"duplicate prompt id {pid!r} (first at row {seen[pid] + 1}); make ids unique"
                     + ("" if source.mode != "content" else " or remove the repeated prompt")
                 )
-            lens = parse_length(rec.get(length_field), length_field, from_text) if length_field else None
+            lens = None if length_field is None else parse_length(
+                rec.get(length_field), length_field, from_text, present=length_field in rec
+            )
         except _RowError as exc:
             if on_bad_line == "skip":
                 skipped.append(SkippedRow(row, str(exc), line))

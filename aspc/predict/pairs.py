@@ -245,9 +245,7 @@ def read_dataset_pairs(
             stored, text = _parse_prompt(rec, prompt_field, null_is_absent=absent)
             pid = required_id(rec, id_field)
             pid = content_id(stored) if pid is None else pid
-            if length_field not in rec or rec[length_field] is None:
-                raise _RowError(f"missing length field {length_field!r}; pass --length-field NAME")
-            lens = parse_length(rec[length_field], length_field, from_text)
+            lens = parse_length(rec.get(length_field), length_field, from_text, present=length_field in rec)
             target = None if target_field is None else _label(rec, target_field, "target")
             group = None if group_field is None else _label(rec, group_field, "group")
             if stored_of.get(pid, stored) != stored:

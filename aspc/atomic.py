@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from aspc.errors import OutputError
-from aspc.guards import check_replaceable
+from aspc.guards import check_not_cwd, check_replaceable
 from aspc.interrupt import deferred, note_written
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -53,15 +53,18 @@ def _stem(target: Path) -> str:
     """``target``'s name as its temporaries carry it: shortened (with a hash) where it is long.
 
     A temporary adds about 30 bytes to the name, so an output named near the
-    file system's 255-byte limit failed with the temporary's name.
+    file system's 255-byte limit failed with the temporary's name. A name that
+    is not UTF-8 (legal on Linux) gives its temporaries a UTF-8 one: pyarrow
+    writes only to paths it can encode.
     """
-    name = target.name
+    raw = os.fsencode(target.name)
+    name = raw.decode("utf-8", errors="replace")
     if len(name.encode()) <= 200:
         return name
     import hashlib
 
     head = name.encode()[:180].decode(errors="ignore")
-    return f"{head}~{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+    return f"{head}~{hashlib.sha256(raw).hexdigest()[:12]}"
 
 
 def _tmp_prefix(target: Path) -> str:
@@ -110,6 +113,60 @@ def remove_stale_temps(target: str | os.PathLike) -> list[Path]:
             continue
         removed.append(p)
     return removed
+
+
+def _make_parents(parent: Path) -> list[Path]:
+    """Create ``parent`` and its missing ancestors; return those this call made, outermost first.
+
+    A failed write removes them again (:func:`_remove_made`): a full disk left ``a/b/c/`` behind.
+    """
+    missing = []
+    here = parent
+    while not here.is_dir() and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    made: list[Path] = []
+    try:
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                if not d.is_dir():
+                    raise
+                continue  # another process made it at the same time: not ours to remove
+            made.append(d)
+    except BaseException:
+        _remove_made(made)
+        raise
+    return made
+
+
+def _remove_made(made: list[Path]) -> None:
+    """After a failed write: remove the directories :func:`_make_parents` made, innermost first, if still empty."""
+    for d in reversed(made):
+        try:
+            os.rmdir(d)
+        except OSError:
+            return  # not empty (someone else's file arrived), or gone: what is above it stays too
+
+
+def _usable(tmp: Path) -> tuple[Path, int | None]:
+    """``tmp`` as a path every library opens, and the descriptor to close after.
+
+    pyarrow takes only paths it can encode as UTF-8; a temporary inside a directory
+    whose name is not UTF-8 (legal on Linux) is reached through an open descriptor.
+    """
+    try:
+        os.fspath(tmp).encode()
+        return tmp, None
+    except UnicodeEncodeError:
+        pass
+    fd = os.open(tmp.parent, os.O_RDONLY | os.O_DIRECTORY)
+    via = Path(f"/proc/self/fd/{fd}")
+    if not via.is_dir():  # no /proc: the library's own error stands
+        os.close(fd)
+        return tmp, None
+    return via / tmp.name, fd
 
 
 def _resolve(target: str | os.PathLike, kind: str) -> Path:
@@ -186,13 +243,15 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
     """
     target = _resolve(target, "file")
     tmp_path: Path | None = None
+    made: list[Path] = []  # parent directories this write created: removed again if it fails
+    fd_via: int | None = None
     ours = False
     try:
         # Held signals: SIGTERM between mkstemp and the cleanup below owning the
         # file would leave the temporary behind (it arrives once tmp_path is set).
         with deferred():
             try:
-                target.parent.mkdir(parents=True, exist_ok=True)
+                made = _make_parents(target.parent)
                 remove_stale_temps(target)
                 fd, tmp = tempfile.mkstemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=target.parent)
             except OSError as exc:
@@ -207,7 +266,8 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
                 os.fchmod(fd, 0o666 & ~_umask())
             finally:
                 os.close(fd)
-        yield tmp_path
+        usable, fd_via = _usable(tmp_path)
+        yield usable
         ours = True
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
@@ -219,11 +279,15 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
         if tmp_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 tmp_path.unlink()
+        _remove_made(made)
         if isinstance(exc, OSError):
             err = _translate(exc, target, ours, tmp_path)
             if err is not None:
                 raise err from None
         raise
+    finally:
+        if fd_via is not None:
+            os.close(fd_via)
 
 
 @contextlib.contextmanager
@@ -235,13 +299,16 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     directory.
     """
     target = _resolve(target, "dir")
+    check_not_cwd(target, str(target), "-o")
     tmp: Path | None = None
+    made: list[Path] = []  # parent directories this write created: removed again if it fails
+    fd_via: int | None = None
     old: Path | None = None  # the earlier output, moved aside until the new one is in place
     ours = False
     try:
         with deferred():  # as in atomic_path: no signal between mkdtemp and owning its cleanup
             try:
-                target.parent.mkdir(parents=True, exist_ok=True)
+                made = _make_parents(target.parent)
                 remove_stale_temps(target)
                 tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(target), suffix=".tmp", dir=target.parent))
             except OSError as exc:
@@ -250,7 +317,8 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
                     raise
                 raise err from None
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
-        yield tmp
+        usable, fd_via = _usable(tmp)
+        yield usable
         ours = True
         # Libraries write some files private (safetensors' save_file: 0600); outputs are shared files
         # (a trainer under another uid reads the predictor), so every one gets the umask's mode.
@@ -284,12 +352,15 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
     except BaseException as exc:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+        _remove_made(made)
         if isinstance(exc, OSError):
             err = _translate(exc, target, ours, None)
             if err is not None:
                 raise err from None
         raise
     finally:
+        if fd_via is not None:
+            os.close(fd_via)
         if old is not None:  # replaced (a signal after the swap still arrives here): the earlier output goes
             shutil.rmtree(old, ignore_errors=True)
 

@@ -177,6 +177,22 @@ def _is_within(path: Path, root: Path) -> bool:
     return True
 
 
+def check_not_cwd(target: str | os.PathLike, shown: str, option: str = "-o") -> None:
+    """Refuse a directory output that is the current directory or holds it (symlinks resolved).
+
+    Replacing it renames it aside (EBUSY for ``.``), or swaps the directory out from under the shell.
+    """
+    try:
+        cwd = Path(os.path.realpath(os.getcwd()))
+        real = Path(os.path.realpath(target))
+    except OSError:
+        return  # no current directory (removed): nothing to protect
+    if real == cwd or _is_within(cwd, real):
+        what = "the current directory" if real == cwd else "a directory holding the current directory"
+        example = "run-log" if option == "--log" else "out"
+        raise OutputError(f"{option} {shown}: {what} cannot be replaced; name a new directory, e.g. {option} {example}/")
+
+
 def check_output(
     target: str | os.PathLike,
     *,
@@ -264,6 +280,8 @@ def check_output(
             raise OutputError(f"{option} {raw} is {what}; aspc writes only regular files, choose another path")
         elif kind == "dir":
             raise OutputError(f"{option} {raw} is a file; give a directory path")
+    if kind == "dir" and not resume:
+        check_not_cwd(real, raw, option)
     ident = None if st is None else (st.st_dev, st.st_ino)
     for other_option, other in (others or {}).items():
         # Another output of the same command (probe's -o beside its --log): one written over or

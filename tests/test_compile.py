@@ -425,7 +425,8 @@ def test_target_on_a_single_head_predictor_says_drop_it(tmp_path):
     assert len(res.output.strip().splitlines()) == 1 and not out.exists()
 
 
-@pytest.mark.parametrize("name,noted", [("plan.jsonl", True), ("plan.CSV", True), ("plan.parquet", False), ("plan", False)])
+# A name of another data format (plan.jsonl, plan.CSV) is refused: tests/test_hunt15_outputs.py.
+@pytest.mark.parametrize("name,noted", [("plan.v2", True), ("plan.PLAN", True), ("plan.parquet", False), ("plan", False)])
 def test_a_plan_named_as_another_format_is_noted(tmp_path, name, noted):
     from tests.conftest import EXAMPLE
 

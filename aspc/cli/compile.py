@@ -27,6 +27,11 @@ from aspc.cli.options import (
 )
 from aspc.cli.paths import PathArg
 from aspc.cli.render import metrics_table
+from aspc.errors import ConfigError
+
+# Names of other data formats: a plan written under one replaced a dataset (other.jsonl) or passed for one.
+_DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".gz", ".bz2", ".xz", ".zst", ".zip",
+                  ".arrow", ".feather", ".html", ".md", ".yaml", ".yml")
 
 
 @click.command("compile")
@@ -68,14 +73,19 @@ def compile_cmd(
         predictor_dir = predictor_path(config.predictor)
     named = Path(output).name  # as the user wrote it: check_output resolves symlinks
     output = check_output(output, inputs=[input_path, *config.history, predictor_dir])
+    suffix = Path(named).suffix  # after check_output: "is also an input" is the graver thing to say
+    if suffix.lower() in _DATA_SUFFIXES:
+        # Written over a dataset of that name, the user's data was replaced by the plan (export refuses so too).
+        raise ConfigError(f"-o {named}: a plan is Parquet, not {suffix} data; name it .parquet, "
+                          f"e.g. -o {Path(named).stem}.parquet")  # fmt: skip
     with RichProgress(quiet) as progress:
         plan = compile_file(input_path, inputs, config, progress)
         progress.stage("write")
         write_plan(plan, output)
         progress.done()
     if Path(named).suffix and Path(named).suffix.lower() not in (".parquet", ".pq", ".parq"):
-        # Names are the user's, so not refused (and noted once the plan is written, so a failed
-        # compile still prints its one line); but a plan.jsonl that is Parquet inside surprises every other tool.
+        # A name of another data format is refused above; any other suffix (plan.v2) is the user's, so noted
+        # once the plan is written (a failed compile still prints its one line).
         note(f"{named}: a plan is always written as Parquet, whatever its name; name it .parquet to say so", quiet)
     skipped_note(plan.skipped, quiet)
     if plan.token_counter:

@@ -344,10 +344,13 @@ def read_parquet_table(path: Path):
     import pyarrow.parquet as pq
 
     try:
-        names = pq.read_schema(path).names
+        # Opened by its bytes: pyarrow encodes a str path as UTF-8, and a name that is not (legal on Linux) failed.
+        with pa.OSFile(os.fsencode(path)) as fh:
+            names = pq.read_schema(fh).names
         twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
         if twice is None:
-            return pq.read_table(path)
+            with pa.OSFile(os.fsencode(path)) as fh:
+                return pq.read_table(fh)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"{path.name}: not a readable Parquet file ({short_reason(exc)}); check the file") from None
     raise InputError(f"{path.name}: two columns are named {twice!r}; rename or drop one")

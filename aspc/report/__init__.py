@@ -17,6 +17,9 @@ from aspc.progress import NULL_PROGRESS, Progress
 __all__ = ["write_report"]
 
 INDEX = "index.html"
+# Names of files: a new report directory is not given one.
+_FILE_SUFFIXES = (".parquet", ".pq", ".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".html", ".htm", ".png",
+                  ".pdf", ".gz", ".zip")
 
 
 def _check_out_dir(out_dir: Path) -> None:
@@ -24,6 +27,10 @@ def _check_out_dir(out_dir: Path) -> None:
     from aspc.report.html import GENERATOR
 
     if not out_dir.exists():
+        if out_dir.suffix.lower() in _FILE_SUFFIXES:
+            # A directory called rep.parquet or report.html passed for a file with every other tool.
+            raise ConfigError(f"-o {out_dir.name}: a report is a directory (index.html and its figures), not a "
+                              f"{out_dir.suffix} file; name a directory, e.g. -o {out_dir.stem}/")  # fmt: skip
         return
     if not out_dir.is_dir():
         raise ConfigError(f"-o {out_dir}: exists and is not a directory; pick a new report directory")

@@ -137,7 +137,8 @@ def _write(table: pa.Table, meta: dict[bytes, bytes], where: Path) -> None:
 
         parts = split_write(table, S.PROMPT, _WRITE_OPTIONS, encode_in_halves)
     if parts is None:
-        pq.write_table(table, where, **_WRITE_OPTIONS)
+        with os_file(where, "wb") as fh:
+            pq.write_table(table, fh, **_WRITE_OPTIONS)
         return
     with open(where, "wb") as fh:
         for part in parts:
@@ -221,7 +222,8 @@ def _set_rows_hash(path: Path, old: bytes, new: bytes) -> bool:
         fh.seek(-8 - size, os.SEEK_END)
         start = fh.tell()
         footer = fh.read(size)
-        schema_b64 = (pq.read_metadata(path).metadata or {}).get(b"ARROW:schema", b"")
+        with os_file(path) as f:
+            schema_b64 = (pq.read_metadata(f).metadata or {}).get(b"ARROW:schema", b"")
         ipc = base64.b64decode(schema_b64)
         if base64.b64encode(ipc) != schema_b64 or ipc.count(old) != 1 or footer.count(schema_b64) != 1:
             return False
@@ -231,13 +233,22 @@ def _set_rows_hash(path: Path, old: bytes, new: bytes) -> bool:
         patched = patched.replace(old, new)
         fh.seek(start)
         fh.write(patched)
-    meta = pq.read_metadata(path).metadata or {}
-    if meta.get(S.META_ROWS_HASH) == new and (pq.read_schema(path).metadata or {}).get(S.META_ROWS_HASH) == new:
+    with os_file(path) as f:
+        meta = pq.read_metadata(f).metadata or {}
+    with os_file(path) as f:
+        schema_meta = pq.read_schema(f).metadata or {}
+    if meta.get(S.META_ROWS_HASH) == new and schema_meta.get(S.META_ROWS_HASH) == new:
         return True
     with open(path, "r+b") as fh:  # not as expected: put the original back; the caller rewrites
         fh.seek(start)
         fh.write(footer)
     return False
+
+
+def os_file(path: str | os.PathLike, mode: str = "rb") -> pa.OSFile:
+    """``path`` opened as an Arrow file: pyarrow encodes a str path as strict UTF-8, so a file name that is
+    not valid UTF-8 (a byte such as 0xff, which Python holds as a lone surrogate) was refused as unreadable."""
+    return pa.OSFile(os.fsencode(path), mode)
 
 
 def _version_ok(version: str, path: Path) -> None:
@@ -274,7 +285,8 @@ def read_plan(path: str | os.PathLike, *, verify: bool = True) -> Plan:
     if path.is_dir():
         raise PlanError(f"{path}: is a directory, expected a plan .parquet file")
     try:
-        table = pq.read_table(path)
+        with os_file(path) as fh:
+            table = pq.read_table(fh)
         meta = table.schema.metadata or {}
         table.column_names  # noqa: B018 - decodes field names; corrupt bytes fail here, not later
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -329,7 +341,7 @@ def _check_metadata(plan: Plan, name: str) -> None:
     A hand-edited ``response_cap: "x"`` made check, inspect, report and
     export fail with a traceback; export after writing its output.
     """
-    from aspc.choices import MINIBATCH_COSTS
+    from aspc.choices import MINIBATCH_COSTS, ON_BAD_LINE
     from aspc.guards import MAX_LENGTH
 
     def bad(where: str, what: str) -> PlanError:
@@ -365,6 +377,13 @@ def _check_metadata(plan: Plan, name: str) -> None:
                 for k in ("prompt_field", "id_field", "length_field", "on_bad_line"))
     ):  # fmt: skip
         raise bad("aspc.config inputs", "an object of field names")
+    # Compile always writes these (only length_field may be null): a null read the source with field None,
+    # a traceback, and on_bad_line 'bogus' was blamed on an --on-bad-line option export does not have.
+    for key in ("prompt_field", "id_field", "on_bad_line"):
+        if inputs is not None and key in inputs and inputs[key] is None:
+            raise bad(f"aspc.config inputs {key}", "a string" if key != "on_bad_line" else "'error' or 'skip'")
+    if inputs is not None and inputs.get("on_bad_line") is not None and inputs["on_bad_line"] not in ON_BAD_LINE:
+        raise bad("aspc.config inputs on_bad_line", "'error' or 'skip'")
     # Compile stores finite numbers only; a NaN or Infinity (JSON reads both) made inspect --json print
     # invalid JSON and would pass through every comparison unnoticed.
     for where, d in (("aspc.metrics", plan.metrics), ("aspc.config", plan.config)):

@@ -45,6 +45,7 @@ from aspc.choices import EXPORT_FORMATS
 from aspc.emit import Plan, read_plan
 from aspc.emit import schema as S
 from aspc.emit.check import verify_integrity
+from aspc.emit.plan import os_file
 from aspc.errors import ConfigError, InputError, PlanError, short_reason
 from aspc.export.overrides import override_args, verl_settings
 from aspc.export.source import check_rows, locate_source, source_records, source_table
@@ -245,6 +246,24 @@ def _ids_recoverable(table: pa.Table | None, ids: list[str], id_field: str) -> b
     return False
 
 
+def _is_schedule(t: pa.DataType) -> bool:
+    """Whether ``t`` is the type of an earlier export's schedule: its exact type from a verl export, or the one
+    Arrow infers from a JSONL export's (integers as int64, any field order), as ``_write_jsonl`` compares keys."""
+    if not pa.types.is_struct(t) or {f.name for f in t} != _ASPC_NAMES or t.num_fields != len(_ASPC_NAMES):
+        return False
+    for want in ASPC_FIELDS:
+        got = t.field(want.name).type
+        if pa.types.is_string(want.type):
+            ok = pa.types.is_string(got) or pa.types.is_large_string(got)
+        elif pa.types.is_integer(want.type):
+            ok = pa.types.is_integer(got)
+        else:  # predicted_len: a whole number written as 250.0 reads as a float, one as 250 (by hand) as an integer
+            ok = pa.types.is_floating(got) or pa.types.is_integer(got)
+        if not ok:
+            return False
+    return True
+
+
 def _extra_info(table: pa.Table | None, plan: Plan) -> pa.Array:
     """The source's extra_info with an ``aspc`` child appended (or a new one: index + aspc)."""
     aspc = pa.array(_aspc_rows(plan), ASPC_TYPE)
@@ -259,9 +278,9 @@ def _extra_info(table: pa.Table | None, plan: Plan) -> pa.Array:
             f"the source's extra_info is {info.type}, not a struct; verl reads it as a dict: fix the column"
         )
     at = info.type.get_field_index(ASPC_KEY)
-    if at >= 0 and info.type.field(at).type != ASPC_TYPE:
+    if at >= 0 and not _is_schedule(info.type.field(at).type):
         raise InputError(_TAKEN)
-    # An earlier export's schedule (its exact type) is aspc's own: the new schedule replaces it.
+    # An earlier export's schedule is aspc's own: the new schedule replaces it.
     keep = [i for i in range(info.type.num_fields) if i != at]
     names = [info.type.field(i).name for i in keep]
     children = [info.field(i) for i in keep]
@@ -316,7 +335,8 @@ def _verl_table(
 
 def _write_parquet(path: Path, table: pa.Table) -> None:
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd")
+        with os_file(tmp, "wb") as fh:  # pyarrow refuses a str path that is not valid UTF-8
+            pq.write_table(table, fh, compression="zstd")
         _share(tmp)
 
 

@@ -14,12 +14,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from aspc.emit import Plan
 from aspc.emit import schema as S
 from aspc.errors import InputError, short_reason
 from aspc.io.prompts import file_hash
 from aspc.io.readers import SUPPORTED_SUFFIXES, BadRecord, detect_format, iter_records
+from aspc.io.table import column_numpy
 
 
 def locate_source(plan: Plan, plan_path: Path, source: Path | None) -> Path:
@@ -69,13 +71,28 @@ def check_rows(plan: Plan, source: Path) -> None:
         id_field=inputs.get("id_field", "id"),
         on_bad_line=inputs.get("on_bad_line", "error"),
     )
-    id_of_row = dict(zip(np.asarray(table.source_rows).tolist(), table.ids, strict=True))
-    for r, pid in zip(plan.column(S.SOURCE_ROW).tolist(), plan.column(S.PROMPT_ID).tolist(), strict=True):
-        if id_of_row.get(int(r)) != pid:
+    at_row = {r: i for i, r in enumerate(np.asarray(table.source_rows).tolist())}
+    ids = table.ids
+    plan_rows, plan_ids = plan.column(S.SOURCE_ROW).tolist(), plan.column(S.PROMPT_ID).tolist()
+    where: list[int] = []
+    for r, pid in zip(plan_rows, plan_ids, strict=True):
+        i = at_row.get(int(r))
+        if i is None or ids[i] != pid:
             raise InputError(
                 f"--source {source.name}: row {int(r) + 1} does not hold plan prompt {pid!r}; "
                 "pass the dataset the plan was compiled from"
             )
+        where.append(i)
+    # The ids alone let a plan whose prompt_field was edited (to another text column) export that column as
+    # every row's prompt: the prompts read now, in the form compile stores, must be the plan's.
+    same = pc.equal(table.prompt_array.take(pa.array(where, pa.int64())), plan.table.column(S.PROMPT))
+    if not pc.all(same).as_py():
+        k = int(np.flatnonzero(~column_numpy(same).astype(bool))[0])
+        raise InputError(
+            f"--source {source.name}: row {int(plan_rows[k]) + 1} holds another prompt than plan prompt "
+            f"{plan_ids[k]!r}: the source is not the dataset the plan was compiled from, or the plan's metadata "
+            "(aspc.config inputs) was edited; pass the dataset given to 'aspc compile', or recompile the plan"
+        )
 
 
 def source_records(source: Path, rows: list[int]) -> list[dict[str, Any]]:

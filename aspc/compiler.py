@@ -135,7 +135,7 @@ def compile_plan(
     check_compile_config(config)
     config = for_target(config)
     n = len(table)
-    s = schedule_prompts(prediction, config, n, progress)
+    s = schedule_prompts(prediction, config, n, progress, ids=table.id_array)
     rows, bounds, assignment, mb_order, costs, n_groups = s.rows, s.bounds, s.assignment, s.mb_order, s.costs, s.n_groups
     mean_r, nseq_r, q_r, extra, b, d = s.mean_r, s.nseq_r, s.q_r, s.extra, s.b, s.d
     del s  # the per-row arrays are freed as soon as they are gathered (below)

@@ -54,11 +54,17 @@ def _fixed_bounds(n: int, b: int) -> np.ndarray:
 
 
 def schedule_prompts(
-    prediction: LengthPrediction, config: CompileConfig, n: int, progress: Progress = NULL_PROGRESS
+    prediction: LengthPrediction,
+    config: CompileConfig,
+    n: int,
+    progress: Progress = NULL_PROGRESS,
+    ids: Any = None,
 ) -> Schedule:
     """Partition, anneal and order ``n`` prompts by their predictions.
 
     ``config`` is already resolved for its target (:func:`aspc.compile_config.for_target`).
+    ``ids``: the prompts' unique ids (an Arrow string array), by which asp orders equal
+    predictions; without them a seeded permutation of the rows does, which follows line order.
 
     Notes
     -----
@@ -100,11 +106,12 @@ def schedule_prompts(
         # order: its plan must not depend on how the input's lines are sorted.
         # The sorted baseline keeps input order among ties (an exported sorted
         # plan recompiles to itself).
-        rows = (
-            shuffled[np.argsort(mean[shuffled], kind="stable")]
-            if strategy is Strategy.ASP
-            else np.argsort(mean, kind="stable")
-        )
+        if strategy is not Strategy.ASP:
+            rows = np.argsort(mean, kind="stable")
+        elif ids is None:
+            rows = shuffled[np.argsort(mean[shuffled], kind="stable")]
+        else:
+            rows = _by_prediction(mean, ids, config.seed)
         if strategy is Strategy.ASP and config.order != "ascending":
             bounds = partition(mean[rows], b, d, overhead=config.minibatch_overhead)
         else:  # equal minibatches: under a staleness bound unequal ones end apart (aspc.choices.ORDERS)
@@ -149,6 +156,9 @@ def schedule_prompts(
         progress.stage("anneal")
         assignment = np.minimum(np.arange(m) * n_groups // m, n_groups - 1)
         progress.done()
+    if config.equal_samples:  # as equal as the minibatches' sizes allow: recorded, and said when not equal
+        per_group = np.bincount(assignment, weights=np.diff(bounds), minlength=n_groups) * config.samples_per_prompt
+        extra["group_samples_range"] = [int(per_group.min()), int(per_group.max())]
 
     progress.stage("order")
     if config.workers is not None and config.workers < 1:
@@ -204,3 +214,49 @@ def _front_load_heavy(order: np.ndarray, costs: np.ndarray, assignment: np.ndarr
     for g in rest:
         out.extend(members[g])
     return np.asarray(out, dtype=np.int64)
+
+
+def _by_prediction(mean: np.ndarray, ids: Any, seed: int) -> np.ndarray:
+    """Rows by predicted mean; equal means in a seeded order of their ids, never in the input's line order.
+
+    A seeded permutation of row positions still followed the lines: which prompt a position
+    holds is the file's order. Here a tied prompt's place comes from a seeded key of its id
+    (:func:`aspc.schedule_kernel.id_keys`), so the same prompts in any order give the same rows.
+    Only tied rows are keyed (with integer --length-field means most are; with a text
+    predictor, few).
+    """
+    rows = np.argsort(mean, kind="stable")
+    by_mean = mean[rows]
+    same = by_mean[1:] == by_mean[:-1]
+    tied = np.zeros(rows.size, dtype=bool)
+    tied[1:] |= same
+    tied[:-1] |= same
+    if not tied.any():
+        return rows
+    members = rows[tied]
+    # Tied positions hold runs of one mean each, ascending: sorting them by (run, key) keeps every run in place.
+    run = np.cumsum(np.concatenate(([False], by_mean[tied][1:] != by_mean[tied][:-1])))
+    by_key = np.argsort(_id_keys(ids, seed)[members], kind="stable")
+    # A stable sort of 16-bit integers is NumPy's radix sort: the second pass costs a tenth of the first.
+    run = run.astype(np.uint16 if run[-1] < 2**16 else np.int64)[by_key]
+    rows[tied] = members[by_key[np.argsort(run, kind="stable")]]
+    return rows
+
+
+def _id_keys(ids: Any, seed: int) -> np.ndarray:
+    """Seeded uint64 keys of ``ids`` from the Arrow string column's own buffers (no Python string per id).
+
+    Every id, in row order: reading the buffer front to back costs less than reaching the tied rows.
+    """
+    import pyarrow as pa
+
+    from aspc.schedule_kernel import id_keys
+
+    arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        arr = arr.cast(pa.string())
+    off_type = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+    offsets = np.frombuffer(arr.buffers()[1], dtype=off_type)[arr.offset : arr.offset + len(arr) + 1].astype(np.int64)
+    data = arr.buffers()[2]
+    buf = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(1, dtype=np.uint8)
+    return id_keys(buf, offsets[:-1], offsets[1:], np.uint64(seed))

@@ -74,7 +74,11 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
         click.option("--samples-per-prompt", "-n", type=int, default=1, show_default=True, help="Responses per prompt."),
         click.option("--seed", type=int, default=0, show_default=True, help="Random seed (annealer, random baseline)."),
         click.option("--anneal-iterations", type=int, default=None, help="Annealing proposals (default scales with M)."),
-        click.option("--equal-samples", is_flag=True, help="Groups must hold equal sample counts."),
+        click.option(
+            "--equal-samples",
+            is_flag=True,
+            help="Give groups sample counts as equal as the minibatch sizes allow (--for verl: exactly equal).",
+        ),
         click.option(
             "--minibatch-cost",
             "minibatch_cost",

@@ -769,3 +769,18 @@ def test_a_reader_that_stops_ends_the_command_quietly(plan):
     p.stdout.close()  # before the command prints anything
     err = p.stderr.read()
     assert p.wait(timeout=300) == 141 and err == "", err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+@pytest.mark.parametrize("cmd", ["compile", "export"])
+def test_a_full_stdout_after_the_output_says_the_output_was_written(plan, small, tmp_path, cmd):
+    # Exit 2 with the output in place read as a failed command: the line now says the output is whole.
+    out = tmp_path / "o.parquet"
+    args = (["compile", str(small), "--length-field", "lengths", "-o", str(out)] if cmd == "compile" else
+            ["export", str(plan), "-o", str(out), "--json"])  # fmt: skip
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "aspc.cli", *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                           timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    line = _one_line_error(r.stderr)
+    assert r.returncode == 2 and "cannot write the result to stdout: No space left on device" in line, line
+    assert line.endswith(f"({out} had already been written in full)") and pq.read_metadata(out).num_rows > 0

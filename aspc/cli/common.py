@@ -114,7 +114,10 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except StdoutError as exc:
             if exc.pipe_closed:  # silent, as `cat` or `grep` ended by SIGPIPE: the reader took what it wanted
                 sys.exit(128 + 13)
-            raise CliError(_one_line(str(exc)), exc.exit_code) from None
+            # Only the summary was lost: a script that sees the exit code must not think the output was too.
+            left = interrupt.outcome()
+            msg = str(exc) if left == "nothing was written" else f"{exc} ({left})"
+            raise CliError(_one_line(msg), exc.exit_code) from None
         except AspcError as exc:
             raise CliError(_one_line(str(exc)), exc.exit_code) from None
         except FileNotFoundError as exc:

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from aspc import __version__
+from aspc.arrow_files import arrow_file
 from aspc.atomic import atomic_path
 from aspc.emit import schema as S
 from aspc.errors import PlanError, SchemaVersionError, short_reason
@@ -137,7 +138,7 @@ def _write(table: pa.Table, meta: dict[bytes, bytes], where: Path) -> None:
 
         parts = split_write(table, S.PROMPT, _WRITE_OPTIONS, encode_in_halves)
     if parts is None:
-        with os_file(where, "wb") as fh:
+        with arrow_file(where, "wb") as fh:
             pq.write_table(table, fh, **_WRITE_OPTIONS)
         return
     with open(where, "wb") as fh:
@@ -222,7 +223,7 @@ def _set_rows_hash(path: Path, old: bytes, new: bytes) -> bool:
         fh.seek(-8 - size, os.SEEK_END)
         start = fh.tell()
         footer = fh.read(size)
-        with os_file(path) as f:
+        with arrow_file(path) as f:
             schema_b64 = (pq.read_metadata(f).metadata or {}).get(b"ARROW:schema", b"")
         ipc = base64.b64decode(schema_b64)
         if base64.b64encode(ipc) != schema_b64 or ipc.count(old) != 1 or footer.count(schema_b64) != 1:
@@ -233,9 +234,9 @@ def _set_rows_hash(path: Path, old: bytes, new: bytes) -> bool:
         patched = patched.replace(old, new)
         fh.seek(start)
         fh.write(patched)
-    with os_file(path) as f:
+    with arrow_file(path) as f:
         meta = pq.read_metadata(f).metadata or {}
-    with os_file(path) as f:
+    with arrow_file(path) as f:
         schema_meta = pq.read_schema(f).metadata or {}
     if meta.get(S.META_ROWS_HASH) == new and schema_meta.get(S.META_ROWS_HASH) == new:
         return True
@@ -243,12 +244,6 @@ def _set_rows_hash(path: Path, old: bytes, new: bytes) -> bool:
         fh.seek(start)
         fh.write(footer)
     return False
-
-
-def os_file(path: str | os.PathLike, mode: str = "rb") -> pa.OSFile:
-    """``path`` opened as an Arrow file: pyarrow encodes a str path as strict UTF-8, so a file name that is
-    not valid UTF-8 (a byte such as 0xff, which Python holds as a lone surrogate) was refused as unreadable."""
-    return pa.OSFile(os.fsencode(path), mode)
 
 
 def _version_ok(version: str, path: Path) -> None:
@@ -285,7 +280,7 @@ def read_plan(path: str | os.PathLike, *, verify: bool = True) -> Plan:
     if path.is_dir():
         raise PlanError(f"{path}: is a directory, expected a plan .parquet file")
     try:
-        with os_file(path) as fh:
+        with arrow_file(path) as fh:
             table = pq.read_table(fh)
         meta = table.schema.metadata or {}
         table.column_names  # noqa: B018 - decodes field names; corrupt bytes fail here, not later

@@ -40,12 +40,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from aspc.arrow_files import arrow_file
 from aspc.atomic import atomic_path
 from aspc.choices import EXPORT_FORMATS
 from aspc.emit import Plan, read_plan
 from aspc.emit import schema as S
 from aspc.emit.check import verify_integrity
-from aspc.emit.plan import os_file
 from aspc.errors import ConfigError, InputError, PlanError, short_reason
 from aspc.export.overrides import override_args, verl_settings
 from aspc.export.source import check_rows, locate_source, source_records, source_table
@@ -335,7 +335,7 @@ def _verl_table(
 
 def _write_parquet(path: Path, table: pa.Table) -> None:
     with atomic_path(path) as tmp:
-        with os_file(tmp, "wb") as fh:  # pyarrow refuses a str path that is not valid UTF-8
+        with arrow_file(tmp, "wb") as fh:  # pyarrow refuses a str path that is not valid UTF-8
             pq.write_table(table, fh, compression="zstd")
         _share(tmp)
 

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from aspc.arrow_files import arrow_file
 from aspc.errors import InputError, short_reason
 
 
@@ -344,12 +345,12 @@ def read_parquet_table(path: Path):
     import pyarrow.parquet as pq
 
     try:
-        # Opened by its bytes: pyarrow encodes a str path as UTF-8, and a name that is not (legal on Linux) failed.
-        with pa.OSFile(os.fsencode(path)) as fh:
+        # A name that is not UTF-8 (legal on Linux) is opened by its bytes: pyarrow refused it.
+        with arrow_file(path) as fh:
             names = pq.read_schema(fh).names
         twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
         if twice is None:
-            with pa.OSFile(os.fsencode(path)) as fh:
+            with arrow_file(path) as fh:
                 return pq.read_table(fh)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"{path.name}: not a readable Parquet file ({short_reason(exc)}); check the file") from None

@@ -161,7 +161,8 @@ def _usable(tmp: Path) -> tuple[Path, int | None]:
         return tmp, None
     except UnicodeEncodeError:
         pass
-    fd = os.open(tmp.parent, os.O_RDONLY | os.O_DIRECTORY)
+    # O_PATH where there is one: a folder one may write to but not list is still reached.
+    fd = os.open(tmp.parent, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY)
     via = Path(f"/proc/self/fd/{fd}")
     if not via.is_dir():  # no /proc: the library's own error stands
         os.close(fd)

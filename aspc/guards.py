@@ -189,8 +189,7 @@ def check_not_cwd(target: str | os.PathLike, shown: str, option: str = "-o") -> 
         return  # no current directory (removed): nothing to protect
     if real == cwd or _is_within(cwd, real):
         what = "the current directory" if real == cwd else "a directory holding the current directory"
-        example = "run-log" if option == "--log" else "out"
-        raise OutputError(f"{option} {shown}: {what} cannot be replaced; name a new directory, e.g. {option} {example}/")
+        raise OutputError(f"{option} {shown}: {what} cannot be replaced; name a new directory, e.g. {option} out/")
 
 
 def check_output(
@@ -280,7 +279,7 @@ def check_output(
             raise OutputError(f"{option} {raw} is {what}; aspc writes only regular files, choose another path")
         elif kind == "dir":
             raise OutputError(f"{option} {raw} is a file; give a directory path")
-    if kind == "dir" and not resume:
+    if kind == "dir" and not resume and option != "--log":  # a run log is written in place, never renamed aside
         check_not_cwd(real, raw, option)
     ident = None if st is None else (st.st_dev, st.st_ino)
     for other_option, other in (others or {}).items():

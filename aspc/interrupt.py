@@ -286,17 +286,22 @@ def note_written(path: str | os.PathLike) -> None:
         _written.append(os.fspath(path))
 
 
+def written() -> list[str]:
+    """The outputs this command has written whole and that are still there, in the order written."""
+    with _lock:
+        names = list(dict.fromkeys(_written))
+    # A run log compacts its parts (and a resume replaces them): a file written whole and since
+    # removed is not left behind.
+    return [n for n in names if os.path.lexists(n)]
+
+
 def outcome() -> str:
     """What an interrupted command left: nothing, or the outputs it had already written whole.
 
     A signal can land after the last rename (the output complete, the command
     not yet returned); the message must not then say nothing was written.
     """
-    with _lock:
-        names = list(dict.fromkeys(_written))
-    # A run log compacts its parts (and a resume replaces them): a file written whole and since
-    # removed is not left behind.
-    names = [n for n in names if os.path.lexists(n)]
+    names = written()
     if not names:
         return "nothing was written"
     return f"{', '.join(names)} had already been written in full"

@@ -14,6 +14,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 from aspc import interrupt
 from aspc.errors import Interrupted
@@ -97,20 +98,16 @@ def kept() -> Iterator[None]:
                 signal.signal(s, interrupt._handler)
 
 
-def no_ray_failure_handler() -> None:
-    """Keep Ray's C++ crash handler (absl's) out of a driver whose signals aspc handles.
+def no_ray_failure_handler(ray: Any) -> None:
+    """Keep Ray's C++ crash handler (absl's) out of a driver whose signals aspc handles; ``ray`` the module.
 
     It takes SIGTERM from inside ``ray.init`` (a SIGTERM then killed the run
     with no message) and sets it to the default action at ``ray.shutdown``.
     Only this process's driver: the workers the raylet starts keep it.
     """
-    if signal.getsignal(signal.SIGTERM) is not interrupt._handler:
-        return  # a library user's own process: Ray as Ray sets it up
-    try:
-        from ray._private import ray_constants  # read when the driver's CoreWorker is made
-    except ImportError:  # another Ray: kept() still puts the handlers back after init and shutdown
-        return
-    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)  # read when the CoreWorker is made
+    if constants is not None and signal.getsignal(signal.SIGTERM) is interrupt._handler:
+        constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True  # another Ray: kept() puts the handlers back
 
 
 @contextlib.contextmanager

@@ -102,8 +102,8 @@ def schedule_prompts(
         rows = shuffled
         bounds = _fixed_bounds(n, b)
     else:
-        # asp breaks equal predictions by a seeded permutation, not by input
-        # order: its plan must not depend on how the input's lines are sorted.
+        # asp breaks equal predictions by a seeded key of each prompt's id, not by
+        # input order: its plan must not depend on how the input's lines are sorted.
         # The sorted baseline keeps input order among ties (an exported sorted
         # plan recompiles to itself).
         if strategy is not Strategy.ASP:
@@ -246,17 +246,22 @@ def _by_prediction(mean: np.ndarray, ids: Any, seed: int) -> np.ndarray:
 def _id_keys(ids: Any, seed: int) -> np.ndarray:
     """Seeded uint64 keys of ``ids`` from the Arrow string column's own buffers (no Python string per id).
 
-    Every id, in row order: reading the buffer front to back costs less than reaching the tied rows.
+    Every id, in row order: reading the buffers front to back costs less than reaching the tied rows.
+    Chunk by chunk: a column of more than 2 GiB of ids cannot be combined into one.
     """
     import pyarrow as pa
 
     from aspc.schedule_kernel import id_keys
 
-    arr = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
-    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        arr = arr.cast(pa.string())
-    off_type = np.int64 if pa.types.is_large_string(arr.type) else np.int32
-    offsets = np.frombuffer(arr.buffers()[1], dtype=off_type)[arr.offset : arr.offset + len(arr) + 1].astype(np.int64)
-    data = arr.buffers()[2]
-    buf = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(1, dtype=np.uint8)
-    return id_keys(buf, offsets[:-1], offsets[1:], np.uint64(seed))
+    chunks = ids.chunks if isinstance(ids, pa.ChunkedArray) else [ids]
+    out = [np.empty(0, dtype=np.uint64)]
+    for arr in chunks:
+        if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+            arr = arr.cast(pa.string())
+        off_type = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+        offsets = np.frombuffer(arr.buffers()[1], dtype=off_type)[arr.offset : arr.offset + len(arr) + 1]
+        data = arr.buffers()[2]
+        buf = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(1, dtype=np.uint8)
+        offsets = offsets.astype(np.int64)
+        out.append(id_keys(buf, offsets[:-1], offsets[1:], np.uint64(seed)))
+    return np.concatenate(out)

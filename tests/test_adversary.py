@@ -784,3 +784,15 @@ def test_a_full_stdout_after_the_output_says_the_output_was_written(plan, small,
     line = _one_line_error(r.stderr)
     assert r.returncode == 2 and "cannot write the result to stdout: No space left on device" in line, line
     assert line.endswith(f"({out} had already been written in full)") and pq.read_metadata(out).num_rows > 0
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_a_full_stdout_after_a_run_names_a_few_of_its_files(plan, tmp_path):
+    # A run log's parts are many: the one line named every one of them.
+    log = tmp_path / "L"
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "aspc.cli", "run", str(plan), "--log", str(log)], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    line = r.stderr.strip().splitlines()[-1]  # after the run's own notes (lengths drawn, log written)
+    assert r.returncode == 2 and line.startswith("Error: cannot write the result to stdout"), r.stderr
+    assert line.endswith(" more had already been written in full)") and line.count(str(log)) == 3, line

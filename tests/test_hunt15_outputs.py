@@ -145,8 +145,8 @@ def test_a_plan_named_as_another_data_format_is_refused(tmp_path, name):
     out.write_text('{"id": "x"}\n')
     r = invoke_cli("compile", EXAMPLE, "--length-field", "lengths", "-o", out, "-q")
     suffix = Path(name).suffix
-    assert one_line_error(r, 2) == (f"Error: -o {name}: a plan is Parquet, not {suffix} data; name it .parquet, "
-                                    f"e.g. -o {Path(name).stem}.parquet")  # fmt: skip
+    assert one_line_error(r, 2) == (f"Error: -o {out}: a plan is Parquet, not {suffix} data; name it .parquet, "
+                                    f"e.g. -o {out.with_suffix('.parquet')}")  # fmt: skip
     assert out.read_text() == '{"id": "x"}\n'
 
 
@@ -157,3 +157,13 @@ def test_a_new_report_directory_named_as_a_file_is_refused(plan, tmp_path, name)
     line = one_line_error(r, 2)
     assert line.startswith(f"Error: -o {name}: a report is a directory (index.html and its figures), not a ")
     assert line.endswith(f"name a directory, e.g. -o {Path(name).stem}/") and not out.exists()
+
+
+def test_a_run_log_in_the_current_directory_is_still_written(plan, tmp_path, monkeypatch):
+    # A run log is written in place (never renamed aside): --log . in an empty folder is fine, as before.
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    r = invoke_cli("run", plan, "--log", ".", "-q")
+    assert r.exit_code == 0, r.output
+    assert (here / "meta.json").is_file()

@@ -234,15 +234,11 @@ def test_finite_number() -> None:
 # -- 4: 'default' while ./default is a directory -------------------------------------------------
 
 
-@pytest.mark.parametrize("what", ["predictor", "empty"])
-def test_default_shadowed_by_a_directory_is_refused(tmp_path, monkeypatch, what) -> None:
+def test_default_shadowed_by_a_predictor_directory_is_refused(tmp_path, monkeypatch) -> None:
     from aspc.predict import default_predictor_path
 
     monkeypatch.chdir(tmp_path)
-    if what == "predictor":  # what `aspc predict train ... -o default` leaves
-        shutil.copytree(default_predictor_path(), "default")
-    else:
-        Path("default").mkdir()
+    shutil.copytree(default_predictor_path(), "default")  # what `aspc predict train ... -o default` leaves
     commands = [
         ("predict", "default", EXAMPLE, "-o", "o.parquet"),
         ("predict", "eval", "default", EXAMPLE, "--length-field", "lengths"),
@@ -256,6 +252,17 @@ def test_default_shadowed_by_a_directory_is_refused(tmp_path, monkeypatch, what)
         msg = one_line_error(invoke_cli(*args, "-q"), 2)
         assert "'default' names the shipped predictor, but ./default is also a directory here" in msg, args
         assert "pass ./default" in msg and not Path("o.parquet").exists() and not Path("o").exists()
+
+
+def test_a_folder_named_default_that_is_no_predictor_shadows_nothing(tmp_path, monkeypatch) -> None:
+    # A config folder called default made every probe (--init default is its default) refuse to start.
+    monkeypatch.chdir(tmp_path)
+    Path("default").mkdir()
+    (Path("default") / "settings.yaml").write_text("a: 1\n")
+    probe = invoke_cli("probe", EXAMPLE, "--backend", "sim", "--actual-lengths", EXAMPLE, "--length-field", "lengths",
+                       "--prompts", "100", "--log", "L", "-o", "o", "-q")  # fmt: skip
+    assert probe.exit_code == 0, probe.output
+    assert invoke_cli("predict", "default", EXAMPLE, "-o", "p.parquet", "-q").exit_code == 0
 
 
 def test_default_directory_by_its_path_and_the_implicit_default_still_work(tmp_path, monkeypatch) -> None:

@@ -115,8 +115,10 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             if exc.pipe_closed:  # silent, as `cat` or `grep` ended by SIGPIPE: the reader took what it wanted
                 sys.exit(128 + 13)
             # Only the summary was lost: a script that sees the exit code must not think the output was too.
-            left = interrupt.outcome()
-            msg = str(exc) if left == "nothing was written" else f"{exc} ({left})"
+            # A run log's parts are many: the first few are named.
+            names = interrupt.written()
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            msg = f"{exc} ({', '.join(names[:3])}{more} had already been written in full)" if names else str(exc)
             raise CliError(_one_line(msg), exc.exit_code) from None
         except AspcError as exc:
             raise CliError(_one_line(str(exc)), exc.exit_code) from None

@@ -72,12 +72,13 @@ def compile_cmd(
     if config.predictor is not None:
         predictor_dir = predictor_path(config.predictor)
     named = Path(output).name  # as the user wrote it: check_output resolves symlinks
+    given = str(output)
     output = check_output(output, inputs=[input_path, *config.history, predictor_dir])
     suffix = Path(named).suffix  # after check_output: "is also an input" is the graver thing to say
     if suffix.lower() in _DATA_SUFFIXES:
         # Written over a dataset of that name, the user's data was replaced by the plan (export refuses so too).
-        raise ConfigError(f"-o {named}: a plan is Parquet, not {suffix} data; name it .parquet, "
-                          f"e.g. -o {Path(named).stem}.parquet")  # fmt: skip
+        raise ConfigError(f"-o {given}: a plan is Parquet, not {suffix} data; name it .parquet, "
+                          f"e.g. -o {Path(given).with_suffix('.parquet')}")  # fmt: skip
     with RichProgress(quiet) as progress:
         plan = compile_file(input_path, inputs, config, progress)
         progress.stage("write")

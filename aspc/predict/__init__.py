@@ -65,12 +65,13 @@ def predictor_path(name: str | Path) -> Path:
     Raises
     ------
     aspc.errors.ConfigError
-        ``"default"`` while the current directory holds a directory ``default``: the name silently
-        meant the shipped predictor, never that directory (a predictor trained with ``-o default``).
+        ``"default"`` while the current directory holds a predictor ``default`` (one trained with
+        ``-o default``): the name silently meant the shipped predictor, never that directory.
     """
     if str(name) != DEFAULT:
         return Path(name)
-    if Path(DEFAULT).is_dir():
+    # Only a predictor there is ambiguous (`-o default` made it); any other folder of that name is not one.
+    if (Path(DEFAULT) / "metadata.json").is_file():
         raise ConfigError("'default' names the shipped predictor, but ./default is also a directory here; "
                           "pass ./default for that directory, or rename it to use the shipped one")  # fmt: skip
     return default_predictor_path()

@@ -204,7 +204,7 @@ class RayEngine(ThreadEngine):
                 quiet = {"include_dashboard": False, "log_to_driver": False, "logging_level": logging.ERROR}
                 before = ray_reaper.children(os.getpid())
                 with interrupt_libraries.kept():  # ray.init installs a SIGTERM handler of its own
-                    interrupt_libraries.no_ray_failure_handler()
+                    interrupt_libraries.no_ray_failure_handler(ray)
                     ray.init(**{**quiet, **(init_kwargs or {})})
                 # A kill -9 of this process leaves the raylet's agents alive for a minute: see ray_reaper.
                 ray_reaper.watch(ray_reaper.children(os.getpid()) - before)

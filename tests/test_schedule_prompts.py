@@ -1,4 +1,4 @@
-"""The schedule reads predictions only, and the plan lays its prompts out exactly by it."""
+"""The schedule reads predictions (and ids, for ties) only, and the plan lays its prompts out exactly by it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from aspc.schedule import schedule_prompts
 def _table(n: int, text: str, lengths: list[np.ndarray]) -> PromptTable:
     prompts = [f"{text} {i} " + "x" * (i % 7) for i in range(n)]
     return PromptTable(
-        ids=[f"{text}-{i}" for i in range(n)],
+        ids=[f"p-{i}" for i in range(n)],  # asp orders ties by id: the texts differ, the ids do not
         prompts=prompts,
         texts=prompts,
         source_rows=np.arange(n, dtype=np.int64),
@@ -42,9 +42,10 @@ def test_plan_rows_follow_the_schedule_whatever_the_prompts(lengths, strategy, o
     n = len(lengths)
     config = CompileConfig(strategy=strategy, order=order, workers=workers, seed=seed, samples_per_prompt=2)
     prediction = prediction_from_lengths(lengths)
-    s = schedule_prompts(prediction, config, n)
+    tables = [_table(n, text, lengths) for text in ("alpha", "a much longer prompt")]
+    s = schedule_prompts(prediction, config, n, ids=tables[0].id_array)
     pos = dispatch_positions(s.bounds, s.mb_order)
-    plans = [compile_plan(_table(n, text, lengths), prediction, config) for text in ("alpha", "a much longer prompt")]
+    plans = [compile_plan(table, prediction, config) for table in tables]
     for plan in plans:
         tab = plan.table
         # Row k of the plan is the schedule's k-th row in dispatch order, in the minibatch it put it in.
@@ -52,7 +53,7 @@ def test_plan_rows_follow_the_schedule_whatever_the_prompts(lengths, strategy, o
         sizes = np.diff(s.bounds)[s.mb_order]
         assert np.bincount(tab.column(S.MINIBATCH).to_numpy()).tolist() == sizes.tolist()
         assert tab.column(S.PREDICTED_LEN).to_numpy().tolist() == prediction.mean[s.rows[pos]].tolist()
-    # Different prompt texts and ids, same predictions: the same arrangement, column for column.
+    # Different prompt texts, same ids and predictions: the same arrangement, column for column.
     for col in (S.SOURCE_ROW, S.MINIBATCH, S.GROUP, S.N_SAMPLES, S.PREDICTED_Q90):
         assert plans[0].table.column(col).equals(plans[1].table.column(col))
     assert plans[0].metrics == plans[1].metrics

@@ -61,7 +61,7 @@ def _plain_bytes(offsets: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 def _fallback_row(arr: pa.Array) -> int | None:
     """The row after which the writer drops its dictionary (a batch end), or None."""
-    seen = pa.array([], arr.type)
+    seen = arr.slice(0, 0)
     dict_bytes = 0
     for j in range(_MAX_DICT_BATCHES):
         lo, hi = j * _BATCH, min(len(arr), (j + 1) * _BATCH)

@@ -165,8 +165,10 @@ def test_tied_predictions_give_the_same_plan_in_any_line_order(tmp_path, order):
     assert cols[0] == cols[1]
 
 
-def test_equal_samples_records_and_says_how_equal_the_groups_are(tmp_path):
+@pytest.mark.parametrize(("groups", "equal"), [("4", True), ("7", False)])
+def test_equal_samples_records_and_says_how_equal_the_groups_are(tmp_path, groups, equal):
     # --equal-samples is best effort (minibatches of 12-20 prompts); it said nothing when groups held 147-159.
+    # Swaps level 4 groups to 150 samples each; 600 samples cannot split evenly in 7.
     import pyarrow.parquet as pq
 
     from aspc.emit.plan import read_plan
@@ -174,11 +176,12 @@ def test_equal_samples_records_and_says_how_equal_the_groups_are(tmp_path):
 
     out = tmp_path / "eq.parquet"
     res = invoke_cli("compile", ROOT / "examples" / "prompts.jsonl", "--length-field", "lengths", "--equal-samples",
-                     "-o", out)  # fmt: skip
+                     "--groups", groups, "-o", out)  # fmt: skip
     assert res.exit_code == 0, res.output
     t = pq.read_table(out, columns=["group", "n_samples"]).to_pydict()
     per_group = np.bincount(t["group"], weights=t["n_samples"]).astype(int)
     lo, hi = read_plan(out).metrics["group_samples_range"]
     assert (lo, hi) == (per_group.min(), per_group.max())
     said = f"--equal-samples: groups hold {lo}-{hi} samples" in " ".join(res.output.split())
+    assert (lo == hi) is equal
     assert said is (lo != hi)

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from aspc.anneal.equal_samples import level_samples
 from aspc.anneal.kernel import (
     AnnealState,
     _anneal_chunk,
@@ -150,7 +151,8 @@ def _start(costs, caps, init, sample_sizes, equal_samples):
     by_cost = np.lexsort((idx, -costs))
     if equal_samples:
         order = np.lexsort((idx, -costs, -sample_sizes))
-        return _lpt_kernel(order, sample_sizes.astype(np.float64), costs, caps), "samples-lpt"
+        start = _lpt_kernel(order, sample_sizes.astype(np.float64), costs, caps)
+        return level_samples(start, sample_sizes, caps.size), "samples-lpt"
     if init == "lpt":
         return _lpt_kernel(by_cost, costs, np.zeros_like(costs), caps), "lpt"
     if caps.max() - caps.min() > 1:
@@ -290,7 +292,9 @@ def balance(
     Equal samples. With ``equal_samples=True`` the start is "samples-lpt":
     minibatches by sample count descending (then cost descending, then
     index) each go to the group with room holding the fewest samples (then
-    the least cost, then the lowest index). The annealer then swaps only
+    the least cost, then the lowest index); swaps of unequal sizes between
+    groups then level the sample counts where the sizes allow
+    (:func:`aspc.anneal.equal_samples.level_samples`). The annealer then swaps only
     minibatches of equal sample count, so every group's sample count and
     cardinality stay those of the start, and only cost is balanced. ``init``
     is ignored in that mode.

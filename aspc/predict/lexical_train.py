@@ -34,7 +34,7 @@ from aspc.predict.calibration import estimate_history_prior, fit_calibrations
 from aspc.predict.features import N_DENSE, Features, featurize
 from aspc.predict.lexical import DEFAULT_KAPPA, LexicalConfig, LexicalPredictor, validation_metrics
 from aspc.predict.metrics import marginal_summary
-from aspc.predict.ridge import ridge_fit
+from aspc.predict.ridge import ridge_fit, target_levels
 from aspc.progress import NULL_PROGRESS, Progress
 
 INIT_LAM_GRID = (0.3, 1.0, 3.0, 10.0)
@@ -61,17 +61,6 @@ def _fit(f: Features, rows, text_of_row, target_of_row, n_targets, y, weight, co
     if target_of_row is None:
         return sol.alpha[1:], sol.alpha[:1], sol.beta, sol
     return sol.alpha[: N_DENSE - 1], sol.alpha[N_DENSE - 1 :], sol.beta, sol
-
-
-def _levels(icpt: np.ndarray, rows: np.ndarray, target_of_row: np.ndarray, weight: np.ndarray) -> np.ndarray:
-    """Per-target intercepts of a fit on ``rows``, then the pooled one (their mean, weighted like the fit).
-
-    A target with no row among ``rows`` has no column in the fit (its intercept came out 0, a level of
-    one token): it gets the pooled level instead, the prediction for a target the fit never saw.
-    """
-    share = np.bincount(target_of_row[rows], weights=weight[rows], minlength=len(icpt))
-    pooled = pm.dot(share, icpt) / float(share.sum())
-    return np.append(np.where(share > 0, icpt, pooled), pooled)
 
 
 def _score(f: Features, text_of_row, target_of_row, alpha, intercepts, beta) -> np.ndarray:
@@ -201,7 +190,7 @@ def train_lexical(
             tor = None
             if target_of_row is not None:
                 # A target whose rows are all held out (few prompts, or one source) is new to this fit.
-                icpt, tor = _levels(icpt, fit_rows, target_of_row, weight)[:-1], target_of_row[held]
+                icpt, tor = target_levels(icpt, fit_rows, target_of_row, weight)[:-1], target_of_row[held]
             oof[held] = _score(f, text_of_row[held], tor, alpha, icpt, beta) + prior_text[text_of_row[held]]
         return oof, beta0
 
@@ -231,7 +220,7 @@ def train_lexical(
         intercepts = np.array([icpt[0], icpt[0]])
     else:
         # A target whose prompts all fell in the validation split answers at the pooled level.
-        intercepts = _levels(icpt, train_rows, target_of_row, weight)
+        intercepts = target_levels(icpt, train_rows, target_of_row, weight)
         icpt = intercepts[:-1]
     # Leave-one-source-out residuals: widen the band until sources count equally (see
     # calibration.fit_calibrations); random folds are in-distribution and plain conformal is right.

@@ -173,3 +173,14 @@ def _least_squares(q: np.ndarray, r: np.ndarray, kept: list[int], k: int, y: np.
     out = np.zeros(k)
     out[kept] = x
     return out
+
+
+def target_levels(icpt: np.ndarray, rows: np.ndarray, target_of_row: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Per-target intercepts of a fit on ``rows``, then the pooled one (their mean, weighted like the fit).
+
+    A target with no row among ``rows`` has no column in the fit (its intercept came out 0, a level of
+    one token): it gets the pooled level instead, the prediction for a target the fit never saw.
+    """
+    share = np.bincount(target_of_row[rows], weights=weight[rows], minlength=len(icpt))
+    pooled = pm.dot(share, icpt) / float(share.sum())
+    return np.append(np.where(share > 0, icpt, pooled), pooled)

@@ -36,6 +36,7 @@ from aspc.predict.base import (
 from aspc.predict.calibration import estimate_history_prior, fit_calibrations
 from aspc.predict.lexical import DEFAULT_KAPPA, validation_metrics
 from aspc.predict.metrics import marginal_summary
+from aspc.predict.ridge import target_levels
 from aspc.predict.static import StaticConfig, StaticPredictor, embed, load_tokenizer_json, prior_text_scores
 from aspc.predict.transformer import _length_features
 from aspc.progress import NULL_PROGRESS, Progress
@@ -179,13 +180,6 @@ def train_static(
     per_text = np.bincount(text_of_row, minlength=n_text)
     weight = 1.0 / per_text[text_of_row]  # each distinct prompt weighs 1 however many targets measured it
 
-    def _levels(icpt: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Intercepts of a fit on ``rows``, then the pooled one; a target without rows there gets the pooled."""
-        assert target_of_row is not None
-        share = np.bincount(target_of_row[rows], weights=weight[rows], minlength=n_heads)
-        pooled = float(share @ icpt / share.sum())
-        return np.append(np.where(share > 0, icpt, pooled), pooled)
-
     folds = max(2, min(config.folds, len(train_rows) // 20))
     fold_of_row = (fold_of_text[text_of_row] - n_val) % folds
     by_group = groups is not None and len({groups[i] for i in train_rows}) >= 3
@@ -236,7 +230,8 @@ def train_static(
                 wk = solve(g_all - grams[k], b_all - rhs[k], lam)
                 if target_of_row is not None:
                     # A target whose rows are all held out (few prompts, or one source) is new to this fit.
-                    wk[dim + 2 :] = _levels(wk[dim + 2 :], train_rows[fold_of_row[train_rows] != k])[:-1]
+                    fit_rows = train_rows[fold_of_row[train_rows] != k]
+                    wk[dim + 2 :] = target_levels(wk[dim + 2 :], fit_rows, target_of_row, weight)[:-1]
                 oof[held] = x[held] @ wk + prior_text[text_of_row[held]]
         err = float(weight[train_rows] @ (oof[train_rows] - y[train_rows]) ** 2)
         if best is None or err < best[0]:
@@ -253,7 +248,7 @@ def train_static(
         intercepts = np.array([icpt[0], icpt[0]])
     else:
         # A target whose prompts all fell in the validation split answers at the pooled level.
-        intercepts = _levels(icpt, train_rows)
+        intercepts = target_levels(icpt, train_rows, target_of_row, weight)
         icpt = intercepts[:-1]
     cals, band, target_scales = fit_calibrations(oof, lengths, train_rows, target_of_row, target_names, icpt,
                                                  intercepts, fold_of_row, by_group, config.calibration_bins)  # fmt: skip

@@ -59,8 +59,11 @@ def _rolled(plan_path: Path) -> bool:
 
     import pyarrow.parquet as pq
 
+    from aspc.arrow_files import arrow_file
+
     try:
-        config = json.loads(pq.read_schema(plan_path).metadata[b"aspc.config"])
+        with arrow_file(plan_path) as f:  # a --log whose name is not UTF-8: pyarrow refused the str path
+            config = json.loads(pq.read_schema(f).metadata[b"aspc.config"])
     except Exception:  # unreadable or not a plan: the resume's own checks word it
         return False
     return isinstance(config, dict) and "scout_roll" in config

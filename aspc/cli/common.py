@@ -298,3 +298,14 @@ def skipped_json(skipped: list[Any]) -> dict[str, Any]:
     """The ``--json`` keys of rows left out under --on-bad-line skip: ``skipped_rows`` only when there are any."""
     listed = [{"line": s.line, "reason": s.reason} for s in skipped[:_LISTED_SKIPPED]]
     return {"skipped_rows": listed} if listed else {}
+
+
+def rerun_command(command: str, flag: str) -> str | None:
+    """This process's own ``aspc COMMAND ...`` line with ``flag`` for ``--overwrite``/``--resume``, quoted for a shell.
+
+    None when the process is not that command (a library call, a test runner): the caller says it in words.
+    """
+    import shlex
+
+    argv = [a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")]
+    return shlex.join(["aspc", *argv, flag]) if command in argv else None

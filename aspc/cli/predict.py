@@ -377,6 +377,7 @@ def _write_predictions(output: Path, ids: list[str], pred: Any) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from aspc.arrow_files import arrow_file
     from aspc.atomic import atomic_path
     from aspc.emit import schema as S
 
@@ -389,5 +390,5 @@ def _write_predictions(output: Path, ids: list[str], pred: Any) -> None:
             S.PREDICTED_Q90: pa.array(pred.q90, pa.float64()),
         }
     )
-    with atomic_path(output) as tmp:
-        pq.write_table(table, tmp)
+    with atomic_path(output) as tmp, arrow_file(tmp, "wb") as fh:  # tmp is not UTF-8 where no /proc reaches it
+        pq.write_table(table, fh)

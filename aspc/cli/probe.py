@@ -38,6 +38,7 @@ from aspc.cli.common import (
     json_option,
     note,
     quiet_option,
+    rerun_command,
     skipped_json,
     skipped_note,
 )
@@ -274,15 +275,12 @@ def _meta_bytes(log_dir: Path) -> bytes | None:
 
 def _interrupted(exc: Any, log_dir: Path) -> str:
     """One line: what a signal during the probe's generations left, and the command that continues it."""
-    import sys
-
     from aspc.interrupt import signal_name
 
     name = signal_name(exc.signum)
     if not (log_dir / "meta.json").is_file():
         return f"interrupted by {name} before the probe's run log was started; nothing was written to {log_dir}"
-    argv = [a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")]
-    cmd = shlex.join(["aspc", *argv, "--resume"]) if "probe" in argv else "aspc probe <the same options> --resume"
+    cmd = rerun_command("probe", "--resume") or "aspc probe <the same options> --resume"
     plan = log_dir / "plan.parquet"
     kept = f" (and the plan, {plan})" if plan.is_file() else ""
     return (f"interrupted by {name}; the probe's run log {log_dir} keeps every committed sample{kept}: "

@@ -19,6 +19,7 @@ from aspc.cli.common import (
     note,
     out_console,
     quiet_option,
+    rerun_command,
 )
 from aspc.cli.options import check_lengths_field
 from aspc.cli.paths import PathArg
@@ -85,13 +86,18 @@ def _logged_steps(meta_file: Path) -> int | None:
 
     import pyarrow.parquet as pq
 
+    from aspc.arrow_files import arrow_file
     from aspc.io.runlog_meta import committed, part_ranges
+
+    def rows(part: Path) -> int:
+        with arrow_file(part) as f:  # a --log whose name is not UTF-8: pyarrow refused the str path
+            return pq.ParquetFile(f).metadata.num_rows
 
     run_dir = meta_file.parent
     try:
         ranges = part_ranges(json.loads(meta_file.read_text(encoding="utf-8")), run_dir, ValueError)
         parts = committed(sorted((run_dir / "steps").glob("part-*.parquet")), "steps", ranges, run_dir, ValueError)
-        return sum(pq.ParquetFile(p).metadata.num_rows for p in parts)
+        return sum(rows(p) for p in parts)
     except (OSError, ValueError, TypeError, AttributeError):
         return None
 
@@ -114,7 +120,6 @@ def _interrupted_message(
     """
     import json
     import shlex
-    import sys
 
     from aspc.interrupt import signal_name
 
@@ -125,12 +130,9 @@ def _interrupted_message(
     logs = sorted(log_dir.glob("epoch-*/meta.json"), key=lambda m: int(k) if (k := m.parent.name[6:]).isdigit() else -1)
     scout = log_dir / "scout" / "meta.json"  # --scout: the scout runs before epoch 1
     meta_file = logs[-1] if logs else (scout if scout.is_file() else log_dir / "meta.json")
-    argv = [a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")]
-    if "run" in argv:
-        cmd, fresh = (shlex.join(["aspc", *argv, flag]) for flag in ("--resume", "--overwrite"))
-    else:  # called as a library (tests); say it in words
-        cmd, fresh = (f"aspc run PLAN <the same options> --log {shlex.quote(str(log_dir))} {flag}"
-                      for flag in ("--resume", "--overwrite"))  # fmt: skip
+    # Called as a library (tests): said in words.
+    in_words = f"aspc run PLAN <the same options> --log {shlex.quote(str(log_dir))}"
+    cmd, fresh = (rerun_command("run", flag) or f"{in_words} {flag}" for flag in ("--resume", "--overwrite"))
     if not meta_file.is_file():
         if any((log_dir / "plans").glob("epoch-*.parquet")):  # epoch 1's plan was written, its log not begun
             return (f"interrupted by {name} before epoch 1's run log was started; {log_dir} holds its plan: "

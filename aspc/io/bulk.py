@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from aspc.arrow_files import arrow_file
 from aspc.io import gather
 from aspc.io.ragged import RaggedLengths
 from aspc.io.rows import (
@@ -248,15 +249,17 @@ def read_parquet_bulk(
     try:
         # Streamed in batches through a small buffer: the whole column chunk is
         # never held compressed and decoded at once (peak ~ the decoded size).
-        pf = pq.ParquetFile(path, pre_buffer=False, buffer_size=_PARQUET_BUFFER)
-        names = pf.schema_arrow.names
-        if len(set(names)) != len(names):
-            return None
-        columns = _wanted(names, prompt_field, id_field, length_field)
-        meta = pf.metadata
-        # A batch per row group: one chunk per column, nothing to merge after.
-        rows = max([meta.row_group(i).num_rows for i in range(meta.num_row_groups)] + [1])
-        batches = list(pf.iter_batches(batch_size=rows, columns=columns, use_threads=True))
+        # A name that is not UTF-8 (legal on Linux) is opened by its bytes: pyarrow refused the str path.
+        with arrow_file(path) as src:
+            pf = pq.ParquetFile(src, pre_buffer=False, buffer_size=_PARQUET_BUFFER)
+            names = pf.schema_arrow.names
+            if len(set(names)) != len(names):
+                return None
+            columns = _wanted(names, prompt_field, id_field, length_field)
+            meta = pf.metadata
+            # A batch per row group: one chunk per column, nothing to merge after.
+            rows = max([meta.row_group(i).num_rows for i in range(meta.num_row_groups)] + [1])
+            batches = list(pf.iter_batches(batch_size=rows, columns=columns, use_threads=True))
         tab = pa.Table.from_batches(batches, schema=pa.schema([pf.schema_arrow.field(c) for c in columns]))
         del batches
         tab = _single_chunks(tab)

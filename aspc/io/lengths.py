@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from aspc.arrow_files import read_parquet_parts
 from aspc.errors import InputError, epochs_root_hint, short_reason
 from aspc.io.prompts import check_field_names
 from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
@@ -65,13 +66,12 @@ def committed_sample_parts(path: str | os.PathLike, *, require_meta: bool = Fals
 
 def _read_run_log(path: Path) -> dict[str, np.ndarray]:
     import pyarrow as pa
-    import pyarrow.dataset as ds
 
     files = committed_sample_parts(path)
     if not files:
         return {}
     try:
-        table = ds.dataset([str(f) for f in files], format="parquet").to_table(columns=["prompt_id", "response_len"])
+        table = read_parquet_parts(files, ["prompt_id", "response_len"])
     except (pa.ArrowInvalid, OSError, KeyError) as exc:
         raise InputError(
             f"{path}: unreadable run log samples ({short_reason(exc, limit=120)}); the run log is damaged: "
@@ -94,8 +94,11 @@ def _refuse_plan(path: Path) -> None:
         return
     import pyarrow.parquet as pq
 
+    from aspc.arrow_files import arrow_file
+
     try:
-        meta = pq.read_schema(path).metadata or {}
+        with arrow_file(path) as f:  # a name that is not UTF-8: pyarrow refused the str path
+            meta = pq.read_schema(f).metadata or {}
     except Exception:  # noqa: BLE001 - not readable as Parquet: the reader below says why
         return
     if b"aspc.schema_version" in meta:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from aspc.arrow_files import read_parquet_parts
 from aspc.choices import ON_BAD_LINE
 from aspc.errors import InputError, short_reason
 from aspc.io.lengths import committed_sample_parts
@@ -178,7 +179,6 @@ def _committed_samples(path: Path):
     which parts are live is :func:`aspc.io.lengths.committed_sample_parts`'s to say.
     """
     import pyarrow as pa
-    import pyarrow.dataset as ds
 
     files = committed_sample_parts(path, require_meta=True)
     cols = ["prompt_id", "sample_index", "response_len"]
@@ -186,7 +186,7 @@ def _committed_samples(path: Path):
     if not files:
         return schema.empty_table()
     try:
-        return ds.dataset([str(f) for f in files], format="parquet").to_table(columns=cols)
+        return read_parquet_parts(files, cols)
     except (pa.ArrowInvalid, OSError, KeyError) as exc:
         raise InputError(
             f"{path}: unreadable run log samples ({short_reason(exc, limit=120)}); the run log is damaged: "

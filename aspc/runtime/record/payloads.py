@@ -43,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from aspc.arrow_files import arrow_file
 from aspc.atomic import atomic_path
 from aspc.errors import RunError
 from aspc.runtime.contracts import durable_version
@@ -107,7 +108,8 @@ class PendingPayloads:
         self._dir.mkdir(exist_ok=True)
         part = self._next
         with atomic_path(self._dir / f"part-{part:06d}.parquet") as tmp:
-            pq.write_table(table, tmp, compression="zstd")
+            with arrow_file(tmp, "wb") as fh:  # tmp is not UTF-8 where atomic_path found no /proc to reach it by
+                pq.write_table(table, fh, compression="zstd")
         self._next += 1
         self._live[part] = set(arr.tolist())
         self._part_of.update(dict.fromkeys(arr.tolist(), part))
@@ -199,7 +201,8 @@ def read_payload_parts(run_dir: Path) -> list[tuple[int | None, dict[tuple[str, 
     out = []
     for part, path in _part_files(Path(run_dir)):
         try:
-            table = pq.read_table(path, schema=_SCHEMA)
+            with arrow_file(path) as fh:  # a --log whose name is not UTF-8: pyarrow refused the str path
+                table = pq.read_table(fh, schema=_SCHEMA)
             names = zip(table.column("prompt_id").to_pylist(), table.column("sample_index").to_pylist(), strict=True)
             texts = table.column("payload").to_pylist()
             out.append((part, {(str(p), int(i)): json.loads(t) for (p, i), t in zip(names, texts, strict=True)}))

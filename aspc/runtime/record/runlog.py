@@ -59,6 +59,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from aspc.arrow_files import read_parquet_parts
 from aspc.atomic import pid_alive
 from aspc.errors import RunError, epochs_root_hint, short_reason
 from aspc.io.runlog_meta import check_runlog_version, committed, is_runlog_meta, part_ranges
@@ -272,9 +273,7 @@ def live_tables(p: Path, meta: dict[str, Any]) -> dict[str, pa.Table]:
             tables[kind] = schema.empty_table()
             continue
         try:
-            import pyarrow.dataset as ds  # here: importing it imports pandas (~0.5 s), which a run never needs
-
-            tables[kind] = ds.dataset([str(f) for f in files], format="parquet", schema=schema).to_table()
+            tables[kind] = read_parquet_parts(files, schema=schema)  # imports pyarrow.dataset only now
         except (pa.ArrowInvalid, OSError) as exc:
             raise RunError(
                 f"{p}: unreadable {kind} parts ({short_reason(exc, limit=120)}); the run log is damaged: "

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from aspc import __version__, interrupt
+from aspc.arrow_files import arrow_file
 from aspc.atomic import atomic_path, atomic_write_bytes
 from aspc.errors import AspcError, ConfigError, Interrupted, OutputError, RunError
 from aspc.io.runlog_meta import RUNLOG_FORMAT, RUNLOG_VERSION, part_number, part_ranges
@@ -156,8 +157,8 @@ class RunLogWriter:
         if table.num_rows == 0:
             return
         target = self.path / kind / f"part-{self._parts[kind]:06d}.parquet"
-        with atomic_path(target) as tmp:
-            pq.write_table(table, tmp, compression="zstd")
+        with atomic_path(target) as tmp, arrow_file(tmp, "wb") as fh:  # tmp is not UTF-8 where no /proc reaches it
+            pq.write_table(table, fh, compression="zstd")
         # Counted once written: a failed write (a full disk) must not enter the ranges a commit records,
         # which readers hold to (a committed part that is missing means a damaged log).
         self._parts[kind] += 1

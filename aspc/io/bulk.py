@@ -19,8 +19,10 @@ import pyarrow.compute as pc
 
 from aspc.arrow_files import arrow_file
 from aspc.io import gather
+from aspc.io.bulk_chat import chat_columns
 from aspc.io.ragged import RaggedLengths
 from aspc.io.rows import (
+    CHAT_ROLES,
     DEFAULT_ID_FIELD,
     MAX_LENGTH,
     MAX_PROMPT_BYTES,
@@ -132,7 +134,14 @@ def _prompts(tab: pa.Table, prompt_field: str) -> tuple[pa.Array, pa.Array]:
     _check(col is not None)
     arr = _one(col)
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-        # Chat prompts: canonical JSON per row, exactly as the row reader builds it.
+        built = chat_columns(arr, CHAT_ROLES)
+        if built is not None:  # the common chats (role and content strings) by Arrow kernels, checked as text is
+            stored, texts = built
+            texts = _valid_strings(texts)  # every content is in a text: UTF-8 there is UTF-8 everywhere
+            _check(not _has_blank(texts))
+            _check(pc.max(pc.binary_length(stored)).as_py() <= MAX_PROMPT_BYTES)
+            return stored, texts
+        # Other chats: canonical JSON per row, exactly as the row reader builds it.
         stored, texts = [], []
         try:
             for value in arr.to_pylist():

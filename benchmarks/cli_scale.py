@@ -85,6 +85,7 @@ def make_inputs(n: int, folder: Path, seed: int = 0) -> dict[str, Path]:
         "one.jsonl": folder / f"one-{n}.jsonl",
         "text.parquet": folder / f"text-{n}.parquet",
         "short.parquet": folder / f"short-{n}.parquet",
+        "chat.parquet": folder / f"chat-{n}.parquet",
     }
     if all(p.exists() for p in paths.values()):
         return paths
@@ -98,6 +99,13 @@ def make_inputs(n: int, folder: Path, seed: int = 0) -> dict[str, Path]:
     lists = pa.ListArray.from_arrays(pa.array(np.arange(0, 8 * n + 1, 8, dtype=np.int32)), pa.array(samples.ravel()))
     _write(pa.table({"id": ids, "prompt": prompts, "lengths": lists}), paths["lists.parquet"])
     _write(pa.table({"id": ids, "prompt": prompts, "length": one}), paths["text.parquet"])
+    # verl's layout: each prompt a chat, list<struct<role, content>>, here a system turn and the user's.
+    users = pa.StructArray.from_arrays([pa.array(["user"] * n), pa.array(prompts)], names=["role", "content"])
+    system = pa.StructArray.from_arrays([pa.array(["system"] * n), pa.array(["Think step by step."] * n)],
+                                        names=["role", "content"])  # fmt: skip
+    turns = pa.concat_arrays([system, users]).take(pa.array(np.arange(2 * n).reshape(2, n).T.ravel()))
+    chats = pa.ListArray.from_arrays(pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32)), turns)
+    _write(pa.table({"id": ids, "prompt": chats, "length": one}), paths["chat.parquet"])
     if paths["one.jsonl"].exists():
         return paths
     with open(paths["one.jsonl"], "w", encoding="utf-8") as fh:
@@ -118,6 +126,7 @@ def cases(paths: dict[str, Path], out: Path) -> dict[str, list[str]]:
         "parquet-one": ["compile", str(paths["one.parquet"]), "--length-field", "length", "-o", plan, "--quiet"],
         "parquet-one-short": ["compile", str(paths["short.parquet"]), "--length-field", "length", "-o", plan, "--quiet"],
         "parquet-lists8": ["compile", str(paths["lists.parquet"]), "--length-field", "lengths", "-o", plan, "--quiet"],
+        "parquet-chat": ["compile", str(paths["chat.parquet"]), "--length-field", "length", "-o", plan, "--quiet"],
         "jsonl-one": ["compile", str(paths["one.jsonl"]), "--length-field", "length", "-o", plan, "--quiet"],
         "text-default": ["compile", str(paths["text.parquet"]), "-o", text_plan, "--quiet"],
         "simulate-asp": [

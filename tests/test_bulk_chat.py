@@ -86,3 +86,24 @@ def test_a_chat_parquet_compiles_to_the_plan_its_jsonl_does(tmp_path, monkeypatc
         plans.append(pq.read_table(out).to_pylist())
     assert plans[0] == plans[1]
     assert len(built) == 1 and built[0] is not None  # the Parquet chats took the kernels; JSONL ones the rows
+
+
+def test_compiling_chats_imports_no_pandas(tmp_path):
+    # A Python value handed to a pyarrow kernel makes pyarrow import pandas (~0.3 s of a compile) to ask about it.
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    rows = [{"id": f"p{i}", "prompt": [{"role": "user", "content": f'q "{i}"\n'}], "length": 10 + i} for i in range(50)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "c.parquet")
+    code = (
+        "import sys\n"
+        "from aspc.cli import main\n"
+        f"main(['compile', {str(tmp_path / 'c.parquet')!r}, '--length-field', 'length', '-o', "
+        f"{str(tmp_path / 'p.parquet')!r}, '-q'], standalone_mode=False)\n"
+        "assert 'pandas' not in sys.modules, 'pandas was imported'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "p.parquet").is_file()

@@ -19,12 +19,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from aspc.io.table import string_column
+
 __all__ = ["chat_columns"]
 
 # JSON escapes of the bytes json.dumps escapes with ensure_ascii=False; the backslash first,
 # so the backslashes the others add are not doubled.
 _ESCAPES = [(0x5C, "\\\\"), (0x22, '\\"'), (0x08, "\\b"), (0x09, "\\t"), (0x0A, "\\n"), (0x0C, "\\f"), (0x0D, "\\r")]
 _ESCAPES += [(b, f"\\u{b:04x}") for b in range(0x20) if b not in (0x08, 0x09, 0x0A, 0x0C, 0x0D)]
+
+
+def _scalars(*texts: str) -> list[pa.Scalar]:
+    """Arrow string scalars taken from an array: a Python value handed to pyarrow imports pandas (~0.3 s) to ask
+    whether it is one of its types, and a compile never needs pandas."""
+    col = string_column(list(texts))
+    return [col[i] for i in range(len(texts))]
 
 
 def _bytes_of(arr: pa.Array) -> np.ndarray:
@@ -38,10 +47,13 @@ def _bytes_of(arr: pa.Array) -> np.ndarray:
 
 def _escaped(arr: pa.Array) -> pa.Array:
     """Each string as JSON writes it between its quotes (``ensure_ascii=False``)."""
-    present = np.bincount(_bytes_of(arr), minlength=256) > 0
+    data = _bytes_of(arr)
+    present = np.zeros(256, dtype=bool)
+    present[np.unique(data[data < 0x20])] = True  # control bytes are rare: unique sorts only those
+    present[0x22], present[0x5C] = bool((data == 0x22).any()), bool((data == 0x5C).any())
     for byte, escape in _ESCAPES:
         if present[byte]:
-            arr = pc.replace_substring(arr, chr(byte), escape)
+            arr = pc.replace_substring(arr, chr(byte), escape)  # options, not values: no pandas
     return arr
 
 
@@ -81,14 +93,17 @@ def chat_columns(arr: pa.Array, roles: frozenset[str]) -> tuple[pa.Array, pa.Arr
     role, content = messages.field("role"), messages.field("content")
     if not all(pa.types.is_string(a.type) for a in (role, content)) or role.null_count or content.null_count:
         return None
-    if not pc.all(pc.is_in(role, value_set=pa.array(sorted(roles)))).as_py():
+    # string_column, not pa.array (see _scalars).
+    if not pc.all(pc.is_in(role, value_set=string_column(sorted(roles)))).as_py():
         return None
     if int(pc.sum(pc.binary_length(content)).as_py() or 0) * 6 + 64 * len(messages) >= 2**31:
         return None  # escapes may grow the text up to 6x: past 2 GiB a string array cannot hold it
-    one = pc.binary_join_element_wise('{"role":"', _escaped(role), '","content":"', _escaped(content), '"}', "")
+    one = pc.binary_join_element_wise(*_scalars('{"role":"'), _escaped(role), *_scalars('","content":"'),
+                                      _escaped(content), *_scalars('"}', ""))  # fmt: skip
     offsets = arr.offsets
     offsets = pc.subtract(offsets, offsets[0]) if offsets[0].as_py() else offsets  # a slice's offsets start late
     lists = pa.ListArray if pa.types.is_list(arr.type) else pa.LargeListArray
-    stored = pc.binary_join_element_wise("[", pc.binary_join(lists.from_arrays(offsets, one), ","), "]", "")
-    texts = pc.binary_join(lists.from_arrays(offsets, content), "\n\n")
+    open_, comma, close, nothing, blank_line = _scalars("[", ",", "]", "", "\n\n")
+    stored = pc.binary_join_element_wise(open_, pc.binary_join(lists.from_arrays(offsets, one), comma), close, nothing)
+    texts = pc.binary_join(lists.from_arrays(offsets, content), blank_line)
     return stored, texts

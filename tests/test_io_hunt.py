@@ -121,10 +121,13 @@ def test_parquet_chat_messages_keep_their_other_keys_in_both_readers(tmp_path):
     assert _prompts(src, on_bad_line="skip") == want
 
 
-def test_chat_content_given_as_parts_says_how_to_fix_it(tmp_path):
+def test_chat_content_given_as_parts_is_read_or_says_how_to_fix_it(tmp_path):
+    # Text parts are joined (tests/test_chat_content_parts.py); a part of another kind is refused with the fix.
     src = tmp_path / "p.jsonl"
     src.write_text('{"id":"a","prompt":[{"role":"user","content":[{"type":"text","text":"hi"}]}]}\n')
-    assert "content is a list of parts; join the text parts into one string" in _refused(src)
+    assert _prompts(src) == ['[{"role":"user","content":"hi"}]']
+    src.write_text('{"id":"a","prompt":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}\n')
+    assert "content part 0 is 'image_url'; aspc plans text prompts only, drop non-text parts" in _refused(src)
 
 
 def test_a_csv_field_with_text_after_its_closing_quote_is_refused(tmp_path):

@@ -33,6 +33,8 @@ BYTES_PER_TOKEN = 4.0
 DEFAULT_ID_FIELD = "id"
 # verl datasets carry their row id here when they have no id column.
 VERL_INDEX = ("extra_info", "index")
+# How a message's content parts are accepted (the advice of the messages refusing one).
+_TEXT_PART = 'write text parts as {"type": "text", "text": "..."}'
 
 
 class _RowError(Exception):
@@ -49,9 +51,9 @@ def _canonical_chat(messages: list[Any]) -> tuple[str, str]:
         role, content = m.get("role"), m.get("content")
         if role not in CHAT_ROLES:
             raise _RowError(f"chat message {i} has unknown role {role!r}; use one of {sorted(CHAT_ROLES)}")
-        if isinstance(content, (list, tuple)) and all(isinstance(part, dict) for part in content):
-            # Every consumer of a plan (templates without one, exports, predictors) reads content as text.
-            raise _RowError(f"chat message {i} content is a list of parts; join the text parts into one string")
+        if isinstance(content, (list, tuple)):
+            # Every consumer of a plan (templates, exports, predictors) reads content as text: parts become one.
+            content = _joined_text_parts(content, i)
         if not isinstance(content, str):
             raise _RowError(f"chat message {i} content must be a string")
         norm.append({"role": role, "content": content, **_other_keys(m, i)})
@@ -60,6 +62,31 @@ def _canonical_chat(messages: list[Any]) -> tuple[str, str]:
     stored = json.dumps(norm, ensure_ascii=False, separators=(",", ":"))
     text = "\n\n".join(m["content"] for m in norm)
     return stored, text
+
+
+def _joined_text_parts(parts: list[Any] | tuple[Any, ...], i: int) -> str:
+    """OpenAI-style content parts, all ``{"type": "text", "text": str}``, as one string; any other part is refused.
+
+    A key besides type and text is allowed only when null (a Parquet struct gives every part every field).
+    """
+    texts = []
+    for j, part in enumerate(parts):
+        where = f"chat message {i} content part {j}"
+        if not isinstance(part, dict):
+            raise _RowError(f"{where} is not an object with type and text")
+        kind = part.get("type")
+        if not isinstance(kind, str):
+            raise _RowError(f"{where} has no string 'type'; {_TEXT_PART}")
+        if kind != "text":
+            raise _RowError(f"{where} is {kind[:40]!r}; aspc plans text prompts only, drop non-text parts")
+        if not isinstance(part.get("text"), str):
+            raise _RowError(f"{where} has no string 'text'; {_TEXT_PART}")
+        extra = next((k for k, v in part.items() if k not in ("type", "text") and v is not None), None)
+        if extra is not None:
+            raise _RowError(f"{where} has field {extra!r} besides type and text; drop it")
+        texts.append(part["text"])
+    # As vLLM's OpenAI server hands them to a template that takes string content (a text model's): one line each.
+    return "\n".join(texts)
 
 
 def _other_keys(message: dict, i: int) -> dict[str, Any]:

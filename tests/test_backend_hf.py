@@ -305,6 +305,15 @@ def test_replan_with_hf_keeps_every_replayed_length(tmp_path, model_dir):
         assert s["response_len"] == want[(s["prompt_id"], s["sample_index"])]
     mbs = read_run_log(run_dir).tables["minibatches"]
     assert max(v for v in mbs.column("plan_revision").to_pylist() if v is not None) >= 1
+    # The model's token counts move with their prompts through each revision (not back to the plan's estimate).
+    import pyarrow.parquet as pq
+
+    from aspc.runtime.backends.models import load_tokenizer
+    from aspc.runtime.backends.prompts import plan_prompt_tokens
+    from aspc.runtime.work import work_from_table
+
+    counted = plan_prompt_tokens(work_from_table(pq.read_table(plan)), load_tokenizer(model_dir))
+    assert all(s["prompt_tokens"] == len(counted[s["prompt_id"]]) for s in rows)
 
 
 def test_speed_probe_times_the_reference_minibatch_before_the_first_dispatch_and_after_the_last(tmp_path, model_dir):
@@ -531,3 +540,24 @@ def test_replayed_lengths_reused_cyclically_are_noted_as_the_sim_notes_them(tmp_
     r = CliRunner().invoke(main, args[:-1])  # without --json: the notes
     assert r.exit_code == 0, r.output
     assert "4 prompts have fewer observed lengths than samples; their lengths are reused cyclically" in " ".join(r.output.split())
+
+
+def test_the_run_log_counts_prompt_tokens_with_the_models_tokenizer(tmp_path, model_dir):
+    # The plan's prompt_tokens are compile time's estimate (bytes / 4); the model prefilled its own tokenizer's
+    # count of the rendered prompt, which the run log (and so aspc calibrate) now records.
+    import pyarrow.parquet as pq
+
+    from aspc.runtime.backends.models import load_tokenizer
+    from aspc.runtime.backends.prompts import plan_prompt_tokens
+    from aspc.runtime.work import work_from_table
+
+    data, plan, _ = _contract_files(tmp_path)
+    run_dir = tmp_path / "RUN"
+    r = CliRunner().invoke(main, _contract_args(plan, model_dir, data, run_dir))
+    assert r.exit_code == 0, r.output
+    table = pq.read_table(plan)
+    want = {pid: len(ids) for pid, ids in plan_prompt_tokens(work_from_table(table), load_tokenizer(model_dir)).items()}
+    planned = dict(zip(table.column("prompt_id").to_pylist(), table.column("prompt_tokens").to_pylist(), strict=True))
+    logged = {s["prompt_id"]: s["prompt_tokens"] for s in run_log_samples(run_dir)}
+    assert logged == want
+    assert any(want[p] != planned[p] for p in want)  # the estimate was not the count

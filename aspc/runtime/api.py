@@ -319,6 +319,8 @@ def _run_locked(
         if isinstance(getattr(backend, "run_seed", None), int):  # a model backend: samples seeded per epoch
             backend.run_seed = config.seed  # type: ignore[attr-defined]
         backend.setup(work, config.workers)
+        if getattr(backend, "prompt_token_counts", None):  # a model's tokenizer counted them: the plan estimated
+            work.count_prompt_tokens(backend.prompt_token_counts)  # type: ignore[attr-defined]
         trainer_hook(trainer, "setup", work)
         if start_weights is not None:
             engine.load_start_weights(start_weights, config.workers)

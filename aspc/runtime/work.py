@@ -119,6 +119,17 @@ class WorkPlan:
         """Prompt tokens of every sample (int64, length N)."""
         return self.prompt_tokens[self.sample_row]
 
+    def count_prompt_tokens(self, counts: dict[str, int]) -> None:
+        """Take each row's prompt tokens from ``counts`` (by prompt id; a scout row by its prompt's).
+
+        A model backend counts them with the model's own tokenizer on the prompt as it renders it;
+        the plan's column is compile time's estimate (bytes / 4 without ``--tokenizer``). The run log,
+        the trainer's batches and ``aspc calibrate`` then see the tokens the model prefilled.
+        """
+        self.prompt_tokens = np.fromiter(
+            (counts[S.prompt_of(str(pid))] for pid in self.prompt_ids), dtype=np.int64, count=len(self.prompt_ids)
+        )
+
 
 def work_from_table(table: pa.Table, *, samples_per_prompt: int | None = None) -> WorkPlan:
     """Expand plan rows (PLAN_SCHEMA columns, dispatch order) into a :class:`WorkPlan`.

@@ -85,7 +85,9 @@ class ModelBackend(GenerationBackend):
         # Called with W at the end of setup() (see serve_remotely).
         self.on_setup: Callable[[int], None] | None = None
         # Under Ray, runs check_prompts(worker 0, work, cap) in an actor, after on_setup (see serve_remotely).
-        self.check_remotely: Callable[[WorkPlan, int], None] | None = None
+        self.check_remotely: Callable[[WorkPlan, int], dict[str, int] | None] | None = None
+        # Tokens of each plan prompt (by prompt id) as the model's tokenizer renders it, once setup has checked them.
+        self.prompt_token_counts: dict[str, int] | None = None
         # A Ray engine's actors left running for the next run on this backend, and how to stop them.
         self._remote: tuple[Any, Callable[[], None]] | None = None
         # The cap a later run on the same prompts will use, checked now too: a scout's own is its cut,
@@ -127,14 +129,19 @@ class ModelBackend(GenerationBackend):
             cap = DEFAULT_MAX_NEW_TOKENS if self._replay is None else int(self._replay.max(initial=0)) + 1
         cap = max(int(cap), self.later_cap or 0)
         if self.serve_workers is None and n_workers:
-            self.check_prompts(0, work, int(cap))
+            self.prompt_token_counts = self.check_prompts(0, work, int(cap))
         if self.on_setup is not None:
             self.on_setup(n_workers)
         if self.check_remotely is not None and n_workers:  # under Ray the driver holds no model: an actor checks
-            self.check_remotely(work, int(cap))
+            self.prompt_token_counts = self.check_remotely(work, int(cap))
 
-    def check_prompts(self, worker: int, work: WorkPlan, max_new_tokens: int) -> None:  # noqa: B027 - optional
-        """Refuse, before the run log starts, prompts ``worker``'s model cannot take (a no-op here)."""
+    def check_prompts(self, worker: int, work: WorkPlan, max_new_tokens: int) -> dict[str, int] | None:
+        """Refuse, before the run log starts, prompts ``worker``'s model cannot take; return each prompt's tokens.
+
+        The counts (by prompt id, as the model's tokenizer renders the prompt) replace the plan's
+        compile-time estimate in the run; None (here: no model) keeps the plan's.
+        """
+        return None
 
     def on_revision(self, work: WorkPlan, first: int, new_to_old: np.ndarray) -> None:
         """The undispatched remainder was revised (``aspc run --replan``): replayed lengths follow their samples.
@@ -179,7 +186,9 @@ class ModelBackend(GenerationBackend):
         return self.execute(worker, self.request(work))
 
     def serve_remotely(
-        self, start_workers: Callable[[int], None], check_prompts: Callable[[WorkPlan, int], None] | None = None
+        self,
+        start_workers: Callable[[int], None],
+        check_prompts: Callable[[WorkPlan, int], dict[str, int] | None] | None = None,
     ) -> None:
         """Hold no model in this process; call ``start_workers(W)`` at the end of :meth:`setup` instead.
 

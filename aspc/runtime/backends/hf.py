@@ -245,13 +245,14 @@ class HFBackend(ModelBackend):
         self._state[worker] = _WorkerState(model, tok, device)
         self._version.setdefault(worker, 0)
 
-    def check_prompts(self, worker: int, work: Any, max_new_tokens: int) -> None:
+    def check_prompts(self, worker: int, work: Any, max_new_tokens: int) -> dict[str, int]:
         st = self._worker(worker)
         tokens = plan_prompt_tokens(work, st.tokenizer)
         for pid, row in tokens.items():
             if row and max(row) >= st.n_embeddings:
                 check_prompt_tokens(pid, row, 0, st)  # raises: the tokenizer does not match the model
         check_plan_fits(tokens, max_new_tokens, st.max_positions, "the model's")
+        return {pid: len(ids) for pid, ids in tokens.items()}
 
     def _worker(self, worker: int) -> _WorkerState:
         st = self._state.get(worker)

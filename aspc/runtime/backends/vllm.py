@@ -191,10 +191,11 @@ class VLLMBackend(ModelBackend):
                                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
         self._version.setdefault(worker, 0)
 
-    def check_prompts(self, worker: int, work: Any, max_new_tokens: int) -> None:
+    def check_prompts(self, worker: int, work: Any, max_new_tokens: int) -> dict[str, int]:
         llm = self._engine(worker)
         tokens = plan_prompt_tokens(work, llm.get_tokenizer())
         check_plan_fits(tokens, max_new_tokens, max_model_len(llm), "the engine's max_model_len")
+        return {pid: len(ids) for pid, ids in tokens.items()}
 
     def _engine(self, worker: int) -> Any:
         llm = self._llm.get(worker)

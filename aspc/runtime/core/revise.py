@@ -80,6 +80,8 @@ def revise_work(work: WorkPlan, first: int, tail: pa.Table, observed: np.ndarray
         kept_rows = r0 + np.flatnonzero(drop == 1)
     table = table.set_column(table.schema.get_field_index(S.N_SAMPLES), S.N_SAMPLES, pa.array(counts, pa.int32()))
     new = work_from_table(table)
+    # Counted by the model's tokenizer at setup (WorkPlan.count_prompt_tokens), not the plan's estimate: they move too.
+    new.prompt_tokens = np.concatenate([work.prompt_tokens[:r0], work.prompt_tokens[old_rows]])
     # Sample (row, index) pairs map one to one; the prefix is the identity.
     old_first = work.row_first_samples()
     row_of_new_row = np.concatenate([np.arange(r0, dtype=np.int64), old_rows])

@@ -150,9 +150,9 @@ class WorkerActor:
         """Seconds this worker takes for the backend's reference generation (``--speed-probe``)."""
         return self.backend.speed_probe(self.worker)
 
-    def check_prompts(self, work: Any, max_new_tokens: int) -> None:
-        """Refuse the plan's prompts this worker's model cannot take (the backend's check)."""
-        self.backend.check_prompts(self.worker, work, max_new_tokens)
+    def check_prompts(self, work: Any, max_new_tokens: int) -> dict[str, int] | None:
+        """Refuse the plan's prompts this worker's model cannot take (the backend's check); their token counts."""
+        return self.backend.check_prompts(self.worker, work, max_new_tokens)
 
 
 class RayEngine(ThreadEngine):
@@ -266,11 +266,11 @@ class RayEngine(ThreadEngine):
             raise BackendError(f"a Ray worker could not start: {_cause_line(exc)}") from None
         self.advance_clock(0.0)  # the run's clock starts once every model is loaded
 
-    def check_prompts(self, work: Any, max_new_tokens: int) -> None:
-        """The backend's check of every plan prompt against the model, run in worker 0's actor."""
+    def check_prompts(self, work: Any, max_new_tokens: int) -> dict[str, int] | None:
+        """The backend's check of every plan prompt against the model, run in worker 0's actor; their token counts."""
         try:
             with interrupt_libraries.ours_again():
-                self._ray.get(self._actor(0).check_prompts.remote(work, max_new_tokens))
+                return self._ray.get(self._actor(0).check_prompts.remote(work, max_new_tokens))
         except self._ray.exceptions.RayActorError as exc:
             raise BackendError(f"Ray worker 0 died checking the plan's prompts: {_cause_line(exc)}") from None
         except self._ray.exceptions.RayTaskError as exc:

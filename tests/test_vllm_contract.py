@@ -84,6 +84,21 @@ def check_contract(done: subprocess.CompletedProcess, run_dir: Path, want: dict,
     return summary
 
 
+def check_prompt_tokens(plan: Path, model_dir: Path, run_dir: Path) -> None:
+    """The run log's prompt_tokens are the engine tokenizer's counts of each prompt, not the plan's estimate."""
+    import pyarrow.parquet as pq
+
+    from aspc.runtime.backends.models import load_tokenizer
+    from aspc.runtime.backends.prompts import plan_prompt_tokens
+    from aspc.runtime.work import work_from_table
+
+    table = pq.read_table(plan)
+    want = {p: len(ids) for p, ids in plan_prompt_tokens(work_from_table(table), load_tokenizer(model_dir)).items()}
+    assert {s["prompt_id"]: s["prompt_tokens"] for s in run_log_samples(run_dir)} == want
+    assert want != dict(zip(table.column("prompt_id").to_pylist(), table.column("prompt_tokens").to_pylist(),
+                            strict=True))  # fmt: skip
+
+
 @pytest.mark.skipif(HAVE_VLLM, reason="vLLM is installed: the missing-package message cannot be shown")
 def test_missing_vllm_says_how_to_install(tmp_path):
     model_dir = tiny_model(tmp_path / "models")
@@ -106,6 +121,7 @@ def test_vllm_cli_contract_tiny_model(tmp_path):
     # --speed-probe: the reference minibatch runs through the engine before and after, apart from the run.
     args = [*contract_args(plan, str(model_dir), data, run_dir), "--queue-capacity", "8", "--speed-probe"]
     summary = check_contract(aspc_process(args), run_dir, want)
+    check_prompt_tokens(plan, model_dir, run_dir)
     probes = summary["speed_probe_s"]
     assert len(probes["before"]) == len(probes["after"]) == 1 and min(probes["before"] + probes["after"]) > 0
 
@@ -242,6 +258,7 @@ def test_vllm_on_the_ray_engine_with_two_actors(tmp_path):
     # The sim trainer publishes no tensors, so reloads over Ray only move a version number here;
     # tensors through collective_rpc are covered in process (test_vllm_reload.py).
     summary = check_contract(aspc_process(args), run_dir, want, reloads=False)
+    check_prompt_tokens(plan, model_dir, run_dir)  # counted in an actor, handed to the driver's log
     assert summary["n_workers"] == 2
     rows = run_log_samples(run_dir)
     assert {s["worker"] for s in rows} == {0, 1}

@@ -27,7 +27,7 @@ class _Groups:
         self.values = values
         self.counts = np.zeros((n_groups, values.size), np.int64)
         np.add.at(self.counts, (group_of, cls), 1)
-        self.totals = self.counts @ values
+        self.totals = (self.counts * values).sum(axis=1)  # integers: exact in any order
         # present[g, j] as running counts over classes: "has group g a class in [lo, hi)" is one subtraction.
         self.cum = np.zeros((n_groups, values.size + 1), np.int64)
         np.cumsum(self.counts > 0, axis=1, out=self.cum[:, 1:])
@@ -107,7 +107,7 @@ def level_samples(group_of: np.ndarray, sizes: np.ndarray, n_groups: int) -> np.
         return out
     groups = _Groups(out, cls, values, n_groups)
     # Each swap lowers the sum of squared counts by 2 d (gap - d) >= 2: the loop ends well before this cap.
-    for _ in range(int(groups.totals @ groups.totals) // 2 + 1):
+    for _ in range(int((groups.totals * groups.totals).sum()) // 2 + 1):
         found = groups.partner(int(np.argmax(groups.totals)), heavy=True)
         if found is None:
             found = groups.partner(int(np.argmin(groups.totals)), heavy=False)

@@ -45,6 +45,9 @@ def epoch_compile_config(plan: Any, config: Any, compile_overrides: dict[str, An
         # Epoch 1 runs its rows' samples; later epochs compiled the config's, silently another count.
         raise PlanError(f"the plan's stored samples_per_prompt {spp!r} is not its rows' {pc.min(n).as_py()} "
                         "(edited by hand?); recompile the plan")  # fmt: skip
+    if config.samples_per_prompt and config.samples_per_prompt != cfg.samples_per_prompt:
+        # The run's -n: later plans balance the samples the epochs generate (their rows said the plan's count).
+        cfg = dataclasses.replace(cfg, samples_per_prompt=int(config.samples_per_prompt))
     if config.max_staleness is not None and cfg.order == DEFAULT_ORDER:  # plans made here are for the bound
         cfg = dataclasses.replace(cfg, order=BOUNDED_ORDER)
     return cfg

@@ -65,6 +65,7 @@ from aspc.caps import cap_for_plan, cap_prediction
 from aspc.compiler import CompileConfig, compile_plan
 from aspc.emit import schema as S
 from aspc.emit.plan import Plan, write_plan
+from aspc.epoch_checks import check_epoch_logs, check_lengths_cover, check_stored_plan
 from aspc.epoch_predict import epoch_lengths, epoch_prediction
 from aspc.epoch_staleness import check_epochs_staleness, epoch_compile_config
 from aspc.errors import ConfigError
@@ -260,13 +261,16 @@ def run_epochs(
         ids = [str(p) for p in table.ids]
         scout_lengths = None if actual_lengths is None else spare_length_map(actual_lengths, n, ids)
         scout_replay = None if replay_base is None else spare_length_map(replay_base, n, ids)
+    replay_name = getattr(getattr(backend, "options", None), "replay_source", "") or ""
+    check_lengths_cover(plan, [(actual_lengths, run_kwargs.get("lengths_name", "")), (replay_base, replay_name)], n,
+                        length_drift)  # fmt: skip
     # One epochs run per directory: a second one (two --resume at once, an --overwrite of a live
     # run) stops here, before it writes anything; each epoch's log has its own lock as well.
     root_lock = RunLogLock(root)
     try:
         root_lock.acquire()
         if resume:  # before anything is written: an epoch log no resume reads, or another --length-drift
-            _check_epoch_logs(root, n_epochs, None if actual_lengths is None else length_drift)
+            check_epoch_logs(root, n_epochs, None if actual_lengths is None else length_drift)
         if overwrite and layout is not None:
             # Another kind of run, or more epochs than this one will write: none of it may survive.
             clear_run_dir(root, root_held=True)
@@ -300,7 +304,7 @@ def run_epochs(
                 )
             plan_path = plans_dir / f"epoch-{k}.parquet"
             if resume and plan_path.exists():
-                _check_stored_plan(current, plan_path, k, plan_name, given=k == 1 and tokens is None)
+                check_stored_plan(current, plan_path, k, plan_name, given=k == 1 and tokens is None)
             else:
                 write_plan(current, plan_path)
             plans.append(current)
@@ -401,50 +405,3 @@ def _scout_epoch(
         predictor_identity={"kind": "scout", "scout_tokens": tokens, "base": plan.predictor},
     )
     return result, first, seen
-
-
-def _check_stored_plan(plan: Plan, path: Path, epoch: int, plan_name: str = "", *, given: bool = False) -> None:
-    """Raise :class:`ConfigError` unless ``path`` holds ``plan`` (rows, configuration); ``given``: ``plan`` is PLAN."""
-    from aspc.emit.plan import as_stored, read_plan, rows_hash
-    from aspc.errors import PlanError, finding
-
-    try:
-        stored = read_plan(path)
-    except PlanError as exc:
-        # Not the reader's advice: an epoch's plan is compiled by the run.
-        raise ConfigError(f"cannot resume epoch {epoch}: {finding(exc)}; delete it (the resume compiles it again from the "
-                          "run logs) or pass --overwrite to start the epochs again") from None  # fmt: skip
-    same_rows = stored.stored_rows_hash == rows_hash(plan.table.cast(S.PLAN_SCHEMA))
-    if not (same_rows and stored.config == as_stored(plan.config)):
-        named = f"PLAN {plan_name}" if plan_name else "the given plan"
-        what = (f"epoch 1 ran another plan than {named} (or {path.name} was edited)" if given else
-                f"not the plan epoch {epoch} compiles from {named} and the run logs before it (edited, or another "
-                "PLAN or other options)")  # fmt: skip
-        raise ConfigError(f"{path}: {what}; resume with the PLAN and options the run started with, or pass "
-                          "--overwrite to start the epochs again")  # fmt: skip
-
-
-def _check_epoch_logs(root: Path, n_epochs: int, drift: float | None) -> None:
-    """Refuse a resume an epoch's log cannot take: no ``meta.json``, or another ``drift`` (None: not compared).
-
-    Logs from before the record of ``--length-drift`` carry none and are not compared.
-    """
-    from aspc.errors import AspcError
-    from aspc.runtime.record.runlog import is_run_log, never_started, read_meta
-
-    for name in ["scout", *(f"epoch-{k}" for k in range(1, n_epochs + 1))]:
-        d = root / name
-        if d.is_dir() and not is_run_log(d) and not never_started(d):
-            fix = ("pass --overwrite to start the run again" if name == "scout" else
-                   f"delete {d} to run epoch {name[6:]} again, or pass --overwrite to start the epochs again")  # fmt: skip
-            raise ConfigError(f"--log {root}: {d} holds files but no meta.json, so its log cannot be resumed; {fix}")
-        try:
-            run_info = read_meta(d).get("run") if drift is not None and is_run_log(d) else None
-        except AspcError:  # damaged: that log's own resume says so
-            continue
-        source = run_info.get("lengths_file") if isinstance(run_info, dict) else None
-        old = source.get("length_drift") if isinstance(source, dict) else None
-        if isinstance(old, (int, float)) and float(old) != drift:
-            raise ConfigError(f"--resume {root}: its epochs replay lengths with --length-drift {float(old)!r}, this run "
-                              f"with {float(drift)!r}; resume with --length-drift {float(old)!r}, or start a new run "
-                              "with --overwrite")  # fmt: skip

@@ -117,10 +117,8 @@ def _check_log_layout(
                 raise ConfigError(f"--log {p}: not an aspc run log, nothing to resume; pick the run's directory")
             if overwrite:
                 raise ConfigError(f"--log {p}: not an aspc run log, refusing to overwrite it; pick a new path")
-            raise ConfigError(
-                f"--log {p}: directory exists and is not empty; pick a new path, pass --overwrite, "
-                "or --resume to continue it"
-            )
+            # Not "--overwrite or --resume": both refuse a folder that is not a run log.
+            raise ConfigError(f"--log {p}: directory exists and is not empty, and holds no aspc run log; pick a new path")
         return None
     want = SCOUT if scout else (ROLL if scout_roll else (EPOCHS if epochs else SINGLE))
     logged = logged_epochs(p) if layout != SINGLE else 0

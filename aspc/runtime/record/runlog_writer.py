@@ -85,6 +85,8 @@ class RunLogWriter:
                 raise ConfigError(f"--log {p}: not an aspc run log, nothing to resume; pick the run's directory")
             return
         if p.is_dir() and self._entries():
+            if not self.overwrite and not is_run_log(p):  # --overwrite and --resume both refuse it: not offered
+                raise ConfigError(f"--log {p}: directory exists and is not empty, and holds no aspc run log; pick a new path")
             if not self.overwrite:
                 raise ConfigError(
                     f"--log {p}: directory exists and is not empty; pick a new path, pass --overwrite, "

@@ -1,0 +1,75 @@
+"""Checks an epochs run (:mod:`aspc.epochs`) makes before it writes: stored plans, epoch logs, lengths files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from aspc.emit import schema as S
+from aspc.emit.plan import Plan
+from aspc.epoch_predict import epoch_lengths
+from aspc.errors import ConfigError
+
+
+def check_lengths_cover(plan: Plan, sources: list[tuple[dict[str, np.ndarray] | None, str]], n: int, drift: float) -> None:
+    """Raise as epoch 1's run would (a prompt without a length, a bad one) for each (lengths, name) given.
+
+    Epoch 1 joins its lengths only once it starts, after its plan is written: a wrong
+    lengths file left ``plans/epoch-1.parquet`` behind, and the corrected command was then refused.
+    """
+    from aspc.runtime.lengths import join_actual_lengths
+    from aspc.runtime.work import work_from_table
+
+    work = None
+    for lengths, name in sources:
+        if lengths is not None:
+            work = work or work_from_table(plan.table)
+            join_actual_lengths(work, epoch_lengths(lengths, 1, n, drift), source_name=name)
+
+
+def check_stored_plan(plan: Plan, path: Path, epoch: int, plan_name: str = "", *, given: bool = False) -> None:
+    """Raise :class:`ConfigError` unless ``path`` holds ``plan`` (rows, configuration); ``given``: ``plan`` is PLAN."""
+    from aspc.emit.plan import as_stored, read_plan, rows_hash
+    from aspc.errors import PlanError, finding
+
+    try:
+        stored = read_plan(path)
+    except PlanError as exc:
+        # Not the reader's advice: an epoch's plan is compiled by the run.
+        raise ConfigError(f"cannot resume epoch {epoch}: {finding(exc)}; delete it (the resume compiles it again from the "
+                          "run logs) or pass --overwrite to start the epochs again") from None  # fmt: skip
+    same_rows = stored.stored_rows_hash == rows_hash(plan.table.cast(S.PLAN_SCHEMA))
+    if not (same_rows and stored.config == as_stored(plan.config)):
+        named = f"PLAN {plan_name}" if plan_name else "the given plan"
+        what = (f"epoch 1 ran another plan than {named} (or {path.name} was edited)" if given else
+                f"not the plan epoch {epoch} compiles from {named} and the run logs before it (edited, or another "
+                "PLAN or other options)")  # fmt: skip
+        raise ConfigError(f"{path}: {what}; resume with the PLAN and options the run started with, or pass "
+                          "--overwrite to start the epochs again")  # fmt: skip
+
+
+def check_epoch_logs(root: Path, n_epochs: int, drift: float | None) -> None:
+    """Refuse a resume an epoch's log cannot take: no ``meta.json``, or another ``drift`` (None: not compared).
+
+    Logs from before the record of ``--length-drift`` carry none and are not compared.
+    """
+    from aspc.errors import AspcError
+    from aspc.runtime.record.runlog import is_run_log, never_started, read_meta
+
+    for name in ["scout", *(f"epoch-{k}" for k in range(1, n_epochs + 1))]:
+        d = root / name
+        if d.is_dir() and not is_run_log(d) and not never_started(d):
+            fix = ("pass --overwrite to start the run again" if name == "scout" else
+                   f"delete {d} to run epoch {name[6:]} again, or pass --overwrite to start the epochs again")  # fmt: skip
+            raise ConfigError(f"--log {root}: {d} holds files but no meta.json, so its log cannot be resumed; {fix}")
+        try:
+            run_info = read_meta(d).get("run") if drift is not None and is_run_log(d) else None
+        except AspcError:  # damaged: that log's own resume says so
+            continue
+        source = run_info.get("lengths_file") if isinstance(run_info, dict) else None
+        old = source.get("length_drift") if isinstance(source, dict) else None
+        if isinstance(old, (int, float)) and float(old) != drift:
+            raise ConfigError(f"--resume {root}: its epochs replay lengths with --length-drift {float(old)!r}, this run "
+                              f"with {float(drift)!r}; resume with --length-drift {float(old)!r}, or start a new run "
+                              "with --overwrite")  # fmt: skip

@@ -1,0 +1,65 @@
+"""Epoch runs found wanting by a hunt: partial output on bad lengths, advice that was then refused, the run's -n."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import invoke_cli, one_line_error
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def data(tmp_path):
+    lines = (ROOT / "examples" / "prompts.jsonl").read_text().splitlines()[:120]
+    full = tmp_path / "p.jsonl"
+    full.write_text("\n".join(lines) + "\n")
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text("\n".join(lines[:100]) + "\n")
+    return full, missing
+
+
+def _plan(tmp_path, src, n="4"):
+    plan = tmp_path / f"plan{n}.parquet"
+    r = invoke_cli("compile", src, "-n", n, "-o", plan, "-q")
+    assert r.exit_code == 0, r.output
+    return plan
+
+
+def test_an_epochs_run_on_a_lengths_file_missing_prompts_writes_nothing_and_the_fixed_command_runs(tmp_path, data):
+    # It left plans/epoch-1.parquet, and the corrected command was refused ("already holds epoch plans").
+    full, missing = data
+    plan, log = _plan(tmp_path, full), tmp_path / "R"
+    args = ["run", plan, "--epochs", "2", "--log", log, "--length-field", "lengths", "-q"]
+    r = invoke_cli(*args, "--actual-lengths", missing)
+    assert r.exit_code == 2
+    assert "20 of 120 plan prompts have no length in missing.jsonl" in one_line_error(r)
+    assert not log.exists()
+    r = invoke_cli(*args, "--actual-lengths", full)
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("extra", [[], ["--epochs", "2"]])
+def test_a_folder_holding_no_run_log_is_not_offered_overwrite_or_resume(tmp_path, data, extra):
+    # Both refuse such a folder ("not an aspc run log"): the first message offered them anyway.
+    plan, log = _plan(tmp_path, data[0]), tmp_path / "foo"
+    log.mkdir()
+    (log / "x").write_text("mine")
+    r = invoke_cli("run", plan, "--log", log, "-q", *extra)
+    assert r.exit_code != 0
+    msg = one_line_error(r)
+    assert "holds no aspc run log; pick a new path" in msg and "--overwrite" not in msg and "--resume" not in msg
+    assert (log / "x").read_text() == "mine"
+
+
+def test_later_epochs_plan_the_samples_per_prompt_the_run_generates(tmp_path, data):
+    # A plan of 8 samples a prompt run with -n 2: epoch 2 was compiled (and balanced) for 8.
+    full, _ = data
+    plan, log = _plan(tmp_path, full, n="8"), tmp_path / "R"
+    r = invoke_cli("run", plan, "-n", "2", "--epochs", "2", "--log", log, "--actual-lengths", full,
+                   "--length-field", "lengths", "-q")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert set(pq.read_table(log / "plans" / "epoch-2.parquet").column("n_samples").to_pylist()) == {2}

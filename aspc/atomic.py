@@ -273,8 +273,9 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
         check_replaceable(target, "file")
-        os.replace(tmp_path, target)
-        note_written(target)
+        with deferred():  # a signal between the rename and its record said "nothing was written" of a replaced file
+            os.replace(tmp_path, target)
+            note_written(target)
         _fsync_dir(target.parent)
     except BaseException as exc:
         if tmp_path is not None:

@@ -340,3 +340,17 @@ def check_replaceable(target: Path, kind: str = "file") -> None:
     if not ok:
         want = "regular file" if kind == "file" else "directory"
         raise OutputError(f"{target} exists and is not a {want}; aspc will not replace it: choose another path")
+
+
+# Names of data formats: an output written under one replaced a dataset (other.jsonl) or passed for one.
+DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".gz", ".bz2", ".xz", ".zst", ".zip",
+                 ".arrow", ".feather", ".html", ".md", ".yaml", ".yml", ".parquet", ".pq", ".parq")  # fmt: skip
+
+
+def check_output_suffix(given: str | os.PathLike, what: str, fmt: str, suffix: str) -> None:
+    """Refuse ``-o given`` named as data of another format than ``fmt`` (``what`` is written as ``suffix``)."""
+    own = (".parquet", ".pq", ".parq") if suffix == ".parquet" else (suffix,)
+    got = Path(os.fspath(given)).suffix
+    if got.lower() in DATA_SUFFIXES and got.lower() not in own:
+        raise ConfigError(f"-o {os.fspath(given)}: {what} is {fmt}, not {got} data; name it {suffix}, "
+                          f"e.g. -o {Path(os.fspath(given)).with_suffix(suffix)}")  # fmt: skip

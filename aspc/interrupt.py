@@ -13,12 +13,14 @@ The library never installs handlers itself; the CLI does, around a command.
 
 from __future__ import annotations
 
+import _weakrefset
 import contextlib
 import os
 import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -101,7 +103,10 @@ _UNSAFE_DIRS = (f"{os.sep}numba{os.sep}", f"{os.sep}llvmlite{os.sep}")
 # The import system: its module-lock weakref callback drops the exception and leaves the lock
 # held, so a thread importing the same module (the plan preload's) waits for ever, and so does
 # the main thread joining it. Seen as a traceback, then a hang, on a signal during `aspc run`'s start.
-_UNSAFE_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+# A weakref callback (WeakKeyDictionary's ``remove``, WeakSet's ``_remove``): Python prints the
+# exception as "Exception ignored in" and drops it, and the command went on to exit 0.
+_UNSAFE_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>",
+                 weakref.__file__, _weakrefset.__file__)  # fmt: skip
 
 
 def _in_finalizer(frame: FrameType | None) -> bool:
@@ -260,6 +265,22 @@ def deferred() -> Iterator[None]:
                 raise Interrupted(signum)
             # Deliver it where the handler can raise: the main thread.
             _resend(signum)
+
+
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """Hold SIGTERM/SIGINT through the block and drop one that came: for the last line a command writes
+    before it exits with that line's code (:func:`aspc.cli.error_line.error_line`)."""
+    global _depth, _pending
+    with _lock:
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                _pending = None
 
 
 def signal_taken() -> int | None:

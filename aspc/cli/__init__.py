@@ -13,6 +13,7 @@ import sys
 import click
 
 from aspc import __version__
+from aspc.cli.error_line import LineError, error_line
 from aspc.errors import Interrupted
 
 # command name -> (module under aspc.cli, attribute)
@@ -33,7 +34,7 @@ _COMMANDS = {
 _LEAN_EXIT = frozenset({"compile", "simulate", "check", "inspect"})
 
 
-class _UsageLine(click.ClickException):
+class _UsageLine(LineError):
     """A click usage error shown as one line (click's own form is four: usage, hint, blank, error)."""
 
     exit_code = 2
@@ -42,8 +43,8 @@ class _UsageLine(click.ClickException):
         super().__init__(" ".join(exc.format_message().split()))
         self.command_path = exc.ctx.command_path if exc.ctx is not None else "aspc"
 
-    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
-        click.echo(f"Error: {self.message} (see '{self.command_path} --help')", file=file, err=True)
+    def show(self, file=None) -> None:  # noqa: ANN001, ARG002 - click's signature; always stderr
+        error_line(f"Error: {self.message} (see '{self.command_path} --help')")
 
 
 def _from_click_echo(exc: OSError) -> bool:
@@ -62,12 +63,12 @@ def _output_line(exc: OSError) -> click.ClickException:
     err = stdout_failure(exc, "the help or version text")
     if err.pipe_closed:
         sys.exit(128 + 13)
-    line = click.ClickException(str(err))
+    line = LineError(str(err))
     line.exit_code = err.exit_code
     return line
 
 
-class _InterruptLine(click.ClickException):
+class _InterruptLine(LineError):
     """SIGTERM/SIGINT outside a command's own handling: one line, exit 128 + signal."""
 
     def __init__(self, exc: Interrupted) -> None:
@@ -112,7 +113,7 @@ class _LazyGroup(click.Group):
                             # is skipped: with Ray's core worker stopped mid-start it crashed (exit -11).
                             interrupt.end_process(code)
         except Interrupted as exc:
-            click.echo(f"Error: interrupted by {interrupt.signal_name(exc.signum)}; {interrupt.outcome()}", err=True)
+            error_line(f"Error: interrupted by {interrupt.signal_name(exc.signum)}; {interrupt.outcome()}")
             if process:
                 interrupt.end_process(exc.exit_code)  # as in the finally above
             sys.exit(exc.exit_code)

@@ -31,11 +31,12 @@ def calibrate_cmd(run_dir: Path, output: str | Path | None, as_json: bool, quiet
     aspc calibrate RUN -o cost.json
     aspc run plan.parquet --cost-model cost.json
     """
-    from aspc.guards import check_output
+    from aspc.guards import check_output, check_output_suffix
     from aspc.runtime.backends.sim_cost import save_sim_cost_model
     from aspc.runtime.calibrate import calibrate
 
     if output is not None:
+        check_output_suffix(output, "a cost model", "JSON", ".json")  # it wrote JSON into y.parquet
         output = check_output(output, inputs=[run_dir])
 
     cal = calibrate(run_dir)

@@ -18,6 +18,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from aspc.cli.error_line import LineError
 from aspc.errors import AspcError, Interrupted, OutputError
 
 
@@ -88,7 +89,7 @@ err_console = Console(stderr=True, highlight=False)
 out_console = Console(file=stdout, highlight=False, width=None if stdout.isatty() else 160)  # type: ignore[arg-type]
 
 
-class CliError(click.ClickException):
+class CliError(LineError):
     """A ClickException that carries the library error's exit code."""
 
     def __init__(self, message: str, exit_code: int = 2) -> None:

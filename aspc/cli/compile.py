@@ -27,11 +27,6 @@ from aspc.cli.options import (
 )
 from aspc.cli.paths import PathArg
 from aspc.cli.render import metrics_table
-from aspc.errors import ConfigError
-
-# Names of other data formats: a plan written under one replaced a dataset (other.jsonl) or passed for one.
-_DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".tsv", ".txt", ".gz", ".bz2", ".xz", ".zst", ".zip",
-                  ".arrow", ".feather", ".html", ".md", ".yaml", ".yml")
 
 
 @click.command("compile")
@@ -57,7 +52,7 @@ def compile_cmd(
     """Compile a prompt dataset (JSONL, JSON, CSV, Parquet) into a dispatch plan."""
     from aspc.compiler import compile_file
     from aspc.emit import write_plan
-    from aspc.guards import check_compile_config, check_output
+    from aspc.guards import check_compile_config, check_output, check_output_suffix
     from aspc.memory import small_pages_only
     from aspc.predict import default_predictor_path, predictor_path
 
@@ -74,11 +69,9 @@ def compile_cmd(
     named = Path(output).name  # as the user wrote it: check_output resolves symlinks
     given = str(output)
     output = check_output(output, inputs=[input_path, *config.history, predictor_dir])
-    suffix = Path(named).suffix  # after check_output: "is also an input" is the graver thing to say
-    if suffix.lower() in _DATA_SUFFIXES:
-        # Written over a dataset of that name, the user's data was replaced by the plan (export refuses so too).
-        raise ConfigError(f"-o {given}: a plan is Parquet, not {suffix} data; name it .parquet, "
-                          f"e.g. -o {Path(given).with_suffix('.parquet')}")  # fmt: skip
+    # After check_output: "is also an input" is the graver thing to say. Written over a dataset of that
+    # name, the user's data was replaced by the plan (export refuses so too).
+    check_output_suffix(given, "a plan", "Parquet", ".parquet")
     with RichProgress(quiet) as progress:
         plan = compile_file(input_path, inputs, config, progress)
         progress.stage("write")

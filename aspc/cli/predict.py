@@ -336,14 +336,16 @@ def apply_cmd(
     quiet: bool,
 ) -> None:
     """Predict response lengths of DATA's prompts with PREDICTOR (a directory or 'default')."""
-    from aspc.guards import check_output
+    from aspc.guards import check_output, check_output_suffix
     from aspc.io import read_prompts
     from aspc.memory import small_pages_only
     from aspc.predict import HistoryPredictor, load_predictor, predictor_path
 
     small_pages_only()  # a million prompts' texts and features (a MiniLM, if any, is small)
     check_history_field(history or ())
+    given = output
     output = check_output(output, inputs=[data, *history, predictor_path(predictor)])
+    check_output_suffix(given, "the predictions table", "Parquet", ".parquet")  # it wrote Parquet into x.jsonl
     check_device(device, predictor)
     pred = load_predictor(predictor, target=target, device=device)
     table = read_prompts(data, prompt_field=prompt_field, id_field=id_field, on_bad_line=on_bad_line)

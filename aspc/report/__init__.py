@@ -58,6 +58,14 @@ def _check_out_dir(out_dir: Path) -> None:
                           "the report would delete; move it out, or pick a new directory")  # fmt: skip
 
 
+def _shown(name: str) -> str:
+    """``name`` as the page and the figures print it: bytes that are not UTF-8 (legal in a Linux name) as U+FFFD.
+
+    Python holds them as lone surrogates, which the UTF-8 page and matplotlib's labels refused (a traceback).
+    """
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def write_report(
     plan_path: str | os.PathLike,
     run_dirs: list[str | os.PathLike] | tuple[str | os.PathLike, ...] = (),
@@ -120,12 +128,12 @@ def write_report(
     plan = read_plan(plan_path)
     # The page shows the stored metrics beside figures drawn from the rows: as inspect does, they must agree.
     verify_integrity(plan, plan_path.name)
-    pv = plan_view(plan, plan_path.name)
+    pv = plan_view(plan, _shown(plan_path.name))
     progress.advance()
     runs = []
     for path, label in zip(run_paths, run_labels(run_paths), strict=True):
         # A failed or interrupted run is still worth looking at; its status is shown.
-        runs.append(run_view(pv, read_run_log(path, allow_incomplete=True), label))
+        runs.append(run_view(pv, read_run_log(path, allow_incomplete=True), _shown(label)))
         progress.advance()
     progress.done()
 

@@ -247,8 +247,12 @@ class _Wakeup:
 
 
 @contextlib.contextmanager
-def deferred() -> Iterator[None]:
-    """Hold SIGTERM/SIGINT until the block ends (a commit must finish whole)."""
+def deferred(drop: bool = False) -> Iterator[None]:
+    """Hold SIGTERM/SIGINT until the block ends (a commit must finish whole).
+
+    ``drop``: a signal that came is dropped, not raised: for the last line a command writes
+    before it exits with that line's code (:func:`aspc.cli.error_line.error_line`).
+    """
     global _depth, _pending
     with _lock:
         _depth += 1
@@ -260,27 +264,11 @@ def deferred() -> Iterator[None]:
             signum = _pending if _depth == 0 else None
             if signum is not None:
                 _pending = None
-        if signum is not None:
+        if signum is not None and not drop:
             if threading.current_thread() is threading.main_thread():
                 raise Interrupted(signum)
             # Deliver it where the handler can raise: the main thread.
             _resend(signum)
-
-
-@contextlib.contextmanager
-def held() -> Iterator[None]:
-    """Hold SIGTERM/SIGINT through the block and drop one that came: for the last line a command writes
-    before it exits with that line's code (:func:`aspc.cli.error_line.error_line`)."""
-    global _depth, _pending
-    with _lock:
-        _depth += 1
-    try:
-        yield
-    finally:
-        with _lock:
-            _depth -= 1
-            if _depth == 0:
-                _pending = None
 
 
 def signal_taken() -> int | None:

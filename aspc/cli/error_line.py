@@ -23,7 +23,7 @@ def error_line(text: str) -> None:
     stream = sys.stderr
     if stream is None:
         return
-    with interrupt.held(), contextlib.suppress(OSError, ValueError):  # ValueError: a closed file object
+    with interrupt.deferred(drop=True), contextlib.suppress(OSError, ValueError):  # ValueError: a closed file object
         stream.write(text + "\n")
         stream.flush()
 

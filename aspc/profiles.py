@@ -194,8 +194,8 @@ def compile_notes(metrics: dict[str, Any], config: Any, predictor: dict[str, Any
         )
     spread = metrics.get("group_samples_range")
     if spread and spread[0] != spread[1] and config.target != "verl":
-        out.append(f"--equal-samples: groups hold {spread[0]}-{spread[1]} samples, as equal as the minibatches' "
-                   "sizes allow; --for verl makes every group exactly --batch-size x --group-size prompts")  # fmt: skip
+        out.append(f"--equal-samples: groups hold {spread[0]}-{spread[1]} samples, as equal as swapping their "
+                   "minibatches made them; --for verl makes every group exactly --batch-size x --group-size prompts")  # fmt: skip
     if config.target == "verl" and config.max_response_length is None:
         out.append("responses uncapped: verl stops them at data.max_response_length; pass --max-response-length")
     if "history" in predictor and predictor.get("history_prompts_matched") == 0:

@@ -36,7 +36,9 @@ def _ours(s: int) -> bool:
     """Whether aspc takes signal ``s``: every one of :data:`SIGNALS`, but an ignored SIGHUP (nohup)."""
     return not (s == getattr(signal, "SIGHUP", None) and signal.getsignal(s) is signal.SIG_IGN)
 
-_lock = threading.Lock()
+# Re-entrant: the handler takes it, and runs in the main thread between any two bytecodes, also
+# while the main thread holds it (in deferred()); a plain Lock would deadlock there.
+_lock = threading.RLock()
 _depth = 0  # open deferred() blocks, any thread
 _pending: int | None = None  # a signal that arrived inside one
 _written: list[str] = []  # outputs put in place, whole, since handlers() was entered

@@ -133,3 +133,26 @@ def test_a_report_of_a_plan_or_run_named_with_bytes_that_are_not_utf8(tmp_path):
     assert r.exit_code == 0, r.output
     page = (tmp_path / "rep" / "index.html").read_text(encoding="utf-8")
     assert "p\ufffd.parquet" in page and "R\ufffd" in page
+
+
+def test_a_signal_while_the_main_thread_holds_the_policy_lock_does_not_deadlock():
+    # The handler takes the lock deferred() holds; run between two bytecodes inside it, a plain Lock hung for ever.
+    code = (
+        "import os, signal\n"
+        "from aspc import interrupt\n"
+        "from aspc.errors import Interrupted\n"
+        "with interrupt.handlers():\n"
+        "    try:\n"
+        "        with interrupt._lock:\n"
+        "            os.kill(os.getpid(), signal.SIGTERM)\n"
+        "            for _ in range(100000):\n"
+        "                pass\n"
+        "    except Interrupted:\n"
+        "        print('interrupted')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the signal handler deadlocked on the policy lock")
+    assert done.stdout.strip() == "interrupted", done.stderr[-2000:]

@@ -28,7 +28,8 @@ def epoch_lengths(actual: dict[str, np.ndarray], epoch: int, n: int, drift: floa
     for pid, v in actual.items():
         v = np.asarray(v, dtype=np.float64)
         shift = ((epoch - 1) * n) % v.size if v.size else 0
-        out[pid] = np.maximum(1.0, np.round(np.roll(v, -shift) * scale))
+        # No floor: a response that ends at once (0 tokens) replays as 0, as in a run without --epochs.
+        out[pid] = np.rint(np.roll(v, -shift) * scale)
     return out
 
 

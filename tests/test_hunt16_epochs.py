@@ -63,3 +63,29 @@ def test_later_epochs_plan_the_samples_per_prompt_the_run_generates(tmp_path, da
                    "--length-field", "lengths", "-q")  # fmt: skip
     assert r.exit_code == 0, r.output
     assert set(pq.read_table(log / "plans" / "epoch-2.parquet").column("n_samples").to_pylist()) == {2}
+
+
+def test_epoch_one_replays_zero_lengths_as_a_run_without_epochs_does(tmp_path, data):
+    # Epochs floored every replayed length at 1 token: a response that ended at once came back 1 long.
+    import json
+
+    import pyarrow.dataset as ds
+
+    rows = [json.loads(x) for x in data[0].read_text().splitlines()]
+    for i, r in enumerate(rows):
+        if i % 3 == 0:
+            r["lengths"][0] = 0
+    src = tmp_path / "zeros.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plan = _plan(tmp_path, src, n="2")
+    common = ["--actual-lengths", src, "--length-field", "lengths", "-q"]
+    assert invoke_cli("run", plan, "--log", tmp_path / "one", *common).exit_code == 0
+    assert invoke_cli("run", plan, "--epochs", "2", "--log", tmp_path / "two", *common).exit_code == 0
+
+    def lengths(d):
+        t = ds.dataset(d / "samples").to_table().sort_by([("prompt_id", "ascending"), ("sample_index", "ascending")])
+        return t.column("response_len").to_pylist()
+
+    plain = lengths(tmp_path / "one")
+    assert plain.count(0) == 40
+    assert lengths(tmp_path / "two" / "epoch-1") == plain

@@ -1,0 +1,35 @@
+"""The ``aspc`` console script: the signal policy from the first moment the process runs aspc code.
+
+The command line (:mod:`aspc.cli`) takes 30-60 ms to import (click, rich's
+pieces, the error types) before its own handlers are in place; a Ctrl-C or a
+SIGTERM in that window printed a KeyboardInterrupt traceback or killed the
+process without a word. This module imports nothing heavy, so its handler is in
+place within a few milliseconds of the interpreter's start. Nothing has been
+written by then, so the handler can exit at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+def _before_the_command(signum: int, _frame: object) -> None:
+    name = signal.Signals(signum).name
+    try:
+        os.write(2, f"Error: interrupted by {name}; nothing was written\n".encode())
+    except OSError:
+        pass  # stderr closed or full: the exit code still says it
+    os._exit(128 + signum)
+
+
+def main() -> None:
+    """Install the early handler, then hand over to the command line (whose own policy replaces it)."""
+    for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGHUP", None)):
+        # An ignored SIGHUP (nohup) stays ignored, as aspc.interrupt keeps it.
+        if s is not None and not (s == getattr(signal, "SIGHUP", None) and signal.getsignal(s) is signal.SIG_IGN):
+            signal.signal(s, _before_the_command)
+    from aspc.cli import main as command_line
+
+    sys.exit(command_line())

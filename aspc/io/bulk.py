@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from aspc.arrow_files import arrow_file
 from aspc.io import gather
 from aspc.io.bulk_chat import chat_columns
+from aspc.io.json_keys import only_keys_in
 from aspc.io.ragged import RaggedLengths
 from aspc.io.rows import (
     CHAT_ROLES,
@@ -49,6 +50,11 @@ _JSON_BLOCK = 8 << 20
 _PARQUET_BUFFER = 1 << 20
 # Types inferred from the start of a JSONL file, enough lines to see each field.
 _JSON_PREFIX = 1 << 20
+
+
+# A JSON-lines chat, when every message holds exactly these keys (see _kind).
+_CHAT_KEYS = {"role": None, "content": None}.keys()
+_CHAT = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 
 
 class _Bail(Exception):
@@ -286,8 +292,10 @@ def _kind(v: object, role: str) -> pa.DataType | None:
     if isinstance(v, bool):
         return None
     if role == "prompt":
-        # Not chats: a struct type for their messages makes pyarrow drop every key it does not name
-        # (name, tool_calls), which the stored chat keeps; the row reader reads them.
+        # Chats as role and content only: pyarrow drops every key a struct type does not name (name,
+        # tool_calls), which the stored chat keeps, so _parse_jsonl first scans the file for such keys.
+        if isinstance(v, list) and v and all(isinstance(m, dict) and m.keys() == _CHAT_KEYS for m in v):
+            return _CHAT
         return pa.string() if isinstance(v, str) else None
     if role == "id":
         if isinstance(v, str):
@@ -387,6 +395,9 @@ def _parse_jsonl(
     schema = _json_schema(data, prompt_field, id_field, length_field)
     if schema is None:
         return None
+    chats = [f.name for f in schema if f.type == _CHAT]
+    if chats and not only_keys_in(data, chats, list(_CHAT_KEYS)):
+        return None  # a message holds another key, which pyarrow would drop: the row reader keeps it
     try:
         tab = pj.read_json(
             pa.BufferReader(buf),

@@ -86,6 +86,7 @@ def make_inputs(n: int, folder: Path, seed: int = 0) -> dict[str, Path]:
         "text.parquet": folder / f"text-{n}.parquet",
         "short.parquet": folder / f"short-{n}.parquet",
         "chat.parquet": folder / f"chat-{n}.parquet",
+        "chat.jsonl": folder / f"chat-{n}.jsonl",
     }
     if all(p.exists() for p in paths.values()):
         return paths
@@ -106,16 +107,18 @@ def make_inputs(n: int, folder: Path, seed: int = 0) -> dict[str, Path]:
     turns = pa.concat_arrays([system, users]).take(pa.array(np.arange(2 * n).reshape(2, n).T.ravel()))
     chats = pa.ListArray.from_arrays(pa.array(np.arange(0, 2 * n + 1, 2, dtype=np.int32)), turns)
     _write(pa.table({"id": ids, "prompt": chats, "length": one}), paths["chat.parquet"])
-    if paths["one.jsonl"].exists():
-        return paths
-    with open(paths["one.jsonl"], "w", encoding="utf-8") as fh:
-        for i in range(0, n, 100_000):
-            fh.write(
-                "".join(
-                    json.dumps({"id": a, "prompt": p, "length": int(x)}) + "\n"
-                    for a, p, x in zip(ids[i : i + 100_000], prompts[i : i + 100_000], one[i : i + 100_000].tolist(), strict=True)
-                )
-            )
+    system_turn = {"role": "system", "content": "Think step by step."}
+    for name, record in (
+        ("one.jsonl", lambda a, p, x: {"id": a, "prompt": p, "length": x}),
+        # The same chats as chat.parquet, as OpenAI-style JSON lines.
+        ("chat.jsonl", lambda a, p, x: {"id": a, "prompt": [system_turn, {"role": "user", "content": p}], "length": x}),
+    ):
+        if paths[name].exists():
+            continue
+        with open(paths[name], "w", encoding="utf-8") as fh:
+            for i in range(0, n, 100_000):
+                rows = zip(ids[i : i + 100_000], prompts[i : i + 100_000], one[i : i + 100_000].tolist(), strict=True)
+                fh.write("".join(json.dumps(record(a, p, x)) + "\n" for a, p, x in rows))
     return paths
 
 
@@ -128,6 +131,7 @@ def cases(paths: dict[str, Path], out: Path) -> dict[str, list[str]]:
         "parquet-lists8": ["compile", str(paths["lists.parquet"]), "--length-field", "lengths", "-o", plan, "--quiet"],
         "parquet-chat": ["compile", str(paths["chat.parquet"]), "--length-field", "length", "-o", plan, "--quiet"],
         "jsonl-one": ["compile", str(paths["one.jsonl"]), "--length-field", "length", "-o", plan, "--quiet"],
+        "jsonl-chat": ["compile", str(paths["chat.jsonl"]), "--length-field", "length", "-o", plan, "--quiet"],
         "text-default": ["compile", str(paths["text.parquet"]), "-o", text_plan, "--quiet"],
         "simulate-asp": [
             "simulate", str(paths["text.parquet"]), "--length-field", "length", "--strategies", "asp", "--quiet",

@@ -287,6 +287,18 @@ def durable_version(trainer_durable: Callable[[int], Any], version: int) -> int:
     return int(floor)
 
 
+def restore_version(trainer: Trainer, version: int) -> Any:
+    """``trainer.restore(version)``, a failure as a one-line :class:`RunError` (it was a traceback on ``--resume``)."""
+    try:
+        return trainer.restore(int(version))
+    except AspcError:
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        if not raised_by_code(exc):
+            raise
+        raise RunError(f"the trainer's restore({version}) failed: {_said(exc)}; fix it and rerun with --resume") from exc
+
+
 @dataclass
 class BackendContext:
     """Everything a backend factory may need; backends ignore what they do not use."""

@@ -79,7 +79,8 @@ class BatchBuilder:
             evs, self._arrivals = self._arrivals, []
             ids = np.concatenate([ev.samples for ev in evs])
             self._response_len[ids] = np.concatenate([ev.response_len for ev in evs])
-        ids = action.samples
+        # A copy: the trainer owns its batch (an in-place edit of the scheduler's own ids broke the run's books).
+        ids = action.samples.copy()
         versions = self._version[self._sample_mb[ids]].astype(np.int64)
         if self._carried is not None:
             versions[self._carried[ids]] = 0

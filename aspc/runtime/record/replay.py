@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import RunError
-from aspc.runtime.contracts import durable_version, take_step
+from aspc.runtime.contracts import durable_version, restore_version, take_step
 from aspc.runtime.core.scheduler import TrainStep
 from aspc.runtime.record import runlog as R
 from aspc.runtime.record.payloads import read_payloads, sample_ids
@@ -60,7 +60,7 @@ def replay(log: R.RunLog, work: Any, trainer: Any, batches: Any, payloads: Any, 
 
 def _replay(log: R.RunLog, work: Any, trainer: Any, batches: Any, version: int, expected: bool) -> tuple[Any, list[str]]:
     floor = durable_version(trainer.durable, version)
-    weights = trainer.restore(floor)
+    weights = restore_version(trainer, floor)
     if floor == version:
         return weights, []
     ids_per_step = consumed_batches(log, work, floor, version)
@@ -92,4 +92,4 @@ def restore_end(trainer: Any, version: int, log_dir: Any) -> None:
         raise RunError(f"{log_dir}: cannot resume: the trainer restores weights version {floor}, not the end of "
                        f"this completed epoch ({version}); resume with the checkpoints the run wrote, or rerun "
                        "with --overwrite")  # fmt: skip
-    trainer.restore(version)
+    restore_version(trainer, version)

@@ -105,6 +105,9 @@ def parse_trainer_args(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
+        except RecursionError:  # valid JSON, deeper than Python's parser goes: a traceback before
+            raise ConfigError(f"--trainer-arg {key}: its JSON value nests too deeply to read; pass a flatter value, "
+                              "or a path to a file the trainer reads") from None
         if not _finite(out[key]):
             raise ConfigError(f"--trainer-arg {p!r}: JSON reads a number in it as NaN or infinity; pass finite "
                               f"numbers, or quote it as a JSON string ('{key}=\"{value}\"') if text is meant")  # fmt: skip

@@ -1,0 +1,137 @@
+"""A user's trainer, as a hunt found it could break a run: a failing restore, a batch edited in place,
+prints under --json, a trainer-arg nested too deep."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from aspc.cli import main
+from aspc.errors import ConfigError
+from aspc.runtime.trainers.user import parse_trainer_args
+from tests.conftest import lognormal_records, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TRAINERS = """
+import os
+from aspc.runtime import Trainer, TrainResult
+
+class Checkpointing(Trainer):
+    # Fails at step fail_at; restore() fails when told to; a checkpoint every step under ckdir.
+    def __init__(self, fail_at, restore_fails, ckdir):
+        self.fail_at, self.restore_fails, self.ckdir = fail_at, restore_fails, ckdir
+        os.makedirs(ckdir, exist_ok=True)
+
+    def step(self, batch):
+        if batch.step == self.fail_at:
+            raise RuntimeError("crash")
+        open(os.path.join(self.ckdir, str(batch.step + 1)), "w").close()
+        return TrainResult(version=batch.step + 1, elapsed=0.01)
+
+    def durable(self, version):
+        return max([int(f) for f in os.listdir(self.ckdir) if int(f) <= version], default=0)
+
+    def restore(self, version):
+        if self.restore_fails:
+            raise RuntimeError(f"checkpoint {version} is unreadable")
+
+def checkpointing(context, fail_at=-1, restore_fails=False, ckdir="ck"):
+    return Checkpointing(fail_at, restore_fails, ckdir)
+
+class Editing(Trainer):
+    # Edits its batch in place, as a trainer re-indexing its samples would.
+    def step(self, batch):
+        ids = batch.samples
+        ids -= ids.min()
+        return TrainResult(version=batch.step + 1, elapsed=0.01)
+
+def editing(context):
+    return Editing()
+
+print("printed at import")
+
+class Printing(Trainer):
+    def step(self, batch):
+        print("printed in step", batch.step)
+        os.write(1, b"written to descriptor 1\\n")
+        return TrainResult(version=batch.step + 1, elapsed=0.01)
+
+def printing(context):
+    print("printed by the factory")
+    return Printing()
+"""
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    (tmp_path / "hunt17_trainers.py").write_text(textwrap.dedent(TRAINERS))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "hunt17_trainers", raising=False)
+    data = write_jsonl(tmp_path / "in.jsonl", lognormal_records(40))
+    plan = tmp_path / "plan.parquet"
+    r = CliRunner().invoke(main, ["compile", str(data), "--length-field", "lengths", "--batch-size", "4",
+                                  "-o", str(plan), "--quiet"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    args = ["run", str(plan), "--actual-lengths", str(data), "--length-field", "lengths", "--workers", "2",
+            "--global-batch", "8", "-q"]  # fmt: skip
+    return tmp_path, args
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_failing_restore_is_one_line_and_leaves_the_log_to_resume(setup):
+    # restore() raising on --resume was a traceback, and the refused resume rewrote meta.json and renamed parts.
+    tmp_path, args = setup
+    args = [*args, "--log", str(tmp_path / "RUN"), "--trainer", "hunt17_trainers:checkpointing"]
+    r = CliRunner().invoke(main, [*args, "--trainer-arg", "fail_at=3"])
+    assert r.exit_code == 2 and "the trainer failed at step 3" in r.output, r.output
+    before = _tree(tmp_path / "RUN")
+    r = CliRunner().invoke(main, [*args, "--resume", "--trainer-arg", "restore_fails=true"])
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert lines[0] == ("Error: the trainer's restore(3) failed: RuntimeError: checkpoint 3 is unreadable; "
+                        "fix it and rerun with --resume")  # fmt: skip
+    assert _tree(tmp_path / "RUN") == before
+    r = CliRunner().invoke(main, [*args, "--resume", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["n_trainer_steps"] == 40 // 8
+
+
+def test_a_trainer_that_edits_its_batch_leaves_the_runs_books_alone(setup):
+    # The batch held the scheduler's own sample ids: the run said samples were generated 3 times, then crashed.
+    tmp_path, args = setup
+    r = CliRunner().invoke(main, [*args, "--log", str(tmp_path / "RUN"), "--trainer", "hunt17_trainers:editing",
+                                  "--json"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["n_trainer_steps"] == 40 // 8
+    assert json.loads((tmp_path / "RUN" / "meta.json").read_text())["status"] == "complete"
+
+
+@pytest.mark.parametrize("epochs", [[], ["--epochs", "2", "--log", "E"]])
+def test_what_a_trainer_prints_goes_to_stderr_and_json_stays_whole(setup, epochs):
+    # Python prints and writes to descriptor 1 came before the JSON object on stdout.
+    tmp_path, args = setup
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    code = "import sys; from aspc.entry import main; sys.argv = ['aspc', *sys.argv[1:]]; main()"
+    done = subprocess.run([sys.executable, "-c", code, *args, "--trainer", "hunt17_trainers:printing", "--json",
+                           *epochs], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout)
+    assert ("epochs" in summary) == bool(epochs)
+    for said in ("printed at import", "printed by the factory", "printed in step 0", "written to descriptor 1"):
+        assert said in done.stderr
+
+
+def test_a_trainer_arg_nested_too_deep_is_one_line():
+    with pytest.raises(ConfigError, match="nests too deeply"):
+        parse_trainer_args(["a=" + "[" * 100_000 + "]" * 100_000])

@@ -7,7 +7,15 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from aspc.cli.common import emit_json, handle_errors, json_option, note, out_console, quiet_option
+from aspc.cli.common import (
+    emit_json,
+    handle_errors,
+    json_option,
+    note,
+    out_console,
+    quiet_option,
+    results_only_on_stdout,
+)
 from aspc.cli.paths import PathArg
 from aspc.cli.render import plain
 
@@ -24,6 +32,7 @@ from aspc.cli.render import plain
 @json_option
 @quiet_option
 @handle_errors
+@results_only_on_stdout()
 def calibrate_cmd(run_dir: Path, output: str | Path | None, as_json: bool, quiet: bool) -> None:
     """Fit decode, prefill and trainer coefficients from a run log's sample, minibatch and step rows.
 

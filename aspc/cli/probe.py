@@ -39,6 +39,7 @@ from aspc.cli.common import (
     note,
     quiet_option,
     rerun_command,
+    results_only_on_stdout,
     skipped_json,
     skipped_note,
 )
@@ -96,6 +97,7 @@ def _subset(table: Any, k: int, seed: int) -> Any:
 @json_option
 @quiet_option
 @handle_errors
+@results_only_on_stdout()
 def probe_cmd(
     prompts_path: Path,
     n_prompts: int,

@@ -20,6 +20,7 @@ from aspc.cli.common import (
     out_console,
     quiet_option,
     rerun_command,
+    results_only_on_stdout,
 )
 from aspc.cli.options import check_lengths_field
 from aspc.cli.paths import PathArg
@@ -273,6 +274,7 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
 @json_option
 @quiet_option
 @handle_errors
+@results_only_on_stdout()
 def run_cmd(
     plan_path: Path,
     actual_lengths: Path | None,

@@ -354,7 +354,26 @@ def rerun_command(command: str, flag: str) -> str | None:
 
     None when the process is not that command (a library call, a test runner): the caller says it in words.
     """
+    argv = [a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")]
+    return " ".join(shell_word(a) for a in ["aspc", *argv, flag]) if command in argv else None
+
+
+def shell_word(arg: str) -> str:
+    """``arg`` quoted for bash or zsh, bytes that are not UTF-8 included.
+
+    Python holds such bytes of ``sys.argv`` as lone surrogates, which ``shlex.quote`` printed as the
+    text ``\\udcff``: the pasted command then named another file. ANSI-C quoting (``$'\\xff'``) gives
+    the shell the very bytes back.
+    """
     import shlex
 
-    argv = [a for a in sys.argv[1:] if a not in ("--overwrite", "--resume")]
-    return shlex.join(["aspc", *argv, flag]) if command in argv else None
+    try:
+        arg.encode()
+        return shlex.quote(arg)
+    except UnicodeEncodeError:
+        pass
+    out = []
+    for b in os.fsencode(arg):
+        c = chr(b)
+        out.append(c if 0x20 <= b < 0x7F and c not in "'\\" else f"\\x{b:02x}")
+    return "$'" + "".join(out) + "'"

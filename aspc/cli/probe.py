@@ -22,7 +22,6 @@ epoch from every prompt's scouted length.
 from __future__ import annotations
 
 import dataclasses
-import shlex
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from aspc.cli.common import (
     quiet_option,
     rerun_command,
     results_only_on_stdout,
+    shell_word,
     skipped_json,
     skipped_note,
 )
@@ -228,8 +228,9 @@ def probe_cmd(
         write_plan(plan, log_dir / PLAN_IN_LOG)
         # The generations are the costly part (a real backend): a failed or interrupted training keeps
         # them and names the command that trains from them, with this probe's options.
-        again = shlex.join(["aspc", "predict", "train", str(log_dir), "--kind", kind, *(["--init", init_arg] if init_arg
-                            else []), *(["--seed", str(seed)] if seed else []), "-o", str(output)])  # fmt: skip
+        again = " ".join(shell_word(a) for a in ["aspc", "predict", "train", str(log_dir), "--kind", kind,
+                         *(["--init", init_arg] if init_arg else []), *(["--seed", str(seed)] if seed else []), "-o",
+                         str(output)])  # fmt: skip
         try:
             pairs = read_run_log_pairs(log_dir)
             pred = train_from_pairs(pairs, kind, where=str(log_dir), init=init_arg, seed=seed, progress=progress)

@@ -21,6 +21,7 @@ from aspc.cli.common import (
     quiet_option,
     rerun_command,
     results_only_on_stdout,
+    shell_word,
 )
 from aspc.cli.options import check_lengths_field
 from aspc.cli.paths import PathArg
@@ -120,7 +121,6 @@ def _interrupted_message(
     earlier run's complete epoch (the new run had not yet replaced the log).
     """
     import json
-    import shlex
 
     from aspc.interrupt import signal_name
 
@@ -132,7 +132,7 @@ def _interrupted_message(
     scout = log_dir / "scout" / "meta.json"  # --scout: the scout runs before epoch 1
     meta_file = logs[-1] if logs else (scout if scout.is_file() else log_dir / "meta.json")
     # Called as a library (tests): said in words.
-    in_words = f"aspc run PLAN <the same options> --log {shlex.quote(str(log_dir))}"
+    in_words = f"aspc run PLAN <the same options> --log {shell_word(str(log_dir))}"
     cmd, fresh = (rerun_command("run", flag) or f"{in_words} {flag}" for flag in ("--resume", "--overwrite"))
     if not meta_file.is_file():
         if any((log_dir / "plans").glob("epoch-*.parquet")):  # epoch 1's plan was written, its log not begun

@@ -135,3 +135,12 @@ def test_what_a_trainer_prints_goes_to_stderr_and_json_stays_whole(setup, epochs
 def test_a_trainer_arg_nested_too_deep_is_one_line():
     with pytest.raises(ConfigError, match="nests too deeply"):
         parse_trainer_args(["a=" + "[" * 100_000 + "]" * 100_000])
+
+
+def test_a_module_raising_keyboardinterrupt_at_import_is_one_line(setup):
+    # It printed click's "Aborted!" with exit 1.
+    tmp_path, args = setup
+    (tmp_path / "hunt17_ki.py").write_text("raise KeyboardInterrupt\n")
+    r = CliRunner().invoke(main, [*args, "--trainer", "hunt17_ki:make"])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == "Error: --trainer hunt17_ki:make: cannot import 'hunt17_ki' (KeyboardInterrupt)"

@@ -46,9 +46,13 @@ def load_factory(spec: str) -> Callable[..., Any]:
     added = cwd not in sys.path
     if added:
         sys.path.insert(0, cwd)
+    from aspc.runtime.contracts import raised_by_code
+
     try:
         module = importlib.import_module(module_name)
-    except Exception as exc:  # any error while importing user code is the user's to fix
+    except (Exception, KeyboardInterrupt) as exc:  # any error while importing user code is the user's to fix
+        if isinstance(exc, KeyboardInterrupt) and not raised_by_code(exc):
+            raise  # a real Ctrl-C (aspc.interrupt's Interrupted) stays an interrupt
         raise ConfigError(f"--trainer {spec}: cannot import {module_name!r} ({short_reason(exc, limit=200, with_type=True)})") from None
     except SystemExit as exc:  # a script's sys.exit() at import: it ended aspc with its code and no word
         raise ConfigError(f"--trainer {spec}: importing {module_name!r} called sys.exit({exc.code!r}); "

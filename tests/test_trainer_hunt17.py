@@ -144,3 +144,13 @@ def test_a_module_raising_keyboardinterrupt_at_import_is_one_line(setup):
     r = CliRunner().invoke(main, [*args, "--trainer", "hunt17_ki:make"])
     assert r.exit_code == 2, r.output
     assert r.output.strip() == "Error: --trainer hunt17_ki:make: cannot import 'hunt17_ki' (KeyboardInterrupt)"
+
+
+def test_an_exception_that_cannot_be_printed_still_names_its_type():
+    from aspc.runtime.contracts import _said
+
+    class Unprintable(RuntimeError):
+        def __str__(self):
+            raise ValueError("no")
+
+    assert _said(Unprintable()) == "Unprintable"

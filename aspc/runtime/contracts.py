@@ -245,7 +245,11 @@ def raised_by_code(exc: BaseException) -> bool:
 
 
 def _said(exc: BaseException) -> str:
-    msg = " ".join(str(exc).split())[:300]
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a user's exception whose __str__ fails: its type still says something
+        text = ""
+    msg = " ".join(text.split())[:300]
     return f"{type(exc).__name__}{': ' + msg if msg else ''}"
 
 

@@ -151,6 +151,7 @@ def work_from_table(table: pa.Table, *, samples_per_prompt: int | None = None) -
     n = table.num_rows
     if n == 0:
         raise PlanError("plan has no rows; recompile from a non-empty dataset")
+    _check_columns(table, samples_per_prompt is None)
     mb = column_numpy(table.column(S.MINIBATCH)).astype(np.int64)
     d = np.diff(mb)
     if mb[0] != 0 or np.any((d != 0) & (d != 1)):
@@ -180,3 +181,21 @@ def work_from_table(table: pa.Table, *, samples_per_prompt: int | None = None) -
         group=group,
     )
 
+
+
+def _check_columns(table: pa.Table, need_n_samples: bool) -> None:
+    """The columns the runtime reads, present, whole and in range (a hand-built table broke deep in the run)."""
+    import pyarrow.compute as pc
+
+    wanted = [S.PROMPT_ID, S.MINIBATCH, S.GROUP, S.PROMPT_TOKENS] + ([S.N_SAMPLES] if need_n_samples else [])
+    for name in wanted:
+        if name not in table.column_names:
+            raise PlanError(f"plan has no {name!r} column; compile the plan with 'aspc compile' (or keep every "
+                            "column of aspc.emit.schema)")  # fmt: skip
+        col = table.column(name)
+        if col.null_count:
+            raise PlanError(f"plan column {name!r} holds nulls; every row needs a value")
+        if name != S.PROMPT_ID and not pa.types.is_integer(col.type):
+            raise PlanError(f"plan column {name!r} is {col.type}, not integers; recompile the plan")
+    if pc.min(table.column(S.PROMPT_TOKENS)).as_py() < 0:
+        raise PlanError(f"plan column {S.PROMPT_TOKENS!r} holds a negative count; recompile the plan")

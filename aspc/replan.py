@@ -42,6 +42,7 @@ from aspc.compiler import CompileConfig, compile_plan
 from aspc.emit import schema as S
 from aspc.emit.plan import write_plan
 from aspc.io.prompts import PromptTable
+from aspc.io.table import column_numpy
 from aspc.predict.base import LengthPrediction
 from aspc.predict.features import FeatureConfig, Features, featurize
 from aspc.predict.ridge import ridge_fit
@@ -117,8 +118,8 @@ def prompt_table_of(rows: pa.Table, input_hash: str) -> PromptTable:
         ids=rows.column(S.PROMPT_ID).to_pylist(),
         prompts=prompts,
         texts=prompts,
-        source_rows=rows.column(S.SOURCE_ROW).to_numpy().astype(np.int64),
-        prompt_tokens=rows.column(S.PROMPT_TOKENS).to_numpy().astype(np.int64),
+        source_rows=column_numpy(rows.column(S.SOURCE_ROW)).astype(np.int64),
+        prompt_tokens=column_numpy(rows.column(S.PROMPT_TOKENS)).astype(np.int64),
         lengths=None,
         input_hash=input_hash,
     )
@@ -126,7 +127,7 @@ def prompt_table_of(rows: pa.Table, input_hash: str) -> PromptTable:
 
 def prediction_of(rows: pa.Table) -> LengthPrediction:
     """The predictions stored in plan rows (``predicted_len``, ``predicted_q10/q50/q90``)."""
-    col = lambda name: rows.column(name).to_numpy().astype(np.float64)  # noqa: E731
+    col = lambda name: column_numpy(rows.column(name)).astype(np.float64)  # noqa: E731
     return LengthPrediction(col(S.PREDICTED_LEN), col(S.PREDICTED_Q10), col(S.PREDICTED_Q50), col(S.PREDICTED_Q90))
 
 
@@ -224,8 +225,9 @@ class OnlineReplanner(Replanner):
         self.revisions: list[dict[str, Any]] = []  # per revision: step, first minibatch, observed prompts
         self._skipped: tuple[int, str] | None = None  # the first window that kept the plan, and why
         # Prompts in the plan's largest minibatch: a revision's mean never exceeds it (largest_minibatch).
-        self._rows = int(np.bincount(plan_table.column(S.MINIBATCH).to_numpy()).max()) if plan_table.num_rows else 1
-        self._n_minibatches = len(np.unique(plan_table.column(S.MINIBATCH).to_numpy()))
+        mb = column_numpy(plan_table.column(S.MINIBATCH))  # not to_numpy: that imports pandas
+        self._rows = int(np.bincount(mb).max()) if plan_table.num_rows else 1
+        self._n_minibatches = len(np.unique(mb))
 
     def _observed(self, view: ReplanView) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per plan row of ``view.work``: returned samples' count and sum, and the global index of the row."""

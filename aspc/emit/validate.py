@@ -12,6 +12,7 @@ import pyarrow as pa
 from aspc.emit import schema as S
 from aspc.errors import PlanError
 from aspc.guards import MAX_LENGTH
+from aspc.io.table import column_numpy
 
 
 def _contiguous_ids(ids: np.ndarray) -> bool:
@@ -27,11 +28,11 @@ def validate_table(table: pa.Table, *, name: str = "plan") -> None:
     n = table.num_rows
     if n == 0:
         raise PlanError(f"{name}: plan has no rows; recompile from a non-empty dataset")
-    rank = table.column(S.DISPATCH_RANK).to_numpy()
+    rank = column_numpy(table.column(S.DISPATCH_RANK))
     if not np.array_equal(rank, np.arange(n)):
         raise PlanError(f"{name}: rows are not in dispatch order (dispatch_rank != row number); recompile")
-    mb = table.column(S.MINIBATCH).to_numpy()
-    grp = table.column(S.GROUP).to_numpy()
+    mb = column_numpy(table.column(S.MINIBATCH))
+    grp = column_numpy(table.column(S.GROUP))
     if not _contiguous_ids(mb):
         raise PlanError(f"{name}: minibatch ids are not contiguous in dispatch order; recompile the plan")
     if not _contiguous_ids(grp):
@@ -45,13 +46,13 @@ def validate_table(table: pa.Table, *, name: str = "plan") -> None:
     if any(not i for i in ids):
         raise PlanError(f"{name}: empty prompt_id in some rows; recompile the plan")
     for col in (S.PROMPT_TOKENS, S.SOURCE_ROW):
-        if np.any(table.column(col).to_numpy() < 0):
+        if np.any(column_numpy(table.column(col)) < 0):
             raise PlanError(f"{name}: column {col} has negative values; recompile the plan")
-    ns = table.column(S.N_SAMPLES).to_numpy()
+    ns = column_numpy(table.column(S.N_SAMPLES))
     if np.any(ns < 1):
         raise PlanError(f"{name}: n_samples must be >= 1 in every row; recompile the plan")
     for col in (S.PREDICTED_LEN, S.PREDICTED_Q10, S.PREDICTED_Q50, S.PREDICTED_Q90):
-        v = table.column(col).to_numpy()
+        v = column_numpy(table.column(col))
         if not np.all(np.isfinite(v)) or np.any(v < 0):
             raise PlanError(f"{name}: column {col} has negative or non-finite values; recompile the plan")
         # Compile refuses longer lengths (aspc.guards.check_lengths); past it 'aspc run' overflowed and
@@ -59,9 +60,9 @@ def validate_table(table: pa.Table, *, name: str = "plan") -> None:
         if np.any(v > MAX_LENGTH):
             raise PlanError(f"{name}: column {col} has lengths over {MAX_LENGTH:.0e} tokens, more than compile "
                             "allows; recompile the plan")  # fmt: skip
-    q10 = table.column(S.PREDICTED_Q10).to_numpy()
-    q50 = table.column(S.PREDICTED_Q50).to_numpy()
-    q90 = table.column(S.PREDICTED_Q90).to_numpy()
+    q10 = column_numpy(table.column(S.PREDICTED_Q10))
+    q50 = column_numpy(table.column(S.PREDICTED_Q50))
+    q90 = column_numpy(table.column(S.PREDICTED_Q90))
     if np.any(q10 > q90 + 1e-9):
         raise PlanError(f"{name}: predicted_q10 exceeds predicted_q90 in some rows; recompile the plan")
     # The expected-max cost reads q50 as the median between them; compile's predictors keep that order.

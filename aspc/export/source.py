@@ -21,7 +21,7 @@ from aspc.emit import schema as S
 from aspc.errors import InputError, short_reason
 from aspc.io.prompts import file_hash
 from aspc.io.readers import SUPPORTED_SUFFIXES, BadRecord, detect_format, iter_records
-from aspc.io.table import column_numpy
+from aspc.io.table import arrow_array, column_numpy
 
 
 def locate_source(plan: Plan, plan_path: Path, source: Path | None) -> Path:
@@ -85,7 +85,8 @@ def check_rows(plan: Plan, source: Path) -> None:
         where.append(i)
     # The ids alone let a plan whose prompt_field was edited (to another text column) export that column as
     # every row's prompt: the prompts read now, in the form compile stores, must be the plan's.
-    same = pc.equal(table.prompt_array.take(pa.array(where, pa.int64())), plan.table.column(S.PROMPT))
+    at = arrow_array(np.array(where, dtype=np.int64), pa.int64())  # pa.array imports pandas
+    same = pc.equal(table.prompt_array.take(at), plan.table.column(S.PROMPT))
     if not pc.all(same).as_py():
         k = int(np.flatnonzero(~column_numpy(same).astype(bool))[0])
         raise InputError(

@@ -25,6 +25,7 @@ from aspc.io.runlog_meta import (
     part_ranges,
     refuse_runlog_meta,
 )
+from aspc.io.table import column_numpy
 
 
 def committed_sample_parts(path: str | os.PathLike, *, require_meta: bool = False) -> list[Path]:
@@ -80,7 +81,7 @@ def _read_run_log(path: Path) -> dict[str, np.ndarray]:
     if table.num_rows == 0:
         return {}
     ids = np.asarray(table.column("prompt_id").to_pylist(), dtype=object)
-    lens = table.column("response_len").to_numpy(zero_copy_only=False).astype(np.float64)
+    lens = column_numpy(table.column("response_len")).astype(np.float64)  # to_numpy imports pandas
     order = np.argsort(ids, kind="stable")
     ids, lens = ids[order], lens[order]
     starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])

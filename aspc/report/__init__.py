@@ -205,13 +205,13 @@ def _page(pv: Any, runs: list[Any], tmp: Path, embed: bool) -> str:
                 + run_figs,
             )
         )
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     from aspc.emit import schema as S
+    from aspc.io.table import string_column
 
     # A rolling scout's plan holds a scout row beside each scouted prompt: work of that run, no prompt.
-    ids = pa.array(pv.prompt_ids.tolist(), pa.string())
+    ids = string_column(pv.prompt_ids.tolist())  # not pa.array: that imports pandas
     n_scout = int(pc.sum(pc.ends_with(ids, S.SCOUT_ID_SUFFIX)).as_py() or 0)
     rows = f"{pv.predicted.size - n_scout:,} prompts" + (f" (+ {n_scout:,} scout rows)" if n_scout else "")
     sub = f"plan {pv.name}: {rows}, {pv.n_minibatches:,} minibatches, {pv.n_groups:,} groups"

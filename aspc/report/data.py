@@ -19,6 +19,7 @@ from aspc.emit import Plan, plan_cost_model
 from aspc.emit import schema as S
 from aspc.emit.metrics import load_lower_bound, minibatch_starts, table_costs
 from aspc.errors import RunError
+from aspc.io.table import arrow_scalar, column_numpy, string_column
 from aspc.report.stats import kendall_tau, mean_absolute_error
 
 
@@ -143,8 +144,8 @@ class RunView:
 def _np(table: pa.Table, name: str, dtype: Any = None) -> np.ndarray:
     col = table.column(name)
     if col.null_count:
-        col = col.fill_null(-1)
-    arr = col.to_numpy(zero_copy_only=False)
+        col = col.fill_null(arrow_scalar(-1, col.type))  # a Python -1 imports pandas, as to_numpy does
+    arr = column_numpy(col)
     return arr.astype(dtype) if dtype is not None else arr
 
 
@@ -157,14 +158,15 @@ def _observed_per_prompt(plan: PlanView, samples: pa.Table) -> tuple[np.ndarray,
     """
     if samples.num_rows == 0:
         return np.empty(0), np.empty(0), False
+    # group_by imports pandas (through pyarrow.acero); a report, which draws with matplotlib, can bear it.
     agg = samples.group_by("prompt_id").aggregate([("response_len", "mean")])
     ids = agg.column("prompt_id")
-    plan_ids = pa.array(plan.prompt_ids.tolist(), pa.string())
+    plan_ids = string_column(plan.prompt_ids.tolist())
     # Row of each observed prompt in the plan; -1 for ids the plan lacks.
-    pos = pc.index_in(ids, value_set=plan_ids).fill_null(-1).to_numpy().astype(np.int64)
-    obs = agg.column("response_len_mean").to_numpy(zero_copy_only=False).astype(np.float64)
+    pos = column_numpy(pc.index_in(ids, value_set=plan_ids).fill_null(arrow_scalar(-1, pa.int32()))).astype(np.int64)
+    obs = column_numpy(agg.column("response_len_mean")).astype(np.float64)
     found = pos >= 0
-    scout = pc.ends_with(ids, S.SCOUT_ID_SUFFIX).to_numpy(zero_copy_only=False).astype(bool)
+    scout = column_numpy(pc.ends_with(ids, S.SCOUT_ID_SUFFIX)).astype(bool)
     keep = found & ~scout
     return plan.predicted[pos[keep]], obs[keep], bool(found.any())
 

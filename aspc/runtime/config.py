@@ -212,12 +212,13 @@ def staleness_notes(config: RunConfig, plan: object, *, check: bool = True, repl
     import numpy as np
 
     from aspc.emit import schema as S
+    from aspc.io.table import column_numpy
 
     table = plan.table  # type: ignore[attr-defined]
     if check and table.num_rows:
         per = config.samples_per_prompt
-        n = np.full(table.num_rows, per) if per else table.column(S.N_SAMPLES).to_numpy()
-        mb = table.column(S.MINIBATCH).to_numpy()
+        n = np.full(table.num_rows, per) if per else column_numpy(table.column(S.N_SAMPLES))  # to_numpy imports pandas
+        mb = column_numpy(table.column(S.MINIBATCH))
         largest = int(np.bincount(mb, weights=n).max())
         if replan:
             slack = (plan.config or {}).get("slack")  # type: ignore[attr-defined]

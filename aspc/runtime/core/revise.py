@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from aspc.emit import schema as S
 from aspc.errors import RunError
-from aspc.io.table import column_numpy
+from aspc.io.table import arrow_array, arrow_scalar, column_numpy
 from aspc.runtime.hold import pending_of, revised_holds
 from aspc.runtime.work import WorkPlan, work_from_table
 
@@ -45,7 +45,8 @@ def revise_work(work: WorkPlan, first: int, tail: pa.Table, observed: np.ndarray
     # Plan ids are unique: the same prompts iff every new id is found once among the old ones.
     at = pc.index_in(new_ids, value_set=old_ids)
     found = at.null_count == 0 and len(new_ids) == len(old_ids)
-    old_rows = r0 + column_numpy(at.fill_null(-1)).astype(np.int64)
+    # arrow_scalar and arrow_array here, not Python values or pa.array: pyarrow imports pandas for those.
+    old_rows = r0 + column_numpy(at.fill_null(arrow_scalar(-1, at.type))).astype(np.int64)
     if not found or np.unique(old_rows).size != len(old_ids):
         raise RunError(
             f"plan revision holds {len(new_ids)} prompts for a remainder of {len(old_ids)} "
@@ -59,11 +60,11 @@ def revise_work(work: WorkPlan, first: int, tail: pa.Table, observed: np.ndarray
     for name in work.table.column_names:
         col = tail.column(name)
         if name == S.MINIBATCH:
-            col = pa.array(mb.astype(np.int32), pa.int32())
+            col = arrow_array(mb.astype(np.int32), pa.int32())
         elif name == S.GROUP:
-            col = pa.array((grp + g0).astype(np.int32), pa.int32())
+            col = arrow_array((grp + g0).astype(np.int32), pa.int32())
         elif name == S.DISPATCH_RANK:
-            col = pa.array(np.arange(r0, r0 + len(old_rows), dtype=np.int64), pa.int64())
+            col = arrow_array(np.arange(r0, r0 + len(old_rows), dtype=np.int64), pa.int64())
         cols[name] = col
     table = pa.concat_tables([head, pa.Table.from_pydict(cols, schema=work.table.schema)])
     # The run's sample counts (after any --samples-per-prompt override) move with their prompts;
@@ -78,7 +79,7 @@ def revise_work(work: WorkPlan, first: int, tail: pa.Table, observed: np.ndarray
                            "the replanner is broken, please report this bug")  # fmt: skip
         counts[r0:] = own
         kept_rows = r0 + np.flatnonzero(drop == 1)
-    table = table.set_column(table.schema.get_field_index(S.N_SAMPLES), S.N_SAMPLES, pa.array(counts, pa.int32()))
+    table = table.set_column(table.schema.get_field_index(S.N_SAMPLES), S.N_SAMPLES, arrow_array(counts, pa.int32()))
     new = work_from_table(table)
     # Counted by the model's tokenizer at setup (WorkPlan.count_prompt_tokens), not the plan's estimate: they move too.
     new.prompt_tokens = np.concatenate([work.prompt_tokens[:r0], work.prompt_tokens[old_rows]])

@@ -17,7 +17,7 @@ from aspc.arrow_files import arrow_file
 from aspc.atomic import atomic_path, atomic_write_bytes
 from aspc.errors import AspcError, ConfigError, Interrupted, OutputError, RunError
 from aspc.io.runlog_meta import RUNLOG_FORMAT, RUNLOG_VERSION, part_number, part_ranges
-from aspc.io.table import column_numpy
+from aspc.io.table import arrow_array, column_numpy
 from aspc.runtime.record.lock import LOCK_FILE, RunLogLock
 from aspc.runtime.record.payloads import delete_payloads
 from aspc.runtime.record.runlog import (
@@ -214,7 +214,7 @@ class RunLogWriter:
         joined = join_consumed(samples, tables[CONSUMED])
         order = np.argsort(column_numpy(joined.column("minibatch")), kind="stable")
         first = self._parts[SAMPLES]
-        self.write_part(SAMPLES, joined.take(pa.array(order)))
+        self.write_part(SAMPLES, joined.take(arrow_array(order, pa.int64())))  # pa.array imports pandas
         self._first[SAMPLES] = first
         if not keep_consumed:
             self._first[CONSUMED] = self._parts[CONSUMED]

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from aspc.emit import read_plan
-from aspc.errors import PlanError
+from aspc.errors import ConfigError, PlanError
 from aspc.runtime.work import work_from_table
 from tests.conftest import invoke_cli, lognormal_records, write_jsonl
 
@@ -39,3 +39,23 @@ def test_what_the_runtime_reads_is_checked(table, edit, fragment):
 
 def test_a_compiled_plan_passes(table):
     assert work_from_table(table).n_samples.sum() > 0
+
+
+@pytest.mark.parametrize("field, value, fragment", [
+    ("global_batch", 64.5, "--global-batch must be an integer, got 64.5"),
+    ("global_batch", "64", "--global-batch must be a number, got '64'"),
+    ("global_batch", None, "--global-batch must be given"),
+    ("reload_time", None, "--reload-time must be given"),
+    ("worker_timeout", "5", "--worker-timeout must be a number"),
+    ("max_new_tokens", 10**30, "--max-new-tokens must be >= 1 and <= 1000000000"),
+    ("seed", -1, "--seed must be an integer in"),
+    ("samples_per_prompt", 2.5, "--samples-per-prompt must be an integer"),
+    ("workers", True, "--workers must be a number, got True"),
+])  # fmt: skip
+def test_a_run_config_from_python_gets_the_command_lines_guards(table, field, value, fragment):
+    # Each was an AssertionError, TypeError or OverflowError inside the run, or ran silently (2.5 samples: 2).
+    from aspc.runtime.api import run
+    from aspc.runtime.config import RunConfig
+
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
+        run(table, config=RunConfig(**{field: value}))

@@ -82,7 +82,17 @@ class RunConfig:
     speed_probe: bool = False
 
     def validate(self) -> None:
-        """Raise :class:`ConfigError` for a value no run could use."""
+        """Raise :class:`ConfigError` for a value no run could use.
+
+        The command line's type and range guards first (:func:`aspc.guards.check_run_config`): a
+        Python caller's ``global_batch=64.5`` or ``'64'`` failed deep in the engine, not here.
+        """
+        from aspc.guards import check_run_config
+
+        for name in ("workers", "global_batch", "reload_time", "max_retries", "log_flush_seconds", "seed"):
+            if getattr(self, name) is None:
+                raise ConfigError(f"--{name.replace('_', '-')} must be given, got None (RunConfig.{name})")
+        check_run_config(self)
         if not isinstance(self.workers, numbers.Integral) or self.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
         if self.global_batch < 1:

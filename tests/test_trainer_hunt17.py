@@ -58,6 +58,22 @@ def editing(context):
 
 print("printed at import")
 
+class TakingSigint(Trainer):
+    # Installs Python's own SIGINT handler in setup (as libraries do), then gets a Ctrl-C at step 2.
+    def setup(self, work):
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def step(self, batch):
+        if batch.step == 2:
+            import signal
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # again, as a library's lazy init would
+            os.kill(os.getpid(), signal.SIGINT)
+        return TrainResult(version=batch.step + 1, elapsed=0.01)
+
+def taking_sigint(context):
+    return TakingSigint()
+
 class Printing(Trainer):
     def step(self, batch):
         print("printed in step", batch.step)
@@ -154,3 +170,12 @@ def test_an_exception_that_cannot_be_printed_still_names_its_type():
             raise ValueError("no")
 
     assert _said(Unprintable()) == "Unprintable"
+
+
+def test_a_trainer_that_takes_sigint_still_gets_an_interrupted_run(setup):
+    # Its handler turned a Ctrl-C into click's "Aborted!" (exit 1) and the log into "failed".
+    tmp_path, args = setup
+    r = CliRunner().invoke(main, [*args, "--log", str(tmp_path / "RUN"), "--trainer", "hunt17_trainers:taking_sigint"])
+    assert r.exit_code == 130, r.output
+    assert "Error: interrupted by SIGINT; run log" in r.output, r.output
+    assert json.loads((tmp_path / "RUN" / "meta.json").read_text())["status"] == "interrupted"

@@ -12,12 +12,13 @@ classes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import signal
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -189,15 +190,16 @@ def take_step(trainer: Trainer, batch: TrainBatch, *, replay: bool = False) -> T
     with a NaN ``elapsed`` never advanced the clock (the run spun forever).
     """
     where = f"replaying step {batch.step}" if replay else f"at step {batch.step}"
-    try:
-        res = trainer.step(batch)
-    except AspcError:
-        raise
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code: one line (its message may span several)
-        if not raised_by_code(exc):
+    with signals_kept():
+        try:
+            res = trainer.step(batch)
+        except AspcError:
             raise
-        raise RunError(f"the trainer failed {where}: {_said(exc)}; fix it and rerun (a run with --log continues "
-                       "with --resume)") from exc  # fmt: skip
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code: one line (its message may span several)
+            if not raised_by_code(exc):
+                raise
+            raise RunError(f"the trainer failed {where}: {_said(exc)}; fix it and rerun (a run with --log continues "
+                           "with --resume)") from exc  # fmt: skip
     if not isinstance(res, TrainResult):
         raise RunError(f"the trainer {where} returned {type(res).__name__}, not a TrainResult; fix its step()")
     el = res.elapsed
@@ -244,6 +246,17 @@ def raised_by_code(exc: BaseException) -> bool:
     return not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
 
 
+@contextlib.contextmanager
+def signals_kept() -> Iterator[None]:
+    """Around a trainer's code: aspc's signal handlers put back if it installed its own (torch, Ray, a
+    ``signal.signal(SIGINT, default_int_handler)`` in ``setup``), and a Ctrl-C that came out of it as a plain
+    KeyboardInterrupt read as the interrupt it is (it was "Aborted!" and a log marked failed)."""
+    from aspc import interrupt_libraries
+
+    with interrupt_libraries.kept(), interrupt_libraries.ours_again():
+        yield
+
+
 def _said(exc: BaseException) -> str:
     try:
         text = str(exc)
@@ -260,18 +273,19 @@ def trainer_hook(trainer: Trainer, hook: str, *args: Any, fail: bool = True) -> 
     traceback, and from ``close`` it left the run log 'running'. ``fail=False`` returns the
     error instead, for the run to raise once its log is complete.
     """
-    try:
-        getattr(trainer, hook)(*args)
-    except AspcError:
-        raise
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:
-        if not raised_by_code(exc):
+    with signals_kept():
+        try:
+            getattr(trainer, hook)(*args)
+        except AspcError:
             raise
-        done = "the run is complete, but " if hook == "close" else ""  # what was logged stands
-        err = RunError(f"{done}the trainer's {hook}() failed: {_said(exc)}; fix it and rerun")
-        if fail:
-            raise err from exc
-        return err
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            if not raised_by_code(exc):
+                raise
+            done = "the run is complete, but " if hook == "close" else ""  # what was logged stands
+            err = RunError(f"{done}the trainer's {hook}() failed: {_said(exc)}; fix it and rerun")
+            if fail:
+                raise err from exc
+            return err
     return None
 
 
@@ -293,14 +307,15 @@ def durable_version(trainer_durable: Callable[[int], Any], version: int) -> int:
 
 def restore_version(trainer: Trainer, version: int) -> Any:
     """``trainer.restore(version)``, a failure as a one-line :class:`RunError` (it was a traceback on ``--resume``)."""
-    try:
-        return trainer.restore(int(version))
-    except AspcError:
-        raise
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:
-        if not raised_by_code(exc):
+    with signals_kept():
+        try:
+            return trainer.restore(int(version))
+        except AspcError:
             raise
-        raise RunError(f"the trainer's restore({version}) failed: {_said(exc)}; fix it and rerun with --resume") from exc
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            if not raised_by_code(exc):
+                raise
+            raise RunError(f"the trainer's restore({version}) failed: {_said(exc)}; fix it and rerun with --resume") from exc
 
 
 @dataclass

@@ -72,12 +72,25 @@ def load_factory(spec: str) -> Callable[..., Any]:
 
 def make_user_trainer(spec: str, context: Any, trainer_args: dict[str, Any] | None = None) -> Any:
     """Build the trainer ``--trainer spec`` names; see the module docstring for the protocol."""
-    from aspc.errors import AspcError
-    from aspc.runtime.contracts import Trainer, raised_by_code
+    from aspc.runtime.contracts import Trainer, signals_kept
 
-    factory = load_factory(spec)
+    with signals_kept():  # the module or factory may install signal handlers of its own (torch.distributed, Ray)
+        trainer = _built(spec, load_factory(spec), context, trainer_args)
+    if not isinstance(trainer, Trainer):
+        raise ConfigError(
+            f"--trainer {spec}: the factory returned {type(trainer).__name__}, not an aspc.runtime.Trainer; "
+            "subclass aspc.runtime.Trainer and implement step()"
+        )
+    return trainer
+
+
+def _built(spec: str, factory: Callable[..., Any], context: Any, trainer_args: dict[str, Any] | None) -> Any:
+    """``factory(context, **trainer_args)``, its failure one line."""
+    from aspc.errors import AspcError
+    from aspc.runtime.contracts import raised_by_code
+
     try:
-        trainer = factory(context, **(trainer_args or {}))
+        return factory(context, **(trainer_args or {}))
     except AspcError:
         raise
     except (Exception, KeyboardInterrupt) as exc:  # a Ctrl-C (aspc.interrupt's Interrupted) stays an interrupt
@@ -86,12 +99,6 @@ def make_user_trainer(spec: str, context: Any, trainer_args: dict[str, Any] | No
         raise ConfigError(f"--trainer {spec}: the factory failed ({short_reason(exc, limit=200, with_type=True)})") from None
     except SystemExit as exc:
         raise ConfigError(f"--trainer {spec}: the factory called sys.exit({exc.code!r}); return a Trainer instead") from None
-    if not isinstance(trainer, Trainer):
-        raise ConfigError(
-            f"--trainer {spec}: the factory returned {type(trainer).__name__}, not an aspc.runtime.Trainer; "
-            "subclass aspc.runtime.Trainer and implement step()"
-        )
-    return trainer
 
 
 def parse_trainer_args(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:

@@ -109,6 +109,10 @@ def check_compile_config(config: object) -> None:
     check_number("--max-prompt-length", g(config, "max_prompt_length", None), lo=1, hi=MAX_LENGTH, integer=True)
     check_number("--workers", g(config, "workers", None), lo=1, hi=2**31 - 1, integer=True)
     check_seed(g(config, "seed"))
+    history = g(config, "history", ())
+    # One path given as a str was iterated character by character ("a: no such file").
+    if isinstance(history, (str, bytes, os.PathLike)) or not all(isinstance(h, (str, os.PathLike)) for h in history):
+        raise ConfigError(f"--history takes a list of paths, one per earlier epoch (history=('RUN',)), got {history!r}")
 
 
 def check_run_config(config: object) -> None:

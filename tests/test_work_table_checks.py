@@ -59,3 +59,14 @@ def test_a_run_config_from_python_gets_the_command_lines_guards(table, field, va
 
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
         run(table, config=RunConfig(**{field: value}))
+
+
+@pytest.mark.parametrize("history", ["run1", ["run1", 3]])
+def test_a_compile_config_history_that_is_not_a_list_of_paths_is_refused(history):
+    # history="run1" was read as five files, one per character ("r: no such file").
+    from aspc.compiler import CompileConfig, compile_file
+    from aspc.io.options import InputOptions
+    from tests.conftest import ROOT
+
+    with pytest.raises(ConfigError, match="--history takes a list of paths"):
+        compile_file(ROOT / "examples" / "prompts.jsonl", InputOptions(), CompileConfig(history=history))

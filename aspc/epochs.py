@@ -69,6 +69,7 @@ from aspc.epoch_checks import check_epoch_logs, check_lengths_cover, check_store
 from aspc.epoch_predict import epoch_lengths, epoch_prediction
 from aspc.epoch_staleness import check_epochs_staleness, epoch_compile_config
 from aspc.errors import ConfigError
+from aspc.guards import SEED_MAX
 from aspc.io.history import read_history
 from aspc.io.rows import MAX_LENGTH
 from aspc.predict.pairs import keep_plan_in_log
@@ -210,6 +211,10 @@ def run_epochs(
     """
     if isinstance(n_epochs, bool) or not isinstance(n_epochs, int) or not 1 <= n_epochs <= MAX_EPOCHS:
         raise ConfigError(f"--epochs must be an integer in 1..{MAX_EPOCHS}, got {n_epochs!r}")
+    if isinstance(config.seed, int) and 0 <= config.seed <= SEED_MAX < config.seed + n_epochs - 1:
+        # Refused after epoch 1 had run (its run() checks its own seed), for a seed the user never gave.
+        raise ConfigError(f"--seed {config.seed} with --epochs {n_epochs}: epoch k runs seed {config.seed} + k - 1, "
+                          f"past 2**63-1; use a --seed of at most {SEED_MAX - n_epochs + 1}")  # fmt: skip
     if scout_tokens is not None and not scout:
         raise ConfigError("--scout-tokens sets the cut of the length scout: pass --scout too, or drop it")
     tokens = scout_tokens_of(config.max_new_tokens, scout_tokens) if scout else None

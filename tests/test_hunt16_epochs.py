@@ -89,3 +89,13 @@ def test_epoch_one_replays_zero_lengths_as_a_run_without_epochs_does(tmp_path, d
     plain = lengths(tmp_path / "one")
     assert plain.count(0) == 40
     assert lengths(tmp_path / "two" / "epoch-1") == plain
+
+
+def test_a_seed_the_epochs_would_carry_past_the_largest_is_refused_before_any_epoch(tmp_path, data):
+    # Epoch 1 ran in full, then epoch 2 was refused for seed 2**63, which the user never gave.
+    full, _ = data
+    plan, log = _plan(tmp_path, full), tmp_path / "R"
+    r = invoke_cli("run", plan, "--epochs", "2", "--seed", str(2**63 - 1), "--log", log, "--actual-lengths", full,
+                   "--length-field", "lengths", "-q")  # fmt: skip
+    assert "use a --seed of at most 9223372036854775806" in one_line_error(r, 2)
+    assert not log.exists()

@@ -57,6 +57,8 @@ def editing(context):
     return Editing()
 
 print("printed at import")
+import atexit
+atexit.register(lambda: print("printed at exit"))  # as Ray's and vLLM's shutdown hooks print
 
 class TakingSigint(Trainer):
     # Installs Python's own SIGINT handler in setup (as libraries do), then gets a Ctrl-C at step 2.
@@ -144,8 +146,31 @@ def test_what_a_trainer_prints_goes_to_stderr_and_json_stays_whole(setup, epochs
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads(done.stdout)
     assert ("epochs" in summary) == bool(epochs)
-    for said in ("printed at import", "printed by the factory", "printed in step 0", "written to descriptor 1"):
+    for said in ("printed at import", "printed by the factory", "printed in step 0", "written to descriptor 1",
+                 "printed at exit"):  # fmt: skip
         assert said in done.stderr
+    # With stderr closed, what the trainer prints is dropped, never mixed into the result.
+    again = [a if a != "E" else "E2" for a in epochs]
+    done = subprocess.run([sys.executable, "-c", code, *args, "--trainer", "hunt17_trainers:printing", "--json",
+                           *again], stdout=subprocess.PIPE, text=True, env=env, cwd=tmp_path, timeout=300,
+                          preexec_fn=lambda: os.close(2))  # fmt: skip
+    assert done.returncode == 0
+    assert json.loads(done.stdout)
+
+
+def test_the_result_stream_leaves_no_descriptor_behind(monkeypatch):
+    # In-process callers with a stderr that has no descriptor: each use leaked the dup of descriptor 1.
+    import io
+
+    from aspc.cli.result_stream import results_only_on_stdout
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    for _ in range(5):
+        with results_only_on_stdout():
+            pass
+    if before is not None:
+        assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_a_trainer_arg_nested_too_deep_is_one_line():

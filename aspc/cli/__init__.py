@@ -93,6 +93,9 @@ class _LazyGroup(click.Group):
         process = (args[0] if args else kwargs.get("args")) is None
         if process:
             interrupt.exit_at_teardown()
+            from aspc.cli.result_stream import for_the_process
+
+            for_the_process()  # foreign output stays off stdout through the exit (atexit hooks print)
         try:
             with interrupt.handlers(restore=not process):
                 code = 1

@@ -6,13 +6,12 @@ carries only the command's result (a table, or JSON with ``--json``).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -20,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from aspc.cli.error_line import LineError
+from aspc.cli.result_stream import real_stdout, results_only_on_stdout  # noqa: F401 - re-exported for the commands
 from aspc.errors import AspcError, Interrupted, OutputError
 
 
@@ -44,14 +44,14 @@ class _Stdout:
         self._call("flush")
 
     def isatty(self) -> bool:
-        return _real_stdout() is not None and _real_stdout().isatty()
+        return real_stdout() is not None and real_stdout().isatty()
 
     def __getattr__(self, name: str) -> Any:  # encoding, fileno, ...: the real stream's
-        return getattr(_real_stdout(), name)
+        return getattr(real_stdout(), name)
 
     @staticmethod
     def _call(name: str, *args: Any) -> Any:
-        stream = _real_stdout()
+        stream = real_stdout()
         if stream is None:  # started with stdout closed (>&-)
             raise StdoutError("stdout is closed; give the command somewhere to write its result (> FILE, or "
                               "> /dev/null)")  # fmt: skip
@@ -59,52 +59,6 @@ class _Stdout:
             return getattr(stream, name)(*args)
         except OSError as exc:
             raise stdout_failure(exc) from None
-
-
-# Where results go while foreign code's output is sent to stderr (results_only_on_stdout); None: sys.stdout.
-_results: Any = None
-
-
-def _real_stdout() -> Any:
-    return _results if _results is not None else sys.stdout
-
-
-@contextlib.contextmanager
-def results_only_on_stdout() -> Iterator[None]:
-    """While a command runs code that is not aspc's (a user's trainer, model libraries, Ray's forwarded logs),
-    what that code prints goes to stderr, in Python and at the descriptor: stdout carries the result only.
-
-    A trainer that printed (verl's and OpenRLHF's code prints freely) made ``--json`` output unparseable.
-    aspc's own results still reach the real stdout, through :data:`stdout`.
-    """
-    global _results
-    real = sys.stdout
-    if _results is not None or real is None or sys.stderr is None:
-        yield
-        return
-    try:
-        fd = real.fileno()
-        real.flush()
-        saved = os.dup(fd)
-        os.dup2(sys.stderr.fileno(), fd)
-    except (OSError, ValueError, AttributeError):  # no descriptor (a test's capture): Python's stdout only
-        fd = saved = None
-    # Line-buffered as a terminal's stdout is; the result stream writes to the descriptor the command was given.
-    _results = real if saved is None else os.fdopen(saved, "w", encoding=real.encoding, errors=real.errors,
-                                                    buffering=1, closefd=False)  # fmt: skip
-    sys.stdout = sys.stderr
-    try:
-        yield
-    finally:
-        sys.stdout = real
-        try:
-            if saved is not None:
-                with contextlib.suppress(OSError):
-                    _results.close()  # flushes; closefd=False leaves the descriptor to the line below
-                os.dup2(saved, fd)
-                os.close(saved)
-        finally:
-            _results = None
 
 
 def stdout_failure(exc: OSError, what: str = "the result") -> StdoutError:
@@ -123,7 +77,7 @@ def stdout_failure(exc: OSError, what: str = "the result") -> StdoutError:
 def _silence_stdout() -> None:
     try:
         null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, _real_stdout().fileno())
+        os.dup2(null, real_stdout().fileno())
         os.close(null)
     except (OSError, ValueError, AttributeError):  # no descriptor behind it (a test's capture): nothing to flush
         pass

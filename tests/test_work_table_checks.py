@@ -30,6 +30,7 @@ def _with(t, name, values, typ):
     (lambda t: _with(t, "prompt_tokens", [-1] * t.num_rows, pa.int64()), "holds a negative count"),
     (lambda t: _with(t, "prompt_tokens", [None] * t.num_rows, pa.int64()), "'prompt_tokens' holds nulls"),
     (lambda t: _with(t, "group", [0.5] * t.num_rows, pa.float64()), "'group' is double, not integers"),
+    (lambda t: _with(t, "prompt_tokens", [2**64 - 1] * t.num_rows, pa.uint64()), "holds a value over 2\\*\\*31-1"),
 ])  # fmt: skip
 def test_what_the_runtime_reads_is_checked(table, edit, fragment):
     # Each was a KeyError or a ValueError from the virtual-batch engine, deep in the run.

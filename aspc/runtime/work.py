@@ -197,5 +197,8 @@ def _check_columns(table: pa.Table, need_n_samples: bool) -> None:
             raise PlanError(f"plan column {name!r} holds nulls; every row needs a value")
         if name != S.PROMPT_ID and not pa.types.is_integer(col.type):
             raise PlanError(f"plan column {name!r} is {col.type}, not integers; recompile the plan")
+        if pa.types.is_unsigned_integer(col.type) and len(col) and pc.max(col).as_py() > 2**31 - 1:
+            # The runtime reads these as int64/int32: a uint64 of 2**64-1 wrapped to -1 deep in the run.
+            raise PlanError(f"plan column {name!r} holds a value over 2**31-1; recompile the plan")
     if pc.min(table.column(S.PROMPT_TOKENS)).as_py() < 0:
         raise PlanError(f"plan column {S.PROMPT_TOKENS!r} holds a negative count; recompile the plan")

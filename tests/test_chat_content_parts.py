@@ -137,8 +137,8 @@ def test_a_parquet_image_part_is_refused_naming_its_row(tmp_path):
     src = tmp_path / "m.parquet"
     pq.write_table(pa.Table.from_pylist(recs), src)
     reason = "chat message 0 content part 0 is 'image'; aspc plans text prompts only, drop non-text parts"
-    assert _refused(src) == f"Error: m.parquet: row 2: {reason}"
-    with pytest.raises(InputError, match="row 2: chat message 0 content part 0 is 'image'"):
+    assert _refused(src) == f"Error: m.parquet: line 2: {reason}"
+    with pytest.raises(InputError, match="line 2: chat message 0 content part 0 is 'image'"):
         read_prompts(src)
     assert list(read_prompts(src, on_bad_line="skip").prompts) == ['[{"role":"user","content":"hi"}]']
 

@@ -250,8 +250,7 @@ def test_huge_integer_lengths_name_row_and_field(tmp_path, digits, fmt, skip):
             read_prompts(p, **opts)
         msg = str(info.value)
         line = 3 if fmt == "csv" else 2
-        unit = {"parquet": "row", "json": "item"}.get(fmt, "line")  # a Parquet file has rows, a JSON array items
-        assert msg.startswith(f"h.{fmt}: {unit} {line}: length field 'len' is a {int(digits):,}-digit") and "\n" not in msg
+        assert msg.startswith(f"h.{fmt}: line {line}: length field 'len' is a {int(digits):,}-digit") and "\n" not in msg
     with pytest.raises(InputError, match="digit positive integer"):
         read_lengths(p, length_field="len")
 
@@ -369,8 +368,7 @@ def test_verl_ids_come_from_extra_info_index(tmp_path, fmt):
         pq.write_table(pa.Table.from_pylist(rows), p)
     else:
         write_jsonl(p, rows)
-    unit = "row" if fmt == "parquet" else "line"  # a Parquet file has rows, not lines
-    with pytest.raises(InputError, match=f"{unit} 4: duplicate prompt id '1' \\(first at {unit} 2\\); make ids unique$"):
+    with pytest.raises(InputError, match="line 4: duplicate prompt id '1' \\(first at row 2\\); make ids unique$"):
         read_prompts(p)
 
 
@@ -385,9 +383,8 @@ def test_some_rows_without_extra_info_index_are_refused_in_any_order(tmp_path, f
         pq.write_table(pa.Table.from_pylist(rows), p)
     else:
         write_jsonl(p, rows)
-    unit = "row" if fmt == "parquet" else "line"
-    want = f"{unit} 2: has id field 'extra_info.index' but earlier rows do not" if gap == 0 else (
-        f"{unit} 4: missing id field 'extra_info.index' (earlier rows have one)")
+    want = "line 2: has id field 'extra_info.index' but earlier rows do not" if gap == 0 else (
+        "line 4: missing id field 'extra_info.index' (earlier rows have one)")
     with pytest.raises(InputError, match=re.escape(want) + "; add ids to every row$"):
         read_prompts(p)
 
@@ -403,8 +400,7 @@ def test_fractional_extra_info_index_is_refused_like_a_float_id(tmp_path, fmt):
         pq.write_table(pa.Table.from_pylist(rows), p)
     else:
         write_jsonl(p, rows)
-    unit = "row" if fmt == "parquet" else "line"
-    with pytest.raises(InputError, match=unit + r" 1: extra_info.index must be a string or integer, got float 0.5; use "):
+    with pytest.raises(InputError, match=r"line 1: extra_info.index must be a string or integer, got float 0.5; use "):
         read_prompts(p)
     for r in rows:
         r["extra_info"]["index"] -= 0.5  # whole floats keep the documented content-hash fallback (and plan ids)
@@ -606,7 +602,7 @@ def test_a_null_prompt_is_not_called_missing(tmp_path, fmt):
         write_jsonl(p, rows)
     else:
         p.write_text(json.dumps(rows))
-    msg = ("item" if fmt == "json" else "line") + r" 2: prompt field 'prompt' is null; fix the row or pass --on-bad-line skip$"
+    msg = r"line 2: prompt field 'prompt' is null; fix the row or pass --on-bad-line skip$"
     with pytest.raises(InputError, match=msg):
         read_prompts(p)
     assert read_prompts(p, on_bad_line="skip").ids == ["a"]

@@ -48,8 +48,7 @@ def test_an_id_holding_a_nul_is_refused_naming_its_row(tmp_path, fmt):
     else:
         src.write_text("id,prompt\na,x\nb\x00scout,y\n")
     msg = _refused(src)
-    unit = {"parquet": "row", "json": "item"}.get(fmt, "line")  # a Parquet file has rows, a JSON array items
-    assert f"n.{fmt}: {unit} {3 if fmt == 'csv' else 2}: id field 'id' holds a NUL character" in msg
+    assert f"n.{fmt}: line {3 if fmt == 'csv' else 2}: id field 'id' holds a NUL character" in msg
     assert _prompts(src, on_bad_line="skip") == ["x"]
 
 
@@ -73,7 +72,7 @@ def test_a_parquet_cell_that_is_not_utf8_names_its_row_and_can_be_skipped(tmp_pa
     values[57] = b"bad \xff\xfe here"
     src = tmp_path / "bad8.parquet"
     pq.write_table(pa.table({"id": [f"i{i}" for i in range(100)], "prompt": _utf8_string_column(values)}), src)
-    assert "bad8.parquet: row 58: field 'prompt' is not valid UTF-8 text" in _refused(src)
+    assert "bad8.parquet: line 58: field 'prompt' is not valid UTF-8 text" in _refused(src)
     t = read_prompts(src, on_bad_line="skip")
     assert len(t.ids) == 99 and [s.row for s in t.skipped] == [57]
 
@@ -188,8 +187,7 @@ def test_a_json_object_repeating_a_field_aspc_reads_is_refused(tmp_path, name, t
     # The last value was kept silently; CSV and Parquet refuse a repeated column.
     src = tmp_path / name
     src.write_text(text)
-    where = "item" if name.endswith(".json") else "line"  # a JSON array's items may share one line
-    assert f"{name}: {where} 1: field 'prompt' appears twice in the object; keep one" in _refused(src)
+    assert f"{name}: line 1: field 'prompt' appears twice in the object; keep one" in _refused(src)
 
 
 def test_a_json_object_repeating_a_field_aspc_does_not_read_is_fine(tmp_path):
@@ -212,7 +210,7 @@ def test_a_null_inside_a_parquet_list_of_lengths_says_so(tmp_path):
     src = tmp_path / "l.parquet"
     pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["x", "y"], "lengths": [[3, 4], [5, None]]}), src)
     msg = _refused(src, "--length-field", "lengths")
-    assert "l.parquet: row 2: length field 'lengths' holds a null in its list; fill it in" in msg
+    assert "l.parquet: line 2: length field 'lengths' holds a null in its list; fill it in" in msg
 
 
 def test_a_quote_opening_after_a_bad_quote_is_unterminated_not_one_skipped_row(tmp_path):

@@ -293,9 +293,8 @@ def skipped_note(skipped: list[Any], quiet: bool = False) -> None:
     lines = ", ".join(str(s.line) for s in skipped[:_SHOWN_SKIPPED])
     more = f" and {len(skipped) - _SHOWN_SKIPPED} more" if len(skipped) > _SHOWN_SKIPPED else ""
     first = skipped[0]
-    unit = getattr(first, "unit", "line")  # a Parquet file's rows, a JSON array's items
-    note(f"[yellow]skipped {len(skipped)} bad rows[/] (--on-bad-line skip): {unit}s {lines}{more}; "
-         f"{unit} {first.line}: {escape(first.reason)} (--json lists every reason)", quiet)  # fmt: skip
+    note(f"[yellow]skipped {len(skipped)} bad rows[/] (--on-bad-line skip): lines {lines}{more}; "
+         f"line {first.line}: {escape(first.reason)} (--json lists every reason)", quiet)  # fmt: skip
 
 
 def skipped_json(skipped: list[Any]) -> dict[str, Any]:

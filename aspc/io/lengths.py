@@ -15,7 +15,7 @@ import numpy as np
 from aspc.arrow_files import read_parquet_parts
 from aspc.errors import InputError, epochs_root_hint, short_reason
 from aspc.io.prompts import check_field_names
-from aspc.io.readers import BadRecord, detect_format, iter_numbered_records, location_word
+from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
 from aspc.io.rows import _RowError, parse_length
 from aspc.io.runlog_meta import (
     check_runlog_version,
@@ -126,10 +126,9 @@ def read_lengths(
     _refuse_plan(path)
     refuse_runlog_meta(path)
     from_text = detect_format(path) == "csv"
-    unit = location_word(detect_format(path))
     out: dict[str, list[np.ndarray]] = {}
     for _row, line, rec in iter_numbered_records(path):
-        where = f"{path.name}: {unit} {line}"
+        where = f"{path.name}: line {line}"
         if isinstance(rec, BadRecord):
             raise InputError(f"{where}: {rec.reason}")
         if not isinstance(rec, dict):

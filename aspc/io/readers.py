@@ -98,12 +98,6 @@ class ShortRow(dict):
 SUPPORTED_SUFFIXES = (".jsonl", ".ndjson", ".json", ".csv", ".parquet", ".pq")
 
 
-def location_word(fmt: str) -> str:
-    """How a message names a record's place in a file of format ``fmt``: a Parquet file has rows, not
-    lines, and a JSON array's items may all sit on one line ("line 2" of a one-line file misled)."""
-    return {"parquet": "row", "json": "item"}.get(fmt, "line")
-
-
 def detect_format(path: Path) -> str:
     """Return ``jsonl``, ``json``, ``csv`` or ``parquet`` from the file suffix."""
     suffix = path.suffix.lower()

@@ -17,16 +17,7 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import InputError
-from aspc.io.readers import (
-    BadRecord,
-    BadText,
-    HugeInt,
-    ShortRow,
-    TwiceKeys,
-    iter_numbered_records,
-    json_int,
-    location_word,
-)
+from aspc.io.readers import BadRecord, BadText, HugeInt, ShortRow, TwiceKeys, iter_numbered_records, json_int
 from aspc.io.table import PromptTable, SkippedRow
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
@@ -386,7 +377,6 @@ def read_rows(
     source = _Ids(id_field)
     name = path.name
     keys = tuple(k for k in (prompt_field, "messages", id_field, length_field) if k is not None)
-    unit = location_word(fmt)
     for row, line, rec in iter_numbered_records(path, keys):
         try:
             if isinstance(rec, BadRecord):
@@ -399,7 +389,7 @@ def read_rows(
             pid = source.of(rec, stored)
             if pid in seen:
                 raise _RowError(
-                    f"duplicate prompt id {pid!r} (first at {unit} {seen[pid]}); make ids unique"
+                    f"duplicate prompt id {pid!r} (first at row {seen[pid] + 1}); make ids unique"
                     + ("" if source.mode != "content" else " or remove the repeated prompt")
                 )
             lens = None if length_field is None else parse_length(
@@ -407,10 +397,10 @@ def read_rows(
             )
         except _RowError as exc:
             if on_bad_line == "skip":
-                skipped.append(SkippedRow(row, str(exc), line, unit))
+                skipped.append(SkippedRow(row, str(exc), line))
                 continue
-            raise InputError(f"{name}: {unit} {line}: {exc}") from None
-        seen[pid] = line
+            raise InputError(f"{name}: line {line}: {exc}") from None
+        seen[pid] = row
         ids.append(pid)
         prompts.append(stored)
         texts.append(text)

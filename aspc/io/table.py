@@ -16,8 +16,7 @@ from aspc.io.ragged import RaggedLengths
 class SkippedRow:
     row: int  # 0-based row number in the input (JSONL: line number - 1)
     reason: str  # why the row was skipped
-    line: int = 0  # where the error would have said it was: the file's line, a Parquet row's or JSON item's number
-    unit: str = "line"  # what ``line`` counts (aspc.io.readers.location_word)
+    line: int = 0  # where the error would have said it was ("line N": the file's line, a record's number)
 
 
 # Built with Array.from_buffers: no copy of NumPy data, and none of the pandas

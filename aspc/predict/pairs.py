@@ -219,7 +219,7 @@ def read_dataset_pairs(
     """
     from aspc.errors import ConfigError
     from aspc.io.prompts import file_hash
-    from aspc.io.readers import BadRecord, detect_format, iter_numbered_records, location_word
+    from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
     from aspc.io.rows import _parse_prompt, _RowError, content_id, nulls_absent, parse_length, required_id
     from aspc.io.table import SkippedRow
 
@@ -228,7 +228,6 @@ def read_dataset_pairs(
     path = Path(path)
     from_text = detect_format(path) == "csv"
     absent = nulls_absent(detect_format(path))
-    unit = location_word(detect_format(path))
     pos: dict[tuple[str, str | None], int] = {}
     stored_of: dict[str, str] = {}  # prompt id -> its stored prompt, whatever the target
     group_of: dict[str, str] = {}  # prompt id -> its group
@@ -258,9 +257,9 @@ def read_dataset_pairs(
                 )
         except _RowError as exc:
             if on_bad_line == "skip":
-                skipped.append(SkippedRow(row, str(exc), line, unit))
+                skipped.append(SkippedRow(row, str(exc), line))
                 continue
-            raise InputError(f"{path.name}: {unit} {line}: {exc}") from None
+            raise InputError(f"{path.name}: line {line}: {exc}") from None
         key = (pid, target)
         if key not in pos:
             pos[key] = len(ids)

@@ -84,15 +84,17 @@ class RunConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` for a value no run could use.
 
-        The command line's type and range guards first (:func:`aspc.guards.check_run_config`): a
-        Python caller's ``global_batch=64.5`` or ``'64'`` failed deep in the engine, not here.
+        Types first, then the ranges this method always checked (their words unchanged), then the
+        command line's upper bounds (:func:`aspc.guards.check_run_config`): a Python caller's
+        ``global_batch=64.5`` or ``'64'`` failed deep in the engine, not here.
         """
-        from aspc.guards import check_run_config
+        from aspc.guards import check_number, check_run_config
 
         for name in ("workers", "global_batch", "reload_time", "max_retries", "log_flush_seconds", "seed"):
             if getattr(self, name) is None:
                 raise ConfigError(f"--{name.replace('_', '-')} must be given, got None (RunConfig.{name})")
-        check_run_config(self)
+        for name, integer in _NUMERIC_FIELDS:
+            check_number(f"--{name.replace('_', '-')}", getattr(self, name), integer=integer)  # no bounds: the type
         if not isinstance(self.workers, numbers.Integral) or self.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {self.workers}")
         if self.global_batch < 1:
@@ -121,6 +123,13 @@ class RunConfig:
             raise ConfigError(f"--worker-timeout must be a finite number of seconds > 0, got {self.worker_timeout}")
         if not math.isfinite(self.log_flush_seconds) or self.log_flush_seconds < 0:
             raise ConfigError(f"--log-flush-seconds must be >= 0, got {self.log_flush_seconds}")
+        check_run_config(self)
+
+
+# RunConfig's numeric fields and whether each is an integer (validate checks their types first).
+_NUMERIC_FIELDS = (("workers", True), ("global_batch", True), ("reload_time", False), ("max_new_tokens", True),
+                   ("max_staleness", True), ("samples_per_prompt", True), ("max_retries", True),
+                   ("worker_timeout", False), ("log_flush_seconds", False))  # fmt: skip
 
 
 # Options that change how a run copes, not what it computes: a resumed run may change them.

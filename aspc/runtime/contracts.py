@@ -190,16 +190,8 @@ def take_step(trainer: Trainer, batch: TrainBatch, *, replay: bool = False) -> T
     with a NaN ``elapsed`` never advanced the clock (the run spun forever).
     """
     where = f"replaying step {batch.step}" if replay else f"at step {batch.step}"
-    with signals_kept():
-        try:
-            res = trainer.step(batch)
-        except AspcError:
-            raise
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code: one line (its message may span several)
-            if not raised_by_code(exc):
-                raise
-            raise RunError(f"the trainer failed {where}: {_said(exc)}; fix it and rerun (a run with --log continues "
-                           "with --resume)") from exc  # fmt: skip
+    res = _user_code(trainer.step, batch, failed=f"the trainer failed {where}",
+                     fix="fix it and rerun (a run with --log continues with --resume)")  # fmt: skip
     if not isinstance(res, TrainResult):
         raise RunError(f"the trainer {where} returned {type(res).__name__}, not a TrainResult; fix its step()")
     el = res.elapsed
@@ -246,6 +238,24 @@ def raised_by_code(exc: BaseException) -> bool:
     return not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
 
 
+class _CodeFailed(RunError):
+    """A trainer's own code failed (as opposed to an aspc error it passed on)."""
+
+
+def _user_code(fn: Callable[..., Any], *args: Any, failed: str, fix: str) -> Any:
+    """``fn(*args)``, a trainer's code: signals kept (:func:`signals_kept`); an exception or ``sys.exit`` from it
+    is one line, ``"{failed}: {type}: {message}; {fix}"`` (it was a traceback); aspc's own errors pass."""
+    with signals_kept():
+        try:
+            return fn(*args)
+        except AspcError:
+            raise
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code: one line (its message may span several)
+            if not raised_by_code(exc):
+                raise
+            raise _CodeFailed(f"{failed}: {_said(exc)}; {fix}") from exc
+
+
 @contextlib.contextmanager
 def signals_kept() -> Iterator[None]:
     """Around a trainer's code: aspc's signal handlers put back if it installed its own (torch, Ray, a
@@ -273,32 +283,19 @@ def trainer_hook(trainer: Trainer, hook: str, *args: Any, fail: bool = True) -> 
     traceback, and from ``close`` it left the run log 'running'. ``fail=False`` returns the
     error instead, for the run to raise once its log is complete.
     """
-    with signals_kept():
-        try:
-            getattr(trainer, hook)(*args)
-        except AspcError:
+    done = "the run is complete, but " if hook == "close" else ""  # what was logged stands
+    try:
+        _user_code(getattr(trainer, hook), *args, failed=f"{done}the trainer's {hook}() failed", fix="fix it and rerun")
+    except _CodeFailed as err:
+        if fail:
             raise
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
-            if not raised_by_code(exc):
-                raise
-            done = "the run is complete, but " if hook == "close" else ""  # what was logged stands
-            err = RunError(f"{done}the trainer's {hook}() failed: {_said(exc)}; fix it and rerun")
-            if fail:
-                raise err from exc
-            return err
+        return err
     return None
 
 
 def durable_version(trainer_durable: Callable[[int], Any], version: int) -> int:
     """``trainer.durable(version)``, checked: an int in ``0..version`` (a str was a ValueError traceback)."""
-    try:
-        floor = trainer_durable(int(version))
-    except AspcError:
-        raise
-    except (Exception, SystemExit, KeyboardInterrupt) as exc:
-        if not raised_by_code(exc):
-            raise
-        raise RunError(f"the trainer's durable() failed: {_said(exc)}; fix it and rerun") from exc
+    floor = _user_code(trainer_durable, int(version), failed="the trainer's durable() failed", fix="fix it and rerun")
     if isinstance(floor, bool) or not isinstance(floor, numbers.Integral) or not 0 <= floor <= version:
         raise RunError(f"the trainer's durable({version}) returned {floor!r}; it must be a version from 0 to {version} "
                        "(the newest it can restore)")  # fmt: skip
@@ -307,15 +304,8 @@ def durable_version(trainer_durable: Callable[[int], Any], version: int) -> int:
 
 def restore_version(trainer: Trainer, version: int) -> Any:
     """``trainer.restore(version)``, a failure as a one-line :class:`RunError` (it was a traceback on ``--resume``)."""
-    with signals_kept():
-        try:
-            return trainer.restore(int(version))
-        except AspcError:
-            raise
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
-            if not raised_by_code(exc):
-                raise
-            raise RunError(f"the trainer's restore({version}) failed: {_said(exc)}; fix it and rerun with --resume") from exc
+    return _user_code(trainer.restore, int(version), failed=f"the trainer's restore({version}) failed",
+                      fix="fix it and rerun with --resume")  # fmt: skip
 
 
 @dataclass

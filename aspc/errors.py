@@ -16,7 +16,11 @@ _ARROW_NOISE = re.compile(
 
 def short_reason(exc: BaseException, *, limit: int = 160, with_type: bool = False) -> str:
     """A library's error text cut to fit one line of an aspc message, at a word, marked when cut."""
-    msg = _ARROW_NOISE.sub("", " ".join(str(exc).split())).strip().rstrip(".")
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a user's exception whose __str__ fails: its type still says something
+        text = ""
+    msg = _ARROW_NOISE.sub("", " ".join(text.split())).strip().rstrip(".")
     if len(msg) > limit:
         msg = msg[:limit].rsplit(" ", 1)[0] + " …"
     if with_type:

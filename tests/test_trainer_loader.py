@@ -35,6 +35,13 @@ not_callable = 3
 def broken(context):
     raise RuntimeError("boom")
 
+class Unprintable(BaseException):
+    def __str__(self):
+        raise ValueError("no text")
+
+def halting(context):
+    raise Unprintable()
+
 def wrong_type(context):
     return object()
 
@@ -52,6 +59,9 @@ class Misbehaving(Trainer):
 def misbehaving(context, how):
     return Misbehaving(how)
 
+class Halt(BaseException):
+    pass
+
 class BadHook(Trainer):
     def __init__(self, how):
         self.how = how
@@ -63,6 +73,8 @@ class BadHook(Trainer):
     def step(self, batch):
         if self.how == "exit":
             raise SystemExit(3)
+        if self.how == "base":
+            raise Halt("stopped by a BaseException")
         return TrainResult(version=batch.step + 1, elapsed=0.01)
 
     def durable(self, version):
@@ -107,8 +119,9 @@ def user_dir(tmp_path, monkeypatch):
     (tmp_path / "raising_mod.py").write_text("raise ImportError('needs a package you lack')\n")
     (tmp_path / "syntax_mod.py").write_text("def f(:\n")
     (tmp_path / "exiting_mod.py").write_text("import sys\nsys.exit(3)\n")
+    (tmp_path / "halting_mod.py").write_text("class Halt(BaseException):\n    pass\nraise Halt('at import')\n")
     monkeypatch.chdir(tmp_path)
-    for name in ("good_trainer_mod", "raising_mod", "syntax_mod", "exiting_mod"):
+    for name in ("good_trainer_mod", "raising_mod", "syntax_mod", "exiting_mod", "halting_mod"):
         monkeypatch.delitem(__import__("sys").modules, name, raising=False)
     return tmp_path
 
@@ -129,6 +142,9 @@ def test_loads_a_factory_from_the_current_directory(user_dir):
         ("good_trainer_mod:missing", "has no attribute 'missing'"),
         ("good_trainer_mod:not_callable", "is not callable"),
         ("good_trainer_mod:broken", "the factory failed (RuntimeError: boom)"),
+        # A user's own BaseException (and one whose text cannot be built) was a traceback.
+        ("good_trainer_mod:halting", "the factory failed (Unprintable)"),
+        ("halting_mod:factory", "cannot import 'halting_mod' (Halt: at import)"),
         ("good_trainer_mod:wrong_type", "not an aspc.runtime.Trainer"),
         ("nonsense", "unknown trainer"),
     ],
@@ -218,6 +234,7 @@ def test_a_trainer_module_that_exits_at_import_is_one_line(plan, user_dir):
         ("close", "the run is complete, but the trainer's close() failed: RuntimeError: close boom", "complete"),
         ("durable", "returned 'x'; it must be a version from 0 to", "failed"),
         ("exit", "the trainer failed at step 0: SystemExit: 3; fix it and rerun", "failed"),
+        ("base", "the trainer failed at step 0: Halt: stopped by a BaseException; fix it and rerun", "failed"),
     ],
 )
 def test_a_trainer_hook_that_fails_is_one_line(plan, user_dir, how, fragment, status):

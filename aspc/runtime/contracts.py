@@ -250,7 +250,8 @@ def _user_code(fn: Callable[..., Any], *args: Any, failed: str, fix: str) -> Any
             return fn(*args)
         except AspcError:
             raise
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # user code: one line (its message may span several)
+        # Any BaseException: a user's own subclass of it (or asyncio's CancelledError) was a traceback.
+        except BaseException as exc:  # user code: one line (its message may span several)
             if not raised_by_code(exc):
                 raise
             raise _CodeFailed(f"{failed}: {_said(exc)}; {fix}") from exc

@@ -50,13 +50,13 @@ def load_factory(spec: str) -> Callable[..., Any]:
 
     try:
         module = importlib.import_module(module_name)
-    except (Exception, KeyboardInterrupt) as exc:  # any error while importing user code is the user's to fix
-        if isinstance(exc, KeyboardInterrupt) and not raised_by_code(exc):
-            raise  # a real Ctrl-C (aspc.interrupt's Interrupted) stays an interrupt
-        raise ConfigError(f"--trainer {spec}: cannot import {module_name!r} ({short_reason(exc, limit=200, with_type=True)})") from None
     except SystemExit as exc:  # a script's sys.exit() at import: it ended aspc with its code and no word
         raise ConfigError(f"--trainer {spec}: importing {module_name!r} called sys.exit({exc.code!r}); "
                           "keep the script part of the module under 'if __name__ == \"__main__\":'") from None
+    except BaseException as exc:  # any error while importing user code is the user's to fix (its own BaseException too)
+        if isinstance(exc, KeyboardInterrupt) and not raised_by_code(exc):
+            raise  # a real Ctrl-C (aspc.interrupt's Interrupted) stays an interrupt
+        raise ConfigError(f"--trainer {spec}: cannot import {module_name!r} ({short_reason(exc, limit=200, with_type=True)})") from None
     finally:
         if added:
             sys.path.remove(cwd)
@@ -93,12 +93,12 @@ def _built(spec: str, factory: Callable[..., Any], context: Any, trainer_args: d
         return factory(context, **(trainer_args or {}))
     except AspcError:
         raise
-    except (Exception, KeyboardInterrupt) as exc:  # a Ctrl-C (aspc.interrupt's Interrupted) stays an interrupt
+    except SystemExit as exc:
+        raise ConfigError(f"--trainer {spec}: the factory called sys.exit({exc.code!r}); return a Trainer instead") from None
+    except BaseException as exc:  # a Ctrl-C (aspc.interrupt's Interrupted) stays an interrupt
         if not raised_by_code(exc):
             raise
         raise ConfigError(f"--trainer {spec}: the factory failed ({short_reason(exc, limit=200, with_type=True)})") from None
-    except SystemExit as exc:
-        raise ConfigError(f"--trainer {spec}: the factory called sys.exit({exc.code!r}); return a Trainer instead") from None
 
 
 def parse_trainer_args(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:

@@ -221,26 +221,15 @@ def _by_prediction(mean: np.ndarray, ids: Any, seed: int) -> np.ndarray:
 
     A seeded permutation of row positions still followed the lines: which prompt a position
     holds is the file's order. Here a tied prompt's place comes from a seeded key of its id
-    (:func:`aspc.schedule_kernel.id_keys`), so the same prompts in any order give the same rows.
-    Only tied rows are keyed (with integer --length-field means most are; with a text
-    predictor, few).
+    (:func:`aspc.schedule_kernel.id_keys`), so the same prompts in any order give the same rows
+    (two ids of one key, a 64-bit hash collision, keep their input order).
+
+    One radix sort by (mean, key): NumPy's stable sort of the means and a second of the tied
+    rows' keys took 0.49 s for 1M rows of integer lengths, this 0.07 s.
     """
-    rows = np.argsort(mean, kind="stable")
-    by_mean = mean[rows]
-    same = by_mean[1:] == by_mean[:-1]
-    tied = np.zeros(rows.size, dtype=bool)
-    tied[1:] |= same
-    tied[:-1] |= same
-    if not tied.any():
-        return rows
-    members = rows[tied]
-    # Tied positions hold runs of one mean each, ascending: sorting them by (run, key) keeps every run in place.
-    run = np.cumsum(np.concatenate(([False], by_mean[tied][1:] != by_mean[tied][:-1])))
-    by_key = np.argsort(_id_keys(ids, seed)[members], kind="stable")
-    # A stable sort of 16-bit integers is NumPy's radix sort: the second pass costs a tenth of the first.
-    run = run.astype(np.uint16 if run[-1] < 2**16 else np.int64)[by_key]
-    rows[tied] = members[by_key[np.argsort(run, kind="stable")]]
-    return rows
+    from aspc.schedule_kernel import float_order_bits, lex_argsort
+
+    return lex_argsort(float_order_bits(np.ascontiguousarray(mean, dtype=np.float64)), _id_keys(ids, seed))
 
 
 def _id_keys(ids: Any, seed: int) -> np.ndarray:

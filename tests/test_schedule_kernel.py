@@ -57,3 +57,22 @@ def test_ties_follow_the_ids_never_the_rows(levels, seed, rnd):
     rnd.shuffle(perm)
     again = _by_prediction(mean[perm], pa.array([ids[i] for i in perm]), seed)
     assert [ids[perm[r]] for r in again] == [ids[r] for r in rows]
+
+
+_FLOATS = st.one_of(
+    st.sampled_from([0.0, -0.0, 1.0, -1.0, 2.5, 1e-300, -1e-300, 5e-324, 1e300, -1e300]),
+    st.floats(allow_nan=False, allow_infinity=True, width=64),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_FLOATS, st.integers(0, 3), st.integers(0, 2**64 - 1)), max_size=60), st.booleans())
+def test_radix_order_matches_a_lexicographic_sort(rows, wide):
+    # The (prediction, key) radix sort against NumPy's lexsort: ties of both (a key collision) in row order,
+    # -0.0 equal to 0.0, every digit position (wide keys) and skipped digits (narrow ones).
+    from aspc.schedule_kernel import float_order_bits, lex_argsort
+
+    x = np.array([r[0] for r in rows], dtype=np.float64)
+    k = np.array([r[2] if wide else r[1] for r in rows], dtype=np.uint64)
+    got = lex_argsort(float_order_bits(x), k)
+    assert got.tolist() == np.lexsort((np.arange(len(rows)), k, x)).tolist()

@@ -92,6 +92,10 @@ def _warm_kernels() -> None:
     one = (np.empty(2), np.empty(2, np.int64), np.empty(2, np.int64))
     none = (np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64))
     _partition_tables(np.zeros(1), 1, 1, 1, 0.0, 0.0, one, none, np.empty(1, np.int64))
+    from aspc.schedule_kernel import float_order_bits, id_keys, lex_argsort
+
+    ends = np.zeros(1, np.int64)
+    lex_argsort(float_order_bits(np.zeros(1)), id_keys(np.zeros(1, np.uint8), ends, ends, np.uint64(0)))
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from aspc.errors import InputError
@@ -39,6 +40,20 @@ def test_draws_follow_the_predicted_quantiles():
     assert got.source == "sampled" and "seed 3" in got.notes[0]
     again = sample_predicted_lengths(work, seed=3)
     assert np.array_equal(got.response_len, again.response_len)
+
+
+@pytest.mark.parametrize("q", [(100.0, 400.0, 500.0), (300.0, 320.0, 2000.0), (50.0, 50.0, 50.0)])
+def test_draws_honour_quantiles_whose_median_is_off_centre(q):
+    # The default predictor's q50 is not the geometric middle of q10 and q90: one spread fitted to
+    # q10..q90 put those percentiles near 1.3 x q10 and 1.3 x q90.
+    n = 20000
+    table = plan_table(np.arange(n) // 100, predicted=q[1])
+    for name, value in zip(("predicted_q10", "predicted_q50", "predicted_q90"), q):
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(np.full(n, value)))
+    drawn = sample_predicted_lengths(work_from_table(table), seed=1).response_len
+    # Shares at or below each quantile (a heavy tail's 90th percentile itself moves 5% from seed to seed).
+    shares = [float(np.mean(drawn <= v)) for v in q]
+    assert shares == pytest.approx([0.1, 0.5, 0.9] if q[0] < q[2] else [1.0] * 3, abs=0.012)
 
 
 def test_samples_per_prompt_overrides_the_plan():

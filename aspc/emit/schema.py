@@ -60,7 +60,7 @@ META_SCHEMA_VERSION = b"aspc.schema_version"  # plain string, e.g. "1.0"
 META_ASPC_VERSION = b"aspc.version"  # plain string: the aspc that wrote the file
 META_CONFIG = b"aspc.config"  # the full compile configuration
 META_PREDICTOR = b"aspc.predictor"  # predictor identity: kind, version, content hash
-META_INPUT_HASH = b"aspc.input_hash"  # plain string: sha256 of the input's prompt rows
+META_INPUT_HASH = b"aspc.input_hash"  # plain string: sha256 of the input file's bytes
 META_METRICS = b"aspc.metrics"  # plan metrics (names in aspc.emit.metrics)
 META_ROWS_HASH = b"aspc.rows_hash"  # plain string: sha256 over the plan rows, detects edits
 # The tokenizer that counted prompt_tokens (kind, name, content hash). Written

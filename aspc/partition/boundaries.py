@@ -304,8 +304,8 @@ def partition(
     batch), so the DP cuts only at jumps in length that pay for the extra
     minibatch. ``overhead=None`` adds instead a constant ``lambda`` per
     minibatch, the Lagrange multiplier of "use ``round(n / B)`` minibatches",
-    and bisects it until the DP's count is within 0.2% of that target: the
-    result is padding-optimal among partitions with its count, sizes average ``B``
+    and bisects it until the DP's count is within max(1, 0.2%) of that target
+    (one minibatch either way below 500 minibatches): the result is padding-optimal among partitions with its count, sizes average ``B``
     while the slack moves boundaries to jumps in predicted length (the ASP
     preprint's intent) rather than shrinking every minibatch. The compile layer
     multiplies by samples per prompt, a constant factor that leaves the

@@ -48,7 +48,7 @@ def test_draws_honour_quantiles_whose_median_is_off_centre(q):
     # q10..q90 put those percentiles near 1.3 x q10 and 1.3 x q90.
     n = 20000
     table = plan_table(np.arange(n) // 100, predicted=q[1])
-    for name, value in zip(("predicted_q10", "predicted_q50", "predicted_q90"), q):
+    for name, value in zip(("predicted_q10", "predicted_q50", "predicted_q90"), q, strict=True):
         table = table.set_column(table.schema.get_field_index(name), name, pa.array(np.full(n, value)))
     drawn = sample_predicted_lengths(work_from_table(table), seed=1).response_len
     # Shares at or below each quantile (a heavy tail's 90th percentile itself moves 5% from seed to seed).

@@ -67,7 +67,7 @@ def compile_options(fn: F, *, with_strategy: bool = True) -> F:
             "--minibatch-overhead",
             type=float,
             default=None,
-            help="κ: per-minibatch cost (|b|+κ)·max in the DP; 0 = pure padding. [default: keep round(n/B) minibatches]",
+            help="κ: per-minibatch cost (|b|+κ)·max in the DP; 0 = pure padding. [default: keep about round(n/B) minibatches]",
         ),
         click.option("--groups", "-g", type=int, default=None, help="Number of dispatch groups."),
         click.option("--group-size", type=int, default=None, help="Minibatches per dispatch group. [default: 8]"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from aspc.cli.paths import PathArg
 from aspc.cli.preload import runtime_loading
 from aspc.cli.run_epochs import check_epoch_options, epoch_options
 from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
-from aspc.errors import Interrupted, OutputError, finding
+from aspc.errors import ConfigError, Interrupted, OutputError, finding
 
 _FMT = {
     "mean_iteration_time": "{:.3f} s",
@@ -320,6 +321,9 @@ def run_cmd(
 
     # Before a real backend resolves its model or a history file is read.
     check_log_options(log_dir, overwrite=overwrite, resume=resume)
+    flush_source = click.get_current_context().get_parameter_source("log_flush_seconds")
+    if log_dir is None and flush_source != click.core.ParameterSource.DEFAULT:  # it was silently ignored
+        raise ConfigError("--log-flush-seconds sets how often the run log commits: pass --log RUN too, or drop it")
     check_lengths_field(actual_lengths, id_field=True)
     check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens, scout_keep,
                         scout_keep_through, kwargs.get("backend") or "sim", scout_roll=scout_roll,
@@ -329,6 +333,8 @@ def run_cmd(
 
         cost_file = kwargs.get("sim_cost_model")
         check_output(log_dir, inputs=[plan_path, actual_lengths, cost_file], kind="dir", option="--log", resume=resume)
+        if resume and not os.path.lexists(log_dir):  # a restart script's first run, or a mistyped path
+            note(f"--resume: no run log at {log_dir} yet; this run starts one there", quiet)
     from aspc.run_layout import SINGLE, check_log_layout, clear_run_dir
 
     layout = check_log_layout(

@@ -273,8 +273,10 @@ def check_staleness(config: RunConfig, largest_minibatch: int, *, revised: bool 
 
 # Here, not in record.resume, so a command can check its options before loading the runtime.
 def check_log_options(log_dir: str | os.PathLike | None, *, overwrite: bool, resume: bool) -> None:
-    """Raise :class:`ConfigError` for ``--resume`` without ``--log``, or with ``--overwrite``."""
+    """Raise :class:`ConfigError` for ``--resume`` or ``--overwrite`` without ``--log``, or the two together."""
     if resume and log_dir is None:
         raise ConfigError("--resume continues a run log: pass the run's --log directory")
+    if overwrite and log_dir is None:  # it was silently ignored
+        raise ConfigError("--overwrite replaces a run log: pass its --log directory, or drop --overwrite")
     if resume and overwrite:
         raise ConfigError("--resume and --overwrite contradict each other; pass one of them")

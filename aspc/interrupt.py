@@ -273,6 +273,11 @@ def deferred(drop: bool = False) -> Iterator[None]:
             _resend(signum)
 
 
+def policy_active() -> bool:
+    """Whether :func:`handlers` holds SIGINT now: a command of the CLI runs, not a caller of the Python API."""
+    return signal.getsignal(signal.SIGINT) is _handler
+
+
 def signal_taken() -> int | None:
     """The signal aspc's handler last raised as :class:`Interrupted`, while its policy is in force (else None:
     a signal an earlier in-process command took says nothing of a KeyboardInterrupt now)."""

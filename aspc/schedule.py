@@ -229,6 +229,8 @@ def _by_prediction(mean: np.ndarray, ids: Any, seed: int) -> np.ndarray:
     """
     from aspc.schedule_kernel import float_order_bits, lex_argsort
 
+    if len(ids) != mean.size:  # the kernel indexes both without bounds checks
+        raise ValueError(f"{len(ids)} ids for {mean.size} predictions")
     return lex_argsort(float_order_bits(np.ascontiguousarray(mean, dtype=np.float64)), _id_keys(ids, seed))
 
 

@@ -56,6 +56,18 @@ def test_draws_honour_quantiles_whose_median_is_off_centre(q):
     assert shares == pytest.approx([0.1, 0.5, 0.9] if q[0] < q[2] else [1.0] * 3, abs=0.012)
 
 
+def test_a_wide_upper_band_never_draws_a_negative_length():
+    # q90 / q50 = 1e9 drew past int64's range: the cast made those samples negative, caps or not.
+    n = 20000
+    table = plan_table(np.arange(n) // 100, predicted=1.0)
+    for name, value in zip(("predicted_q10", "predicted_q50", "predicted_q90"), (1.0, 1.0, 1e9), strict=True):
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(np.full(n, value)))
+    work = work_from_table(table)
+    drawn = sample_predicted_lengths(work, seed=0).response_len
+    assert drawn.min() >= 1 and drawn.max() <= 1e9
+    assert sample_predicted_lengths(work, seed=0, max_new_tokens=4096).response_len.max() == 4096
+
+
 def test_samples_per_prompt_overrides_the_plan():
     table = plan_table(np.arange(10) // 5, n_samples=1)
     res = run(table, config=RunConfig(workers=2, global_batch=5, samples_per_prompt=3))

@@ -76,3 +76,11 @@ def test_radix_order_matches_a_lexicographic_sort(rows, wide):
     k = np.array([r[2] if wide else r[1] for r in rows], dtype=np.uint64)
     got = lex_argsort(float_order_bits(x), k)
     assert got.tolist() == np.lexsort((np.arange(len(rows)), k, x)).tolist()
+
+
+def test_ids_and_predictions_of_other_lengths_are_refused():
+    # The radix kernel indexes both arrays without bounds checks: a mismatch was a segfault.
+    import pytest
+
+    with pytest.raises(ValueError, match="3 ids for 2 predictions"):
+        _by_prediction(np.array([1.0, 2.0]), pa.array(["a", "b", "c"]), 0)

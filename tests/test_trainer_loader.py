@@ -156,6 +156,23 @@ def test_bad_trainer_specs(user_dir, spec, fragment):
     assert "\n" not in str(err.value)
 
 
+def test_the_python_api_hands_a_users_own_base_exception_back(plan):
+    # Under the CLI it is one line (above); a caller of aspc.runtime.run gets its own control flow back
+    # (a test's pytest.skip in a trainer, a cancellation), not "the trainer failed".
+    from aspc.emit import read_plan
+    from aspc.runtime import RunConfig, Trainer, run
+
+    class Stop(BaseException):
+        pass
+
+    class Stopping(Trainer):
+        def step(self, batch):
+            raise Stop("mine")
+
+    with pytest.raises(Stop, match="mine"):
+        run(read_plan(plan[0]), config=RunConfig(workers=2, global_batch=8), trainer=Stopping())
+
+
 def test_trainer_args():
     assert parse_trainer_args(["lr=1e-3", "name=abc", "n=4", "flag=true"]) == {
         "lr": 1e-3, "name": "abc", "n": 4, "flag": True}

@@ -322,7 +322,8 @@ def run_cmd(
     # Before a real backend resolves its model or a history file is read.
     check_log_options(log_dir, overwrite=overwrite, resume=resume)
     flush_source = click.get_current_context().get_parameter_source("log_flush_seconds")
-    if log_dir is None and flush_source != click.core.ParameterSource.DEFAULT:  # it was silently ignored
+    defaults = (click.core.ParameterSource.DEFAULT, click.core.ParameterSource.DEFAULT_MAP)
+    if log_dir is None and flush_source not in defaults:  # it was silently ignored
         raise ConfigError("--log-flush-seconds sets how often the run log commits: pass --log RUN too, or drop it")
     check_lengths_field(actual_lengths, id_field=True)
     check_epoch_options(epochs, log_dir, length_drift, replan, replan_every, scout, scout_tokens, scout_keep,

@@ -186,6 +186,7 @@ def run(
     """
     config = config or RunConfig()
     config.validate()
+    resume_log.check_log_options(log_dir, overwrite=overwrite, resume=resume)  # before a backend is built
     mode = parse_return_mode(config.return_mode)
     sim_cost_model = sim_cost_model or SimCostModel()
     table, plan_info = _plan_parts(plan)
@@ -219,7 +220,6 @@ def run(
     closes = (backend is None or not keep_open, trainer is None or not keep_open)
     backend = backend or make_backend(kind, context)
     trainer = trainer or make_trainer("sim", context)
-    resume_log.check_log_options(log_dir, overwrite=overwrite, resume=resume)
     if config.speed_probe and backend.clock is Clock.VIRTUAL:
         raise ConfigError("--speed-probe times real generation; the sim backend has no machine speed to "
                           "probe: drop it, or use --backend hf|vllm")

@@ -250,9 +250,12 @@ def _user_code(fn: Callable[..., Any], *args: Any, failed: str, fix: str) -> Any
             return fn(*args)
         except AspcError:
             raise
-        # Any BaseException: a user's own subclass of it (or asyncio's CancelledError) was a traceback.
         except BaseException as exc:  # user code: one line (its message may span several)
             if not raised_by_code(exc):
+                raise
+            # A BaseException of the user's own (neither an error, an exit nor Ctrl-C) was a traceback under
+            # the CLI; a caller of the Python API gets it back as it is (pytest.skip, a cancellation).
+            if not isinstance(exc, (Exception, SystemExit, KeyboardInterrupt)) and not interrupt.policy_active():
                 raise
             raise _CodeFailed(f"{failed}: {_said(exc)}; {fix}") from exc
 

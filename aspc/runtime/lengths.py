@@ -17,6 +17,7 @@ from aspc import portable_math as pm
 from aspc.costs.kernel import Z90
 from aspc.emit import schema as S
 from aspc.errors import InputError
+from aspc.guards import MAX_LENGTH
 from aspc.io.lengths_by_id import LengthsById
 from aspc.io.table import column_numpy
 from aspc.runtime.work import WorkPlan
@@ -121,7 +122,10 @@ def sample_predicted_lengths(
     rows = work.sample_row
     z = np.random.default_rng(seed).standard_normal(rows.size)
     sigma = np.where(z < 0.0, below[rows], above[rows])
-    lengths = np.maximum(np.rint(pm.exp(mu[rows] + sigma * z)), 1.0).astype(np.int64)
+    # At most the longest length a plan may hold: a wide upper half (q90 / q50 up to 1e9) drew past
+    # int64's range, and the cast made those samples negative.
+    log_len = np.minimum(mu[rows] + sigma * z, float(np.log(MAX_LENGTH)))
+    lengths = np.maximum(np.rint(pm.exp(log_len)), 1.0).astype(np.int64)
     note = (
         f"no --actual-lengths: each sample's length is drawn (seed {seed}) from a lognormal fitted to the "
         "plan's predicted_q10..q90"

@@ -124,7 +124,7 @@ def sample_predicted_lengths(
     sigma = np.where(z < 0.0, below[rows], above[rows])
     # At most the longest length a plan may hold: a wide upper half (q90 / q50 up to 1e9) drew past
     # int64's range, and the cast made those samples negative.
-    log_len = np.minimum(mu[rows] + sigma * z, float(np.log(MAX_LENGTH)))
+    log_len = np.minimum(mu[rows] + sigma * z, float(pm.log(np.array([MAX_LENGTH]))[0]))
     lengths = np.maximum(np.rint(pm.exp(log_len)), 1.0).astype(np.int64)
     note = (
         f"no --actual-lengths: each sample's length is drawn (seed {seed}) from a lognormal fitted to the "

@@ -88,9 +88,9 @@ def _radix_pass(src_k, src_i, dst_k, dst_i, by, counts, shift) -> None:
 def lex_argsort(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     """Row order by (hi, lo, row): an LSD radix sort of two uint64 words, stable.
 
-    Digits that every row shares are skipped (a prediction's exponent bits, a
-    small integer key), so a column of a few thousand distinct lengths costs a
-    few passes.
+    Digits that every row shares are skipped (a prediction's low mantissa bits
+    when lengths are integers, its sign), so the high word of a column of a
+    few thousand distinct lengths costs a few passes beside the key's eight.
     """
     n = hi.size
     idx = np.arange(n, dtype=np.int64)

@@ -104,6 +104,7 @@ class ReadOnce:
             input_hash=full.input_hash,
             skipped=list(full.skipped),
             token_counter=full.token_counter,
+            ids_unique=True,  # full's, checked when it was read
         )
 
 

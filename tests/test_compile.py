@@ -434,3 +434,14 @@ def test_a_plan_named_as_another_format_is_noted(tmp_path, name, noted):
     assert res.exit_code == 0, res.output
     assert pq.read_metadata(tmp_path / name).num_rows > 0  # Parquet whatever the name
     assert (f"{name}: a plan is always written as Parquet" in res.output) is noted
+
+
+def test_a_hand_built_table_with_a_repeated_id_is_refused():
+    """The readers refuse a repeated id row by row; a table built through the Python API is refused whole,
+    before a plan that `aspc check` and `aspc run` would refuse can be written from it."""
+    t = _table([[1.0], [2.0], [3.0]])
+    with pytest.raises(ValueError, match="duplicate prompt id 'p1'; prompt ids must be unique"):
+        PromptTable(["p0", "p1", "p1"], t.prompt_array, t.text_array, t.source_rows, t.prompt_tokens, None, "0" * 64)
+    assert len(t.take(np.array([2, 0]))) == 2  # a subset of unique ids stays a table
+    with pytest.raises(ValueError, match="duplicate prompt id 'p0'"):
+        t.take(np.array([0, 0]))

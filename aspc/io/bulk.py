@@ -249,6 +249,7 @@ def table_from_columns(
         prompt_tokens=estimate_tokens(nbytes),
         lengths=lengths,
         input_hash="",
+        ids_unique=True,  # _all_distinct above
     )
 
 

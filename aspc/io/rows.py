@@ -420,4 +420,5 @@ def read_rows(
         lengths=lengths if length_field else None,
         input_hash="",
         skipped=skipped,
+        ids_unique=True,  # refused row by row above
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from aspc.io.ragged import RaggedLengths
 
@@ -116,6 +117,12 @@ def _strings(values: Sequence[str] | pa.Array | pa.ChunkedArray) -> pa.Array | p
     return string_column(values)
 
 
+def _first_duplicate(ids: pa.Array | pa.ChunkedArray) -> str:
+    """One id that occurs more than once in ``ids`` (which has one)."""
+    counts = pc.value_counts(ids)
+    return counts.field("values").filter(pc.greater(counts.field("counts"), 1))[0].as_py()
+
+
 class PromptTable:
     """Validated prompts of one dataset, in input order.
 
@@ -135,6 +142,8 @@ class PromptTable:
         input_hash: str,
         skipped: list[SkippedRow] | None = None,
         token_counter: dict[str, Any] | None = None,
+        *,
+        ids_unique: bool = False,
     ) -> None:
         self.id_array = _strings(ids)  # unique prompt ids
         self.prompt_array = _strings(prompts)  # stored form: the text, or chat messages as compact JSON
@@ -154,6 +163,10 @@ class PromptTable:
             raise ValueError("PromptTable columns differ in length")
         if lengths is not None and len(lengths) != n:
             raise ValueError(f"{len(lengths)} length entries for {n} prompts")
+        # A plan keys samples, history and resume by prompt id: a table built by hand (the Python API) is
+        # checked here; the readers check in bulk while they read and say so (ids_unique), sparing 1M rows ~0.2 s.
+        if not ids_unique and n and len(pc.unique(self.id_array)) != n:
+            raise ValueError(f"duplicate prompt id {_first_duplicate(self.id_array)!r}; prompt ids must be unique")
         self._lists: dict[str, list[str]] = {}
 
     def __len__(self) -> int:

@@ -330,6 +330,17 @@ def test_a_tokenizer_directory_counts_without_its_saved_padding_and_truncation(t
                                    "10", "-o", str(out), "--json"])  # fmt: skip
     assert res.exit_code == 0, res.output
     assert read_plan(out).column(S.PROMPT_TOKENS).tolist() == [3] * 10
+    # The same directory reached through a symlink, or as "." from inside it, writes the same bytes.
+    (tmp_path / "link").symlink_to(tmp_path / "tok")
+    plans = []
+    for cwd, name in ((tmp_path, str(tmp_path / "tok")), (tmp_path, "link"), (tmp_path / "tok", ".")):
+        plans.append(tmp_path / f"plan-{len(plans)}.parquet")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.chdir(cwd)
+            res = CliRunner().invoke(cli, ["compile", str(src), "--tokenizer", name, "-o", str(plans[-1]), "--quiet"])
+        assert res.exit_code == 0, res.output
+    assert read_plan(plans[0]).token_counter["name"] == "tok"
+    assert plans[0].read_bytes() == plans[1].read_bytes() == plans[2].read_bytes()
 
 
 def test_known_lengths_prediction_is_per_prompt_numpy(dataset):

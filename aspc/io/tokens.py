@@ -103,7 +103,9 @@ class _HFTokenizer(Tokenizer):
         # transformers models: to 128): counted as saved, every prompt was "128 tokens".
         self._tok.no_padding()
         self._tok.no_truncation()
-        super().__init__(folder.name, _sha256(path))
+        # The directory's own name, however it was reached: "." or a symlink named the same tokenizer
+        # otherwise, and the plan's metadata (so its bytes) moved with the working directory.
+        super().__init__(folder.resolve().name, _sha256(path))
 
     def _count(self, texts: list[str]) -> list[int]:
         encode = getattr(self._tok, "encode_batch_fast", self._tok.encode_batch)

@@ -30,6 +30,15 @@ def main() -> None:
         # An ignored SIGHUP (nohup) stays ignored, as aspc.interrupt keeps it.
         if s is not None and not (s == getattr(signal, "SIGHUP", None) and signal.getsignal(s) is signal.SIG_IGN):
             signal.signal(s, _before_the_command)
+    from aspc.address_space import too_small
+
+    # Help and version load no numerical library; anything else would hang or abort under such a limit.
+    if (refusal := too_small()) is not None and not {"-h", "--help", "--version"} & set(sys.argv[1:]):
+        try:
+            os.write(2, f"Error: {refusal}\n".encode())
+        except OSError:
+            pass
+        sys.exit(2)
     from aspc.cli import main as command_line
 
     sys.exit(command_line())

@@ -132,7 +132,9 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except IsADirectoryError as exc:
             raise CliError(f"expected a file but got a directory: {exc.filename}", 2) from None
         except MemoryError:
-            raise CliError("out of memory; try a smaller input or batch", 2) from None
+            from aspc.address_space import out_of_memory
+
+            raise CliError(out_of_memory(), 2) from None
         except OSError as exc:
             if _in_numba_cache(exc):
                 raise CliError(_numba_cache_line(exc), 2) from None

@@ -287,6 +287,8 @@ def read_plan(path: str | os.PathLike, *, verify: bool = True) -> Plan:
             table = pq.ParquetFile(fh).read()
         meta = table.schema.metadata or {}
         table.column_names  # noqa: B018 - decodes field names; corrupt bytes fail here, not later
+    except MemoryError:  # pyarrow's ArrowMemoryError too: the file is not to blame, "recompile it" misled
+        raise
     except (pa.ArrowException, OSError, ValueError) as exc:
         # ValueError covers UnicodeDecodeError from corrupt field names.
         raise PlanError(
@@ -312,6 +314,8 @@ def read_plan(path: str | os.PathLike, *, verify: bool = True) -> Plan:
         raise PlanError(f"{path.name}: plan lacks columns {missing}; recompile the plan")
     try:
         table = table.select([f.name for f in S.PLAN_SCHEMA]).cast(S.PLAN_SCHEMA)
+    except MemoryError:
+        raise
     except (pa.ArrowException, ValueError):
         raise PlanError(f"{path.name}: plan columns have wrong types or nulls; recompile the plan") from None
     plan = Plan(

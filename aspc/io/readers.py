@@ -15,6 +15,7 @@ import csv
 import io
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,9 @@ def detect_format(path: Path) -> str:
         return "parquet"
     if not os.path.lexists(path):  # say so before the suffix: "nonexist" is a typo more often than a format
         raise InputError(f"{path}: no such file; check the path")
+    if suffix in _COMPRESSED_SUFFIXES:
+        raise InputError(f"{path.name}: a {_COMPRESSED_SUFFIXES[suffix]}-compressed file; decompress it first and pass "
+                         f"the {', '.join(SUPPORTED_SUFFIXES)} file inside")  # fmt: skip
     raise InputError(
         f"{path.name}: unsupported file type {suffix or '(none)'}; use one of {', '.join(SUPPORTED_SUFFIXES)}"
     )
@@ -127,10 +131,22 @@ def _check_file(path: Path) -> None:
         raise InputError(f"{path.name}: file is empty; give a dataset with at least one prompt")
 
 
+# Compressed files by suffix, and by their first bytes where the suffix says text (a gzip saved as .jsonl).
+_COMPRESSED_SUFFIXES = {".gz": "gzip", ".zst": "zstd", ".bz2": "bzip2", ".xz": "xz", ".zip": "zip"}
+# bzip2's "BZh" is followed by the block size and a block's (or the end's) own magic: "BZh" alone opens text.
+_COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip"}
+_BZIP2 = re.compile(rb"BZh[1-9](\x31\x41\x59\x26\x53\x59|\x17\x72\x45\x38\x50\x90)")
+
+
 def _decode(data: bytes, path: Path) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
+        # Only where the bytes are not text: a text file may well begin "BZh".
+        kind = next((k for magic, k in _COMPRESSED_MAGIC.items() if data.startswith(magic)), None)
+        kind = "bzip2" if kind is None and _BZIP2.match(data) else kind
+        if kind is not None:
+            raise InputError(f"{path.name}: a {kind}-compressed file, not text; decompress it first") from None
         line = data[: exc.start].count(b"\n") + 1
         raise InputError(f"{path.name}: line {line}: not valid UTF-8; re-encode the file as UTF-8") from None
 
@@ -352,6 +368,8 @@ def read_parquet_table(path: Path):
         if twice is None:
             with arrow_file(path) as fh:
                 return pq.read_table(fh)
+    except MemoryError:  # pyarrow's ArrowMemoryError too: out of memory, not a bad file
+        raise
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise InputError(f"{path.name}: not a readable Parquet file ({short_reason(exc)}); check the file") from None
     raise InputError(f"{path.name}: two columns are named {twice!r}; rename or drop one")
@@ -372,6 +390,8 @@ def iter_parquet(path: Path) -> Iterator[tuple[int, int, Any]]:
             for rec in recs:
                 yield row, row + 1, rec
                 row += 1
+    except MemoryError:
+        raise
     except (pa.ArrowException, ValueError) as exc:
         raise InputError(f"{path.name}: row {row + 1}: unreadable Parquet data ({short_reason(exc)})") from None
 

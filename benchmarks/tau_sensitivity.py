@@ -32,6 +32,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rl_reference as R  # noqa: E402 - the scenario's constants and inputs
 
+ROLL = "asp+scout+roll"
+ROWS = ("asp", ROLL)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -39,27 +42,46 @@ def main() -> None:
                     help="comma list of model names or substrings (default: every model of the validate split)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--sigmas", type=R.comma_list(float), default=[0, 0.3, 0.5, 0.65, 0.8, 1.2, 2])
+    ap.add_argument("--rows", type=R.comma_list(str), default=["asp"],
+                    help=f"strategies to price: a comma list of {', '.join(ROWS)} (default: asp)")
     R.data_option(ap)
     args = ap.parse_args()
+    if unknown := [r for r in args.rows if r not in ROWS]:
+        R.refuse(f"--rows: unknown row {unknown[0]!r}; use a comma list of {', '.join(ROWS)}")
+    args.rows = [r for r in ROWS if r in args.rows]  # the order each repeat computes them in
     if not R.use_data(args.data):
         return
     sys.path.insert(0, str(R.ROOT))
     from aspc.compiler import CompileConfig, compile_plan
     from aspc.io.options import InputOptions
+    from aspc.predict import load_predictor
     from aspc.predict.base import LengthPrediction
     from aspc.predict.metrics import kendall_tau
+    from aspc.progress import NULL_PROGRESS
+    from aspc.rolling_scout import simulate_rolling
     from aspc.runtime import RunConfig, run
+    from aspc.scout import scout_tokens, spare_lengths
+    from aspc.simulate_inputs import known_lengths
+
+    def rolling(table, pred, actual, cfg, rc) -> float:
+        """The rolling scout's mean iteration time with ``pred`` as its text prior."""
+        known = known_lengths(actual, table)
+        spare = spare_lengths(known, R.N, table.ids)
+        return simulate_rolling(table, pred, known, spare, "synthetic", cfg, rc, None, NULL_PROGRESS,
+                                scout_tokens(R.CAP), None, meta).summary.mean_iteration_time  # fmt: skip
+
+    meta = getattr(load_predictor("default"), "metadata", {}) or {}
 
     rows = R.load_rows()
     models = R.pick_models(args.models, rows)
     sigmas = args.sigmas
     taus: dict[float, list[float]] = {s: [] for s in sigmas}
-    ratios: dict[float, list[float]] = {s: [] for s in sigmas}
+    ratios: dict[tuple[str, float], list[float]] = {(r, s): [] for r in args.rows for s in sigmas}
     print(f"asp/random with synthetic predictions (true mean x lognormal noise), {args.repeats} seeds per model")
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         for model in models:
-            per: dict[float, list[tuple[float, float]]] = {s: [] for s in sigmas}
+            per: dict[float, list[list[float]]] = {s: [] for s in sigmas}
             for seed in range(args.repeats):
                 inp, _ = R.inputs_for(model, rows, tmp, seed)
                 recs = [json.loads(line) for line in open(inp)]
@@ -79,19 +101,26 @@ def main() -> None:
                 for s in sigmas:
                     m = true_mean * np.exp(s * z)
                     pred = LengthPrediction(m, m * shape[0.1], m * shape[0.5], m * shape[0.9])
-                    got = run(compile_plan(table, pred, cfg), config=rc, actual_lengths=actual).summary
-                    per[s].append((float(kendall_tau(m, true_mean)), got.mean_iteration_time / base))
+                    got = [float(kendall_tau(m, true_mean))]
+                    if "asp" in args.rows:
+                        got.append(run(compile_plan(table, pred, cfg), config=rc,
+                                       actual_lengths=actual).summary.mean_iteration_time / base)  # fmt: skip
+                    if ROLL in args.rows:
+                        got.append(rolling(table, pred, actual, cfg, rc) / base)
+                    per[s].append(got)
             cells = []
             for s in sigmas:
-                tau, ratio = np.mean(per[s], axis=0)
+                tau, *got = np.mean(per[s], axis=0)
                 taus[s].append(float(tau))
-                ratios[s].append(float(ratio))
-                cells.append(f"σ {s:g}: τ {tau:.2f} → {ratio:.3f}")
+                for r, ratio in zip(args.rows, got, strict=True):
+                    ratios[(r, s)].append(float(ratio))
+                cells.append(f"σ {s:g}: τ {tau:.2f} → " + " / ".join(f"{x:.3f}" for x in got))
             print(f"{model}: " + " | ".join(cells), flush=True)
-    print("\n| σ | Kendall τ (mean over models) | asp / random (mean) | worst model |")
-    print("|---|---|---|---|")
+    print("\n| σ | Kendall τ (mean over models) | " + " | ".join(f"{r} / random (mean) | worst model" for r in args.rows) + " |")
+    print("|---|---|" + "---|---|" * len(args.rows))
     for s in sigmas:
-        print(f"| {s:g} | {np.mean(taus[s]):.3f} | {np.mean(ratios[s]):.3f} | {np.max(ratios[s]):.3f} |")
+        cells = " | ".join(f"{np.mean(ratios[(r, s)]):.3f} | {np.max(ratios[(r, s)]):.3f}" for r in args.rows)
+        print(f"| {s:g} | {np.mean(taus[s]):.3f} | {cells} |")
 
 
 if __name__ == "__main__":

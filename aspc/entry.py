@@ -24,21 +24,29 @@ def _before_the_command(signum: int, _frame: object) -> None:
     os._exit(128 + signum)
 
 
+def refuse_a_small_address_space() -> None:
+    """Exit 2 with one line where ``ulimit -v`` is too small to load aspc's libraries (:mod:`aspc.address_space`).
+
+    Help and version load no numerical library, so they still answer. (An option value spelled
+    ``--help``, as in ``-o --help``, counts as help: the check is skipped, not the command.)
+    """
+    from aspc.address_space import too_small
+
+    if (refusal := too_small()) is not None and not {"-h", "--help", "--version"} & set(sys.argv[1:]):
+        try:
+            os.write(2, f"Error: {refusal}\n".encode())
+        except OSError:
+            pass  # stderr closed or full: the exit code still says it
+        sys.exit(2)
+
+
 def main() -> None:
     """Install the early handler, then hand over to the command line (whose own policy replaces it)."""
     for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGHUP", None)):
         # An ignored SIGHUP (nohup) stays ignored, as aspc.interrupt keeps it.
         if s is not None and not (s == getattr(signal, "SIGHUP", None) and signal.getsignal(s) is signal.SIG_IGN):
             signal.signal(s, _before_the_command)
-    from aspc.address_space import too_small
-
-    # Help and version load no numerical library; anything else would hang or abort under such a limit.
-    if (refusal := too_small()) is not None and not {"-h", "--help", "--version"} & set(sys.argv[1:]):
-        try:
-            os.write(2, f"Error: {refusal}\n".encode())
-        except OSError:
-            pass
-        sys.exit(2)
+    refuse_a_small_address_space()
     from aspc.cli import main as command_line
 
     sys.exit(command_line())

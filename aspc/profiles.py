@@ -118,6 +118,7 @@ def take_rows(table: PromptTable, idx: np.ndarray) -> PromptTable:
             input_hash=table.input_hash,
             skipped=table.skipped,
             token_counter=getattr(table, "token_counter", None),
+            ids_unique=True,  # ascending rows of a table whose ids are unique
         )
     pick = idx.tolist()
     changes: dict[str, Any] = {}

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import os
 import resource
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +47,14 @@ def test_an_address_space_too_small_is_refused_in_one_line_before_anything_hangs
     helped = subprocess.run([ASPC, "compile", "--help"], preexec_fn=_limited(1 << 30), capture_output=True, text=True,
                             timeout=60)  # fmt: skip
     assert helped.returncode == 0 and "Usage: aspc compile" in helped.stdout
+    # `python -m aspc.cli` (the examples' and tests' launch) refuses the same way; the override lets a command try.
+    module = subprocess.run([sys.executable, "-m", "aspc.cli", "compile", str(EXAMPLE), "-o", str(out)],
+                            preexec_fn=_limited(1 << 30), capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert module.returncode == 2 and module.stderr.startswith("Error: the address-space limit") and not out.exists()
+    assert "ASPC_ADDRESS_SPACE_CHECK=0 to try anyway" in module.stderr
+    tried = subprocess.run([ASPC, "compile", "--bogus"], preexec_fn=_limited(1 << 30), capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "ASPC_ADDRESS_SPACE_CHECK": "0"})  # fmt: skip
+    assert tried.returncode == 2 and "No such option '--bogus'" in tried.stderr
 
 
 def test_out_of_memory_names_the_address_space_limit_where_one_is_set(monkeypatch):
@@ -74,6 +84,7 @@ def test_a_plan_read_out_of_memory_is_not_called_truncated(tmp_path, monkeypatch
 
 
 def test_a_dataset_read_out_of_memory_is_not_called_unreadable(tmp_path, monkeypatch):
+    from aspc.io.bulk import read_parquet_bulk
     from aspc.io.readers import read_parquet_table
 
     src = tmp_path / "in.parquet"
@@ -81,6 +92,10 @@ def test_a_dataset_read_out_of_memory_is_not_called_unreadable(tmp_path, monkeyp
     monkeypatch.setattr(pq, "read_table", _NoMemory)
     with pytest.raises(MemoryError):
         read_parquet_table(src)
+    # Nor does the bulk reader hand it to the row reader, which needs more memory, not less.
+    monkeypatch.setattr(pq, "ParquetFile", _NoMemory)
+    with pytest.raises(MemoryError):
+        read_parquet_bulk(src, prompt_field="prompt", id_field="id", length_field=None)
 
 
 def test_payloads_read_out_of_memory_are_not_offered_for_deletion(tmp_path, monkeypatch):
@@ -107,6 +122,7 @@ def test_payloads_read_out_of_memory_are_not_offered_for_deletion(tmp_path, monk
         ("in.csv", gzip.compress, "in.csv: a gzip-compressed file, not text; decompress it first"),
         ("in.json", lambda b: b"\x28\xb5\x2f\xfd" + b"\xff" * 8, "in.json: a zstd-compressed file, not text; decompress"),
         ("in.csv", bz2.compress, "in.csv: a bzip2-compressed file, not text; decompress it first"),
+        ("in.csv", lambda b: _zipped(b), "in.csv: a zip-compressed file, not text; decompress it first (an Excel"),
         ("in.jsonl.gz", gzip.compress, "in.jsonl.gz: a gzip-compressed file; decompress it first and pass the .jsonl"),
     ],
 )
@@ -129,3 +145,30 @@ def test_text_that_begins_like_a_compressed_file_is_still_text(tmp_path):
         from aspc.io.readers import _decode
 
         _decode(b"BZh\n\xff", src)
+
+
+def _zipped(data: bytes) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("in.csv", data)
+    return buf.getvalue()
+
+
+def test_taking_distinct_rows_does_not_hash_the_ids_again(monkeypatch):
+    """A compile's row selection (--for verl, --max-prompt-length) and the rolling scout's windows take distinct rows
+    of a checked table: checked on the row numbers, not by hashing 1M ids again (~0.1 s each)."""
+    from aspc.io import table as T
+    from aspc.io.prompts import PromptTable
+    from aspc.profiles import take_rows
+
+    ids = [f"p{i}" for i in range(6)]
+    t = PromptTable(ids, ids, ids, np.arange(6), np.full(6, 3), None, "0" * 64)
+
+    def no_hashing(*args, **kwargs):
+        raise AssertionError("the ids were hashed again")
+
+    monkeypatch.setattr(T.pc, "unique", no_hashing)
+    assert t.take(np.array([5, 0, 3])).ids == ["p5", "p0", "p3"]
+    assert take_rows(t, np.array([1, 2, 4])).ids == ["p1", "p2", "p4"]

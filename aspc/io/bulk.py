@@ -280,6 +280,8 @@ def read_parquet_bulk(
         tab = pa.Table.from_batches(batches, schema=pa.schema([pf.schema_arrow.field(c) for c in columns]))
         del batches
         tab = _single_chunks(tab)
+    except MemoryError:  # pyarrow's ArrowMemoryError too: the row reader would need more, not less
+        raise
     except (pa.ArrowException, OSError, ValueError):
         return None
     rows = np.arange(len(tab), dtype=np.int64)
@@ -416,6 +418,8 @@ def _parse_jsonl(
             read_options=pj.ReadOptions(block_size=_JSON_BLOCK),
             parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
         )
+    except MemoryError:
+        raise
     except (pa.ArrowException, ValueError):
         return None
     rows = _line_rows(data, len(tab))

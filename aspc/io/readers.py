@@ -146,7 +146,8 @@ def _decode(data: bytes, path: Path) -> str:
         kind = next((k for magic, k in _COMPRESSED_MAGIC.items() if data.startswith(magic)), None)
         kind = "bzip2" if kind is None and _BZIP2.match(data) else kind
         if kind is not None:
-            raise InputError(f"{path.name}: a {kind}-compressed file, not text; decompress it first") from None
+            xlsx = " (an Excel workbook is a zip too: save it as CSV)" if kind == "zip" else ""
+            raise InputError(f"{path.name}: a {kind}-compressed file, not text; decompress it first{xlsx}") from None
         line = data[: exc.start].count(b"\n") + 1
         raise InputError(f"{path.name}: line {line}: not valid UTF-8; re-encode the file as UTF-8") from None
 

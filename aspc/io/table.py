@@ -174,8 +174,11 @@ class PromptTable:
 
     def take(self, rows: np.ndarray) -> PromptTable:
         """The prompts at ``rows`` (int positions) as a table of their own, without known lengths or skips."""
-        idx = pa.array(np.asarray(rows, dtype=np.int64))
+        rows = np.asarray(rows, dtype=np.int64)
+        idx = pa.array(rows)
         prompts = self.prompt_array.take(idx)
+        # Distinct rows of a table whose ids are unique: checked on the row numbers, not by hashing the ids.
+        distinct = rows.size == 0 or (int(rows.min()) >= 0 and int(np.bincount(rows).max()) <= 1)
         return PromptTable(
             ids=self.id_array.take(idx),
             prompts=prompts,
@@ -185,6 +188,7 @@ class PromptTable:
             lengths=None,
             input_hash=self.input_hash,
             token_counter=self.token_counter,
+            ids_unique=distinct,
         )
 
     def _list(self, name: str, arr: pa.Array | pa.ChunkedArray) -> list[str]:

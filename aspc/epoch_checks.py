@@ -40,7 +40,14 @@ def check_stored_plan(plan: Plan, path: Path, epoch: int, plan_name: str = "", *
         raise ConfigError(f"cannot resume epoch {epoch}: {finding(exc)}; delete it (the resume compiles it again from the "
                           "run logs) or pass --overwrite to start the epochs again") from None  # fmt: skip
     same_rows = stored.stored_rows_hash == rows_hash(plan.table.cast(S.PLAN_SCHEMA))
-    if not (same_rows and stored.config == as_stored(plan.config)):
+    want = as_stored(plan.config)
+    if not (same_rows and stored.config == want):
+        old_n, n = stored.config.get("samples_per_prompt"), want.get("samples_per_prompt")
+        if not given and epoch > 1 and old_n == 1 != n and {**stored.config, "samples_per_prompt": n} == want:
+            # Not edited: an aspc before 2026-12-06 compiled every epoch after the first for one sample per prompt.
+            raise ConfigError(f"{path}: compiled for 1 sample per prompt, as aspc did for epochs after the first "
+                              f"before 2026-12-06 (this one compiles them for the run's {n}); finish the run with the "
+                              "aspc that started it, or pass --overwrite to start the epochs again")  # fmt: skip
         named = f"PLAN {plan_name}" if plan_name else "the given plan"
         what = (f"epoch 1 ran another plan than {named} (or {path.name} was edited)" if given else
                 f"not the plan epoch {epoch} compiles from {named} and the run logs before it (edited, or another "

@@ -140,3 +140,19 @@ def test_resume_names_an_epoch_log_without_meta(tmp_path, data, plan):
     assert _snapshot(log) == before
     shutil.rmtree(log / "epoch-2")  # as the message says
     assert _run(*_args(plan, data, log, "--epochs", "2", "--resume")).exit_code == 0
+
+
+def test_resume_of_epochs_an_older_aspc_compiled_for_one_sample_says_so(tmp_path, data, plan):
+    # Before: "not the plan epoch 2 compiles from PLAN ... (edited, or another PLAN or other options)", with the
+    # same PLAN and options: aspc before 2026-12-06 compiled epochs 2.. for one sample per prompt.
+    from aspc.emit.plan import read_plan, write_plan
+
+    log = tmp_path / "R"
+    assert _run(*_args(plan, data, log, "--epochs", "2")).exit_code == 0
+    stored = read_plan(log / "plans" / "epoch-2.parquet")
+    stored.config["samples_per_prompt"] = 1
+    write_plan(stored, log / "plans" / "epoch-2.parquet")
+    msg = _error(_run(*_args(plan, data, log, "--epochs", "2", "--resume")))
+    assert msg == (f"Error: {log / 'plans' / 'epoch-2.parquet'}: compiled for 1 sample per prompt, as aspc did for "
+                   f"epochs after the first before 2026-12-06 (this one compiles them for the run's {N}); finish the "
+                   "run with the aspc that started it, or pass --overwrite to start the epochs again")  # fmt: skip

@@ -117,8 +117,10 @@ bench: install
 	$(BIN)/python benchmarks/kernels_scale.py
 	$(BIN)/python benchmarks/compile_scale.py
 
+# requires-python is >=3.10: ruff checks the syntax, vermin the standard-library names too.
 lint: install
 	$(BIN)/ruff check aspc tests benchmarks scripts examples
+	$(BIN)/vermin --quiet --no-tips --violations --eval-annotations -t=3.10- aspc tests benchmarks scripts examples
 
 clean:
 	rm -rf $(VENV) $(VVENV) examples/out .pytest_cache .hypothesis

@@ -259,6 +259,11 @@ def run_epochs(
                            windows=scout_windows, replan=replan_every is not None,
                            compile_overrides=compile_overrides)  # fmt: skip
     cfg = epoch_compile_config(plan, config, compile_overrides)
+    if SEED_MAX < cfg.seed + n_epochs - 1:
+        # Epoch k's plan is compiled with the plan's seed + k - 1: refused before epoch 1, not after it.
+        raise ConfigError(f"--epochs {n_epochs}: {plan_name or 'the plan'} was compiled with --seed {cfg.seed}, and "
+                          f"epoch k's plan is compiled with seed {cfg.seed} + k - 1, past 2**63-1; compile the plan "
+                          f"with a --seed of at most {SEED_MAX - n_epochs + 1}")  # fmt: skip
     table = prompt_table_of(plan.table, plan.input_hash)
     replay_base = backend.options.replay_lengths if replays else None
     scout_lengths = scout_replay = None

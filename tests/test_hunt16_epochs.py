@@ -99,3 +99,15 @@ def test_a_seed_the_epochs_would_carry_past_the_largest_is_refused_before_any_ep
                    "--length-field", "lengths", "-q")  # fmt: skip
     assert "use a --seed of at most 9223372036854775806" in one_line_error(r, 2)
     assert not log.exists()
+
+
+def test_a_plan_compiled_with_the_largest_seed_is_refused_before_any_epoch(tmp_path, data):
+    # The same for the plan's compile seed, which epoch k's plan carries on (+ k - 1).
+    full, _ = data
+    plan, log = tmp_path / "top.parquet", tmp_path / "R"
+    assert invoke_cli("compile", full, "-o", plan, "--seed", str(2**63 - 1), "-q").exit_code == 0
+    args = ["run", plan, "--log", log, "--actual-lengths", full, "--length-field", "lengths", "-q"]
+    r = invoke_cli(*args, "--epochs", "2")
+    assert "compile the plan with a --seed of at most 9223372036854775806" in one_line_error(r, 2)
+    assert not log.exists()
+    assert invoke_cli(*args, "--epochs", "1").exit_code == 0  # one epoch compiles nothing

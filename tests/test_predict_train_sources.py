@@ -89,6 +89,14 @@ def test_run_log_without_plan_or_samples(run_log, tmp_path) -> None:
     assert len(res.output.strip().splitlines()) == 1 and not (tmp_path / "q").exists()
 
 
+def test_a_missing_plan_is_named_not_the_log(run_log, tmp_path) -> None:
+    # It said "no plan.parquet in the run log ...; pass --plan PLAN" to a log that holds one.
+    res = cli("predict", "train", str(run_log["run"]), "--plan", str(tmp_path / "typo.parquet"), "-o", str(tmp_path / "p"))
+    line = res.output.strip()
+    assert res.exit_code == 2 and len(line.splitlines()) == 1 and not (tmp_path / "p").exists()
+    assert "typo.parquet: does not exist" in line and "drop --plan to use" in line, line
+
+
 def test_a_plan_the_log_did_not_run_is_refused(run_log, tmp_path) -> None:
     # The same ids with other texts (each prompt moved to the next row) trained silently on wrong pairs.
     rows = records(240)

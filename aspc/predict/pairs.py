@@ -105,6 +105,11 @@ def read_run_log_pairs(
             "(prompt, length) pairs: let the run commit samples, or give a dataset"
         )
     plan_path = Path(plan) if plan is not None else path / PLAN_IN_LOG
+    if plan is not None and not plan_path.is_file():
+        # What is missing is the plan the user named, not the log's own.
+        what = "is a directory" if plan_path.is_dir() else "does not exist"
+        drop = f", or drop --plan to use {path / PLAN_IN_LOG}" if (path / PLAN_IN_LOG).is_file() else ""
+        raise InputError(f"--plan {plan}: {what}; give the plan file that was run{drop}")
     if not plan_path.is_file():
         raise InputError(
             f"{path}: no {PLAN_IN_LOG} in the run log to take prompt texts from; pass --plan PLAN "

@@ -194,7 +194,9 @@ def compile_notes(metrics: dict[str, Any], config: Any, predictor: dict[str, Any
             )
         )
     spread = metrics.get("group_samples_range")
-    if spread and spread[0] != spread[1] and config.target != "verl":
+    # Only the annealer swaps minibatches to even groups out; the baselines and --order ascending say so above.
+    balanced = config.strategy == "asp" and config.order != "ascending"
+    if spread and spread[0] != spread[1] and config.target != "verl" and balanced:
         out.append(f"--equal-samples: groups hold {spread[0]}-{spread[1]} samples, as equal as swapping their "
                    "minibatches made them; --for verl makes every group exactly --batch-size x --group-size prompts")  # fmt: skip
     if config.target == "verl" and config.max_response_length is None:

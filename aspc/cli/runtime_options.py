@@ -17,11 +17,15 @@ from aspc.runtime.registry import BACKENDS, ENGINES, BackendKind, EngineKind
 F = Callable[..., Any]
 
 
-def runtime_options(fn: F, *, cost_model_flags: tuple[str, ...] = ("--cost-model", "--sim-cost-model")) -> F:
+def runtime_options(
+    fn: F, *, cost_model_flags: tuple[str, ...] = ("--cost-model", "--sim-cost-model"), sim_only: bool = False
+) -> F:
     """Options every command that runs a plan takes (``run``, ``simulate``).
 
     The simulator's coefficients file is ``--cost-model`` (alias
     ``--sim-cost-model``); the compiler's minibatch cost is ``--minibatch-cost``.
+    ``sim_only`` (``simulate``) hides ``--backend`` and ``--engine``: the
+    command refuses any but the simulator's (:func:`refuse_real_backend`).
     """
     opts = [
         click.option(
@@ -29,6 +33,7 @@ def runtime_options(fn: F, *, cost_model_flags: tuple[str, ...] = ("--cost-model
             type=click.Choice(BACKENDS),
             default=BackendKind.SIM.value,
             show_default=True,
+            hidden=sim_only,
             help="Generation backend (sim: discrete-event simulator, no hardware).",
         ),
         click.option(
@@ -36,6 +41,7 @@ def runtime_options(fn: F, *, cost_model_flags: tuple[str, ...] = ("--cost-model
             type=click.Choice(ENGINES),
             default=EngineKind.LOCAL.value,
             show_default=True,
+            hidden=sim_only,
             help="Where workers run.",
         ),
         click.option("--workers", "-w", type=int, default=8, show_default=True, help="Generation workers W."),
@@ -85,6 +91,19 @@ def runtime_options(fn: F, *, cost_model_flags: tuple[str, ...] = ("--cost-model
     for opt in reversed(opts):
         fn = opt(fn)
     return fn
+
+
+def refuse_real_backend(kwargs: dict[str, Any], command: str) -> None:
+    """``simulate`` runs the simulator only; it offered --backend hf|vllm and --engine ray and could run neither."""
+    from aspc.errors import ConfigError
+
+    backend, engine = kwargs.get("backend"), kwargs.get("engine")
+    if backend != BackendKind.SIM.value:
+        raise ConfigError(f"{command} runs the simulator only, not --backend {backend}: compile a plan and run it "
+                          f"with 'aspc run PLAN --backend {backend} --model DIR'")  # fmt: skip
+    if engine != EngineKind.LOCAL.value:
+        raise ConfigError(f"{command} runs the simulator in this process, not --engine {engine}: drop --engine, or "
+                          f"run a plan with 'aspc run PLAN --engine {engine}'")  # fmt: skip
 
 
 _RUNTIME_KEYS = (

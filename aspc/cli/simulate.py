@@ -24,7 +24,7 @@ from aspc.cli.common import (
 from aspc.cli.common import out_console as _out
 from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options, unused_note
 from aspc.cli.paths import PathArg
-from aspc.cli.runtime_options import run_config_from_kwargs, runtime_options
+from aspc.cli.runtime_options import refuse_real_backend, run_config_from_kwargs, runtime_options
 
 
 def _f(v: Any, spec: str) -> str:
@@ -120,7 +120,7 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
 # No --strategy here: --strategies names them all, and a --strategy beside it
 # used to be accepted and silently ignored.
 @functools.partial(compile_options, with_strategy=False)
-@runtime_options
+@functools.partial(runtime_options, sim_only=True)
 @click.option(
     "--actual-lengths",
     type=PathArg(path_type=Path),
@@ -153,6 +153,7 @@ def simulate_cmd(
     from aspc.simulate_compare import left_over_note
 
     small_pages_only()  # simulated workers only: no model runs in this process
+    refuse_real_backend(kwargs, "simulate")
     names = parse_strategies(strategies)
     order_asked = kwargs.get("order") is not None
     inputs, config = compile_config_from_kwargs(kwargs)

@@ -1,0 +1,44 @@
+"""Options whose behaviour disagreed with their --help text or the README (a hunt of 2026-12-07).
+
+Each case failed on the code before its fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import invoke_cli, one_line_error
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("extra", "want"),
+    [
+        (["--backend", "hf"], "simulate runs the simulator only, not --backend hf"),
+        (["--backend", "vllm"], "run it with 'aspc run PLAN --backend vllm --model DIR'"),
+        (["--engine", "ray"], "simulate runs the simulator in this process, not --engine ray"),
+    ],
+)
+def test_simulate_refuses_a_backend_it_cannot_run(small, extra, want):
+    # --help offered hf|vllm and ray; hf then asked for a --model that simulate does not take.
+    assert want in one_line_error(invoke_cli("simulate", small, "--length-field", "lengths", *extra, "-q"), 2)
+
+
+def test_simulate_help_does_not_offer_them(small):
+    out = invoke_cli("simulate", "--help").output
+    assert "--backend" not in out and "--engine" not in out
+    r = invoke_cli("simulate", small, "--length-field", "lengths", "--backend", "sim", "--engine", "local", "-q")
+    assert r.exit_code == 0, r.output  # the simulator's own, given explicitly, still runs
+
+
+@pytest.mark.parametrize("extra", [["--strategy", "random"], ["--strategy", "sorted"], ["--order", "ascending"]])
+def test_equal_samples_unused_is_said_once(tmp_path, extra):
+    # A second note went on to say how equal "swapping their minibatches" had made the groups: no swap ran.
+    r = invoke_cli("compile", EXAMPLE, "--length-field", "lengths", "-o", tmp_path / "p.parquet", "--equal-samples",
+                   *extra)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert text.count("--equal-samples:") == 1 and "not used" in text and "swapping" not in text, text

@@ -204,6 +204,7 @@ def check_output(
     option: str = "-o",
     others: dict[str, str | os.PathLike] | None = None,
     resume: bool = False,
+    example: str = "plan.parquet",
 ) -> Path:
     """Validate an output path before any work is done; return the path to write.
 
@@ -224,6 +225,9 @@ def check_output(
     resume
         ``target`` is a run log continued in place (``--resume``), which
         replaces nothing: the plan copy it keeps may be the input.
+    example
+        A file name of what the command writes, for the advice to a path
+        ending in ``/``.
 
     Returns
     -------
@@ -243,7 +247,7 @@ def check_output(
         raise OutputError(f"{option} is empty; give a path to write")
     if kind == "file" and raw.endswith(("/", os.sep)):
         raise OutputError(
-            f"{option} {raw} ends with '/', which names a directory; give a file path, e.g. {raw}plan.parquet"
+            f"{option} {raw} ends with '/', which names a directory; give a file path, e.g. {raw}{example}"
         )
     path = Path(raw)
     try:

@@ -42,3 +42,22 @@ def test_equal_samples_unused_is_said_once(tmp_path, extra):
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert text.count("--equal-samples:") == 1 and "not used" in text and "swapping" not in text, text
+
+
+def test_a_trailing_slash_is_answered_with_a_name_the_command_takes(tmp_path, small, plan):
+    # Every command suggested DIR/plan.parquet, which calibrate (JSON) and a JSONL export then refused.
+    log = tmp_path / "R"
+    assert invoke_cli("run", plan, "--log", log, "-q").exit_code == 0
+    cases = [
+        (["calibrate", log], "cost.json"),
+        (["export", plan, "--format", "jsonl", "--no-source"], "train.jsonl"),
+        (["export", plan, "--format", "verl", "--no-source"], "train.parquet"),
+        (["predict", "default", small], "preds.parquet"),
+        (["compile", small], "plan.parquet"),
+    ]
+    for i, (args, name) in enumerate(cases):
+        out = f"{tmp_path / f'o{i}'}/"
+        line = one_line_error(invoke_cli(*args, "-o", out), 2)
+        assert line.endswith(f"give a file path, e.g. {out}{name}"), line
+        fixed = invoke_cli(*args, "-o", f"{out}{name}", "-q")
+        assert fixed.exit_code == 0, (args, fixed.output)

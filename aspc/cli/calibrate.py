@@ -46,7 +46,7 @@ def calibrate_cmd(run_dir: Path, output: str | Path | None, as_json: bool, quiet
 
     if output is not None:
         check_output_suffix(output, "a cost model", "JSON", ".json")  # it wrote JSON into y.parquet
-        output = check_output(output, inputs=[run_dir])
+        output = check_output(output, inputs=[run_dir], example="cost.json")
 
     cal = calibrate(run_dir)
     if output is not None:

@@ -77,7 +77,7 @@ def export_cmd(
     from aspc.export.overrides import shell_line
     from aspc.guards import check_output
 
-    output = check_output(output, inputs=[plan_path, source])
+    output = check_output(output, inputs=[plan_path, source], example=f"train.{'jsonl' if fmt == 'jsonl' else 'parquet'}")
     if data_source is not None and not data_source.strip():  # verl picks the reward function by it
         raise ConfigError("--data-source is empty; give the name verl's reward manager knows (e.g. openai/gsm8k)")
 

@@ -344,7 +344,7 @@ def apply_cmd(
     small_pages_only()  # a million prompts' texts and features (a MiniLM, if any, is small)
     check_history_field(history or ())
     given = output
-    output = check_output(output, inputs=[data, *history, predictor_path(predictor)])
+    output = check_output(output, inputs=[data, *history, predictor_path(predictor)], example="preds.parquet")
     check_output_suffix(given, "the predictions table", "Parquet", ".parquet")  # it wrote Parquet into x.jsonl
     check_device(device, predictor)
     pred = load_predictor(predictor, target=target, device=device)

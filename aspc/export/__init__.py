@@ -195,7 +195,7 @@ def export_plan(
         src = locate_source(plan, plan_path, None if source is None else Path(source))
         check_rows(plan, src)
         # The source found by hash is an input too: never write over it.
-        check_output(out_path, inputs=[plan_path, src])
+        check_output(out_path, inputs=[plan_path, src], example=f"train.{'jsonl' if fmt == 'jsonl' else 'parquet'}")
     elif source is not None:
         raise ConfigError("give --source or --no-source, not both")
     inputs = plan.config.get("inputs") or {}

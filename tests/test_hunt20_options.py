@@ -61,3 +61,11 @@ def test_a_trailing_slash_is_answered_with_a_name_the_command_takes(tmp_path, sm
         assert line.endswith(f"give a file path, e.g. {out}{name}"), line
         fixed = invoke_cli(*args, "-o", f"{out}{name}", "-q")
         assert fixed.exit_code == 0, (args, fixed.output)
+
+
+def test_run_quiet_without_a_log_keeps_its_table(tmp_path, plan):
+    # It printed nothing at all: --quiet drops the table only where a file is the result (README).
+    r = invoke_cli("run", plan, "-q")
+    assert r.exit_code == 0 and "mean_iteration_time" in r.output, r.output
+    r = invoke_cli("run", plan, "-q", "--log", tmp_path / "R")
+    assert r.exit_code == 0 and r.output == "", r.output

@@ -441,7 +441,7 @@ def run_cmd(
     summary = result.summary.to_dict()
     if as_json:
         emit_json(summary)
-    elif not quiet:
+    elif not quiet or log_dir is None:  # without --log the table is the run's only result: --quiet keeps it
         out_console.print(
             summary_table(summary, f"run {plan_path.name} ({config.backend}, W={config.workers})")
         )

@@ -47,13 +47,24 @@ def prepare(
     Returns the prompts, their predictions and the predictor's identity (for
     the plan metadata: hashes, never paths).
     """
-    table, prediction, identity, _ = _prepare(input_path, inputs, config, progress)
+    table, prediction, identity, _ = prepare_selected(input_path, inputs, config, progress)
+    assert prediction is not None
     return table, prediction, identity
 
 
-def _prepare(
-    input_path: str | os.PathLike, inputs: InputOptions, config: CompileConfig, progress: Progress
-) -> tuple[PromptTable, LengthPrediction, dict[str, Any], Any]:
+def prepare_selected(
+    input_path: str | os.PathLike,
+    inputs: InputOptions,
+    config: CompileConfig,
+    progress: Progress = NULL_PROGRESS,
+    *,
+    predict: bool = True,
+) -> tuple[PromptTable, LengthPrediction | None, dict[str, Any], Any]:
+    """:func:`prepare`, and the :class:`aspc.profiles.Selection` (the prompts left out, and why).
+
+    ``predict=False`` reads and selects only (prediction ``None``): a caller
+    that plans from known lengths alone still holds the prompts a plan holds.
+    """
     from aspc.caps import cap_lengths, cap_prediction, check_cap
     from aspc.profiles import check_target, select_prompts, take_rows
 
@@ -70,6 +81,8 @@ def _prepare(
     selection = select_prompts(table, config, tokenizer)
     table = take_rows(table, selection.keep)
     progress.done()
+    if not predict:
+        return table, None, {}, selection
     progress.stage("predict")
     if inputs.length_field is not None:
         if config.predictor is not None or config.head is not None:
@@ -219,7 +232,8 @@ def compile_file(
     progress: Progress = NULL_PROGRESS,
 ) -> Plan:
     """Read ``input_path``, predict, and compile: the library form of ``aspc compile``."""
-    table, prediction, identity, selection = _prepare(input_path, inputs, config, progress)
+    table, prediction, identity, selection = prepare_selected(input_path, inputs, config, progress)
+    assert prediction is not None
     table.lengths = None  # read here, now in the predictions: freed before the plan's columns are built
     plan = compile_plan(table, prediction, config, predictor_identity=identity, inputs=inputs, progress=progress)
     plan.metrics.update(selection.metrics())

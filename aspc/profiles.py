@@ -169,14 +169,26 @@ def select_prompts(table: PromptTable, config: Any, tokenizer: str | Any | None 
     return Selection(keep, n_over, n_rem, tmax, exact, how, active=counts is not None)
 
 
+def overlong_note(metrics: dict[str, Any], config: Any) -> list[str]:
+    """The prompts ``--max-prompt-length`` left out, if any (compile and simulate say it alike)."""
+    if not metrics.get("n_excluded_overlong"):
+        return []
+    return [f"left out {metrics['n_excluded_overlong']} prompts over --max-prompt-length {config.max_prompt_length} "
+            f"tokens ({metrics.get('prompt_count')})"]  # fmt: skip
+
+
+def simulate_selection_notes(metrics: dict[str, Any], config: Any) -> list[str]:
+    """What ``simulate``'s plans left out of its input: every strategy plans the same prompts."""
+    out = overlong_note(metrics, config)
+    if metrics.get("n_excluded_remainder"):
+        out.append(f"--for verl: left out {metrics['n_excluded_remainder']} remainder prompts, so that every group "
+                   f"holds exactly --batch-size x --group-size prompts (policy '{REMAINDER_POLICY}', chosen by --seed)")  # fmt: skip
+    return out
+
+
 def compile_notes(metrics: dict[str, Any], config: Any, predictor: dict[str, Any]) -> list[str]:
     """One line per thing the user should know about prompts left out, caps and verl history."""
-    out = []
-    if metrics.get("n_excluded_overlong"):
-        out.append(
-            f"left out {metrics['n_excluded_overlong']} prompts over --max-prompt-length "
-            f"{config.max_prompt_length} tokens ({metrics.get('prompt_count')})"
-        )
+    out = overlong_note(metrics, config)
     if (config.max_prompt_length is not None or config.target == "verl") and not metrics.get("prompt_tokens_exact"):
         out.append(
             "prompt tokens are estimated from bytes and can run 2-3x low for math or code; "

@@ -39,7 +39,7 @@ import numpy as np
 
 from aspc.caps import cap_lengths, cap_prediction
 from aspc.choices import STRATEGIES
-from aspc.compiler import compile_plan, prediction_from_lengths, prepare
+from aspc.compiler import compile_plan, prediction_from_lengths, prepare_selected
 from aspc.emit import schema as S
 from aspc.errors import ConfigError, InputError
 from aspc.guards import SEED_MAX
@@ -111,6 +111,7 @@ def simulate_strategies(
     scout_windows: int | None = None,
     progress: Progress = NULL_PROGRESS,
     skipped: list[Any] | None = None,
+    selected: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Compile ``input_path`` with each strategy and simulate every plan.
 
@@ -147,6 +148,10 @@ def simulate_strategies(
     skipped
         A list to extend with the rows ``--on-bad-line skip`` left out of
         ``input_path`` (:class:`aspc.io.SkippedRow`), for the caller to report.
+    selected
+        A dict to update with the prompts ``--max-prompt-length`` and ``--for
+        verl`` left out of every plan (``n_excluded_overlong``, ..., as in a
+        compiled plan's metrics; nothing when neither is given).
 
     Returns
     -------
@@ -181,12 +186,13 @@ def simulate_strategies(
         )
     no_lengths = dataclasses.replace(inputs, length_field=None)
     reader = ReadOnce(inputs, no_lengths) if actual_lengths_path is None else no_lengths
+    # Every strategy plans the prompts a compile would hold: an oracle-only run read them all, past
+    # --max-prompt-length and --for verl's remainder, and compared other prompts than a mixed run.
     needs_predictor = any(s not in (ORACLE, ORACLE_EXACT) for s in strategies)
-    if needs_predictor:
-        table, prediction, identity = prepare(input_path, reader, config, progress)
-    else:
-        table = reader.read(input_path)
-        prediction, identity = None, {}
+    table, prediction, identity, selection = prepare_selected(input_path, reader, config, progress,
+                                                              predict=needs_predictor)  # fmt: skip
+    if selected is not None:
+        selected.update(selection.metrics())
     if actual_lengths_path is not None:
         actual = read_history(
             actual_lengths_path, id_field=inputs.id_field, length_field=inputs.length_field or "length",

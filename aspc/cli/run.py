@@ -225,7 +225,9 @@ def summary_table(summary: dict[str, Any], title: str) -> Table:
     type=int,
     default=0,
     show_default=True,
-    help="Seed for lengths drawn from the plan's predictions.",
+    help="Seed of the run: lengths drawn from the plan's predictions (sim without --actual-lengths), hf sampling "
+    "(per minibatch), vllm sampling (per engine: --seed + worker), the built-in GRPO trainer; epoch k runs "
+    "--seed + k - 1.",
 )
 @click.option(
     "--log",

@@ -22,7 +22,7 @@ from aspc.cli.common import (
     skipped_note,
 )
 from aspc.cli.common import out_console as _out
-from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options, unused_note
+from aspc.cli.options import compile_config_from_kwargs, compile_options, input_options, tokenizer_option, unused_note
 from aspc.cli.paths import PathArg
 from aspc.cli.runtime_options import refuse_real_backend, run_config_from_kwargs, runtime_options
 
@@ -120,6 +120,7 @@ def comparison_rich(table: dict[str, dict[str, Any]], title: str) -> Table:
 # No --strategy here: --strategies names them all, and a --strategy beside it
 # used to be accepted and silently ignored.
 @functools.partial(compile_options, with_strategy=False)
+@tokenizer_option
 @functools.partial(runtime_options, sim_only=True)
 @click.option(
     "--actual-lengths",
@@ -178,6 +179,7 @@ def simulate_cmd(
     for msg in unused:
         note(msg, quiet)
     skipped: list[Any] = []
+    selected: dict[str, Any] = {}
     with RichProgress(quiet) as progress:
         results = simulate_strategies(
             input_path,
@@ -193,8 +195,13 @@ def simulate_cmd(
             scout_windows=scout_windows,
             progress=progress,
             skipped=skipped,
+            selected=selected,
         )
     skipped_note(skipped, quiet)
+    from aspc.profiles import simulate_selection_notes
+
+    for msg in simulate_selection_notes(selected, config):
+        note(msg, quiet)
     table = comparison_table(results)
     planned = min((r[0] if isinstance(r, list) else r).summary.samples_planned for r in results.values())
     if run_config.global_batch > planned:  # as aspc run says it: a table of '-' must not read as a result
@@ -204,7 +211,8 @@ def simulate_cmd(
     if leftover is not None and run_config.global_batch <= planned:
         note(leftover, quiet)
     if as_json:
-        emit_json({"strategies": table, "n_skipped": len(skipped), **skipped_json(skipped)})
+        left_out = {k: selected[k] for k in ("n_excluded_overlong", "n_excluded_remainder") if k in selected}
+        emit_json({"strategies": table, "n_skipped": len(skipped), **skipped_json(skipped), **left_out})
     else:  # the table is the result: --quiet drops diagnostics and bars, not it
         _out.print(
             comparison_rich(

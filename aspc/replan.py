@@ -67,6 +67,12 @@ HOLDOUT_SHARE = 0.25
 SIBLING_PRIOR = 1.0
 # No revision once fewer than this many minibatches per worker are left.
 TAIL_ROUNDS = 4
+# At most about this many revisions in a run: a window revises only once 1/MAX_REVISIONS of the plan's
+# minibatches were dispatched since the previous revision. Each revision refits on every returned prompt,
+# compiles the whole remainder and writes it (prompt texts too), so a window every 8 trainer steps made a
+# run's time and log quadratic in its size (30,000 prompts: 458 revisions, 166 s, an 826 MB log). The
+# reference scenario's runs (~300 minibatches, 9-10 windows) dispatch more than that between windows.
+MAX_REVISIONS = 16
 # How the note of a run that re-planned nothing starts (OnlineReplanner.notes): the commands that print a
 # run's notes selectively (`run --epochs`, `simulate`) pick it out by this prefix.
 NO_REVISION = "--replan made no revision"
@@ -228,6 +234,7 @@ class OnlineReplanner(Replanner):
         mb = column_numpy(plan_table.column(S.MINIBATCH))  # not to_numpy: that imports pandas
         self._rows = int(np.bincount(mb).max()) if plan_table.num_rows else 1
         self._n_minibatches = len(np.unique(mb))
+        self._spacing = self._n_minibatches / MAX_REVISIONS
 
     def _observed(self, view: ReplanView) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per plan row of ``view.work``: returned samples' count and sum, and the global index of the row."""
@@ -324,6 +331,8 @@ class OnlineReplanner(Replanner):
             self._skipped = self._skipped or (view.step, f"{left} minibatches were left to dispatch, fewer than "
                                               f"{TAIL_ROUNDS} rounds of {self.config.workers or 1} workers")  # fmt: skip
             return None
+        if self.revisions and view.first_undispatched - self.revisions[-1]["first_minibatch"] < self._spacing:
+            return None  # too little dispatched since the last revision (MAX_REVISIONS)
         got = self.predict_remainder(view)
         if got is None:
             self._skipped = self._skipped or (view.step, f"fewer than {MIN_OBSERVED} prompts had all their samples back")

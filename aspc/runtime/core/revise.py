@@ -54,7 +54,9 @@ def revise_work(work: WorkPlan, first: int, tail: pa.Table, observed: np.ndarray
         )
     mb = column_numpy(tail.column(S.MINIBATCH)).astype(np.int64) + first
     grp = column_numpy(tail.column(S.GROUP)).astype(np.int64)
-    head = work.table.slice(0, r0)
+    # A copy of the kept rows, not a slice: a slice keeps every earlier revision's whole buffers alive
+    # (its last chunk is one), so memory grew with the revisions, not the plan.
+    head = work.table.slice(0, r0).combine_chunks()
     g0 = int(work.group[:first].max()) + 1 if first > 0 else 0
     cols = {}
     for name in work.table.column_names:

@@ -71,7 +71,7 @@ TAIL_ROUNDS = 4
 # minibatches were dispatched since the previous revision. Each revision refits on every returned prompt,
 # compiles the whole remainder and writes it (prompt texts too), so a window every 8 trainer steps made a
 # run's time and log quadratic in its size (30,000 prompts: 458 revisions, 166 s, an 826 MB log). The
-# reference scenario's runs (~300 minibatches, 9-10 windows) dispatch more than that between windows.
+# reference scenario's runs dispatch more than that between windows: their revisions did not change.
 MAX_REVISIONS = 16
 # How the note of a run that re-planned nothing starts (OnlineReplanner.notes): the commands that print a
 # run's notes selectively (`run --epochs`, `simulate`) pick it out by this prefix.

@@ -13,9 +13,12 @@ plans on whichever node resumes). NumPy breaks that in two places:
   additions) depends on the CPU and the thread count.
 
 These wrappers call the C math library element by element (Numba loops, see
-:mod:`aspc.portable_math_kernel`) and sum in one fixed order. ``np.sum``,
-``np.mean``, ``np.sqrt``, ``np.quantile`` and plain arithmetic are already
-the same everywhere and stay NumPy. Code on the compile path (predictions,
+:mod:`aspc.portable_math_kernel`) and sum in one fixed order. ``np.sqrt``
+and plain arithmetic are the same everywhere and stay NumPy, as do
+``np.sum``, ``np.mean`` and ``np.quantile`` on the short or exact sums aspc
+gives them; their order of additions follows NumPy's SIMD loops (it changed
+between NumPy 1.x and 2.x), so the long reductions of the ridge solver go
+through :func:`dot`. Code on the compile path (predictions,
 costs, partition, ordering, plan metrics) uses these, never the NumPy ones;
 ``tests/test_portable_math.py`` checks both the functions and that rule.
 """
@@ -57,11 +60,22 @@ log2 = _elementwise("log2")
 
 
 def dot(a: Any, b: Any) -> float:
-    """``a . b`` of two 1-D arrays, summed as ``np.sum`` sums (pairwise; the same on every machine)."""
-    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    """``a . b`` of two 1-D arrays in one fixed order of additions (the same bits on every machine).
+
+    Eight partial sums, lane ``j`` taking the products ``j, j + 8, ...`` left
+    to right, then ``((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))``
+    (:func:`aspc.portable_math_kernel.dot_kernel`). ``np.sum(x * y)`` was
+    used before: its pairwise order follows NumPy's SIMD loops, so a ridge fit
+    (a trained predictor, an epoch's plan) differed in the last bits between
+    NumPy 1.26 and 2.x, and on NumPy 1.x between CPUs.
+    """
+    from aspc.portable_math_kernel import dot_kernel
+
+    x = np.ascontiguousarray(a, dtype=np.float64)
+    y = np.ascontiguousarray(b, dtype=np.float64)
     if x.ndim != 1 or x.shape != y.shape:
         raise ValueError(f"dot takes two 1-D arrays of one length, got shapes {x.shape} and {y.shape}")
-    return float(np.sum(x * y))
+    return float(dot_kernel(x, y))
 
 
 def matvec(m: Any, v: Any) -> np.ndarray:

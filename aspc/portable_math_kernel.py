@@ -66,3 +66,18 @@ def matvec_into(m: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
         for j in range(m.shape[1]):
             s += m[i, j] * v[j]
         out[i] = s
+
+
+LANES = 8  # dot_kernel's partial sums (aspc.portable_math.dot's documented order)
+
+
+@njit(**NJIT_FLAGS)
+def dot_kernel(x: np.ndarray, y: np.ndarray) -> float:
+    # LANES partial sums (lane j takes the products i = j, j + LANES, ... in order), then added as
+    # ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)). Without fastmath LLVM keeps this order, so
+    # the bits depend on neither the CPU nor the NumPy version (np.sum's order depends on both).
+    s = np.zeros(LANES)
+    n = x.size
+    for i in range(n):
+        s[i % LANES] += x[i] * y[i]
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))

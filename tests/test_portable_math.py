@@ -54,7 +54,8 @@ COMPILE_PATH = [
     "aspc/runtime/lengths.py",  # lengths drawn from a plan's predictions (a run without --actual-lengths)
 ]
 MACHINE_DEPENDENT = {"exp", "log", "log1p", "log2", "log10", "expm1", "exp2", "power", "float_power", "dot",
-                     "matmul", "inner", "vdot", "einsum", "tensordot", "cbrt", "sinh", "cosh", "tanh", "arctan"}  # fmt: skip
+                     "matmul", "inner", "vdot", "einsum", "tensordot", "cbrt", "sinh", "cosh", "tanh", "arctan",
+                     "cov", "corrcoef", "polyfit"}  # fmt: skip  # the last three: BLAS or LAPACK inside
 
 
 def _compile_path_files() -> list[Path]:
@@ -112,9 +113,15 @@ def test_elementwise_functions_keep_shape_and_give_scalars_for_scalars():
 
 def test_dot_and_matvec_are_ordered_sums():
     rng = np.random.default_rng(1)
-    a, b = rng.normal(size=1001), rng.normal(size=1001)
-    assert pm.dot(a, b) == float(np.sum(a * b))
-    assert abs(pm.dot(a, b) - math.fsum((a * b).tolist())) < 1e-12
+    for n in (0, 1, 7, 8, 9, 1001):
+        a, b = rng.normal(size=n), rng.normal(size=n)
+        lanes = [0.0] * 8  # the documented order, in plain Python floats
+        for i, (x, y) in enumerate(zip(a.tolist(), b.tolist(), strict=True)):
+            lanes[i % 8] += x * y
+        s = lanes
+        assert pm.dot(a, b) == ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+        assert abs(pm.dot(a, b) - math.fsum((a * b).tolist())) < 1e-12
+    assert pm.dot(a[::2], b[::2]) == pm.dot(a[::2].copy(), b[::2].copy())  # strided views: the same sum
     m = rng.normal(size=(37, 6))
     v = rng.normal(size=6)
     naive = []

@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from aspc import portable_math as pm
 from aspc.anneal.order import delivery_drift
 from aspc.costs import minibatch_costs
 from aspc.emit import schema as S
@@ -107,8 +106,10 @@ def plan_metrics(
     sizes = np.diff(starts)
     seq_per_mb = np.add.reduceat(nseq, starts[:-1])
     max_per_mb = np.maximum.reduceat(pred, starts[:-1])
-    total_len = float(pm.dot(nseq, pred))
-    padded = float(pm.dot(seq_per_mb, max_per_mb))
+    # NumPy's pairwise sums, not pm.dot's fixed order: plans carry these metrics, and plans of known lengths
+    # stay the bytes they always were (tests/fixtures/plans); these sums agreed across NumPy 1.26/2.4 and CPUs.
+    total_len = float(np.sum(nseq * pred))
+    padded = float(np.sum(seq_per_mb * max_per_mb))
     # The compiler passes the costs it already computed (same rows, same model).
     costs = table_costs(table, cost_model, cap) if costs is None else np.asarray(costs, dtype=np.float64)
     mb_group = grp[starts[:-1]]

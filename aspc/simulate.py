@@ -223,6 +223,13 @@ def simulate_strategies(
             f"{len(missing)} of {len(table.ids)} prompts have no actual length in {name}, "
             f"e.g. id {missing[0]!r}; check --length-field and --id-field"
         )
+    if any(s in SCOUTS for s in strategies):
+        # Refused before any strategy runs: found when the scout's turn came, a comparison of 10,000
+        # prompts failed after 59 s and lost every result it had.
+        from aspc.scout import spare_lengths
+
+        spare_lengths(known_lengths(actual, table), run_config.samples_per_prompt or config.samples_per_prompt,
+                      table.ids)  # fmt: skip
     results: dict[str, Any] = {}
     for r in range(repeats):
         seed = config.seed + r

@@ -124,3 +124,15 @@ def test_a_missing_extra_is_named_as_pip_knows_it(monkeypatch, tmp_path):
     for line in said:
         named = re.findall(r"aspc\[(\w+)\]", line)
         assert named and all(x in extras for x in named), line
+
+
+def test_a_scout_without_a_spare_length_is_refused_before_any_strategy_runs(small, monkeypatch):
+    # `small` has 4 lengths per prompt: -n 4 leaves the scout none. It was found at the scout's turn.
+    import aspc.simulate as sim
+
+    ran = []
+    real = sim._simulate_one
+    monkeypatch.setattr(sim, "_simulate_one", lambda strategy, *a, **k: ran.append(strategy) or real(strategy, *a, **k))
+    r = invoke_cli("simulate", small, "--length-field", "lengths", "-n", "4", "--strategies", "random,asp,asp+scout")
+    assert "the scout replays a recorded length the run does not" in one_line_error(r)
+    assert ran == []

@@ -136,3 +136,20 @@ def test_a_scout_without_a_spare_length_is_refused_before_any_strategy_runs(smal
     r = invoke_cli("simulate", small, "--length-field", "lengths", "-n", "4", "--strategies", "random,asp,asp+scout")
     assert "the scout replays a recorded length the run does not" in one_line_error(r)
     assert ran == []
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        (["--history", "H", "--history-length-field", ""], "--history-length-field is empty"),  # said --length-field
+        (["--epochs", "0"], "--epochs must be an integer in 1..1000, got 0"),  # said to pass --log first
+        (["--trainer", ""], "--trainer is empty; give package.module:factory, or sim"),  # ran the sim trainer
+    ],
+)
+def test_a_bad_value_is_named_by_its_own_option(tmp_path, small, plan, args, want):
+    if args[0] == "--history":
+        cmd = ["compile", small, "-o", tmp_path / "o.parquet", "--history", small, *args[2:]]
+    else:
+        cmd = ["run", plan, *args, "-q"]
+    assert want in one_line_error(invoke_cli(*cmd), 2)
+    assert not (tmp_path / "o.parquet").exists()

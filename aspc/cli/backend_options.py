@@ -69,7 +69,10 @@ def build_real_components(
 
     vals = {k: kwargs.pop(k) for k in _KEYS if k in kwargs}
     check_sampling(vals.get("temperature"), vals.get("top_p"), vals.get("top_k"))
-    trainer = vals.pop("trainer", None) or SIM_TRAINER
+    trainer = vals.pop("trainer", None)
+    if trainer is not None and not trainer.strip():  # '' ran the sim trainer, silently
+        raise ConfigError(f"--trainer is empty; give package.module:factory, or {SIM_TRAINER} (the default)")
+    trainer = trainer or SIM_TRAINER
     trainer_pairs = vals.pop("trainer_arg", None) or ()
     if trainer_pairs and trainer == SIM_TRAINER:  # the sim trainer takes none: they were dropped unread
         raise ConfigError("--trainer-arg passes arguments to a --trainer factory: pass --trainer MODULE:FACTORY too, "

@@ -119,7 +119,7 @@ def read_lengths(
 
     A prompt id seen on several rows accumulates all its lengths.
     """
-    check_field_names(length_field)
+    check_field_names(length_field, option)
     path = Path(path)
     if path.is_dir():
         return _read_run_log(path)

@@ -67,9 +67,9 @@ class _Hasher:
         return self._digest
 
 
-def check_field_names(length_field: str | None) -> None:
+def check_field_names(length_field: str | None, option: str = "--length-field") -> None:
     if length_field is not None and not length_field.strip():
-        raise ConfigError("--length-field is empty; name the field that holds the response lengths")
+        raise ConfigError(f"{option} is empty; name the field that holds the response lengths")
 
 
 def read_prompts(

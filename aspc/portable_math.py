@@ -14,11 +14,12 @@ plans on whichever node resumes). NumPy breaks that in two places:
 
 These wrappers call the C math library element by element (Numba loops, see
 :mod:`aspc.portable_math_kernel`) and sum in one fixed order. ``np.sqrt``
-and plain arithmetic are the same everywhere and stay NumPy, as do
-``np.sum``, ``np.mean`` and ``np.quantile`` on the short or exact sums aspc
-gives them; their order of additions follows NumPy's SIMD loops (it changed
-between NumPy 1.x and 2.x), so the long reductions of the ridge solver go
-through :func:`dot`. Code on the compile path (predictions,
+and plain arithmetic are the same everywhere and stay NumPy. ``np.sum`` and
+``np.mean`` add in an order that follows NumPy's SIMD loops: with NumPy 2
+the same with and without AVX-512 (the older-CPU test), but not between
+NumPy 1.x and 2.x past ~8,192 elements, so the ridge solver's reductions go through :func:`dot`; the
+training path's remaining long means (calibration level and bins, history
+weights) do not yet. Code on the compile path (predictions,
 costs, partition, ordering, plan metrics) uses these, never the NumPy ones;
 ``tests/test_portable_math.py`` checks both the functions and that rule.
 """
@@ -71,11 +72,10 @@ def dot(a: Any, b: Any) -> float:
     """
     from aspc.portable_math_kernel import dot_kernel
 
-    x = np.ascontiguousarray(a, dtype=np.float64)
-    y = np.ascontiguousarray(b, dtype=np.float64)
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if x.ndim != 1 or x.shape != y.shape:
         raise ValueError(f"dot takes two 1-D arrays of one length, got shapes {x.shape} and {y.shape}")
-    return float(dot_kernel(x, y))
+    return float(dot_kernel(np.ascontiguousarray(x), np.ascontiguousarray(y)))
 
 
 def matvec(m: Any, v: Any) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Re-planning during a run: what came back revises the plan of what has not started.
 
-The preprint's predictor is fixed for the whole run. Here, after every
-window of trainer steps, the lengths the workers returned update the
+The preprint's predictor is fixed for the whole run. Here, at windows of
+trainer steps (once 1/MAX_REVISIONS of the plan was dispatched since the
+previous revision), the lengths the workers returned update the
 predictions of the prompts not yet dispatched, and the undispatched remainder
 is re-partitioned, re-annealed and re-ordered (:func:`aspc.compiler.compile_plan`);
 minibatches already handed out are never touched.

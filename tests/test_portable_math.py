@@ -135,6 +135,8 @@ def test_dot_and_matvec_are_ordered_sums():
     assert pm.matvec(m.astype(np.float32), v).tolist() == pm.matvec(m.astype(np.float32).astype(np.float64), v).tolist()
     with pytest.raises(ValueError, match="1-D arrays of one length"):
         pm.dot(a, b[:-1])
+    with pytest.raises(ValueError, match="1-D arrays of one length"):
+        pm.dot(3.0, 4.0)  # a scalar is no vector (ascontiguousarray made it one)
     with pytest.raises(ValueError, match="matrix and a k-vector"):
         pm.matvec(m, v[:-1])
 

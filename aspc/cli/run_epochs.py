@@ -32,8 +32,9 @@ _EPOCH_OPTIONS = [
     click.option(
         "--replan",
         is_flag=True,
-        help="Re-plan the undispatched remainder from the lengths returned so far, every --replan-every "
-        "trainer steps (any backend); revisions go to RUN/plans/revision-R.parquet.",
+        help="Re-plan the undispatched remainder from the lengths returned so far, at windows every "
+        "--replan-every trainer steps once 1/16 of the plan was dispatched since the last revision (any "
+        "backend); revisions go to RUN/plans/revision-R.parquet.",
     ),
     click.option("--replan-every", type=int, default=None,
                  help=f"With --replan: trainer steps per re-planning window.  [default: {REPLAN_EVERY}]"),  # fmt: skip

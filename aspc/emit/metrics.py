@@ -107,7 +107,8 @@ def plan_metrics(
     seq_per_mb = np.add.reduceat(nseq, starts[:-1])
     max_per_mb = np.maximum.reduceat(pred, starts[:-1])
     # NumPy's pairwise sums, not pm.dot's fixed order: plans carry these metrics, and plans of known lengths
-    # stay the bytes they always were (tests/fixtures/plans); these sums agreed across NumPy 1.26/2.4 and CPUs.
+    # stay the bytes they always were (tests/fixtures/plans). Across NumPy 1.x/2.x these agree for integer
+    # lengths (exact) and short plans only: over ~8,192 rows of fractional predictions they differ in the last bit.
     total_len = float(np.sum(nseq * pred))
     padded = float(np.sum(seq_per_mb * max_per_mb))
     # The compiler passes the costs it already computed (same rows, same model).

@@ -135,6 +135,12 @@ class EpochsResult:
         return {"epochs": epochs, **scout, **totals}
 
 
+def check_epoch_count(n_epochs: Any) -> None:
+    """``--epochs`` is an integer in ``1..MAX_EPOCHS`` (the CLI asks before anything else about epochs)."""
+    if isinstance(n_epochs, bool) or not isinstance(n_epochs, int) or not 1 <= n_epochs <= MAX_EPOCHS:
+        raise ConfigError(f"--epochs must be an integer in 1..{MAX_EPOCHS}, got {n_epochs!r}")
+
+
 def run_epochs(
     plan: Plan,
     n_epochs: int,
@@ -209,8 +215,7 @@ def run_epochs(
     run_kwargs
         Passed to :func:`aspc.runtime.run` (cost model, lengths name, progress).
     """
-    if isinstance(n_epochs, bool) or not isinstance(n_epochs, int) or not 1 <= n_epochs <= MAX_EPOCHS:
-        raise ConfigError(f"--epochs must be an integer in 1..{MAX_EPOCHS}, got {n_epochs!r}")
+    check_epoch_count(n_epochs)
     if isinstance(config.seed, int) and 0 <= config.seed <= SEED_MAX < config.seed + n_epochs - 1:
         # Refused after epoch 1 had run (its run() checks its own seed), for a seed the user never gave.
         raise ConfigError(f"--seed {config.seed} with --epochs {n_epochs}: epoch k runs seed {config.seed} + k - 1, "

@@ -73,11 +73,11 @@ def export_cmd(
     aspc export plan.parquet --format verl -o train.parquet
     aspc export plan.parquet --format jsonl -o train.jsonl
     """
-    from aspc.export import export_plan
+    from aspc.export import OUTPUT_EXAMPLES, export_plan
     from aspc.export.overrides import shell_line
     from aspc.guards import check_output
 
-    output = check_output(output, inputs=[plan_path, source], example=f"train.{'jsonl' if fmt == 'jsonl' else 'parquet'}")
+    output = check_output(output, inputs=[plan_path, source], example=OUTPUT_EXAMPLES.get(fmt, "train.parquet"))
     if data_source is not None and not data_source.strip():  # verl picks the reward function by it
         raise ConfigError("--data-source is empty; give the name verl's reward manager knows (e.g. openai/gsm8k)")
 

@@ -90,11 +90,9 @@ def check_epoch_options(
     """Usage errors of --epochs, --length-drift, --replan-every and --scout, before any backend loads."""
     if length_drift and epochs < 2:
         raise ConfigError("--length-drift scales the epochs after the first: pass --epochs N with N >= 2")
-    from aspc.epochs import MAX_EPOCHS
+    from aspc.epochs import check_epoch_count
 
-    if isinstance(epochs, bool) or not isinstance(epochs, int) or not 1 <= epochs <= MAX_EPOCHS:
-        # Before --log: '--epochs 0' was told to pass --log, and then that 0 is out of range.
-        raise ConfigError(f"--epochs must be an integer in 1..{MAX_EPOCHS}, got {epochs!r}")
+    check_epoch_count(epochs)  # before --log: '--epochs 0' was told to pass --log, then that 0 is out of range
     if epochs != 1 and log_dir is None:
         raise ConfigError("--epochs writes one plan and one run log per epoch: pass --log RUN")
     if replan_every is not None and not replan:

@@ -53,6 +53,7 @@ from aspc.guards import check_output
 from aspc.io.rows import chat_messages
 
 FORMATS = EXPORT_FORMATS
+OUTPUT_EXAMPLES = {"verl": "train.parquet", "jsonl": "train.jsonl"}  # -o advice: a name each format writes
 DEFAULT_DATA_SOURCE = "aspc"  # verl picks the reward function by data_source; set yours with --data-source
 ASPC_KEY = "aspc"  # extra_info key holding aspc's schedule fields
 
@@ -195,7 +196,7 @@ def export_plan(
         src = locate_source(plan, plan_path, None if source is None else Path(source))
         check_rows(plan, src)
         # The source found by hash is an input too: never write over it.
-        check_output(out_path, inputs=[plan_path, src], example=f"train.{'jsonl' if fmt == 'jsonl' else 'parquet'}")
+        check_output(out_path, inputs=[plan_path, src], example=OUTPUT_EXAMPLES.get(fmt, "train.parquet"))
     elif source is not None:
         raise ConfigError("give --source or --no-source, not both")
     inputs = plan.config.get("inputs") or {}

@@ -54,8 +54,7 @@ def epoch_prediction(plan: Plan, logs: list[Path]) -> LengthPrediction:
         prev = per_epoch[-2]
         common = [pid for pid in ids if pid in prev and pid in last]
         if common:
-            g = float(
-                np.mean([np.mean(last[p]) for p in common]) / max(np.mean([np.mean(prev[p]) for p in common]), 1e-9)
-            )
+            # Per-prompt means of token counts are exact; the mean over prompts goes in pm's fixed order.
+            g = pm.mean([np.mean(last[p]) for p in common]) / max(pm.mean([np.mean(prev[p]) for p in common]), 1e-9)
             pred = LengthPrediction(pred.mean * g, pred.q10 * g, pred.q50 * g, pred.q90 * g)
     return pred

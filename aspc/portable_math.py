@@ -17,9 +17,10 @@ These wrappers call the C math library element by element (Numba loops, see
 and plain arithmetic are the same everywhere and stay NumPy. ``np.sum`` and
 ``np.mean`` add in an order that follows NumPy's SIMD loops: with NumPy 2
 the same with and without AVX-512 (the older-CPU test), but not between
-NumPy 1.x and 2.x past ~8,192 elements, so the ridge solver's reductions go through :func:`dot`; the
-training path's remaining long means (calibration level and bins, history
-weights) do not yet. Code on the compile path (predictions,
+NumPy 1.x and 2.x past ~8,192 elements, so the ridge solver's reductions go through :func:`dot`
+and the training path's long means and variances (calibration level and bins, history
+weights, epoch growth) through :func:`mean` and :func:`var`. Sums of integers (token
+counts) and of booleans are exact in any order and stay NumPy. Code on the compile path (predictions,
 costs, partition, ordering, plan metrics) uses these, never the NumPy ones;
 ``tests/test_portable_math.py`` checks both the functions and that rule.
 """
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["dot", "exp", "expm1", "log", "log1p", "log2", "matvec"]
+__all__ = ["dot", "exp", "expm1", "log", "log1p", "log2", "matvec", "mean", "sum", "var"]
 
 
 def _elementwise(name: str) -> Callable[[Any], Any]:
@@ -76,6 +77,35 @@ def dot(a: Any, b: Any) -> float:
     if x.ndim != 1 or x.shape != y.shape:
         raise ValueError(f"dot takes two 1-D arrays of one length, got shapes {x.shape} and {y.shape}")
     return float(dot_kernel(np.ascontiguousarray(x), np.ascontiguousarray(y)))
+
+
+def _vector(a: Any, name: str) -> np.ndarray:
+    x = np.asarray(a, dtype=np.float64)
+    if x.ndim != 1:
+        raise ValueError(f"{name} takes a 1-D array, got shape {x.shape}")
+    return np.ascontiguousarray(x)
+
+
+def sum(a: Any) -> float:  # shadows the builtin on purpose: pm.sum mirrors np.sum
+    """The sum of a 1-D array in :func:`dot`'s fixed order of additions (0.0 for an empty one)."""
+    from aspc.portable_math_kernel import sum_kernel
+
+    return float(sum_kernel(_vector(a, "sum")))
+
+
+def mean(a: Any) -> float:
+    """``np.mean`` of a 1-D array with :func:`sum`'s bits (NaN for an empty one, as NumPy gives)."""
+    x = _vector(a, "mean")
+    return sum(x) / x.size if x.size else float("nan")
+
+
+def var(a: Any, ddof: int = 0) -> float:
+    """``np.var(a, ddof=ddof)`` of a 1-D array: squared deviations from :func:`mean`, summed by :func:`sum`."""
+    x = _vector(a, "var")
+    if x.size - ddof <= 0:
+        return float("nan")
+    d = x - mean(x)
+    return sum(d * d) / (x.size - ddof)
 
 
 def matvec(m: Any, v: Any) -> np.ndarray:

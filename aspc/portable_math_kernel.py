@@ -81,3 +81,12 @@ def dot_kernel(x: np.ndarray, y: np.ndarray) -> float:
     for i in range(n):
         s[i % LANES] += x[i] * y[i]
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+
+
+@njit(**NJIT_FLAGS)
+def sum_kernel(x: np.ndarray) -> float:
+    # dot_kernel's order without the products: lane j adds x[j], x[j + LANES], ... left to right.
+    s = np.zeros(LANES)
+    for i in range(x.size):
+        s[i % LANES] += x[i]
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))

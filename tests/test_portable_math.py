@@ -141,6 +141,28 @@ def test_dot_and_matvec_are_ordered_sums():
         pm.matvec(m, v[:-1])
 
 
+def test_sum_mean_and_var_are_dots_order():
+    rng = np.random.default_rng(2)
+    for n in (0, 1, 5, 8, 9, 20001):  # past ~8,192 NumPy 1.x and 2.x sum in different orders
+        a = rng.lognormal(size=n)
+        lanes = [0.0] * 8
+        for i, x in enumerate(a.tolist()):
+            lanes[i % 8] += x
+        s = lanes
+        assert pm.sum(a) == ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+        assert pm.sum(a) == pm.dot(a, np.ones(n))
+        if n:
+            assert pm.mean(a) == pm.sum(a) / n and pm.mean(a) == pytest.approx(math.fsum(a.tolist()) / n, rel=1e-14)
+            d = a - pm.mean(a)
+            assert pm.var(a) == pm.dot(d, d) / n and pm.var(a) == pytest.approx(float(np.var(a)), rel=1e-12)
+        if n > 1:
+            assert pm.var(a, ddof=1) == pytest.approx(float(np.var(a, ddof=1)), rel=1e-12)
+    assert math.isnan(pm.mean([])) and math.isnan(pm.var([1.0], ddof=1))  # NumPy's answers, without its warning
+    assert pm.mean([1, 2, 4]) == 7 / 3  # lists and integers are read as float64
+    with pytest.raises(ValueError, match="1-D array"):
+        pm.mean(np.ones((2, 2)))
+
+
 def test_ridge_fit_without_lapack_matches_lstsq():
     from aspc.predict.features import Features
     from aspc.predict.ridge import ridge_fit

@@ -93,7 +93,7 @@ class Calibration:
             c = float(np.median(y_hat[in_bin]))
             q = np.quantile(sample_resid[sample_bin == k], QUANTILES)
             q = q[1] + band_scale * (q - q[1])
-            smear = pm.log(max(float(np.mean(mean_ratio[in_bin])), 1e-6))
+            smear = pm.log(max(pm.mean(mean_ratio[in_bin]), 1e-6))
             zc = a + b * c
             centers.append(c)
             curves.append([zc + smear, zc + q[0], zc + q[1], zc + q[2]])
@@ -321,13 +321,13 @@ def _coverage_by_group(pooled, y_hat, lengths, groups, *, own, shift):
 
 def _level_map(y_hat: np.ndarray, level: np.ndarray) -> tuple[float, float]:
     """``(a, b)`` of the least-squares line ``level ~ a + b * y_hat``, slope clipped."""
-    if len(y_hat) < 2 or float(np.var(y_hat)) < 1e-12:
-        return float(np.mean(level) - np.mean(y_hat)), 1.0
+    if len(y_hat) < 2 or pm.var(y_hat) < 1e-12:
+        return pm.mean(level) - pm.mean(y_hat), 1.0
     # Not np.cov: it multiplies through BLAS, whose order of additions depends on the CPU.
-    dy = np.asarray(y_hat, dtype=np.float64) - np.mean(y_hat)
-    b = pm.dot(dy, np.asarray(level, dtype=np.float64) - np.mean(level)) / pm.dot(dy, dy)
+    dy = np.asarray(y_hat, dtype=np.float64) - pm.mean(y_hat)
+    b = pm.dot(dy, np.asarray(level, dtype=np.float64) - pm.mean(level)) / pm.dot(dy, dy)
     b = float(np.clip(b, MIN_SLOPE, MAX_SLOPE))
-    return float(np.mean(level) - b * np.mean(y_hat)), b
+    return pm.mean(level) - b * pm.mean(y_hat), b
 
 
 def _strictly_increasing(centers: np.ndarray, curves: np.ndarray, slope: float) -> tuple[np.ndarray, np.ndarray]:
@@ -372,11 +372,11 @@ def estimate_history_prior(
     multi = [a for a in logs if len(a) >= 2]
     if not multi:
         return {"history_kappa": default_kappa, "history_within_log_var": None}
-    s_w = float(np.mean([np.var(a, ddof=1) for a in multi]))
+    s_w = pm.mean([np.var(a, ddof=1) for a in multi])
     k = np.array([len(a) for a in logs], dtype=np.float64)
     level = np.array([pm.log(max(float(np.mean(a)), 1.0)) for a in lengths])
     # The observed level is itself noisy by s_w / k; remove that from the residual variance.
-    s_b = float(np.mean((level - y_hat) ** 2 - s_w / k))
+    s_b = pm.mean((level - y_hat) ** 2 - s_w / k)
     kappa = default_kappa if s_b <= 1e-6 else float(np.clip(s_w / s_b, 0.01, 100.0))
     out: dict[str, Any] = {"history_kappa": kappa, "history_within_log_var": s_w}
     out["history_within_band_var"] = log_band_var(multi)
@@ -386,7 +386,7 @@ def estimate_history_prior(
             if len(a) >= 2:
                 by.setdefault(str(t), []).append(a)
         out["history_within_log_var_by_target"] = {
-            t: float(np.mean([np.var(a, ddof=1) for a in v])) for t, v in sorted(by.items())
+            t: pm.mean([np.var(a, ddof=1) for a in v]) for t, v in sorted(by.items())
         }
         out["history_within_band_var_by_target"] = {t: log_band_var(v) for t, v in sorted(by.items())}
     return out

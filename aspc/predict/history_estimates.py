@@ -89,7 +89,7 @@ def within_log_var_of(observations) -> float | None:
     flat, starts, n = multi
     total = np.add.reduceat(flat, starts)
     var = (np.add.reduceat(flat * flat, starts) - total * total / n) / (n - 1)
-    return float(np.mean(np.maximum(var, 0.0)))
+    return pm.mean(np.maximum(var, 0.0))
 
 
 def within_band_var(observations) -> float | None:
@@ -136,7 +136,7 @@ def estimate_kappa(
     k = np.add.reduceat(w, starts)
     r2 = (pm.log(np.add.reduceat(w * flat, starts) / k) - pm.log(base.mean[seen])) ** 2
     inv_k = 1.0 / k
-    s_b = float(np.mean(r2) - within_log_var * np.mean(inv_k))
+    s_b = pm.mean(r2) - within_log_var * pm.mean(inv_k)
     return fallback if s_b <= 1e-6 else float(np.clip(within_log_var / s_b, 0.01, 100.0))
 
 
@@ -201,7 +201,7 @@ def epoch_alignment(epochs: Sequence[Mapping[str, np.ndarray]]) -> EpochAlignmen
         if len(common) < MIN_PROMPTS:
             continue
         diff = np.array([newest[k] - level[e][k] for k in common])
-        c_hat, se2 = float(diff.mean()), float(diff.var(ddof=1) / len(diff))
+        c_hat, se2 = pm.mean(diff), pm.var(diff, ddof=1) / len(diff)
         log_c[e] = c_hat * max(0.0, 1.0 - se2 / c_hat**2) if c_hat != 0 else 0.0
         scale[e] = float(pm.exp(log_c[e]))
     within = within_log_var_of([a for e in epochs for a in e.values()])
@@ -213,8 +213,8 @@ def epoch_alignment(epochs: Sequence[Mapping[str, np.ndarray]]) -> EpochAlignmen
             if len(common) < MIN_PROMPTS:
                 continue
             d = np.array([level[b][k] - level[a][k] for k in common]) + (log_c[b] - log_c[a])
-            h = np.mean([1 / count[a][k] + 1 / count[b][k] for k in common])
-            rows.append((float(np.mean((d - d.mean()) ** 2)), float(h), b - a, b == n_ep - 1))
+            h = pm.mean([1 / count[a][k] + 1 / count[b][k] for k in common])
+            rows.append((pm.mean((d - pm.mean(d)) ** 2), h, b - a, b == n_ep - 1))
     if not rows:
         return EpochAlignment(scale, None, within)
     newest_rows = [r for r in rows if r[3]]

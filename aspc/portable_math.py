@@ -15,12 +15,15 @@ plans on whichever node resumes). NumPy breaks that in two places:
 These wrappers call the C math library element by element (Numba loops, see
 :mod:`aspc.portable_math_kernel`) and sum in one fixed order. ``np.sqrt``
 and plain arithmetic are the same everywhere and stay NumPy. ``np.sum`` and
-``np.mean`` add in an order that follows NumPy's SIMD loops: with NumPy 2
-the same with and without AVX-512 (the older-CPU test), but not between
-NumPy 1.x and 2.x past ~8,192 elements, so the ridge solver's reductions go through :func:`dot`
-and the training path's long means and variances (calibration level and bins, history
-weights, epoch growth) through :func:`mean` and :func:`var`. Sums of integers (token
-counts) and of booleans are exact in any order and stay NumPy. Code on the compile path (predictions,
+``np.mean`` add in NumPy's pairwise order, which NumPy 1.x applies to
+8,192-element buffers one after another and NumPy 2 to the whole array: past
+8,192 elements the two differ in the last bit. The ridge solver's reductions
+go through :func:`dot` (one fixed order of its own), and the long sums, means
+and variances of training and of plans (calibration level and bins, history
+weights, epoch growth, plan metrics, the partition's scale) through
+:func:`sum`, :func:`mean` and :func:`var`, NumPy 2's pairwise order on any
+NumPy. Sums of integers (token counts) and of booleans are exact in any
+order and stay NumPy. Code on the compile path (predictions,
 costs, partition, ordering, plan metrics) uses these, never the NumPy ones;
 ``tests/test_portable_math.py`` checks both the functions and that rule.
 """
@@ -87,20 +90,28 @@ def _vector(a: Any, name: str) -> np.ndarray:
 
 
 def sum(a: Any) -> float:  # shadows the builtin on purpose: pm.sum mirrors np.sum
-    """The sum of a 1-D array in :func:`dot`'s fixed order of additions (0.0 for an empty one)."""
-    from aspc.portable_math_kernel import sum_kernel
+    """``np.sum`` of a 1-D array with NumPy 2's bits on any NumPy (0.0 for an empty one).
 
-    return float(sum_kernel(_vector(a, "sum")))
+    NumPy's pairwise summation, step for step
+    (:func:`aspc.portable_math_kernel.pairwise_sum`), over the whole array:
+    NumPy 2 sums a contiguous array so, NumPy 1.x adds 8,192-element
+    buffers' pairwise sums one after another. So sums NumPy 2 computed
+    before (stored plan metrics, a trained predictor) keep their bits.
+    """
+    from aspc.portable_math_kernel import pairwise_sum
+
+    x = _vector(a, "sum")
+    return float(pairwise_sum(x, 0, x.size))
 
 
 def mean(a: Any) -> float:
-    """``np.mean`` of a 1-D array with :func:`sum`'s bits (NaN for an empty one, as NumPy gives)."""
+    """``np.mean`` of a 1-D array (:func:`sum` over the length; NaN for an empty one, as NumPy gives)."""
     x = _vector(a, "mean")
     return sum(x) / x.size if x.size else float("nan")
 
 
 def var(a: Any, ddof: int = 0) -> float:
-    """``np.var(a, ddof=ddof)`` of a 1-D array: squared deviations from :func:`mean`, summed by :func:`sum`."""
+    """``np.var(a, ddof=ddof)`` of a 1-D array, as NumPy computes it: squared deviations from :func:`mean`, summed."""
     x = _vector(a, "var")
     if x.size - ddof <= 0:
         return float("nan")

@@ -83,10 +83,40 @@ def dot_kernel(x: np.ndarray, y: np.ndarray) -> float:
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
 
 
+
+PAIRWISE_BLOCK = 128  # NumPy's PW_BLOCKSIZE: below it, eight running sums; above, split in two
+
+
 @njit(**NJIT_FLAGS)
-def sum_kernel(x: np.ndarray) -> float:
-    # dot_kernel's order without the products: lane j adds x[j], x[j + LANES], ... left to right.
-    s = np.zeros(LANES)
-    for i in range(x.size):
-        s[i % LANES] += x[i]
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
+def pairwise_sum(x: np.ndarray, lo: int, n: int) -> float:
+    # NumPy 2's pairwise summation of x[lo:lo + n], step for step (numpy/_core/src/umath/loops_utils.h.src),
+    # without NumPy 1.x's split of a reduction into 8,192-element buffers: np.sum's bits on NumPy 2 for any
+    # length, and on NumPy 1.x up to 8,192 elements.
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += x[lo + i]
+        return res
+    if n <= PAIRWISE_BLOCK:
+        r0, r1, r2, r3 = x[lo], x[lo + 1], x[lo + 2], x[lo + 3]
+        r4, r5, r6, r7 = x[lo + 4], x[lo + 5], x[lo + 6], x[lo + 7]
+        i = 8
+        while i < n - n % 8:
+            j = lo + i
+            r0 += x[j]
+            r1 += x[j + 1]
+            r2 += x[j + 2]
+            r3 += x[j + 3]
+            r4 += x[j + 4]
+            r5 += x[j + 5]
+            r6 += x[j + 6]
+            r7 += x[j + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < n:
+            res += x[lo + i]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return pairwise_sum(x, lo, n2) + pairwise_sum(x, lo + n2, n - n2)

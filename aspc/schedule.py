@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc import portable_math as pm
 from aspc.choices import ORDERS, Strategy, parse_strategy
 from aspc.compile_config import CompileConfig, resolve_groups, resolve_sizes
 from aspc.errors import ConfigError
@@ -195,7 +196,7 @@ def _front_load_heavy(order: np.ndarray, costs: np.ndarray, assignment: np.ndarr
     contiguous: heavy groups go first, heaviest first, each with its heavy
     minibatches leading; everything else keeps the interleaved order.
     """
-    threshold = 0.5 * float(costs.sum()) / workers
+    threshold = 0.5 * pm.sum(costs) / workers  # np.sum's NumPy 2 bits on any NumPy
     heavy = costs > threshold
     if not heavy.any():
         return order

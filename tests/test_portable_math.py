@@ -141,24 +141,42 @@ def test_dot_and_matvec_are_ordered_sums():
         pm.matvec(m, v[:-1])
 
 
-def test_sum_mean_and_var_are_dots_order():
+def _numpy2_pairwise(a: list[float], lo: int, n: int) -> float:
+    # The oracle: NumPy 2's pairwise_sum (numpy/_core/src/umath/loops_utils.h.src) in plain Python floats.
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += a[lo + i]
+        return res
+    if n <= 128:
+        r = a[lo:lo + 8]
+        i = 8
+        while i < n - n % 8:
+            r = [r[j] + a[lo + i + j] for j in range(8)]
+            i += 8
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        for k in range(i, n):
+            res += a[lo + k]
+        return res
+    n2 = n // 2 - (n // 2) % 8
+    return _numpy2_pairwise(a, lo, n2) + _numpy2_pairwise(a, lo + n2, n - n2)
+
+
+def test_sum_mean_and_var_are_numpy2s_on_any_numpy():
     rng = np.random.default_rng(2)
-    for n in (0, 1, 5, 8, 9, 20001):  # past ~8,192 NumPy 1.x and 2.x sum in different orders
-        a = rng.lognormal(size=n)
-        lanes = [0.0] * 8
-        for i, x in enumerate(a.tolist()):
-            lanes[i % 8] += x
-        s = lanes
-        assert pm.sum(a) == ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
-        assert pm.sum(a) == pm.dot(a, np.ones(n))
-        if n:
-            assert pm.mean(a) == pm.sum(a) / n and pm.mean(a) == pytest.approx(math.fsum(a.tolist()) / n, rel=1e-14)
-            d = a - pm.mean(a)
-            assert pm.var(a) == pm.dot(d, d) / n and pm.var(a) == pytest.approx(float(np.var(a)), rel=1e-12)
-        if n > 1:
-            assert pm.var(a, ddof=1) == pytest.approx(float(np.var(a, ddof=1)), rel=1e-12)
+    numpy2 = int(np.__version__.split(".")[0]) >= 2
+    for n in [*range(0, 140), 255, 256, 1001, 8192, 8193, 20001, 60000]:  # NumPy 1.x splits past 8,192
+        a = rng.lognormal(size=n) * 100
+        assert pm.sum(a) == _numpy2_pairwise(a.tolist(), 0, n)
+        if numpy2 or n <= 8192:
+            assert pm.sum(a) == float(np.sum(a))
+            if n:
+                assert pm.mean(a) == float(np.mean(a)) and pm.var(a) == float(np.var(a))
+            if n > 1:
+                assert pm.var(a, ddof=1) == float(np.var(a, ddof=1))
     assert math.isnan(pm.mean([])) and math.isnan(pm.var([1.0], ddof=1))  # NumPy's answers, without its warning
     assert pm.mean([1, 2, 4]) == 7 / 3  # lists and integers are read as float64
+    assert pm.sum(a[::3]) == float(np.sum(a[::3].copy())) or not numpy2  # a strided view: the same sum
     with pytest.raises(ValueError, match="1-D array"):
         pm.mean(np.ones((2, 2)))
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from aspc import portable_math as pm
 from aspc.anneal.order import delivery_drift
 from aspc.costs import minibatch_costs
 from aspc.emit import schema as S
@@ -74,8 +75,8 @@ def load_lower_bound(costs: np.ndarray, group_cardinalities: np.ndarray) -> floa
     c = np.sort(np.asarray(costs, dtype=np.float64))
     n_groups = int(group_cardinalities.size)
     k_min = int(group_cardinalities.min()) if n_groups else 1
-    card = float(c[-1] + c[:-1][: max(0, k_min - 1)].sum())
-    return max(float(c.sum()) / max(n_groups, 1), float(c[-1]), card)
+    card = float(c[-1] + pm.sum(c[:-1][: max(0, k_min - 1)]))
+    return max(pm.sum(c) / max(n_groups, 1), float(c[-1]), card)
 
 
 # Relative gap between the largest group load and the lower bound that is float rounding, not imbalance: both
@@ -106,11 +107,11 @@ def plan_metrics(
     sizes = np.diff(starts)
     seq_per_mb = np.add.reduceat(nseq, starts[:-1])
     max_per_mb = np.maximum.reduceat(pred, starts[:-1])
-    # NumPy's pairwise sums, not pm.dot's fixed order: plans carry these metrics, and plans of known lengths
-    # stay the bytes they always were (tests/fixtures/plans). Across NumPy 1.x/2.x these agree for integer
-    # lengths (exact) and short plans only: over ~8,192 rows of fractional predictions they differ in the last bit.
-    total_len = float(np.sum(nseq * pred))
-    padded = float(np.sum(seq_per_mb * max_per_mb))
+    # Exact sums (pm.sum): NumPy's pairwise order differs between NumPy 1.x and 2.x past ~8,192
+    # fractional predictions, and pm.sum's order would move the bits of plans of known lengths
+    # (tests/fixtures/plans), which NumPy summed exactly.
+    total_len = pm.sum(nseq * pred)
+    padded = pm.sum(seq_per_mb * max_per_mb)
     # The compiler passes the costs it already computed (same rows, same model).
     costs = table_costs(table, cost_model, cap) if costs is None else np.asarray(costs, dtype=np.float64)
     mb_group = grp[starts[:-1]]
@@ -125,7 +126,7 @@ def plan_metrics(
         "n_sequences": int(nseq.sum()),
         "n_minibatches": int(sizes.size),
         "n_groups": n_groups,
-        "total_cost": float(costs.sum()),
+        "total_cost": pm.sum(costs),
         "lower_bound": lb,
         "max_group_load": float(loads.max()),
         "min_minibatch_size": int(sizes.min()),

@@ -305,6 +305,7 @@ def test_tokenizer_counts_prompt_tokens_and_says_so(tmp_path):
 
 
 def test_a_tokenizer_directory_counts_without_its_saved_padding_and_truncation(tmp_path):
+    pytest.importorskip("tokenizers", reason="needs tokenizers: pip install 'aspc[tokens]'")
     # A tokenizer.json saved to pad and truncate to 8 (as sentence-transformers models save 128):
     # every prompt counted 8 tokens, and --max-prompt-length kept prompts far over it.
     import json

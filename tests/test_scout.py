@@ -191,6 +191,7 @@ def test_probe_as_a_scout_then_compile_with_its_history(tmp_path):
 
 
 def test_scout_on_a_real_model_then_compile_with_its_history(tmp_path):
+    pytest.importorskip("torch", reason="needs torch: pip install 'aspc[hf]'")
     # The same pair with real generation (hf backend, a tiny random causal LM),
     # each response forced to its recorded length cut at T: the probe's wide
     # minibatches and its cut reach a real backend, and the log plans the epoch.
@@ -296,6 +297,7 @@ def test_run_scout_bad_options_fail_in_one_line_and_write_nothing(tmp_path, extr
 
 
 def test_run_scout_on_a_real_model_cuts_the_scout_only(tmp_path):
+    pytest.importorskip("torch", reason="needs torch: pip install 'aspc[hf]'")
     # hf backend, a tiny random causal LM, responses forced to their recorded lengths: the scout's
     # responses stop at T, the epoch's at the run's cap again (the backend's options are restored).
     from tests.realmodel import run_log_samples, tiny_model

@@ -621,6 +621,7 @@ def groups(context, out):
 
 
 def test_run_scout_roll_on_a_real_model(tmp_path):
+    pytest.importorskip("torch", reason="needs torch: pip install 'aspc[hf]'")
     check_roll_on_a_real_model(tmp_path, [])
 
 

@@ -95,6 +95,7 @@ def test_longest_match_system_prompts_duplicates_and_unmatched(tmp_path):
 
 
 def test_response_tokens_with_a_tokenizer(tmp_path):
+    pytest.importorskip("tokenizers", reason="needs tokenizers: pip install 'aspc[tokens]'")
     from aspc.testing.tiny_model import char_tokenizer
 
     tok_dir = tmp_path / "tok"

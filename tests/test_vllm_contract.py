@@ -101,6 +101,7 @@ def check_prompt_tokens(plan: Path, model_dir: Path, run_dir: Path) -> None:
 
 @pytest.mark.skipif(HAVE_VLLM, reason="vLLM is installed: the missing-package message cannot be shown")
 def test_missing_vllm_says_how_to_install(tmp_path):
+    pytest.importorskip("torch", reason="needs torch: pip install 'aspc[hf]'")
     model_dir = tiny_model(tmp_path / "models")
     data, plan, _ = replay_files(tmp_path, n=4)
     r = CliRunner().invoke(main, contract_args(plan, str(model_dir), data, tmp_path / "RUN"))
@@ -341,6 +342,7 @@ def test_bad_engine_arg_is_one_line_and_writes_nothing(tmp_path, pair, fragment,
 
 
 def test_engine_arg_is_only_for_vllm(tmp_path):
+    pytest.importorskip("torch", reason="needs torch: pip install 'aspc[hf]'")
     model_dir = tiny_model(tmp_path / "models")
     data, plan, _ = replay_files(tmp_path, n=4)
     args = contract_args(plan, str(model_dir), data, tmp_path / "RUN")

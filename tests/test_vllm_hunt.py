@@ -100,6 +100,7 @@ def test_resume_compares_the_engine_args_that_shape_samples(tmp_path):
 
 
 def test_an_hf_run_records_no_engine_args_and_resumes(tmp_path):
+    pytest.importorskip("torch", reason="needs torch: pip install 'aspc[hf]'")
     from aspc.testing.tiny_model import save_tiny_causal_lm
 
     model = save_tiny_causal_lm(tmp_path / "m", seed=0)

@@ -48,7 +48,7 @@ from aspc.emit import schema as S
 from aspc.emit.check import verify_integrity
 from aspc.errors import ConfigError, InputError, PlanError, short_reason
 from aspc.export.overrides import override_args, verl_settings
-from aspc.export.source import check_rows, locate_source, source_records, source_table
+from aspc.export.source import check_rows, locate_source, ordered_type, source_records, source_table
 from aspc.guards import check_output
 from aspc.io.rows import chat_messages
 
@@ -119,7 +119,7 @@ def _chat_column(chats: list[list[dict[str, Any]]]) -> pa.Array:
     if not any(len(m) > 2 for c in chats for m in c):  # role and content only (compile checked them)
         return pa.array(chats, pa.list_(MESSAGE_TYPE))
     try:
-        return pa.array(chats)
+        return pa.array(chats, ordered_type(chats))  # first-seen key order whatever the pyarrow version
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise InputError(f"the chats' message keys hold values of different types across messages "
                          f"({short_reason(exc, limit=100)}); export --format jsonl, which keeps each message "

@@ -133,7 +133,7 @@ def source_table(source: Path, rows: list[int]) -> pa.Table:
     # its columns from the first record alone and dropped reward_model when the first row had none.
     names = list(dict.fromkeys(k for rec in recs for k in rec))
     try:
-        return pa.Table.from_pydict({k: [rec.get(k) for rec in recs] for k in names})
+        return pa.Table.from_pydict({k: _in_key_order([rec.get(k) for rec in recs]) for k in names})
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
         # Arrow's own message names neither the field nor the row, and JSON integers have no size limit.
         for r, rec in zip(rows, recs, strict=True):
@@ -156,6 +156,52 @@ def source_table(source: Path, rows: list[int]) -> pa.Table:
     except UnicodeEncodeError:
         raise InputError(f"{source.name}: a field holds invalid Unicode (lone surrogates); "
                          "re-encode the data as UTF-8") from None  # fmt: skip
+
+
+def ordered_type(values: list[Any]) -> pa.DataType | None:
+    """The type ``pa.array(values)`` infers, with each struct's fields in first-seen key order, for ``type=``.
+
+    pyarrow before 24 infers a struct's fields in sorted key order (``struct<content, role>`` for chat
+    messages), later ones in first-seen order, so the written file depended on the pyarrow version; with
+    the type given, inference never picks the order. ``None`` when no value holds a dict (no field order to
+    pick), or when no one type holds the values: ``pa.array`` then infers, and raises its own error.
+    """
+    try:
+        return _type_of(values) if any(_holds_dict(v) for v in values) else None
+    except (_NoOneType, pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError, RecursionError):
+        return None
+
+
+class _NoOneType(Exception):
+    """Dicts, lists and scalars mixed at one place: no one Arrow type holds them."""
+
+
+def _holds_dict(v: Any) -> bool:
+    if isinstance(v, dict):
+        return True
+    return isinstance(v, (list, tuple)) and any(_holds_dict(x) for x in v)
+
+
+def _type_of(values: list[Any]) -> pa.DataType:
+    present = [v for v in values if v is not None]
+    if not present:
+        return pa.null()
+    if all(isinstance(v, dict) for v in present):
+        keys = dict.fromkeys(k for v in present for k in v)  # first-seen order, as pyarrow >= 24 infers
+        if not all(isinstance(k, str) for k in keys):
+            raise _NoOneType
+        return pa.struct([pa.field(k, _type_of([v.get(k) for v in present])) for k in keys])
+    if all(isinstance(v, (list, tuple)) for v in present):
+        return pa.list_(_type_of([x for v in present for x in v]))
+    if any(isinstance(v, (dict, list, tuple)) for v in present):
+        raise _NoOneType
+    return pa.array(present).type
+
+
+def _in_key_order(values: list[Any]) -> list[Any] | pa.Array:
+    """``values`` as an Arrow array whose structs keep first-seen key order; as they are when they hold no dict."""
+    t = ordered_type(values)
+    return values if t is None else pa.array(values, t)
 
 
 def _mixed_field(recs: list[dict[str, Any]]) -> tuple[str, str] | None:

@@ -103,22 +103,45 @@ def blend_history(
         raise ValueError(f"{len(observed)} history entries for {len(base)} predictions")
     if weights is not None and len(weights) != len(observed):
         raise ValueError(f"{len(weights)} weight entries for {len(observed)} observations")
-    base = at_least_one_token(base)
+    # All prompts' observations in one flat array (a million prompts: a few vector passes).
+    seen = np.array([i for i, a in enumerate(observed) if a is not None and len(a)], dtype=np.int64)
+    arrays = [np.asarray(observed[i], dtype=np.float64) for i in seen]
+    counts = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    flat = np.concatenate(arrays) if arrays else np.empty(0)
+    wf = None if weights is None or not len(seen) else flat_weights(weights, seen, arrays, starts)
+    return _blend(at_least_one_token(base), seen, counts, flat, kappa, wf, within_log_var, within_band_var)
+
+
+def blend_history_flat(
+    base: LengthPrediction, seen: np.ndarray, counts: np.ndarray, values: np.ndarray, kappa: float,
+) -> LengthPrediction:  # fmt: skip
+    """:func:`blend_history` (no weights, no within-prompt spread) of observations given flat: prompt
+    ``seen[j]`` observed ``counts[j] >= 1`` lengths, in ``values`` one prompt after another.
+
+    The same figures, bit for bit, as the list of per-prompt arrays, without building it.
+    """
+    if kappa <= 0:
+        raise ConfigError(f"history kappa {kappa} must be positive")
+    seen = np.asarray(seen, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    return _blend(at_least_one_token(base), seen, counts, np.asarray(values, dtype=np.float64), kappa, None, None, None)
+
+
+def _blend(
+    base: LengthPrediction, seen: np.ndarray, counts: np.ndarray, flat: np.ndarray, kappa: float,
+    wf: np.ndarray | None, within_log_var: float | None, within_band_var: float | None,
+) -> LengthPrediction:  # fmt: skip
     n = len(base)
     k = np.zeros(n)
     obs_mean = np.ones(n)
     obs_log = np.zeros(n)  # weighted mean log length: the observed median's level
     obs_lo = np.zeros(n)  # observed log(q10/q50) and log(q90/q50) where k >= 2
     obs_hi = np.zeros(n)
-    # All prompts' observations in one flat array (a million prompts: a few vector passes).
-    seen = np.array([i for i, a in enumerate(observed) if a is not None and len(a)], dtype=np.int64)
     if len(seen):
-        arrays = [np.asarray(observed[i], dtype=np.float64) for i in seen]
-        counts = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        flat = np.maximum(np.concatenate(arrays), 1.0)
+        flat = np.maximum(flat, 1.0)
         logs = pm.log(flat)
-        wf = None if weights is None else flat_weights(weights, seen, arrays, starts)
         if wf is None:
             k[seen] = counts
             obs_mean[seen] = np.add.reduceat(flat, starts) / counts

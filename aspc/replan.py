@@ -86,8 +86,12 @@ def used_columns(x: Features) -> Features:
     ridge's conjugate-gradient vectors shrink by as much (a window's refit
     drops from seconds to tens of milliseconds).
     """
-    used, cols = np.unique(x.cols, return_inverse=True)
-    return Features(x.dense, x.rows, cols.reshape(-1).astype(np.int64), x.vals, max(1, int(used.size)))
+    # np.unique's sorted columns and inverse, without sorting every entry (20M at 300,000 prompts: 7 s):
+    # the columns are bucket numbers below n_hashed, so a mask and its running count rank them.
+    mask = np.zeros(x.n_hashed, dtype=bool)
+    mask[x.cols] = True
+    rank = np.cumsum(mask, dtype=np.int64) - 1
+    return Features(x.dense, x.rows, rank[x.cols], x.vals, max(1, int(rank[-1]) + 1))
 
 
 def bounded_correction(sol: Any, x: Features, fitted: np.ndarray, residual: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -39,3 +39,57 @@ def coo_matvec(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, x: np.ndarr
 def coo_rmatvec(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, r: np.ndarray, n_out: int) -> np.ndarray:
     """``A.T @ r`` with ``n_out`` columns."""
     return _rmatvec(rows, cols, vals, np.ascontiguousarray(r, dtype=np.float64), n_out)
+
+
+@njit(**NJIT_FLAGS)
+def _merge_entries(rows, cols, vals, n_rows, n_cols):  # pragma: no cover - compiled
+    # Two stable counting sorts (by column, then by row) put the entries in (row, col) order with
+    # repeats in storage order; each repeat is then added to 0.0 in that order, as np.bincount does.
+    n = rows.size
+    by_col = np.empty(n, dtype=np.int64)
+    start = np.zeros(n_cols + 1, dtype=np.int64)
+    for i in range(n):
+        start[cols[i] + 1] += 1
+    for c in range(n_cols):
+        start[c + 1] += start[c]
+    for i in range(n):
+        c = cols[i]
+        by_col[start[c]] = i
+        start[c] += 1
+    order = np.empty(n, dtype=np.int64)
+    row_start = np.zeros(n_rows + 1, dtype=np.int64)
+    for i in range(n):
+        row_start[rows[i] + 1] += 1
+    for r in range(n_rows):
+        row_start[r + 1] += row_start[r]
+    for j in range(n):
+        i = by_col[j]
+        r = rows[i]
+        order[row_start[r]] = i
+        row_start[r] += 1
+    out_rows = np.empty(n, dtype=np.int64)
+    out_cols = np.empty(n, dtype=np.int64)
+    out_vals = np.empty(n)
+    m = -1
+    for j in range(n):
+        i = order[j]
+        if m < 0 or rows[i] != out_rows[m] or cols[i] != out_cols[m]:
+            m += 1
+            out_rows[m] = rows[i]
+            out_cols[m] = cols[i]
+            out_vals[m] = 0.0
+        out_vals[m] += vals[i]
+    return out_rows[: m + 1].copy(), out_cols[: m + 1].copy(), out_vals[: m + 1].copy()
+
+
+def merge_entries(
+    rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, n_rows: int, n_cols: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The COO entries sorted by (row, col), repeats added up: ``np.unique`` of the keys and
+    ``np.bincount`` of the values, bit for bit, in two linear passes instead of a sort."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    cols = np.ascontiguousarray(cols, dtype=np.int64)
+    vals = np.ascontiguousarray(vals, dtype=np.float64)
+    if rows.size and (rows.min() < 0 or rows.max() >= n_rows or cols.min() < 0 or cols.max() >= n_cols):
+        raise ValueError(f"entries outside a {n_rows} x {n_cols} matrix")
+    return _merge_entries(rows, cols, vals, int(n_rows), int(n_cols))

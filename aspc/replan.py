@@ -45,7 +45,7 @@ from aspc.emit.plan import write_plan
 from aspc.io.prompts import PromptTable
 from aspc.io.table import column_numpy
 from aspc.predict.base import LengthPrediction
-from aspc.predict.features import FeatureConfig, Features, featurize
+from aspc.predict.features import FeatureConfig, Features, featurize_compact
 from aspc.predict.ridge import ridge_fit
 from aspc.runtime.config import revised_minibatch_bound
 from aspc.runtime.contracts import Replanner, ReplanView
@@ -116,7 +116,7 @@ def refit_factor(texts: list[str], base_mean: np.ndarray, obs: np.ndarray, y: np
     observed log lengths on the prompts' features, offset by ``base_mean``'s
     logs, bounded as :func:`bounded_correction` bounds a revision's.
     """
-    x = used_columns(featurize(texts, FeatureConfig()).compact())
+    x = used_columns(featurize_compact(texts, FeatureConfig()))
     off = pm.log(np.maximum(base_mean, 1.0))
     sol = ridge_fit(x.take_rows(obs), y, lam, offset=off[obs], max_iter=100)
     return pm.exp(bounded_correction(sol, x, obs, y - off[obs], np.arange(len(texts))))
@@ -230,7 +230,7 @@ class OnlineReplanner(Replanner):
         ids = plan_table.column(S.PROMPT_ID).to_pylist()
         self._index = {pid: i for i, pid in enumerate(ids)}
         texts = plan_table.column(S.PROMPT).to_pylist()
-        self._features = used_columns(featurize(texts, FeatureConfig()).compact())
+        self._features = used_columns(featurize_compact(texts, FeatureConfig()))
         self._base = prediction_of(plan_table)
         self._offset = pm.log(np.maximum(self._base.mean, 1.0))
         self.revisions: list[dict[str, Any]] = []  # per revision: step, first minibatch, observed prompts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aspc.predict.features import FeatureConfig, Features, featurize
+from aspc.predict.features import FeatureConfig, Features, featurize, featurize_compact
 from aspc.predict.sparse_kernel import merge_entries
 from aspc.replan import used_columns
 
@@ -67,3 +67,15 @@ def test_compact_of_real_features_and_out_of_range_entries():
         merge_entries(np.array([0, 2]), np.array([0, 1]), np.ones(2), 2, 4)
     with pytest.raises(ValueError, match="outside a 2 x 4 matrix"):
         merge_entries(np.array([0, 1]), np.array([0, 4]), np.ones(2), 2, 4)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1000])
+def test_featurize_compact_in_chunks_is_the_whole_matrix(chunk):
+    rng = np.random.default_rng(chunk)
+    words = ["sort", "the", "list", "élan", "数据", "\n", "def f(x):", "x" * 300, ""]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(0, 40)))) for _ in range(23)]
+    want = featurize(texts, FeatureConfig()).compact()
+    got = featurize_compact(texts, FeatureConfig(), chunk=chunk)
+    for k in ("dense", "rows", "cols", "vals"):
+        assert getattr(got, k).dtype == getattr(want, k).dtype and getattr(got, k).tobytes() == getattr(want, k).tobytes()
+    assert got.n_hashed == want.n_hashed

@@ -20,6 +20,7 @@ from aspc.emit.plan import Plan
 from aspc.io.history import history_groups
 from aspc.io.lengths_by_id import LengthsById
 from aspc.io.ragged import RaggedLengths
+from aspc.io.table import string_column
 from aspc.predict.base import LengthPrediction
 from aspc.predict.history import DEFAULT_KAPPA, at_least_one_token, blend_history_flat
 from aspc.replan import prediction_of, refit_factor
@@ -61,7 +62,7 @@ def _columns(actual: Mapping[str, np.ndarray]) -> tuple[pa.Array, RaggedLengths]
     if not all(a.ndim == 1 and a.size for a in arrays):
         return None
     try:
-        ids = pa.array(keys, pa.string())
+        ids = string_column(keys)  # pa.array(keys) would import pandas (~0.5 s) to probe them
     except (pa.ArrowException, UnicodeEncodeError):  # a lone surrogate
         return None
     return ids, RaggedLengths.from_arrays(arrays)

@@ -15,13 +15,13 @@ plans on whichever node resumes). NumPy breaks that in two places:
 These wrappers call the C math library element by element (Numba loops, see
 :mod:`aspc.portable_math_kernel`) and sum in one fixed order. ``np.sqrt``
 and plain arithmetic are the same everywhere and stay NumPy. ``np.sum`` and
-``np.mean`` add in NumPy's pairwise order, which NumPy 1.x applies to
-8,192-element buffers one after another and NumPy 2 to the whole array: past
+``np.mean`` add in NumPy's pairwise order, which NumPy before 2.3 applies to
+8,192-element buffers one after another and NumPy 2.3 on to the whole array: past
 8,192 elements the two differ in the last bit. The ridge solver's reductions
 go through :func:`dot` (one fixed order of its own), and the long sums, means
 and variances of training and of plans (calibration level and bins, history
 weights, epoch growth, plan metrics, the partition's scale) through
-:func:`sum`, :func:`mean` and :func:`var`, NumPy 2's pairwise order on any
+:func:`sum`, :func:`mean` and :func:`var`, NumPy 2.3's pairwise order on any
 NumPy. Sums of integers (token counts) and of booleans are exact in any
 order and stay NumPy. Code on the compile path (predictions,
 costs, partition, ordering, plan metrics) uses these, never the NumPy ones;
@@ -90,18 +90,18 @@ def _vector(a: Any, name: str) -> np.ndarray:
 
 
 def sum(a: Any) -> float:  # shadows the builtin on purpose: pm.sum mirrors np.sum
-    """``np.sum`` of a 1-D array with NumPy 2's bits on any NumPy (0.0 for an empty one).
+    """``np.sum`` of a 1-D array with NumPy 2.3's bits on any NumPy (0.0 for an empty one).
 
     NumPy's pairwise summation, step for step
     (:func:`aspc.portable_math_kernel.pairwise_sum`), over the whole array:
-    NumPy 2 sums a contiguous array so, NumPy 1.x adds 8,192-element
-    buffers' pairwise sums one after another. So sums NumPy 2 computed
+    NumPy 2.3 on sums a contiguous array so; NumPy 1.x to 2.2 add 8,192-element
+    buffers' pairwise sums one after another. So sums NumPy 2.3+ computed
     before (stored plan metrics, a trained predictor) keep their bits.
     """
     from aspc.portable_math_kernel import pairwise_sum
 
     x = _vector(a, "sum")
-    return float(pairwise_sum(x, 0, x.size))
+    return 0.0 + float(pairwise_sum(x, 0, x.size))  # NumPy starts from 0.0: -0.0 sums to 0.0
 
 
 def mean(a: Any) -> float:

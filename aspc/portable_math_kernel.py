@@ -83,15 +83,14 @@ def dot_kernel(x: np.ndarray, y: np.ndarray) -> float:
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]))
 
 
-
 PAIRWISE_BLOCK = 128  # NumPy's PW_BLOCKSIZE: below it, eight running sums; above, split in two
 
 
 @njit(**NJIT_FLAGS)
 def pairwise_sum(x: np.ndarray, lo: int, n: int) -> float:
-    # NumPy 2's pairwise summation of x[lo:lo + n], step for step (numpy/_core/src/umath/loops_utils.h.src),
-    # without NumPy 1.x's split of a reduction into 8,192-element buffers: np.sum's bits on NumPy 2 for any
-    # length, and on NumPy 1.x up to 8,192 elements.
+    # NumPy's pairwise summation of x[lo:lo + n], step for step (numpy/_core/src/umath/loops_utils.h.src),
+    # without the split of a reduction into 8,192-element buffers that NumPy made before 2.3: np.sum's bits
+    # on NumPy >= 2.3 for any length, and on older NumPy up to 8,192 elements.
     if n < 8:
         res = 0.0
         for i in range(n):

@@ -196,7 +196,7 @@ def _front_load_heavy(order: np.ndarray, costs: np.ndarray, assignment: np.ndarr
     contiguous: heavy groups go first, heaviest first, each with its heavy
     minibatches leading; everything else keeps the interleaved order.
     """
-    threshold = 0.5 * pm.sum(costs) / workers  # np.sum's NumPy 2 bits on any NumPy
+    threshold = 0.5 * pm.sum(costs) / workers  # np.sum's NumPy 2.3 bits on any NumPy
     heavy = costs > threshold
     if not heavy.any():
         return order

@@ -18,7 +18,7 @@ from aspc.runtime.registry import make_backend
 from tests.conftest import write_jsonl
 from tests.realmodel import VersionTrainer, expected_lengths, run_log_samples, small_plan, tiny_model
 
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[hf]'")
 
 CAP = 64
 

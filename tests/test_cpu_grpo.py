@@ -10,7 +10,7 @@ from aspc.runtime.registry import make_backend, make_trainer
 from aspc.testing.plans import plan_table
 from tests.realmodel import run_log_samples, tiny_model
 
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[hf]'")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from aspc.cli import main
 from tests.conftest import ROOT, write_jsonl
 from tests.realmodel import run_log_samples, tiny_model
 
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[hf]'")
 
 CAP = 24
 N_PROMPTS = 12

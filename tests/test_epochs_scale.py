@@ -163,3 +163,15 @@ def test_read_history_of_one_file_is_float64_arrays(tmp_path):
     got = read_history(path)
     assert list(got) == [f"q{i}" for i in range(5)]
     assert all(v.dtype == np.float64 and v.tolist() == [i, i + 1] for i, v in enumerate(got.values()))
+
+
+def test_running_out_of_memory_reading_a_run_log_is_no_damaged_log(tmp_path, monkeypatch):
+    # pa.ArrowMemoryError is an ArrowException too: caught as one, it told the user to throw a good log away.
+    monkeypatch.setattr(L, "committed_sample_parts", lambda path, **kw: [tmp_path / "part-0.parquet"])
+
+    def oom(files, columns):
+        raise pa.ArrowMemoryError("malloc of size 1 failed")
+
+    monkeypatch.setattr(L, "read_parquet_parts", oom)
+    with pytest.raises(MemoryError):
+        L.run_log_groups(tmp_path)

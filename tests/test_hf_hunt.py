@@ -16,7 +16,7 @@ from aspc.runtime.registry import make_backend
 from tests.conftest import write_jsonl
 from tests.realmodel import small_plan, tiny_model
 
-pytest.importorskip("transformers")
+pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[hf]'")
 
 CHAT = [
     {"id": "c1", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]},

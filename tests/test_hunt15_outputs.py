@@ -150,6 +150,7 @@ def test_a_plan_named_as_another_data_format_is_refused(tmp_path, name):
     assert out.read_text() == '{"id": "x"}\n'
 
 
+@needs_matplotlib  # without matplotlib, report refuses with the install hint before it looks at -o
 @pytest.mark.parametrize("name", ["rep.parquet", "report.html", "r.JSON"])
 def test_a_new_report_directory_named_as_a_file_is_refused(plan, tmp_path, name):
     out = tmp_path / name

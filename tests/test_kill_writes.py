@@ -69,7 +69,7 @@ def plan_and_run(tmp_path_factory):
 
 @pytest.mark.parametrize("delay", [1.5, 3.0, 5.0])
 def test_sigkill_during_report(tmp_path, plan_and_run, delay):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="needs matplotlib: pip install 'aspc[report]'")
     plan, run = plan_and_run
     out = tmp_path / "report"
     rc = _kill_after(["report", str(plan), str(run), "-o", str(out), "-q"], delay)

@@ -142,7 +142,7 @@ def test_dot_and_matvec_are_ordered_sums():
 
 
 def _numpy2_pairwise(a: list[float], lo: int, n: int) -> float:
-    # The oracle: NumPy 2's pairwise_sum (numpy/_core/src/umath/loops_utils.h.src) in plain Python floats.
+    # The oracle: NumPy's pairwise_sum (numpy/_core/src/umath/loops_utils.h.src) in plain Python floats.
     if n < 8:
         res = 0.0
         for i in range(n):
@@ -162,10 +162,10 @@ def _numpy2_pairwise(a: list[float], lo: int, n: int) -> float:
     return _numpy2_pairwise(a, lo, n2) + _numpy2_pairwise(a, lo + n2, n - n2)
 
 
-def test_sum_mean_and_var_are_numpy2s_on_any_numpy():
+def test_sum_mean_and_var_are_numpy_2_3s_on_any_numpy():
     rng = np.random.default_rng(2)
-    numpy2 = int(np.__version__.split(".")[0]) >= 2
-    for n in [*range(0, 140), 255, 256, 1001, 8192, 8193, 20001, 60000]:  # NumPy 1.x splits past 8,192
+    numpy2 = np.lib.NumpyVersion(np.__version__) >= "2.3.0"  # before 2.3 NumPy split sums past 8,192
+    for n in [*range(0, 140), 255, 256, 1001, 8192, 8193, 20001, 60000]:
         a = rng.lognormal(size=n) * 100
         assert pm.sum(a) == _numpy2_pairwise(a.tolist(), 0, n)
         if numpy2 or n <= 8192:
@@ -177,6 +177,7 @@ def test_sum_mean_and_var_are_numpy2s_on_any_numpy():
     assert math.isnan(pm.mean([])) and math.isnan(pm.var([1.0], ddof=1))  # NumPy's answers, without its warning
     assert pm.mean([1, 2, 4]) == 7 / 3  # lists and integers are read as float64
     assert pm.sum(a[::3]) == float(np.sum(a[::3].copy())) or not numpy2  # a strided view: the same sum
+    assert math.copysign(1.0, pm.sum(np.full(9, -0.0))) == 1.0  # as np.sum: 0.0 + the pairwise sum
     with pytest.raises(ValueError, match="1-D array"):
         pm.mean(np.ones((2, 2)))
 

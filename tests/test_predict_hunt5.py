@@ -55,8 +55,8 @@ def _predictions(pred: Path, out: Path, *extra: object) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    pytest.importorskip("torch", reason="needs torch: pip install 'aspc[predict]'")
+    pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[predict]'")
     words = ["the", "a", "write", "code", "list", "input"]
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-encoder"), words, string.ascii_lowercase + string.digits)
 

@@ -73,8 +73,8 @@ def test_segmented_mean_rejects_malformed_input() -> None:
 # -- a tiny random encoder --------------------------------------------------
 @pytest.fixture(scope="module")
 def torch():
-    t = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    t = pytest.importorskip("torch", reason="needs torch: pip install 'aspc[predict]'")
+    pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[predict]'")
     before = t.get_num_threads()
     t.set_num_threads(1)  # a tiny encoder gains nothing from threads on a shared 2-core machine
     yield t
@@ -342,7 +342,7 @@ def test_real_minilm_distilled_vectors(torch) -> None:
 
 @pytest.mark.slow
 def test_real_minilm_cli_workflow(tmp_path) -> None:
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch: pip install 'aspc[predict]'")
     train = write_data(tmp_path / "data.jsonl", 400)
     test = write_data(tmp_path / "test.jsonl", 100, seed=3, start=9000, field="lengths")
     pred = tmp_path / "pred"

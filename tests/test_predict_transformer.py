@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-pytest.importorskip("safetensors")
+torch = pytest.importorskip("torch", reason="needs torch: pip install 'aspc[predict]'")
+transformers = pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[predict]'")
+pytest.importorskip("safetensors", reason="needs safetensors: pip install 'aspc[predict]'")
 
 from aspc.devices import resolve_device  # noqa: E402
 from aspc.errors import ConfigError, PredictorError  # noqa: E402

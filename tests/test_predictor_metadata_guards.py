@@ -21,8 +21,8 @@ from tests.conftest import invoke_cli, lognormal_records, one_line_error, save_t
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     """A 2-layer, 32-wide BERT with random weights (seconds to distil or train on, where MiniLM takes ~20 s)."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
+    pytest.importorskip("torch", reason="needs torch: pip install 'aspc[predict]'")
+    pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[predict]'")
     words = ["prompt", "number", "word"]
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-encoder"), words, string.ascii_lowercase + string.digits)
 

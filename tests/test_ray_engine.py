@@ -21,8 +21,8 @@ from aspc.runtime.registry import make_backend
 from tests.conftest import write_jsonl
 from tests.realmodel import VersionTrainer, expected_lengths, run_log_samples, small_plan, tiny_model
 
-ray = pytest.importorskip("ray")
-pytest.importorskip("transformers")
+ray = pytest.importorskip("ray", reason="needs ray: pip install 'aspc[ray]'")
+pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[hf]'")
 
 CAP = 64
 

@@ -18,8 +18,8 @@ from aspc.cli import main
 from tests.conftest import write_jsonl
 from tests.realmodel import tiny_model
 
-ray = pytest.importorskip("ray")
-pytest.importorskip("transformers")
+ray = pytest.importorskip("ray", reason="needs ray: pip install 'aspc[ray]'")
+pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[hf]'")
 
 CAP = 64  # the tiny model ends about half its samples before it
 

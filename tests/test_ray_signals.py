@@ -23,8 +23,8 @@ import pytest
 from tests.conftest import write_jsonl
 from tests.realmodel import tiny_model
 
-pytest.importorskip("ray")
-pytest.importorskip("transformers")
+pytest.importorskip("ray", reason="needs ray: pip install 'aspc[ray]'")
+pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[hf]'")
 psutil = pytest.importorskip("psutil")
 
 

@@ -313,6 +313,7 @@ def test_run_labels_are_unique():
     assert run_labels([Path("/a"), Path("/b/a")]) == ["/a", "b/a"]  # the root part was joined as "//a"
 
 
+@needs_mpl
 def test_report_draws_run_names_as_written(inputs, tmp_path):
     # A '$...$' pair in a run directory's name was parsed as mathtext: an unmatched one raised a
     # traceback from matplotlib, a matched one was drawn as math.
@@ -325,6 +326,7 @@ def test_report_draws_run_names_as_written(inputs, tmp_path):
         assert r.exit_code == 0, r.output
 
 
+@needs_mpl  # without matplotlib, report refuses with the install hint before it reads its arguments
 def test_the_same_run_twice_is_refused(inputs, tmp_path):
     r = _cli(["report", inputs["plan_asp"], inputs["run_asp"], inputs["run_asp"], "-o", tmp_path / "out"])
     assert r.exit_code == 2 and "given twice; name each run once" in r.output, r.output

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from aspc.cli import main
 from tests.test_report import make_inputs
 
-pytest.importorskip("matplotlib")
+pytest.importorskip("matplotlib", reason="needs matplotlib: pip install 'aspc[report]'")
 
 
 def _chromium() -> str | None:

@@ -38,7 +38,7 @@ def _backend(model_dir, lengths):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[hf]'")
     return tiny_model(tmp_path_factory.mktemp("models"))
 
 

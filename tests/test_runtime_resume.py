@@ -410,7 +410,7 @@ def test_every_worker_hung_stops_the_run(tmp_path):
 @pytest.mark.slow  # ~30 s: two processes import torch and transformers
 @pytest.mark.parametrize("every", [1, 3])
 def test_hf_contract_sigkill_then_resume(tmp_path, every):
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[hf]'")
     from tests.realmodel import tiny_model
 
     model_dir = tiny_model(tmp_path / "models")

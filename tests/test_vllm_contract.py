@@ -250,7 +250,7 @@ def test_vllm_cli_contract_smollm2(tmp_path):
 def test_vllm_on_the_ray_engine_with_two_actors(tmp_path):
     """Two vLLM engines in two Ray actors (~2.5 GiB each with the 1 GiB KV cache): exact lengths, reloads,
     and continuous returns streamed out of the actors (the static path on Ray: tests/test_ray_engine.py)."""
-    pytest.importorskip("ray")
+    pytest.importorskip("ray", reason="needs ray: pip install 'aspc[ray]'")
     model_dir = vllm_tiny_model(tmp_path)
     data, plan, want = replay_files(tmp_path, n=24)
     run_dir = tmp_path / "RUN"
@@ -333,6 +333,8 @@ def test_engine_args_reach_vllm_and_win_over_defaults():
 def test_bad_engine_arg_is_one_line_and_writes_nothing(tmp_path, pair, fragment, need_vllm):
     if need_vllm and not HAVE_VLLM:
         pytest.skip("checking engine argument names needs vLLM")
+    pytest.importorskip("torch", reason="needs torch: pip install 'aspc[hf]'")  # tiny_model builds a torch model
+    pytest.importorskip("transformers", reason="needs transformers: pip install 'aspc[hf]'")
     model_dir = tiny_model(tmp_path / "models")
     data, plan, _ = replay_files(tmp_path, n=4)
     r = CliRunner().invoke(main, [*contract_args(plan, str(model_dir), data, tmp_path / "RUN"), "--engine-arg", pair])

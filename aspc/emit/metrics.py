@@ -107,9 +107,8 @@ def plan_metrics(
     sizes = np.diff(starts)
     seq_per_mb = np.add.reduceat(nseq, starts[:-1])
     max_per_mb = np.maximum.reduceat(pred, starts[:-1])
-    # Exact sums (pm.sum): NumPy's pairwise order differs between NumPy 1.x and 2.x past ~8,192
-    # fractional predictions, and pm.sum's order would move the bits of plans of known lengths
-    # (tests/fixtures/plans), which NumPy summed exactly.
+    # pm.sum: NumPy >= 2.3's pairwise sums, which these always were here (so tests/fixtures/plans keep
+    # their bytes), on older NumPy too, which split sums past 8,192 fractional predictions into buffers.
     total_len = pm.sum(nseq * pred)
     padded = pm.sum(seq_per_mb * max_per_mb)
     # The compiler passes the costs it already computed (same rows, same model).

@@ -25,7 +25,7 @@ from aspc.io.runlog_meta import (
     part_ranges,
     refuse_runlog_meta,
 )
-from aspc.io.table import column_numpy
+from aspc.io.table import arrow_array, column_numpy
 
 
 def committed_sample_parts(path: str | os.PathLike, *, require_meta: bool = False) -> list[Path]:
@@ -83,6 +83,8 @@ def run_log_groups(path: str | os.PathLike) -> tuple[list[str], np.ndarray, np.n
         return empty
     try:
         table = read_parquet_parts(files, ["prompt_id", "response_len"])
+    except MemoryError:  # pa.ArrowMemoryError too: out of memory is no damaged log
+        raise
     except (pa.ArrowException, OSError, KeyError) as exc:
         raise InputError(
             f"{path}: unreadable run log samples ({short_reason(exc, limit=120)}); the run log is damaged: "
@@ -118,12 +120,14 @@ def _group_string_ids(col) -> tuple[list[str], np.ndarray] | None:
     try:
         arr = pa.concat_arrays(col.chunks) if col.num_chunks != 1 else col.chunk(0)
         enc = pc.dictionary_encode(arr)
+    except MemoryError:  # pa.ArrowMemoryError too: the Python sort below would need more
+        raise
     except pa.ArrowException:  # past 2 GiB of ids in one array
         return None
     by_text = column_numpy(pc.sort_indices(enc.dictionary)).astype(np.int64)
     rank = np.empty_like(by_text)
     rank[by_text] = np.arange(by_text.size, dtype=np.int64)
-    return enc.dictionary.take(pa.array(by_text)).to_pylist(), rank[column_numpy(enc.indices).astype(np.int64)]
+    return enc.dictionary.take(arrow_array(by_text, pa.int64())).to_pylist(), rank[column_numpy(enc.indices).astype(np.int64)]
 
 
 def _refuse_plan(path: Path) -> None:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from aspc.io.ragged import RaggedLengths
-from aspc.io.table import column_numpy
+from aspc.io.table import arrow_scalar, column_numpy, string_column
 
 
 class LengthsById(Mapping):
@@ -50,13 +50,13 @@ class LengthsById(Mapping):
     def rows_of(self, ids: pa.Array | pa.ChunkedArray | Sequence[str]) -> np.ndarray:
         """Row of each of ``ids`` here (int64), ``-1`` where an id is absent."""
         if not isinstance(ids, (pa.Array, pa.ChunkedArray)):
-            ids = pa.array(list(ids), pa.string())
+            ids = string_column(list(ids))  # pa.array would import pandas to probe them
         elif ids.type != pa.string():
             ids = ids.cast(pa.string())
         found = pc.index_in(ids, value_set=self.ids)
         if isinstance(found, pa.ChunkedArray):
             found = pa.concat_arrays(found.chunks) if found.num_chunks != 1 else found.chunk(0)
-        return column_numpy(found.fill_null(-1).cast(pa.int64()))
+        return column_numpy(found.cast(pa.int64()).fill_null(arrow_scalar(-1, pa.int64())))  # no pandas probe
 
     def join(self, ids: pa.Array | pa.ChunkedArray | Sequence[str]) -> tuple[np.ndarray, RaggedLengths | None]:
         """(positions of ``ids`` that have no lengths here, their lengths in ``ids`` order or None if any is missing)."""

@@ -166,7 +166,7 @@ def _nominal_count(arr: np.ndarray, b: int, d: int) -> tuple[np.ndarray, bool]:
     def excess_of(lam: float) -> int:
         return results[lam][0].size - 1 - target
 
-    scale = max(1.0, pm.mean(arr))  # np.mean's NumPy 2 bits on any NumPy
+    scale = max(1.0, pm.mean(arr))  # np.mean's NumPy 2.3 bits on any NumPy
     threaded = arr.size >= _SPECULATE_ROWS and d != 0
     _solve_pair(run, 0.0, scale if threaded else None, arr.size, b - d, b + d)
     f0 = excess_of(0.0)

@@ -67,9 +67,14 @@ def _merge_entries(rows, cols, vals, n_rows, n_cols):  # pragma: no cover - comp
         r = rows[i]
         order[row_start[r]] = i
         row_start[r] += 1
-    out_rows = np.empty(n, dtype=np.int64)
-    out_cols = np.empty(n, dtype=np.int64)
-    out_vals = np.empty(n)
+    m = 0  # distinct (row, col) pairs: the outputs are allocated at their size
+    for j in range(n):
+        i, p = order[j], order[j - 1]
+        if j == 0 or rows[i] != rows[p] or cols[i] != cols[p]:
+            m += 1
+    out_rows = np.empty(m, dtype=np.int64)
+    out_cols = np.empty(m, dtype=np.int64)
+    out_vals = np.empty(m)
     m = -1
     for j in range(n):
         i = order[j]
@@ -79,7 +84,7 @@ def _merge_entries(rows, cols, vals, n_rows, n_cols):  # pragma: no cover - comp
             out_cols[m] = cols[i]
             out_vals[m] = 0.0
         out_vals[m] += vals[i]
-    return out_rows[: m + 1].copy(), out_cols[: m + 1].copy(), out_vals[: m + 1].copy()
+    return out_rows, out_cols, out_vals
 
 
 def merge_entries(

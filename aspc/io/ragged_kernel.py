@@ -12,42 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from aspc.numba_config import NJIT_FLAGS, NJIT_PARALLEL_FLAGS
-
-# NumPy's pairwise summation unrolls by 8 and recurses above 128 values
-# (numpy/_core/src/umath/loops_utils.h.src, PW_BLOCKSIZE).
-_PW_BLOCKSIZE = 128
-
-
-@njit(**NJIT_FLAGS)
-def _pairwise_sum(a: np.ndarray, lo: int, n: int) -> float:
-    if n < 8:
-        res = 0.0
-        for i in range(n):
-            res += a[lo + i]
-        return res
-    if n <= _PW_BLOCKSIZE:
-        r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
-        r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
-        i = 8
-        stop = n - (n % 8)
-        while i < stop:
-            r0 += a[lo + i]
-            r1 += a[lo + i + 1]
-            r2 += a[lo + i + 2]
-            r3 += a[lo + i + 3]
-            r4 += a[lo + i + 4]
-            r5 += a[lo + i + 5]
-            r6 += a[lo + i + 6]
-            r7 += a[lo + i + 7]
-            i += 8
-        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
-        while i < n:
-            res += a[lo + i]
-            i += 1
-        return res
-    n2 = n // 2
-    n2 -= n2 % 8
-    return _pairwise_sum(a, lo, n2) + _pairwise_sum(a, lo + n2, n - n2)
+from aspc.portable_math_kernel import pairwise_sum  # NumPy's pairwise order, step for step
 
 
 @njit(**NJIT_FLAGS)
@@ -97,7 +62,7 @@ def _segment_stats(values: np.ndarray, offsets: np.ndarray, qs: np.ndarray) -> t
             lo = offsets[s]
             m = offsets[s + 1] - lo
             # NumPy's add.reduce starts from the identity 0.0.
-            mean[s] = (0.0 + _pairwise_sum(values, lo, m)) / m
+            mean[s] = (0.0 + pairwise_sum(values, lo, m)) / m
             if m == 1:
                 for j in range(k):
                     quant[s, j] = values[lo] + 0.0

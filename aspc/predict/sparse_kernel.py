@@ -42,31 +42,27 @@ def coo_rmatvec(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, r: np.ndar
 
 
 @njit(**NJIT_FLAGS)
+def _counting_sort(keys, n_keys, order):  # pragma: no cover - compiled
+    # ``order`` stably sorted by ``keys[order]`` (each below n_keys): one count, one scatter.
+    start = np.zeros(n_keys + 1, dtype=np.int64)
+    for j in range(order.size):
+        start[keys[order[j]] + 1] += 1
+    for k in range(n_keys):
+        start[k + 1] += start[k]
+    out = np.empty(order.size, dtype=np.int64)
+    for j in range(order.size):
+        k = keys[order[j]]
+        out[start[k]] = order[j]
+        start[k] += 1
+    return out
+
+
+@njit(**NJIT_FLAGS)
 def _merge_entries(rows, cols, vals, n_rows, n_cols):  # pragma: no cover - compiled
     # Two stable counting sorts (by column, then by row) put the entries in (row, col) order with
     # repeats in storage order; each repeat is then added to 0.0 in that order, as np.bincount does.
     n = rows.size
-    by_col = np.empty(n, dtype=np.int64)
-    start = np.zeros(n_cols + 1, dtype=np.int64)
-    for i in range(n):
-        start[cols[i] + 1] += 1
-    for c in range(n_cols):
-        start[c + 1] += start[c]
-    for i in range(n):
-        c = cols[i]
-        by_col[start[c]] = i
-        start[c] += 1
-    order = np.empty(n, dtype=np.int64)
-    row_start = np.zeros(n_rows + 1, dtype=np.int64)
-    for i in range(n):
-        row_start[rows[i] + 1] += 1
-    for r in range(n_rows):
-        row_start[r + 1] += row_start[r]
-    for j in range(n):
-        i = by_col[j]
-        r = rows[i]
-        order[row_start[r]] = i
-        row_start[r] += 1
+    order = _counting_sort(rows, n_rows, _counting_sort(cols, n_cols, np.arange(n)))
     m = 0  # distinct (row, col) pairs: the outputs are allocated at their size
     for j in range(n):
         i, p = order[j], order[j - 1]

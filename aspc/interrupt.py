@@ -102,17 +102,23 @@ def _resend(signum: int) -> None:
 # the exception) and Numba's compiler, loader and type registry (their weakref
 # callbacks and llvmlite object disposal are not exception-safe).
 _UNSAFE_DIRS = (f"{os.sep}numba{os.sep}", f"{os.sep}llvmlite{os.sep}")
-# The import system: its module-lock weakref callback drops the exception and leaves the lock
-# held, so a thread importing the same module (the plan preload's) waits for ever, and so does
-# the main thread joining it. Seen as a traceback, then a hang, on a signal during `aspc run`'s start.
-# A weakref callback (WeakKeyDictionary's ``remove``, WeakSet's ``_remove``): Python prints the
-# exception as "Exception ignored in" and drops it, and the command went on to exit 0.
-_UNSAFE_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>",
-                 weakref.__file__, _weakrefset.__file__)  # fmt: skip
+# The import system's own code: its module-lock weakref callback drops the exception and leaves
+# the lock held, so a thread importing the same module (the plan preload's) waits for ever, and so
+# does the main thread joining it. Seen as a traceback, then a hang, on a signal during `aspc run`'s
+# start. Only while its code is the one running: a module's own top-level code (a slow `--trainer`
+# import) raises as any import error does, which the import system undoes (module out of
+# sys.modules, lock released); held there too, a Ctrl-C waited out the whole import and was lost.
+_IMPORT_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+# A weakref callback (WeakKeyDictionary's ``remove``, WeakSet's ``_remove``, ``weakref.finalize``
+# calling its function): Python prints the exception as "Exception ignored in" and drops it, and
+# the command went on to exit 0.
+_UNSAFE_FILES = (weakref.__file__, _weakrefset.__file__)
 
 
 def _in_finalizer(frame: FrameType | None) -> bool:
     """Whether the main thread is inside a ``__del__``, the import system, or Numba/llvmlite code."""
+    if frame is not None and frame.f_code.co_filename in _IMPORT_FILES:
+        return True
     while frame is not None:
         code = frame.f_code
         name = code.co_filename

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import select
 import signal
@@ -314,6 +315,28 @@ def test_a_signal_is_not_raised_inside_the_import_system(where):
     exec(compile("import sys\nframe = sys._getframe()", where, "exec"), ns)
     assert interrupt._in_finalizer(ns["frame"])
     assert not interrupt._in_finalizer(sys._getframe())
+
+
+def test_a_signal_is_raised_in_a_modules_own_code_while_it_imports(tmp_path, monkeypatch):
+    # Raised there, it unwinds as any error at import does (the import system takes the module out
+    # of sys.modules and releases its lock); held, a Ctrl-C waited out a slow import.
+    from aspc import interrupt
+
+    (tmp_path / "probe_frame_mod.py").write_text(
+        "import sys\n"
+        "from aspc import interrupt\n"
+        "frame = sys._getframe()\n"
+        "CHAIN = []\n"
+        "while frame is not None:\n"
+        "    CHAIN.append(frame.f_code.co_filename)\n"
+        "    frame = frame.f_back\n"
+        "HELD = interrupt._in_finalizer(sys._getframe())\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "probe_frame_mod", raising=False)
+    mod = importlib.import_module("probe_frame_mod")
+    assert "<frozen importlib._bootstrap>" in mod.CHAIN  # the import system is below the module's code
+    assert not mod.HELD
 
 
 def test_an_interrupt_after_the_output_is_in_place_says_so(tmp_path):

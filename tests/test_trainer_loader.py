@@ -244,6 +244,29 @@ def test_a_trainer_module_that_exits_at_import_is_one_line(plan, user_dir):
     assert "importing 'exiting_mod' called sys.exit(3)" in r.output and len(r.output.strip().splitlines()) == 1
 
 
+def test_a_ctrl_c_during_a_slow_trainer_import_interrupts_it(plan, user_dir):
+    # The handler held every signal while any import-system frame was on the stack, so a Ctrl-C
+    # waited out the module's whole import (a trainer importing torch, DeepSpeed: many seconds);
+    # then the factory's own error ended the command and the Ctrl-C was lost.
+    import time
+
+    (user_dir / "slow_import_mod.py").write_text(
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGINT)  # a Ctrl-C while this module is still importing\n"
+        "for _ in range(300):\n"
+        "    time.sleep(0.1)\n"
+        "def factory(context):\n"
+        "    raise RuntimeError('never reached')\n"
+    )
+    t0 = time.monotonic()
+    r = CliRunner().invoke(main, ["run", str(plan[0]), "--trainer", "slow_import_mod:factory", "--log",
+                                  str(user_dir / "RUN"), "-q"])  # fmt: skip
+    assert time.monotonic() - t0 < 15  # the import alone takes 30 s
+    assert r.exit_code == 130, r.output
+    assert "interrupted by SIGINT before the run log was started" in r.output, r.output
+    assert not (user_dir / "RUN").exists()
+
+
 @pytest.mark.parametrize(
     ("how", "fragment", "status"),
     [

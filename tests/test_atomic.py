@@ -320,8 +320,6 @@ def test_a_signal_is_not_raised_inside_the_import_system(where):
 def test_a_signal_is_raised_in_a_modules_own_code_while_it_imports(tmp_path, monkeypatch):
     # Raised there, it unwinds as any error at import does (the import system takes the module out
     # of sys.modules and releases its lock); held, a Ctrl-C waited out a slow import.
-    from aspc import interrupt
-
     (tmp_path / "probe_frame_mod.py").write_text(
         "import sys\n"
         "from aspc import interrupt\n"

@@ -392,6 +392,16 @@ def read_jsonl_bulk(
     return table_from_columns(tab, rows, prompt_field=prompt_field, id_field=id_field, length_field=length_field)
 
 
+def _utf8(buf: pa.Buffer) -> bool:
+    """Whether ``buf`` is UTF-8 (pyarrow.json never checks): one cast validates it all, in C++, without a copy."""
+    try:
+        offsets = pa.py_buffer(np.array([0, buf.size], dtype=np.int64).tobytes())
+        pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, buf]).cast(pa.large_string())
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
 def _parse_jsonl(
     data: bytes, *, prompt_field: str, id_field: str, length_field: str | None
 ) -> tuple[pa.Table, np.ndarray] | None:
@@ -400,11 +410,7 @@ def _parse_jsonl(
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     buf = pa.py_buffer(data)
-    try:
-        # One cast validates the whole file as UTF-8, in C++, without a copy.
-        offsets = pa.py_buffer(np.array([0, len(data)], dtype=np.int64).tobytes())
-        pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, buf]).cast(pa.large_string())
-    except pa.ArrowInvalid:
+    if not _utf8(buf):
         return None
     schema = _json_schema(data, prompt_field, id_field, length_field)
     if schema is None:

@@ -22,6 +22,7 @@ from aspc.arrow_files import arrow_file
 from aspc.io import gather
 from aspc.io.bulk_chat import chat_columns
 from aspc.io.json_keys import only_keys_in
+from aspc.io.json_lines import read_alike
 from aspc.io.ragged import RaggedLengths
 from aspc.io.rows import (
     CHAT_ROLES,
@@ -44,13 +45,15 @@ PY_SPACE = (
     "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
 )
 _PY_SPACE = string_column(list(PY_SPACE))
-# pyarrow.json blocks; a line longer than this makes pyarrow fail, and the row
-# reader takes over (prompts are capped at 2 MiB).
+# pyarrow.json blocks; a line that straddles more than two of them makes pyarrow
+# fail, and the row reader takes over (prompts are capped at 2 MiB).
 _JSON_BLOCK = 8 << 20
 # Parquet is read through a buffer of this size.
 _PARQUET_BUFFER = 1 << 20
 # Types inferred from the start of a JSONL file, enough lines to see each field.
 _JSON_PREFIX = 1 << 20
+# Files under this are scanned (aspc.io.json_lines) inline, larger ones on a thread beside the parse.
+_SCAN_THREAD_BYTES = 8 << 20
 
 
 # A JSON-lines chat, when every message holds exactly these keys (see _kind).
@@ -201,6 +204,8 @@ def _numbers(arr: pa.Array) -> np.ndarray:
     x = column_numpy(arr.cast(pa.float64(), safe=False))
     # NaN fails every comparison, so it bails here too.
     _check(bool(np.all((x >= 0) & (x <= MAX_LENGTH))) if x.size else True)
+    # pyarrow.json reads -0 as -0.0, json.loads as the integer 0 ("-0.0" is -0.0 in both): the row reader says.
+    _check(not np.signbit(x).any())
     return x
 
 
@@ -418,6 +423,8 @@ def _parse_jsonl(
     chats = [f.name for f in schema if f.type == _CHAT]
     if chats and not only_keys_in(data, chats, list(_CHAT_KEYS)):
         return None  # a message holds another key, which pyarrow would drop: the row reader keeps it
+    # Lines pyarrow reads and json.loads would not (two objects on one, Inf, deep nesting), checked beside the parse.
+    alike = gather.Background(read_alike, data, threaded=len(data) >= _SCAN_THREAD_BYTES)
     try:
         tab = pj.read_json(
             pa.BufferReader(buf),
@@ -427,6 +434,9 @@ def _parse_jsonl(
     except MemoryError:
         raise
     except (pa.ArrowException, ValueError):
+        alike.result()  # no scan left running
+        return None
+    if not alike.result():
         return None
     rows = _line_rows(data, len(tab))
     return None if rows is None else (tab, rows)

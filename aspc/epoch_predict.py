@@ -113,7 +113,8 @@ class _Epoch:
             # Sums of whole numbers below 2**53 are exact in any order, so one pass over the groups
             # gives np.mean's own result; anything else is averaged group by group, as np.mean does.
             if sizes.size and sizes.min() > 0 and np.array_equal(v, np.rint(v)) and np.abs(v).sum() < 2.0**53:
-                self._means = np.add.reduceat(v, self.offsets[:-1]) / sizes
+                # 0.0 + as np.mean's sum starts: a group of -0.0 means 0.0, not -0.0.
+                self._means = (0.0 + np.add.reduceat(v, self.offsets[:-1])) / sizes
             else:
                 bounds = self.offsets.tolist()
                 self._means = np.array([np.mean(v[s:e]) for s, e in zip(bounds[:-1], bounds[1:], strict=True)],

@@ -92,6 +92,9 @@ def run_log_groups(path: str | os.PathLike) -> tuple[list[str], np.ndarray, np.n
         ) from None
     if table.num_rows == 0:
         return empty
+    if table.column("prompt_id").null_count:  # only a hand-made samples/ folder: aspc writes an id on every sample
+        raise InputError(f"{path}: run log samples hold a null prompt_id; the run log is damaged: "
+                         "run the plan again with a new --log")  # fmt: skip
     lens = column_numpy(table.column("response_len")).astype(np.float64)  # to_numpy imports pandas
     grouped = _group_string_ids(table.column("prompt_id"))
     if grouped is None:  # not a plain string column: sorted as Python objects, as always

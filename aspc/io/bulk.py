@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 
 from aspc.arrow_files import arrow_file
 from aspc.io import gather
+from aspc.io.blank import PY_SPACE, _has_blank, _has_blank_exact  # noqa: F401 - PY_SPACE re-exported
 from aspc.io.bulk_chat import chat_columns
 from aspc.io.json_keys import only_keys_in
 from aspc.io.json_lines import read_alike
@@ -37,14 +38,6 @@ from aspc.io.rows import (
 )
 from aspc.io.table import PromptTable, column_numpy, string_column
 
-# Every character Python's str.strip() removes: a prompt or id made only of
-# these is "empty" to the row reader, so the bulk check must use the same set.
-# (tests/test_io.py checks it against str.isspace over all of Unicode.)
-PY_SPACE = (
-    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
-    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
-)
-_PY_SPACE = string_column(list(PY_SPACE))
 # pyarrow.json blocks; a line that straddles more than two of them makes pyarrow
 # fail, and the row reader takes over (prompts are capped at 2 MiB).
 _JSON_BLOCK = 8 << 20
@@ -94,45 +87,6 @@ def _valid_strings(arr: pa.Array) -> pa.Array:
     return arr.cast(pa.string()) if pa.types.is_large_string(arr.type) else arr
 
 
-# First UTF-8 byte of every character in PY_SPACE: a string that starts with
-# none of them (and is not empty) cannot be blank.
-_PY_SPACE_LEAD = np.zeros(256, dtype=bool)
-_PY_SPACE_LEAD[[c.encode()[0] for c in PY_SPACE]] = True
-
-
-def _has_blank_exact(arr: pa.Array) -> bool:
-    """Whether any string is empty after Python's str.strip(): first code points, then Python on those."""
-    first = pc.utf8_slice_codeunits(arr, 0, 1)
-    empty = column_numpy(pc.binary_length(arr)) == 0
-    spaced = column_numpy(pc.is_in(first, value_set=_PY_SPACE))
-    idx = np.flatnonzero(empty | spaced)
-    return any(not arr[int(i)].as_py().strip() for i in idx)
-
-
-def _has_blank(arr: pa.Array) -> bool:
-    """Whether any string is empty after Python's str.strip().
-
-    The first byte of each string, read from the Arrow buffers, rules out
-    almost every row at once (a million prompts: milliseconds, where slicing
-    every first code point costs ~0.2 s); the few left (empty, or starting
-    with a lead byte of some whitespace character) get the exact check.
-    """
-    if arr.null_count or not pa.types.is_string(arr.type):
-        return _has_blank_exact(arr)
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + len(arr) + 1]
-    sizes = np.diff(offsets)
-    if np.any(sizes == 0):
-        return True
-    data = arr.buffers()[2]
-    if data is None:
-        return len(arr) > 0  # no character data: every string is empty
-    lead = np.frombuffer(data, dtype=np.uint8)[offsets[:-1]]
-    idx = np.flatnonzero(_PY_SPACE_LEAD[lead])
-    if idx.size == 0:
-        return False
-    return _has_blank_exact(arr.take(pa.array(idx)))
-
-
 def _prompts(tab: pa.Table, prompt_field: str) -> tuple[pa.Array, pa.Array]:
     """Stored prompts and plain texts (the same array for text prompts)."""
     names = tab.column_names
@@ -158,7 +112,8 @@ def _prompts(tab: pa.Table, prompt_field: str) -> tuple[pa.Array, pa.Array]:
                 s, t = parse_prompt_value(value)
                 stored.append(s)
                 texts.append(t)
-        except (_RowError, UnicodeDecodeError):  # UnicodeDecodeError: a message's text is not UTF-8
+        except (_RowError, UnicodeDecodeError, ValueError, pa.ArrowException):
+            # UnicodeDecodeError: a message's text is not UTF-8; ValueError: a struct that names a field twice
             raise _Bail from None
         return string_column(stored), string_column(texts)
     arr = _valid_strings(arr)
@@ -184,6 +139,9 @@ def _ids(tab: pa.Table, id_field: str, stored: pa.Array) -> pa.Array:
         _check(tab[id_field].null_count == 0)
         return _id_strings(_one(tab[id_field]))
     info = VERL_INDEX[0]
+    if info in names:
+        # The row reader consults extra_info here and refuses a cell holding text that is not UTF-8, in any field.
+        _check(_utf8_throughout(_one(tab[info])))
     if info in names and pa.types.is_struct(tab[info].type):
         arr = _one(tab[info])
         _check(arr.null_count == 0 and arr.type.get_field_index(VERL_INDEX[1]) >= 0)
@@ -191,6 +149,15 @@ def _ids(tab: pa.Table, id_field: str, stored: pa.Array) -> pa.Array:
         _check(index.null_count == 0 and (pa.types.is_integer(index.type) or pa.types.is_string(index.type)))
         return _id_strings(index)
     return string_column([content_id(s) for s in stored.to_pylist()])
+
+
+def _utf8_throughout(arr: pa.Array) -> bool:
+    """Whether every string in ``arr``, nested ones included, is UTF-8 (a Parquet reader never checks)."""
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
 
 
 def _all_distinct(ids: pa.Array) -> bool:

@@ -176,7 +176,7 @@ def read_lengths(
     if fast is not None:
         return fast
     out: dict[str, list[np.ndarray]] = {}
-    for _row, line, rec in iter_numbered_records(path):
+    for _row, line, rec in iter_numbered_records(path, columns=(id_field, length_field)):
         where = f"{path.name}: line {line}"
         if isinstance(rec, BadRecord):
             raise InputError(f"{where}: {rec.reason}")

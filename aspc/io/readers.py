@@ -20,8 +20,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from aspc.arrow_files import arrow_file
-from aspc.errors import InputError, short_reason
+from aspc.errors import InputError
+from aspc.io.parquet_rows import (  # noqa: F401 - BAD_TEXT, BadText, read_parquet_table re-exported
+    BAD_TEXT,
+    BadText,
+    BadTextRow,
+    iter_parquet,
+    read_parquet_table,
+)
 
 
 class HugeInt:
@@ -71,22 +77,6 @@ def json_object(pairs: list[tuple[str, Any]]) -> dict:
     seen: set[str] = set()
     out.twice = frozenset(k for k, _ in pairs if k in seen or seen.add(k))
     return out
-
-
-class BadTextRow(dict):
-    """A Parquet record with a :data:`BAD_TEXT` cell (the row reader checks only the fields it reads)."""
-
-
-class BadText:
-    """A Parquet string cell whose bytes are not UTF-8 (binary data stored with a string type)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "<invalid UTF-8>"
-
-
-BAD_TEXT = BadText()
 
 
 class ShortRow(dict):
@@ -356,84 +346,19 @@ def _iter_csv_text(text: str, path: Path) -> Iterator[tuple[int, int, Any]]:
         raise InputError(f"{path.name}: line {exc.line}: malformed CSV ({exc})") from None
 
 
-def read_parquet_table(path: Path):
-    """Read a Parquet file, mapping Arrow errors to InputError."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        # A name that is not UTF-8 (legal on Linux) is opened by its bytes: pyarrow refused it.
-        with arrow_file(path) as fh:
-            names = pq.read_schema(fh).names
-        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
-        if twice is None:
-            with arrow_file(path) as fh:
-                return pq.read_table(fh)
-    except MemoryError:  # pyarrow's ArrowMemoryError too: out of memory, not a bad file
-        raise
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"{path.name}: not a readable Parquet file ({short_reason(exc)}); check the file") from None
-    raise InputError(f"{path.name}: two columns are named {twice!r}; rename or drop one")
-
-
-def iter_parquet(path: Path) -> Iterator[tuple[int, int, Any]]:
-    import pyarrow as pa
-
-    table = read_parquet_table(path)
-    row = 0
-    try:
-        batches = table.to_batches(max_chunksize=65536)
-        for batch in batches:
-            try:
-                recs = batch.to_pylist()
-            except UnicodeDecodeError:
-                recs = _records_with_bad_text(batch)
-            for rec in recs:
-                yield row, row + 1, rec
-                row += 1
-    except MemoryError:
-        raise
-    except (pa.ArrowException, ValueError) as exc:
-        raise InputError(f"{path.name}: row {row + 1}: unreadable Parquet data ({short_reason(exc)})") from None
-
-
-def _records_with_bad_text(batch) -> list[dict[str, Any]]:
-    """The batch's records, each cell that is not UTF-8 read as :data:`BAD_TEXT`.
-
-    Converting the whole batch failed at its first row; a bad cell in a column
-    the row reader never looks at must not refuse the row, and one it does
-    look at names its own row (and can be skipped).
-    """
-    columns = []
-    for col in batch.columns:
-        try:
-            columns.append(col.to_pylist())
-        except UnicodeDecodeError:
-            columns.append([_cell(col, i) for i in range(len(col))])
-    names = batch.schema.names
-    return [
-        (BadTextRow if any(v is BAD_TEXT for v in values) else dict)(zip(names, values, strict=True))
-        for values in zip(*columns, strict=True)
-    ]
-
-
-def _cell(col, i: int) -> Any:
-    try:
-        return col[i].as_py()
-    except UnicodeDecodeError:
-        return BAD_TEXT
-
-
 def iter_records(path: str | os.PathLike) -> Iterator[tuple[int, Any]]:
     """Yield ``(row_number, record)`` from a dataset file of any supported format."""
     return ((row, rec) for row, _line, rec in iter_numbered_records(path))
 
 
-def iter_numbered_records(path: str | os.PathLike, keys: tuple[str, ...] = ()) -> Iterator[tuple[int, int, Any]]:
+def iter_numbered_records(
+    path: str | os.PathLike, keys: tuple[str, ...] = (), columns: tuple[str, ...] | None = None
+) -> Iterator[tuple[int, int, Any]]:
     """Yield ``(row_number, line, record)`` from a dataset file of any supported format.
 
     A JSON object that repeats one of ``keys`` is a :class:`TwiceKeys` (CSV and
-    Parquet refuse a repeated column name whatever it is).
+    Parquet refuse a repeated column name whatever it is). ``columns``: a Parquet
+    file's records hold only these (the fields the caller reads).
     """
     path = Path(path)
     fmt = detect_format(path)
@@ -444,4 +369,4 @@ def iter_numbered_records(path: str | os.PathLike, keys: tuple[str, ...] = ()) -
         return iter_json(path, keys)
     if fmt == "csv":
         return iter_csv(path)
-    return iter_parquet(path)
+    return iter_parquet(path, columns)

@@ -377,7 +377,7 @@ def read_rows(
     source = _Ids(id_field)
     name = path.name
     keys = tuple(k for k in (prompt_field, "messages", id_field, length_field) if k is not None)
-    for row, line, rec in iter_numbered_records(path, keys):
+    for row, line, rec in iter_numbered_records(path, keys, columns=(*keys, VERL_INDEX[0])):
         try:
             if isinstance(rec, BadRecord):
                 raise _RowError(rec.reason)

@@ -48,7 +48,7 @@ from aspc.emit import schema as S
 from aspc.emit.check import verify_integrity
 from aspc.errors import ConfigError, InputError, PlanError, short_reason
 from aspc.export.overrides import override_args, verl_settings
-from aspc.export.source import check_rows, locate_source, ordered_type, source_records, source_table
+from aspc.export.source import check_rows, file_order, locate_source, ordered_type, source_records, source_table
 from aspc.guards import check_output
 from aspc.io.rows import chat_messages
 
@@ -112,14 +112,16 @@ def _as_chat(stored: str) -> list[dict[str, str]]:
     return msgs if msgs is not None else [{"role": "user", "content": stored}]
 
 
-def _chat_column(chats: list[list[dict[str, Any]]]) -> pa.Array:
+def _chat_column(chats: list[list[dict[str, Any]]], order: list[int]) -> pa.Array:
     """The chats as verl's list of message structs: role and content, and any other keys the messages have
     (name, tool_calls, tool_call_id: a tool-call conversation prompts the model with them), null where a
-    message lacks one, as a Hugging Face dataset of such chats holds them."""
+    message lacks one, as a Hugging Face dataset of such chats holds them. ``order``: the chats in the
+    source's order, which orders the keys (not the plan's schedule)."""
     if not any(len(m) > 2 for c in chats for m in c):  # role and content only (compile checked them)
         return pa.array(chats, pa.list_(MESSAGE_TYPE))
     try:
-        return pa.array(chats, ordered_type(chats))  # first-seen key order whatever the pyarrow version
+        # First-seen key order whatever the pyarrow version.
+        return pa.array(chats, ordered_type([chats[i] for i in order]))
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise InputError(f"the chats' message keys hold values of different types across messages "
                          f"({short_reason(exc, limit=100)}); export --format jsonl, which keeps each message "
@@ -321,7 +323,7 @@ def _verl_table(
             chats = [[{"role": "user", "content": p}] for p in table.column(prompt_field).to_pylist()]
         else:
             chats = [_as_chat(p) for p in plan.column(S.PROMPT).tolist()]
-        cols["prompt"] = _chat_column(chats)
+        cols["prompt"] = _chat_column(chats, file_order(rows))
     has_ds = "data_source" in cols
     if data_source is not None:
         cols["data_source"] = pa.array([data_source] * n, pa.string())
@@ -335,10 +337,14 @@ def _verl_table(
 
 
 def _write_parquet(path: Path, table: pa.Table) -> None:
-    with atomic_path(path) as tmp:
-        with arrow_file(tmp, "wb") as fh:  # pyarrow refuses a str path that is not valid UTF-8
-            pq.write_table(table, fh, compression="zstd")
-        _share(tmp)
+    try:
+        with atomic_path(path) as tmp:
+            with arrow_file(tmp, "wb") as fh:  # pyarrow refuses a str path that is not valid UTF-8
+                pq.write_table(table, fh, compression="zstd")
+            _share(tmp)
+    except pa.ArrowNotImplementedError as exc:  # a JSON field that is {} in every row: a struct of no fields
+        raise InputError(f"the export cannot be stored as Parquet ({short_reason(exc, limit=120)}); drop that "
+                         "field from the source, or export --format jsonl") from None  # fmt: skip
 
 
 def _write_jsonl(

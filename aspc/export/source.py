@@ -129,11 +129,13 @@ def source_table(source: Path, rows: list[int]) -> pa.Table:
 
         return read_parquet_table(source).take(pa.array(rows, pa.int64()))
     recs = source_records(source, rows)
-    # Every field any record has, in first-seen order, null where a record lacks it: from_pylist takes
-    # its columns from the first record alone and dropped reward_model when the first row had none.
-    names = list(dict.fromkeys(k for rec in recs for k in rec))
+    # Every field any record has, null where a record lacks it (from_pylist takes its columns from the
+    # first record alone and dropped reward_model when the first row had none), in the order the file
+    # shows them: seen in dispatch order, the plan's schedule decided the exported schema.
+    in_file = file_order(rows)
+    names = list(dict.fromkeys(k for i in in_file for k in recs[i]))
     try:
-        return pa.Table.from_pydict({k: _in_key_order([rec.get(k) for rec in recs]) for k in names})
+        return pa.Table.from_pydict({k: _in_key_order([rec.get(k) for rec in recs], in_file) for k in names})
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
         # Arrow's own message names neither the field nor the row, and JSON integers have no size limit.
         for r, rec in zip(rows, recs, strict=True):
@@ -198,10 +200,16 @@ def _type_of(values: list[Any]) -> pa.DataType:
     return pa.array(present).type
 
 
-def _in_key_order(values: list[Any]) -> list[Any] | pa.Array:
-    """``values`` as an Arrow array whose structs keep first-seen key order; as they are when they hold no dict."""
-    t = ordered_type(values)
+def _in_key_order(values: list[Any], order: list[int]) -> list[Any] | pa.Array:
+    """``values`` as an Arrow array whose structs keep their keys in the order first seen over ``values[order]``;
+    as they are when they hold no dict."""
+    t = ordered_type([values[i] for i in order])
     return values if t is None else pa.array(values, t)
+
+
+def file_order(rows: list[int]) -> list[int]:
+    """Positions of ``rows`` (source rows, in the plan's dispatch order) taken in the source file's order."""
+    return sorted(range(len(rows)), key=rows.__getitem__)
 
 
 def _mixed_field(recs: list[dict[str, Any]]) -> tuple[str, str] | None:

@@ -102,27 +102,46 @@ def _resend(signum: int) -> None:
 # the exception) and Numba's compiler, loader and type registry (their weakref
 # callbacks and llvmlite object disposal are not exception-safe).
 _UNSAFE_DIRS = (f"{os.sep}numba{os.sep}", f"{os.sep}llvmlite{os.sep}")
-# The import system's own code: its module-lock weakref callback drops the exception and leaves
-# the lock held, so a thread importing the same module (the plan preload's) waits for ever, and so
-# does the main thread joining it. Seen as a traceback, then a hang, on a signal during `aspc run`'s
-# start. Only while its code is the one running: a module's own top-level code (a slow `--trainer`
-# import) raises as any import error does, which the import system undoes (module out of
-# sys.modules, lock released); held there too, a Ctrl-C waited out the whole import and was lost.
+# The import system: its module-lock weakref callback drops the exception and leaves the lock held,
+# so a thread importing the same module (the plan preload's) waits for ever, and so does the main
+# thread joining it. Seen as a traceback, then a hang, on a signal during `aspc run`'s start. So a
+# signal waits while an import runs, except in a raising_in_imports() block (a user's --trainer
+# module: held, a Ctrl-C waited out its whole import, then its factory's error ended the command
+# and the Ctrl-C was lost); there it waits only while the import system's own code runs.
 _IMPORT_FILES = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 # A weakref callback (WeakKeyDictionary's ``remove``, WeakSet's ``_remove``, ``weakref.finalize``
 # calling its function): Python prints the exception as "Exception ignored in" and drops it, and
 # the command went on to exit 0.
 _UNSAFE_FILES = (weakref.__file__, _weakrefset.__file__)
+_imports_raise = 0  # open raising_in_imports() blocks
+
+
+@contextlib.contextmanager
+def raising_in_imports() -> Iterator[None]:
+    """A signal lands in the top-level code of a module being imported, not after its import.
+
+    Raised there, it unwinds as any error at import does (the import system takes the module out of
+    sys.modules and releases its lock). Only around an import whose own code may run long, and inside
+    :func:`aspc.interrupt_libraries.must_escape`: module code that catches everything would swallow it.
+    """
+    global _imports_raise
+    _imports_raise += 1
+    try:
+        yield
+    finally:
+        _imports_raise -= 1
 
 
 def _in_finalizer(frame: FrameType | None) -> bool:
-    """Whether the main thread is inside a ``__del__``, the import system, or Numba/llvmlite code."""
+    """Whether the main thread is inside a ``__del__``, a weakref callback, Numba/llvmlite code or the import
+    system (in a :func:`raising_in_imports` block: only while the import system's own code runs)."""
     if frame is not None and frame.f_code.co_filename in _IMPORT_FILES:
         return True
+    held = _UNSAFE_FILES if _imports_raise else _UNSAFE_FILES + _IMPORT_FILES
     while frame is not None:
         code = frame.f_code
         name = code.co_filename
-        if code.co_name == "__del__" or name in _UNSAFE_FILES or any(d in name for d in _UNSAFE_DIRS):
+        if code.co_name == "__del__" or name in held or any(d in name for d in _UNSAFE_DIRS):
             return True
         frame = frame.f_back
     return False

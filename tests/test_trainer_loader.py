@@ -267,6 +267,28 @@ def test_a_ctrl_c_during_a_slow_trainer_import_interrupts_it(plan, user_dir):
     assert not (user_dir / "RUN").exists()
 
 
+def test_a_ctrl_c_a_trainer_module_swallows_at_import_still_interrupts(plan, user_dir):
+    # Raised in the module's code, a bare except there would have lost it: it is raised again until it leaves.
+    import time
+
+    (user_dir / "swallowing_mod.py").write_text(
+        "import os, signal, time\n"
+        "try:  # an optional import's guard\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(2)\n"
+        "except BaseException:\n"
+        "    pass\n"
+        "for _ in range(300):\n"
+        "    time.sleep(0.1)\n"
+        "def factory(context):\n"
+        "    raise RuntimeError('never reached')\n"
+    )
+    t0 = time.monotonic()
+    r = CliRunner().invoke(main, ["run", str(plan[0]), "--trainer", "swallowing_mod:factory", "-q"])
+    assert time.monotonic() - t0 < 15  # the import alone takes 30 s
+    assert r.exit_code == 130, r.output
+
+
 @pytest.mark.parametrize(
     ("how", "fragment", "status"),
     [

@@ -46,10 +46,14 @@ def load_factory(spec: str) -> Callable[..., Any]:
     added = cwd not in sys.path
     if added:
         sys.path.insert(0, cwd)
+    from aspc import interrupt, interrupt_libraries
     from aspc.runtime.contracts import raised_by_code
 
     try:
-        module = importlib.import_module(module_name)
+        # A Ctrl-C lands in the module's own code (it may import torch for many seconds), and leaves even
+        # through a bare except there.
+        with interrupt_libraries.must_escape(), interrupt.raising_in_imports():
+            module = importlib.import_module(module_name)
     except SystemExit as exc:  # a script's sys.exit() at import: it ended aspc with its code and no word
         raise ConfigError(f"--trainer {spec}: importing {module_name!r} called sys.exit({exc.code!r}); "
                           "keep the script part of the module under 'if __name__ == \"__main__\":'") from None

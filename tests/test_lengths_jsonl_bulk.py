@@ -75,8 +75,7 @@ _NUM = st.one_of(
     st.floats(0, MAX_LENGTH, allow_nan=False).filter(lambda x: not np.signbit(x)),
     st.sampled_from([0.1, 5.0, 1e2, 2.5e-3, 0.30000000000000004, 1e-320]),
 )
-# No "I": a string that reads ", Inf" sends the file to the row reader (a value json.loads refuses may start so).
-_TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="I"), max_size=6)
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=6)  # "Inf" in a string is text, not a value
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(10**30), 10**30) | st.floats(allow_nan=False, allow_infinity=False) | _TEXT,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["id", "lengths", "k", "é"]), inner),

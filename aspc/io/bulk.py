@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from aspc.arrow_files import arrow_file
 from aspc.io import gather
-from aspc.io.blank import PY_SPACE, _has_blank, _has_blank_exact  # noqa: F401 - PY_SPACE re-exported
+from aspc.io.blank import PY_SPACE, _has_blank, _has_blank_exact  # noqa: F401 - PY_SPACE, _has_blank_exact re-exported
 from aspc.io.bulk_chat import chat_columns
 from aspc.io.json_keys import only_keys_in
 from aspc.io.json_lines import read_alike
@@ -112,8 +112,9 @@ def _prompts(tab: pa.Table, prompt_field: str) -> tuple[pa.Array, pa.Array]:
                 s, t = parse_prompt_value(value)
                 stored.append(s)
                 texts.append(t)
-        except (_RowError, UnicodeDecodeError, ValueError, pa.ArrowException):
-            # UnicodeDecodeError: a message's text is not UTF-8; ValueError: a struct that names a field twice
+        except (_RowError, UnicodeDecodeError, ValueError, OverflowError, pa.ArrowException):
+            # UnicodeDecodeError: a message's text is not UTF-8; ValueError: a struct that names a field twice;
+            # OverflowError: a date past Python's range
             raise _Bail from None
         return string_column(stored), string_column(texts)
     arr = _valid_strings(arr)
@@ -374,6 +375,15 @@ def _utf8(buf: pa.Buffer) -> bool:
     return True
 
 
+def _scanned(alike: gather.Background) -> bool:
+    """The byte scan's answer; no (the row reader reads the file) if it failed at all, e.g. an import of
+    Numba's on its thread meeting the kernel warm-up's (aspc.io.gather.kernels_warmed_for)."""
+    try:
+        return bool(alike.result())
+    except Exception:  # noqa: BLE001 - a scan that did not finish vouches for nothing
+        return False
+
+
 def _parse_jsonl(
     data: bytes, *, prompt_field: str, id_field: str, length_field: str | None
 ) -> tuple[pa.Table, np.ndarray] | None:
@@ -401,9 +411,10 @@ def _parse_jsonl(
     except MemoryError:
         raise
     except (pa.ArrowException, ValueError):
-        alike.result()  # no scan left running
         return None
-    if not alike.result():
+    finally:
+        scanned = _scanned(alike)  # joined on every way out: no scan left running
+    if not scanned:
         return None
     rows = _line_rows(data, len(tab))
     return None if rows is None else (tab, rows)

@@ -47,6 +47,8 @@ def one_object_a_line(data: np.ndarray, max_depth: int) -> bool:
         if b == 0:
             return False  # rapidjson's input ends at a NUL; json.loads refuses one anywhere
         if in_string:
+            if b == _NEWLINE:
+                return False  # no JSON string holds one, escaped or not
             if escaped:
                 escaped = False
             elif b == _BACKSLASH:
@@ -54,8 +56,6 @@ def one_object_a_line(data: np.ndarray, max_depth: int) -> bool:
             elif b == _QUOTE:
                 in_string = False
                 prev = b
-            elif b == _NEWLINE:
-                return False  # no JSON string holds one
             continue
         if b == _NEWLINE:
             if depth != 0:

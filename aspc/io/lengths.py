@@ -222,7 +222,7 @@ def _parquet_lengths(path: Path, id_field: str, length_field: str) -> dict[str, 
     if not path.is_file() or path.stat().st_size == 0:
         return None
     try:
-        table = read_parquet_table(path)
+        table = read_parquet_table(path, (id_field, length_field))  # what the row reader reads, too
     except InputError:
         return None
     names = table.schema.names

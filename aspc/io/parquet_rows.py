@@ -32,7 +32,7 @@ BAD_TEXT = BadText()
 def read_parquet_table(path: Path, columns: tuple[str, ...] | None = None):
     """Read a Parquet file, mapping Arrow errors to InputError.
 
-    ``columns``: only those of them the file has (all when it has none of them). A column no reader
+    ``columns``: only those of them the file has (rows of no fields when it has none). A column no reader
     looks at (a date past Python's range, a struct naming a field twice, a corrupt chunk) then refuses
     nothing, as in the bulk readers, which decode only what they use.
     """
@@ -47,7 +47,7 @@ def read_parquet_table(path: Path, columns: tuple[str, ...] | None = None):
         if twice is None:
             wanted = [n for n in names if n in columns] if columns is not None else None
             with arrow_file(path) as fh:
-                return pq.read_table(fh, columns=wanted or None)
+                return pq.read_table(fh, columns=wanted)  # none of them: rows of no fields, each "missing ..."
     except MemoryError:  # pyarrow's ArrowMemoryError too: out of memory, not a bad file
         raise
     except (pa.ArrowException, OSError, ValueError) as exc:

@@ -320,7 +320,10 @@ def _verl_table(
         # the source says which it was: a string column holds text, each cell one user message.
         kind = table.schema.field(prompt_field).type if table is not None and prompt_field in cols else None
         if kind is not None and (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-            chats = [[{"role": "user", "content": p}] for p in table.column(prompt_field).to_pylist()]
+            # A row whose prompt came from its 'messages' chat has no text there: the plan holds its chat.
+            stored = plan.column(S.PROMPT).tolist()
+            chats = [[{"role": "user", "content": p}] if p is not None else _as_chat(q)
+                     for p, q in zip(table.column(prompt_field).to_pylist(), stored, strict=True)]  # fmt: skip
         else:
             chats = [_as_chat(p) for p in plan.column(S.PROMPT).tolist()]
         cols["prompt"] = _chat_column(chats, file_order(rows))

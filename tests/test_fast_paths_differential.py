@@ -37,6 +37,7 @@ from aspc.runtime.lengths import join_actual_lengths
 from aspc.runtime.work import work_from_table
 from aspc.simulate_inputs import RowAligned, known_lengths
 from aspc.testing.plans import plan_table
+from tests.test_epochs_scale import _rolled  # the per-prompt loop epoch_lengths ran before
 
 SETTINGS = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
@@ -388,17 +389,6 @@ def test_epoch_prediction_is_the_per_prompt_one(tmp_path_factory, data):
     got, want = epoch_prediction(plan, logs), _epoch_prediction_per_prompt(plan, logs)
     for name in ("mean", "q10", "q50", "q90"):
         assert getattr(got, name).tobytes() == getattr(want, name).tobytes(), name
-
-
-def _rolled(actual, epoch, n, drift):
-    """The per-prompt loop epoch_lengths ran before."""
-    scale = (1.0 + drift) ** (epoch - 1)
-    out = {}
-    for pid, v in actual.items():
-        v = np.asarray(v, dtype=np.float64)
-        shift = ((epoch - 1) * n) % v.size if v.size else 0
-        out[pid] = np.rint(np.roll(v, -shift) * scale)
-    return out
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered")

@@ -792,3 +792,12 @@ def test_unread_column_chunk_that_does_not_decompress(tmp_path):
 def test_chat_struct_with_a_repeated_field_name(tmp_path):
     typ = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string()), ("role", pa.string())]))
     _parquet(tmp_path, pa.table({"prompt": pa.array([[("user", "a", "user")], [("user", "b", "user")]], typ)}))
+
+
+def test_extra_info_past_pythons_date_range_beside_complete_ids(tmp_path):
+    # Every row has an id, so nothing reads extra_info: the row reader converted it all the same, and a date
+    # there past Python's range refused the file (even with --on-bad-line skip) where the bulk reader took it.
+    when = pa.array([0, 2**62, 0], pa.timestamp("us"))
+    info = pa.StructArray.from_arrays([pa.array([1, 2, 3]), when], names=["index", "when"])
+    _parquet(tmp_path, pa.table({"id": ["x", "y", "z"], "prompt": ["a", "b", "c"], "extra_info": info}))
+    _parquet(tmp_path, pa.table({"id": ["x", "y", "z"], "prompt": ["a", "b", " "], "extra_info": info}))

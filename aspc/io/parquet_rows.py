@@ -101,3 +101,21 @@ def _cell(col, i: int) -> Any:
         return col[i].as_py()
     except UnicodeDecodeError:
         return BAD_TEXT
+
+
+def ids_complete(path: Path, id_field: str) -> bool:
+    """Whether the Parquet file at ``path`` has an ``id_field`` column without nulls, so that no row takes
+    its id from ``extra_info``; False where that cannot be read (the row reader then says why)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        with arrow_file(path) as fh:
+            pf = pq.ParquetFile(fh)
+            if pf.schema_arrow.names.count(id_field) != 1:
+                return False
+            return pf.read(columns=[id_field]).column(id_field).null_count == 0
+    except MemoryError:  # pa.ArrowMemoryError too
+        raise
+    except (pa.ArrowException, OSError, ValueError):
+        return False

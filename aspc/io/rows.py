@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from aspc.errors import InputError
+from aspc.io.parquet_rows import ids_complete
 from aspc.io.readers import BadRecord, BadText, HugeInt, ShortRow, TwiceKeys, iter_numbered_records, json_int
 from aspc.io.table import PromptTable, SkippedRow
 
@@ -377,7 +378,10 @@ def read_rows(
     source = _Ids(id_field)
     name = path.name
     keys = tuple(k for k in (prompt_field, "messages", id_field, length_field) if k is not None)
-    for row, line, rec in iter_numbered_records(path, keys, columns=(*keys, VERL_INDEX[0])):
+    # extra_info only where a row may take its id from it: a value there Python cannot hold (a date past its
+    # range) refused a file whose every row has an id, which the bulk reader took.
+    info = () if fmt == "parquet" and ids_complete(path, id_field) else (VERL_INDEX[0],)
+    for row, line, rec in iter_numbered_records(path, keys, columns=(*keys, *info)):
         try:
             if isinstance(rec, BadRecord):
                 raise _RowError(rec.reason)

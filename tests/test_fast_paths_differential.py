@@ -38,6 +38,7 @@ from aspc.runtime.work import work_from_table
 from aspc.simulate_inputs import RowAligned, known_lengths
 from aspc.testing.plans import plan_table
 from tests.test_epochs_scale import _rolled  # the per-prompt loop epoch_lengths ran before
+from tests.test_epochs_scale import _slow as _by_rows  # read_lengths through the row reader alone
 
 SETTINGS = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
@@ -155,15 +156,6 @@ def test_a_null_prompt_id_in_a_bare_samples_dir_is_an_input_error(tmp_path):
 
 # ---------------------------------------------------------------------------------------------------------
 # 2. _parquet_lengths (by column) vs the row reader
-
-
-def _by_rows(path, **kw):
-    saved = L._parquet_lengths
-    L._parquet_lengths = lambda *a: None
-    try:
-        return L.read_lengths(path, **kw)
-    finally:
-        L._parquet_lengths = saved
 
 
 def _outcome(read, path, **kw):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +21,23 @@ from aspc.arrow_files import arrow_file
 from aspc.io import gather
 from aspc.io.blank import PY_SPACE, _has_blank, _has_blank_exact  # noqa: F401 - PY_SPACE, _has_blank_exact re-exported
 from aspc.io.bulk_chat import chat_columns
+from aspc.io.bulk_columns import (
+    CHAT,
+    CHAT_KEYS,
+    JSON_BLOCK,
+    Bail,
+    check,
+    is_utf8,
+    json_kind,
+    lengths_column,
+    line_rows,
+    one_chunk,
+)
 from aspc.io.json_keys import only_keys_in
 from aspc.io.json_lines import read_alike
-from aspc.io.ragged import RaggedLengths
 from aspc.io.rows import (
     CHAT_ROLES,
     DEFAULT_ID_FIELD,
-    MAX_LENGTH,
     MAX_PROMPT_BYTES,
     VERL_INDEX,
     _RowError,
@@ -38,9 +47,6 @@ from aspc.io.rows import (
 )
 from aspc.io.table import PromptTable, column_numpy, string_column
 
-# pyarrow.json blocks; a line that straddles more than two of them makes pyarrow
-# fail, and the row reader takes over (prompts are capped at 2 MiB).
-_JSON_BLOCK = 8 << 20
 # Parquet is read through a buffer of this size.
 _PARQUET_BUFFER = 1 << 20
 # Types inferred from the start of a JSONL file, enough lines to see each field.
@@ -49,41 +55,21 @@ _JSON_PREFIX = 1 << 20
 _SCAN_THREAD_BYTES = 8 << 20
 
 
-# A JSON-lines chat, when every message holds exactly these keys (see _kind).
-_CHAT_KEYS = {"role": None, "content": None}.keys()
-_CHAT = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
-
-
-class _Bail(Exception):
-    """The bulk reader cannot vouch for the data; read it row by row."""
-
-
-def _one(col: pa.ChunkedArray | pa.Array) -> pa.Array:
-    if isinstance(col, pa.ChunkedArray):
-        return col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    return col
-
-
 def _single_chunks(tab: pa.Table) -> pa.Table:
     """One chunk per column, as the row reader's arrays are: plans written from
     them are then byte-identical whatever the file's layout. Columns already
     in one chunk are not copied (Table.combine_chunks would copy them)."""
-    return pa.Table.from_arrays([_one(tab[name]) for name in tab.column_names], names=tab.column_names)
-
-
-def _check(ok: bool) -> None:
-    if not ok:
-        raise _Bail
+    return pa.Table.from_arrays([one_chunk(tab[name]) for name in tab.column_names], names=tab.column_names)
 
 
 def _valid_strings(arr: pa.Array) -> pa.Array:
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
-    _check(pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type))
+    check(pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type))
     try:
         arr.validate(full=True)  # UTF-8; the row reader words the error
     except pa.ArrowInvalid:
-        raise _Bail from None
+        raise Bail from None
     return arr.cast(pa.string()) if pa.types.is_large_string(arr.type) else arr
 
 
@@ -95,15 +81,15 @@ def _prompts(tab: pa.Table, prompt_field: str) -> tuple[pa.Array, pa.Array]:
         col = tab[prompt_field]
     elif (prompt_field not in names or tab[prompt_field].null_count == len(tab)) and "messages" in names:
         col = tab["messages"] if tab["messages"].null_count == 0 else None
-    _check(col is not None)
-    arr = _one(col)
+    check(col is not None)
+    arr = one_chunk(col)
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
         built = chat_columns(arr, CHAT_ROLES)
         if built is not None:  # the common chats (role and content strings) by Arrow kernels, checked as text is
             stored, texts = built
             texts = _valid_strings(texts)  # every content is in a text: UTF-8 there is UTF-8 everywhere
-            _check(not _has_blank(texts))
-            _check(pc.max(pc.binary_length(stored)).as_py() <= MAX_PROMPT_BYTES)
+            check(not _has_blank(texts))
+            check(pc.max(pc.binary_length(stored)).as_py() <= MAX_PROMPT_BYTES)
             return stored, texts
         # Other chats: canonical JSON per row, exactly as the row reader builds it.
         stored, texts = [], []
@@ -115,11 +101,11 @@ def _prompts(tab: pa.Table, prompt_field: str) -> tuple[pa.Array, pa.Array]:
         except (_RowError, UnicodeDecodeError, ValueError, OverflowError, pa.ArrowException):
             # UnicodeDecodeError: a message's text is not UTF-8; ValueError: a struct that names a field twice;
             # OverflowError: a date past Python's range
-            raise _Bail from None
+            raise Bail from None
         return string_column(stored), string_column(texts)
     arr = _valid_strings(arr)
-    _check(not _has_blank(arr))
-    _check(pc.max(pc.binary_length(arr)).as_py() <= MAX_PROMPT_BYTES)
+    check(not _has_blank(arr))
+    check(pc.max(pc.binary_length(arr)).as_py() <= MAX_PROMPT_BYTES)
     return arr, arr
 
 
@@ -127,9 +113,9 @@ def _id_strings(col: pa.Array) -> pa.Array:
     if pa.types.is_integer(col.type):
         return col.cast(pa.string())
     arr = _valid_strings(col)
-    _check(not _has_blank(arr))
+    check(not _has_blank(arr))
     # A NUL marks aspc's own rows in a plan (rows._check_no_nul); the row reader words the error.
-    _check(not pc.any(pc.match_substring(arr, "\x00")).as_py())
+    check(not pc.any(pc.match_substring(arr, "\x00")).as_py())
     return arr
 
 
@@ -137,17 +123,17 @@ def _ids(tab: pa.Table, id_field: str, stored: pa.Array) -> pa.Array:
     """Ids from the id field, else verl's extra_info.index, else content hashes."""
     names = tab.column_names
     if id_field in names and tab[id_field].null_count != len(tab):
-        _check(tab[id_field].null_count == 0)
-        return _id_strings(_one(tab[id_field]))
+        check(tab[id_field].null_count == 0)
+        return _id_strings(one_chunk(tab[id_field]))
     info = VERL_INDEX[0]
     if info in names:
         # The row reader consults extra_info here and refuses a cell holding text that is not UTF-8, in any field.
-        _check(_utf8_throughout(_one(tab[info])))
+        check(_utf8_throughout(one_chunk(tab[info])))
     if info in names and pa.types.is_struct(tab[info].type):
-        arr = _one(tab[info])
-        _check(arr.null_count == 0 and arr.type.get_field_index(VERL_INDEX[1]) >= 0)
+        arr = one_chunk(tab[info])
+        check(arr.null_count == 0 and arr.type.get_field_index(VERL_INDEX[1]) >= 0)
         index = arr.field(VERL_INDEX[1])
-        _check(index.null_count == 0 and (pa.types.is_integer(index.type) or pa.types.is_string(index.type)))
+        check(index.null_count == 0 and (pa.types.is_integer(index.type) or pa.types.is_string(index.type)))
         return _id_strings(index)
     return string_column([content_id(s) for s in stored.to_pylist()])
 
@@ -165,39 +151,15 @@ def _all_distinct(ids: pa.Array) -> bool:
     return len(pc.unique(ids)) == len(ids)  # hash-based; twice as fast as count_distinct
 
 
-def _numbers(arr: pa.Array) -> np.ndarray:
-    t = arr.type
-    _check(arr.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t)))
-    # Unchecked: integers past 2**53 are far above MAX_LENGTH and bail below either way.
-    x = column_numpy(arr.cast(pa.float64(), safe=False))
-    # NaN fails every comparison, so it bails here too.
-    _check(bool(np.all((x >= 0) & (x <= MAX_LENGTH))) if x.size else True)
-    # pyarrow.json reads -0 as -0.0, json.loads as the integer 0 ("-0.0" is -0.0 in both): the row reader says.
-    _check(not np.signbit(x).any())
-    return x
-
-
-def _lengths(tab: pa.Table, length_field: str) -> RaggedLengths:
-    _check(length_field in tab.column_names and tab[length_field].null_count == 0)
-    arr = _one(tab[length_field])
-    t = arr.type
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        sizes = column_numpy(pc.list_value_length(arr)).astype(np.int64)
-        _check(sizes.size == 0 or int(sizes.min()) >= 1)
-        values = _numbers(arr.flatten())
-        return RaggedLengths(values, np.r_[0, np.cumsum(sizes)])
-    return RaggedLengths.single(_numbers(arr))
-
-
 def table_from_columns(
     tab: pa.Table, source_rows: np.ndarray, *, prompt_field: str, id_field: str, length_field: str | None
 ) -> PromptTable | None:
     """A PromptTable from Arrow columns, or None if any row needs the row reader."""
     unique = None
     try:
-        _check(len(tab) > 0)
+        check(len(tab) > 0)
         # A named id field missing from some row: the row reader words it.
-        _check(id_field == DEFAULT_ID_FIELD or (id_field in tab.column_names and tab[id_field].null_count == 0))
+        check(id_field == DEFAULT_ID_FIELD or (id_field in tab.column_names and tab[id_field].null_count == 0))
         if id_field in tab.column_names and tab[id_field].null_count != len(tab):
             # Ids from their own field: checked for duplicates on a thread while the prompts are checked.
             ids = _ids(tab, id_field, None)
@@ -206,9 +168,9 @@ def table_from_columns(
         if unique is None:
             ids = _ids(tab, id_field, stored)
             unique = gather.Background(_all_distinct, ids, threaded=False)
-        lengths = _lengths(tab, length_field) if length_field else None
-        _check(unique.result())
-    except _Bail:
+        lengths = lengths_column(tab, length_field) if length_field else None
+        check(unique.result())
+    except Bail:
         if unique is not None:
             with contextlib.suppress(Exception):
                 unique.result()  # no thread left running; the row reader words any error
@@ -261,35 +223,6 @@ def read_parquet_bulk(
     return table_from_columns(tab, rows, prompt_field=prompt_field, id_field=id_field, length_field=length_field)
 
 
-_INT64 = (-(2**63), 2**63 - 1)
-
-
-def _kind(v: object, role: str) -> pa.DataType | None:
-    """The Arrow type to parse one field as, from one Python value (None: give up)."""
-    if isinstance(v, bool):
-        return None
-    if role == "prompt":
-        # Chats as role and content only: pyarrow drops every key a struct type does not name (name,
-        # tool_calls), which the stored chat keeps, so _parse_jsonl first scans the file for such keys.
-        if isinstance(v, list) and v and all(isinstance(m, dict) and m.keys() == _CHAT_KEYS for m in v):
-            return _CHAT
-        return pa.string() if isinstance(v, str) else None
-    if role == "id":
-        if isinstance(v, str):
-            return pa.string()
-        return pa.int64() if isinstance(v, int) and _INT64[0] <= v <= _INT64[1] else None
-    if role == "length":
-        if isinstance(v, (int, float)):
-            return pa.float64()  # integers parse into float64 too: later rows may hold 2.5
-        if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-            return pa.list_(pa.float64())
-        return None
-    # extra_info: only its index matters, and only without an id field.
-    index = v.get(VERL_INDEX[1]) if isinstance(v, dict) else None
-    t = _kind(index, "id") if index is not None else None
-    return pa.struct([(VERL_INDEX[1], t)]) if t is not None else None
-
-
 def _json_schema(data: bytes, prompt_field: str, id_field: str, length_field: str | None) -> pa.Schema | None:
     """Parse types of the fields that matter, from the file's first lines; None: give up.
 
@@ -315,7 +248,7 @@ def _json_schema(data: bytes, prompt_field: str, id_field: str, length_field: st
             v = rec.get(name)
             if v is None:
                 continue
-            t = _kind(v, role)
+            t = json_kind(v, role)
             if t is None or seen.setdefault(name, t) != t:
                 return None
     fields = [pa.field(name, seen.get(name, pa.null())) for name in roles]
@@ -324,26 +257,6 @@ def _json_schema(data: bytes, prompt_field: str, id_field: str, length_field: st
         # (the row reader refuses ids on some rows only); ignored, it was dropped and content ids taken.
         fields.append(pa.field(VERL_INDEX[0], seen.get(VERL_INDEX[0], pa.null())))
     return pa.schema(fields)
-
-
-# A line that starts with JSON whitespace, or is empty: after \\n, or at the start of the file.
-_BLANKISH = re.compile(rb"\n[\n\r\t ]")
-
-
-def _line_rows(data: bytes, n_rows: int) -> np.ndarray | None:
-    """0-based line of each parsed row: lines end at \\n, blank lines hold no row."""
-    lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-    last = data[data.rfind(b"\n") + 1 :]
-    # As many rows as lines means one row a line only when no line is blank: two records on one line
-    # and a blank line elsewhere add up too (a regex pass: ~0.1 s for 280 MB).
-    if lines == n_rows and data[:1] not in b"\n\r\t " and (data.endswith(b"\n") or last.strip(b" \t\r")) and (
-            _BLANKISH.search(data) is None):  # fmt: skip
-        return np.arange(n_rows, dtype=np.int64)
-    # pyarrow parsed every line, so a line is either an object or JSON whitespace.
-    rows = np.fromiter(
-        (i for i, line in enumerate(data.split(b"\n")) if line.strip()), dtype=np.int64
-    )
-    return rows if rows.size == n_rows else None
 
 
 def read_jsonl_bulk(
@@ -365,16 +278,6 @@ def read_jsonl_bulk(
     return table_from_columns(tab, rows, prompt_field=prompt_field, id_field=id_field, length_field=length_field)
 
 
-def _utf8(buf: pa.Buffer) -> bool:
-    """Whether ``buf`` is UTF-8 (pyarrow.json never checks): one cast validates it all, in C++, without a copy."""
-    try:
-        offsets = pa.py_buffer(np.array([0, buf.size], dtype=np.int64).tobytes())
-        pa.Array.from_buffers(pa.large_binary(), 1, [None, offsets, buf]).cast(pa.large_string())
-    except pa.ArrowInvalid:
-        return False
-    return True
-
-
 def _scanned(alike: gather.Background) -> bool:
     """The byte scan's answer; no (the row reader reads the file) if it failed at all, e.g. an import of
     Numba's on its thread meeting the kernel warm-up's (aspc.io.gather.kernels_warmed_for)."""
@@ -392,20 +295,20 @@ def _parse_jsonl(
     if data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     buf = pa.py_buffer(data)
-    if not _utf8(buf):
+    if not is_utf8(buf):
         return None
     schema = _json_schema(data, prompt_field, id_field, length_field)
     if schema is None:
         return None
-    chats = [f.name for f in schema if f.type == _CHAT]
-    if chats and not only_keys_in(data, chats, list(_CHAT_KEYS)):
+    chats = [f.name for f in schema if f.type == CHAT]
+    if chats and not only_keys_in(data, chats, list(CHAT_KEYS)):
         return None  # a message holds another key, which pyarrow would drop: the row reader keeps it
     # Lines pyarrow reads and json.loads would not (two objects on one, Inf, deep nesting), checked beside the parse.
     alike = gather.Background(read_alike, data, threaded=len(data) >= _SCAN_THREAD_BYTES)
     try:
         tab = pj.read_json(
             pa.BufferReader(buf),
-            read_options=pj.ReadOptions(block_size=_JSON_BLOCK),
+            read_options=pj.ReadOptions(block_size=JSON_BLOCK),
             parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
         )
     except MemoryError:
@@ -416,7 +319,7 @@ def _parse_jsonl(
         scanned = _scanned(alike)  # joined on every way out: no scan left running
     if not scanned:
         return None
-    rows = _line_rows(data, len(tab))
+    rows = line_rows(data, len(tab))
     return None if rows is None else (tab, rows)
 
 

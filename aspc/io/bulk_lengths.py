@@ -14,7 +14,7 @@ import json
 
 import pyarrow as pa
 
-from aspc.io.bulk import _JSON_BLOCK, _Bail, _kind, _lengths, _line_rows, _one, _utf8
+from aspc.io.bulk_columns import JSON_BLOCK, Bail, is_utf8, json_kind, lengths_column, line_rows, one_chunk
 from aspc.io.json_lines import read_alike
 from aspc.io.ragged import RaggedLengths
 from aspc.io.readers import json_int
@@ -31,18 +31,18 @@ def jsonl_lengths(data: bytes, id_field: str, length_field: str) -> tuple[list[s
         return None
     if data.startswith(b"\xef\xbb\xbf"):  # the row reader decodes with utf-8-sig
         data = data[3:]
-    if not _utf8(pa.py_buffer(data)) or not read_alike(data):
+    if not is_utf8(pa.py_buffer(data)) or not read_alike(data):
         return None
     schema = _schema(data, id_field, length_field)
     if schema is None:
         return None
     tab = _read(data, schema)
-    if tab is None or len(tab) == 0 or _line_rows(data, len(tab)) is None:
+    if tab is None or len(tab) == 0 or line_rows(data, len(tab)) is None:
         return None
-    ids = _one(tab[id_field])
+    ids = one_chunk(tab[id_field])
     try:
-        lengths = _lengths(tab, length_field)  # no nulls, no empty lists, numbers within 0..MAX_LENGTH, no -0.0
-    except _Bail:
+        lengths = lengths_column(tab, length_field)  # no nulls, no empty lists, numbers within 0..MAX_LENGTH, no -0.0
+    except Bail:
         return None
     if ids.null_count:
         return None
@@ -71,7 +71,7 @@ def _schema(data: bytes, id_field: str, length_field: str) -> pa.Schema | None:
         return None
     if not isinstance(rec, dict):
         return None
-    kinds = [_kind(rec.get(id_field), "id"), _kind(rec.get(length_field), "length")]
+    kinds = [json_kind(rec.get(id_field), "id"), json_kind(rec.get(length_field), "length")]
     if None in kinds:
         return None
     return pa.schema([(id_field, kinds[0]), (length_field, kinds[1])])
@@ -83,7 +83,7 @@ def _read(data: bytes, schema: pa.Schema) -> pa.Table | None:
     try:
         return pj.read_json(
             pa.BufferReader(pa.py_buffer(data)),
-            read_options=pj.ReadOptions(block_size=_JSON_BLOCK),  # a line past ~2 blocks fails: the row reader takes it
+            read_options=pj.ReadOptions(block_size=JSON_BLOCK),  # a line past ~2 blocks fails: the row reader takes it
             parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
         )
     except MemoryError:  # pa.ArrowMemoryError too: the row reader would need more

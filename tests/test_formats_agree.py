@@ -2,8 +2,9 @@
 
 Compared: every plan row (ids, prompts, source_row, prompt_tokens, predictions and quantiles, minibatch,
 group, dispatch order) and every metadata key but ``aspc.input_hash`` (the file's own bytes). The
-differences that follow from a format (CSV cells are text: a chat or an ``extra_info`` object there is a
-string) are pinned as such; the divergences found are the ``xfail(strict=True)`` tests below.
+differences that follow from a format (CSV cells are text: a chat there is a string, though an
+``extra_info`` cell holding a JSON object is read as that object) are pinned as such; the divergences
+found are the ``xfail(strict=True)`` tests below.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def _fresh(tmp_path_factory) -> Path:
 def datasets(draw, *, csv_ok: bool = False):
     """Records of one shape: ids of one kind (or none, or verl's extra_info.index), text or chat prompts."""
     n = draw(st.integers(1, 5))
-    ids = draw(st.sampled_from(["none", "int", "str"] if csv_ok else ["none", "int", "str", "index", "str-index"]))
+    ids = draw(st.sampled_from(["none", "int", "str", "index", "str-index"]))  # a CSV extra_info cell is JSON
     chats = not csv_ok and draw(st.booleans())
     lengths = LENGTHS[draw(st.sampled_from(sorted(LENGTHS)))]
     id_values = draw(st.lists(int_id_st if ids in ("int", "index") else str_id_st, min_size=n, max_size=n, unique=True))
@@ -165,7 +166,7 @@ def test_csv_text_prompts_compile_as_jsonl_does(tmp_path_factory, recs, known):
 def bad_datasets(draw, *, csv_ok: bool = False):
     """Rows with nulls, blank prompts, negative or empty lengths, repeated ids, ids on some rows only."""
     n = draw(st.integers(1, 6))
-    ids = draw(st.sampled_from(["none", "int", "str"] if csv_ok else ["none", "int", "str", "index"]))
+    ids = draw(st.sampled_from(["none", "int", "str", "index"]))
     chats = not csv_ok and draw(st.booleans())
     kind = draw(st.sampled_from(sorted(LENGTHS)))
     lengths = {
@@ -270,9 +271,8 @@ def test_an_exported_sorted_plan_recompiles_to_itself(tmp_path_factory, recs, fm
 # Divergences (undocumented): each a minimal input
 
 
-@pytest.mark.xfail(strict=True, reason="CSV: an extra_info cell holding JSON ({\"index\": 0}) is text, never read "
-                   "for verl's index (rows._verl_index wants a dict), so ids silently become content hashes; the "
-                   "length field's cells are parsed as JSON, this one is not, and README does not say")  # fmt: skip
+# Was: an extra_info cell holding JSON ({"index": 0}) was text, never read for verl's index (rows._verl_index
+# wants a dict), so ids silently became content hashes
 def test_csv_extra_info_index_gives_the_ids_jsonl_gets(tmp):
     recs = [{"prompt": "a", "len": 0, "extra_info": {"index": 0}}]
     assert [r["prompt_id"] for r in rows_of(write(tmp, "jsonl", recs), *KNOWN)] == ["0"]
@@ -314,9 +314,8 @@ def test_message_key_order_does_not_change_the_chat(tmp):
     assert rows_of(write(tmp, "parquet", recs), *KNOWN) == jsonl  # got row 2 as ..."tool_call_id":"2","name":"g"
 
 
-@pytest.mark.xfail(strict=True, reason="round trip of a CSV source: export --format jsonl passes the CSV cells "
-                   "through as strings (\"len\": \"5\"), and compile --length-field reads a JSON string as no "
-                   "number (parse_length parses text for CSV only): the export does not recompile")  # fmt: skip
+# Was: export --format jsonl of a CSV source passed the cells through as strings ("len": "5"), and compile
+# --length-field reads a JSON string as no number (parse_length parses text for CSV only)
 def test_an_exported_csv_plan_recompiles_with_its_lengths(tmp):
     src = write(tmp, "csv", [{"prompt": "a", "len": 5}, {"prompt": "b", "len": 3}])
     args = [*KNOWN, "--strategy", "sorted"]

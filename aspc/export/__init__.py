@@ -213,7 +213,7 @@ def export_plan(
         overrides, warnings = verl_settings(plan, str(out_path), has_ds)
         _write_parquet(out_path, table)
     else:
-        _write_jsonl(out_path, plan, src, rows, id_field, data_source)
+        _write_jsonl(out_path, plan, src, rows, id_field, data_source, inputs.get("length_field"))
     counts = np.bincount(plan.column(S.GROUP).astype(np.int64)).astype(int).tolist()
     nseq = plan.column(S.N_SAMPLES)
     if replaced:
@@ -351,13 +351,15 @@ def _write_parquet(path: Path, table: pa.Table) -> None:
 
 
 def _write_jsonl(
-    path: Path, plan: Plan, src: Path | None, rows: list[int], id_field: str, data_source: str | None
+    path: Path, plan: Plan, src: Path | None, rows: list[int], id_field: str, data_source: str | None,
+    length_field: str | None = None,
 ) -> bool:
-    # The source's records keep their prompt and ids as they were, so compile reads back the same ids.
+    # The source's records keep their prompt and ids as they were, so compile reads back the same ids
+    # (and a CSV source's lengths as the numbers compile read: its cells are text).
     aspc = _aspc_rows(plan)
     ids = plan.column(S.PROMPT_ID).tolist()
     if src is not None:
-        recs = source_records(src, rows)
+        recs = source_records(src, rows, length_field)
     else:
         recs = []
         for pid, p, r in zip(ids, plan.column(S.PROMPT).tolist(), rows, strict=True):

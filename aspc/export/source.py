@@ -8,6 +8,7 @@ next to the plan and in the working directory, and otherwise asks for
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from aspc.emit import Plan
 from aspc.emit import schema as S
 from aspc.errors import InputError, short_reason
 from aspc.io.prompts import file_hash
-from aspc.io.readers import SUPPORTED_SUFFIXES, BadRecord, detect_format, iter_records
+from aspc.io.readers import SUPPORTED_SUFFIXES, BadRecord, detect_format, iter_records, json_int
 from aspc.io.table import arrow_array, column_numpy
 
 
@@ -96,8 +97,13 @@ def check_rows(plan: Plan, source: Path) -> None:
         )
 
 
-def source_records(source: Path, rows: list[int]) -> list[dict[str, Any]]:
-    """The source's records at ``rows`` (in that order), as dicts, values untouched."""
+def source_records(source: Path, rows: list[int], length_field: str | None = None) -> list[dict[str, Any]]:
+    """The source's records at ``rows`` (in that order), as dicts, values untouched.
+
+    ``length_field``: the plan's (compile's ``--length-field``). A CSV cell is text, and compile reads that
+    field's cells as JSON ("5", "[4, 6]"): those cells are the numbers compile read, so the records compile
+    back with the same lengths (a JSON string "5" is no length).
+    """
     if detect_format(source) == "parquet":
         from aspc.io.readers import read_parquet_table
 
@@ -119,7 +125,23 @@ def source_records(source: Path, rows: list[int]) -> list[dict[str, Any]]:
             if isinstance(rec, BadRecord) or not isinstance(rec, dict):
                 raise InputError(f"{source.name}: line {r + 1}: not a record; pass the dataset the plan was compiled from")
             got[r] = rec
+    if length_field is not None and detect_format(source) == "csv":
+        return [_csv_length(got[r], length_field) for r in rows]
     return [got[r] for r in rows]
+
+
+def _csv_length(rec: dict[str, Any], length_field: str) -> dict[str, Any]:
+    """``rec`` with its length cell as the number (or list of numbers) compile read from it (rows.parse_length)."""
+    cell = rec.get(length_field)
+    if not isinstance(cell, str):
+        return rec
+    try:
+        value = json.loads(cell, parse_int=json_int)
+    except (ValueError, RecursionError):  # compile refused the cell: not a plan row
+        return rec
+    if isinstance(value, bool) or not isinstance(value, (int, float, list)):
+        return rec
+    return {**rec, length_field: value}
 
 
 def source_table(source: Path, rows: list[int]) -> pa.Table:

@@ -290,9 +290,30 @@ def _csv_rows(text: str) -> Iterator[tuple[int, int, list[str]]]:
         start = reader.line_num + 1
 
 
+# verl's extra_info (aspc.io.rows.VERL_INDEX): a CSV cell of it holding a JSON object is read as that object,
+# so extra_info.index gives the ids it gives in JSON; any other cell (not JSON, a list, a number) stays text.
+_CSV_JSON_OBJECTS = ("extra_info",)
+
+
+def _csv_json_object(cell: Any) -> Any:
+    """A CSV cell's JSON object (a dict), or the cell unchanged where it holds none."""
+    if not isinstance(cell, str) or not cell.lstrip().startswith("{"):
+        return cell
+    try:
+        value = _DECODE(cell)
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        return cell
+    return value if isinstance(value, dict) else cell
+
+
 def iter_csv(path: Path) -> Iterator[tuple[int, int, Any]]:
     text = _decode(path.read_bytes(), path)
-    yield from _iter_csv_text(text, path)
+    for row, line, rec in _iter_csv_text(text, path):
+        if isinstance(rec, dict):
+            for name in _CSV_JSON_OBJECTS:
+                if name in rec:
+                    rec[name] = _csv_json_object(rec[name])
+        yield row, line, rec
 
 
 def _iter_csv_text(text: str, path: Path) -> Iterator[tuple[int, int, Any]]:

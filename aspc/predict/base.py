@@ -91,6 +91,18 @@ class LengthPrediction:
         )
 
 
+def finite_lengths(p: LengthPrediction, kind: str) -> LengthPrediction:
+    """``p``, refused unless every length is a finite positive number (``kind`` names the predictor).
+
+    Trained weights never give anything else (lengths far out are eased); a hand-edited intercept of
+    1e5 made every prediction inf, and ``predict eval --json`` printed ``"mae": Infinity``.
+    """
+    if not all(np.all(np.isfinite(a) & (a > 0)) for a in (p.mean, p.q10, p.q50, p.q90)):
+        raise PredictorError(f"{kind} predictor weights are missing or corrupt (its predictions are not finite "
+                             "positive lengths); retrain it")  # fmt: skip
+    return p
+
+
 def is_arrow(texts: Any) -> bool:
     """Whether ``texts`` is an Arrow column (pyarrow is not imported to find out)."""
     return type(texts).__module__.startswith("pyarrow")
@@ -206,7 +218,7 @@ def check_output_dir(directory: str | Path, option: str = "-o") -> None:
             return
         meta = json.loads((directory / METADATA_FILE).read_text(encoding="utf-8"))
         ours = isinstance(meta, dict) and "aspc_predictor" in meta
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested ~100,000 deep
         ours = False
     if not ours:
         raise PredictorError(
@@ -242,7 +254,7 @@ def read_metadata(directory: str | Path, kind: str | None = None) -> dict[str, A
         raise PredictorError(f"{directory}: no {METADATA_FILE}, so not an aspc predictor directory")
     try:
         meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested ~100,000 deep
         raise PredictorError(f"{path}: unreadable ({exc}); retrain the predictor") from None
     if not isinstance(meta, dict) or "aspc_predictor" not in meta or "format_version" not in meta:
         raise PredictorError(f"{path}: not aspc predictor metadata; retrain the predictor")

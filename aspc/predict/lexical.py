@@ -35,6 +35,8 @@ from aspc.predict.base import (
     LengthPrediction,
     Predictor,
     check_output_dir,
+    finite_lengths,
+    finite_number,
     hash_arrays,
     is_arrow,
     read_metadata,
@@ -72,12 +74,21 @@ class LexicalConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> LexicalConfig:
+        # Checked, not cast (none is in the weights' hash): a hand-edited lam of 0 or -1 raised a ValueError
+        # traceback in a refit (--init), Infinity a ZeroDivisionError; a max_iter of -1 refit with no iterations.
+        lam = d["lam"]
+        if not finite_number(lam) or lam <= 0:
+            raise ValueError(f"config.lam {lam!r} is not a finite number > 0")
+        for key, low in (("folds", 2), ("calibration_bins", 1), ("max_iter", 1)):
+            v = d[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"config.{key} {v!r} is not an integer >= {low}")
         return cls(
             features=FeatureConfig.from_dict(d["features"]),
-            lam=float(d["lam"]),
-            folds=int(d["folds"]),
-            calibration_bins=int(d["calibration_bins"]),
-            max_iter=int(d["max_iter"]),
+            lam=float(lam),
+            folds=d["folds"],
+            calibration_bins=d["calibration_bins"],
+            max_iter=d["max_iter"],
         )
 
 
@@ -145,14 +156,15 @@ class LexicalPredictor(Predictor):
         y = self.log_scores(texts)
         own = self.calibrations[self._head].apply(y)
         if not self.metadata.get("shared_band") or self._head == len(self.targets):
-            return _finite(ease_lengths(own, seen_lengths(self.metadata, self.calibrations[self._head])))
+            own = ease_lengths(own, seen_lengths(self.metadata, self.calibrations[self._head]))
+            return finite_lengths(own, self.kind)
         # The target's level, the pooled band: the pooled residuals left whole prompt sources out
         # for every target, so they know how far off a model's level is on a source it never saw.
         band = self.calibrations[-1].apply(y - self.intercepts[self._head] + self.intercepts[-1])
-        return _finite(ease_lengths(
+        return finite_lengths(ease_lengths(
             LengthPrediction(own.mean, own.q50 * band.q10 / band.q50, own.q50, own.q50 * band.q90 / band.q50),
             seen_lengths(self.metadata, self.calibrations[self._head], self.calibrations[-1]),
-        ))  # fmt: skip
+        ), self.kind)  # fmt: skip
 
     def with_target(self, name: str | None) -> LexicalPredictor:
         """The same predictor answering for target ``name`` (``None``: pooled).
@@ -206,6 +218,9 @@ class LexicalPredictor(Predictor):
             # traceback, a NaN one predicted NaN for every prompt (and eval printed "mae": NaN).
             _check_weights(arrays)
             targets = list(meta["targets"])
+            # A bool, not read by truthiness: "false" (a true string) silently swapped every target head's band.
+            if not isinstance(meta.get("shared_band", False), bool):
+                raise ValueError(f"shared_band {meta['shared_band']!r} is not true or false")
             cals = [Calibration.from_arrays(arrays, f"cal{i}_") for i in range(len(arrays["intercepts"]))]
             # Checked before use: a hand-edited bits of -1 raised "negative shift count", targets "abc" an IndexError.
             bits = config.features.bits
@@ -220,7 +235,8 @@ class LexicalPredictor(Predictor):
                 raise ValueError(f"targets {meta['targets']!r} are not names of the weights' {heads - 1} target heads")
             pred = cls(config, arrays["beta"], arrays["alpha"], arrays["intercepts"], targets, cals, meta)
         except (OSError, KeyError, ValueError, TypeError, OverflowError, EOFError, zipfile.BadZipFile,
-                zlib.error) as exc:  # OverflowError: float() of a JSON integer such as 10**400
+                zlib.error, MemoryError) as exc:  # OverflowError: float() of a JSON integer such as 10**400
+            # MemoryError: a member whose header claims a huge shape (a 190-byte beta.npy of 2**40 floats)
             raise PredictorError(
                 f"{path}: lexical predictor weights are missing or corrupt ({exc}); retrain it"
             ) from None
@@ -231,18 +247,6 @@ class LexicalPredictor(Predictor):
                 f"{path}: weights do not match their recorded hash (modified or corrupt); retrain it"
             )
         return pred.with_target(target) if target is not None else pred
-
-
-def _finite(p: LengthPrediction) -> LengthPrediction:
-    """``p``, refused unless every length is a finite positive number.
-
-    Trained weights never give anything else (lengths far out are eased); a hand-edited intercept of
-    1e5 made every prediction inf, and ``predict eval --json`` printed ``"mae": Infinity``.
-    """
-    if not all(np.all(np.isfinite(a) & (a > 0)) for a in (p.mean, p.q10, p.q50, p.q90)):
-        raise PredictorError("lexical predictor weights are missing or corrupt (its predictions are not finite "
-                             "positive lengths); retrain it")  # fmt: skip
-    return p
 
 
 def _check_weights(arrays: dict[str, np.ndarray]) -> None:

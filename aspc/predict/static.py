@@ -38,6 +38,8 @@ from aspc.predict.base import (
     LengthPrediction,
     Predictor,
     check_output_dir,
+    finite_lengths,
+    finite_number,
     hash_arrays,
     read_metadata,
     text_list,
@@ -92,6 +94,10 @@ class StaticConfig:
             v = d[key]
             if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= _MAX_CUT:
                 raise ValueError(f"config.{key} {v!r} is not an integer in {low}..{_MAX_CUT}")
+        # An empty grid failed a bare assert in a refit (--init), [-1.0] refit with a negative penalty.
+        grid = d["lam_grid"]
+        if not isinstance(grid, list) or not grid or not all(finite_number(x) and x > 0 for x in grid):
+            raise ValueError(f"config.lam_grid {grid!r} is not a non-empty list of finite numbers > 0")
         return cls(
             head_chars=d["head_chars"],
             tail_chars=d["tail_chars"],
@@ -232,7 +238,9 @@ class StaticPredictor(Predictor):
 
     def predict(self, texts: Sequence[str], *, ids: Sequence[str] | None = None) -> LengthPrediction:
         cal = self.calibrations[self._head]
-        return ease_lengths(cal.apply(self.log_scores(texts)), seen_lengths(self.metadata, cal))
+        # Checked: a hand-edited head (weights_sha256 removed) wrote NaN in every predicted column.
+        pred = ease_lengths(cal.apply(self.log_scores(texts)), seen_lengths(self.metadata, cal))
+        return finite_lengths(pred, self.kind)
 
     # -- persistence ------------------------------------------------------
     def _arrays(self) -> dict[str, np.ndarray]:

@@ -27,6 +27,7 @@ from aspc.predict.base import (
     LengthPrediction,
     Predictor,
     check_output_dir,
+    finite_lengths,
     finite_number,
     hash_arrays,
     read_metadata,
@@ -249,7 +250,8 @@ class TransformerPredictor(Predictor):
         q90 = np.exp(raw[:, 3] + self.cqr_adjust)
         m, sd = self.norm  # the training pairs' log lengths: mean and spread
         pred = LengthPrediction(np.exp(raw[:, 0]), np.minimum(q10, q50), q50, np.maximum(q90, q50))
-        return ease_lengths(pred, seen_lengths(self.metadata, spread=(m - 3.0 * sd, m + 3.0 * sd)))
+        pred = ease_lengths(pred, seen_lengths(self.metadata, spread=(m - 3.0 * sd, m + 3.0 * sd)))
+        return finite_lengths(pred, self.kind)  # a NaN head bias (weights_sha256 removed) wrote NaN everywhere
 
     def _state(self) -> dict[str, Any]:
         return {k: v.detach().cpu().contiguous() for k, v in self.net.state_dict().items()}

@@ -239,18 +239,37 @@ def emit_json(obj: Any) -> None:
 
 
 def _finite(obj: Any) -> Any:
-    """``obj`` with every non-finite float (NumPy's too) replaced by None, containers rebuilt."""
+    """``obj`` with every non-finite float (NumPy's too) replaced by None, containers rebuilt.
+
+    A loop over a stack, not a call per level: plan metadata nested 900 deep (read by json.loads,
+    printed by check and by inspect's table) ran out of Python frames here. Refusing such metadata
+    in read_plan instead would refuse plans that every other command reads.
+    """
     import math
 
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if type(obj).__module__ == "numpy":  # a NumPy scalar or array: as _json_default gives it, then checked
-        return _finite(_json_default(obj))
-    return obj
+    root: list[Any] = [None]
+    on_path: set[int] = set()  # containers being rebuilt: one met again inside itself is a cycle
+    todo: list[tuple[Any, Any, Any]] = [(obj, root, 0)]  # (value, container to put it in, its key there)
+    while todo:
+        o, parent, key = todo.pop()
+        if parent is None:  # all of container o's values are done
+            on_path.discard(o)
+        elif isinstance(o, float):
+            parent[key] = o if math.isfinite(o) else None
+        elif isinstance(o, (dict, list, tuple)):
+            if id(o) in on_path:
+                raise ValueError("Circular reference detected")  # as json.dumps says it
+            on_path.add(id(o))
+            items = list(o.items()) if isinstance(o, dict) else list(enumerate(o))
+            new: Any = dict.fromkeys(k for k, _ in items) if isinstance(o, dict) else [None] * len(items)
+            parent[key] = new
+            todo.append((id(o), None, None))
+            todo.extend((v, new, k) for k, v in reversed(items))
+        elif type(o).__module__ == "numpy":  # a NumPy scalar or array: as _json_default gives it, then checked
+            todo.append((_json_default(o), parent, key))
+        else:
+            parent[key] = o
+    return root[0]
 
 
 def _json_default(o: Any) -> Any:

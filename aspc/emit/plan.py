@@ -303,7 +303,7 @@ def read_plan(path: str | os.PathLike, *, verify: bool = True) -> Plan:
     def _json(key: bytes) -> dict[str, Any]:
         try:
             value = json.loads(meta.get(key, b"{}"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
             value = None
         if not isinstance(value, dict):
             raise PlanError(f"{path.name}: corrupt metadata {key.decode()}; recompile the plan")
@@ -312,6 +312,10 @@ def read_plan(path: str | os.PathLike, *, verify: bool = True) -> Plan:
     missing = [f.name for f in S.PLAN_SCHEMA if f.name not in table.column_names]
     if missing:
         raise PlanError(f"{path.name}: plan lacks columns {missing}; recompile the plan")
+    # table.select raised KeyError on a name the schema holds twice (a column appended by hand).
+    repeated = [f.name for f in S.PLAN_SCHEMA if table.column_names.count(f.name) > 1]
+    if repeated:
+        raise PlanError(f"{path.name}: plan has column {repeated[0]!r} more than once; recompile the plan")
     try:
         table = table.select([f.name for f in S.PLAN_SCHEMA]).cast(S.PLAN_SCHEMA)
     except MemoryError:

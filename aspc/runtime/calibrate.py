@@ -50,6 +50,7 @@ sandwich errors for minibatch rows.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -141,13 +142,11 @@ def sample_rows(
     longer-or-equal ones contribute ``l_i`` each. Features use every sample
     of a minibatch, also those left out for lack of a time.
     """
-    mb_id = np.asarray(minibatches["minibatch"], dtype=np.int64)
-    pos_of = np.full(int(mb_id.max(initial=-1)) + 1, -1, dtype=np.int64)
-    pos_of[mb_id] = np.arange(mb_id.size)
-    smb = np.asarray(samples["minibatch"], dtype=np.int64)
-    keep = (smb < pos_of.size) & (smb >= 0)
-    keep[keep] &= pos_of[smb[keep]] >= 0  # samples of minibatches the log has rows for
-    row = pos_of[smb[keep]]
+    pos = _positions(minibatches["minibatch"], samples["minibatch"])
+    keep = pos >= 0  # samples of minibatches the log has rows for
+    row = pos[keep]
+    if not row.size:  # none: the sums below assume at least one
+        return np.empty((0, 5)), np.empty(0), row
     lens = np.asarray(samples["response_len"], dtype=np.float64)[keep]
     ptok = np.asarray(samples["prompt_tokens"], dtype=np.float64)[keep]
     y = np.full(row.size, np.nan)
@@ -188,6 +187,21 @@ def sample_rows(
     return x[timed], y[timed], row[timed]
 
 
+def _positions(row_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Where each of ``ids`` is in ``row_ids`` (the last row where one repeats); -1 for an id without a row.
+
+    Found by search, not in an array indexed by id: one id of 2**31 - 1 made that array 16 GB, and a
+    negative id wrapped around to the last place.
+    """
+    row_ids, ids = np.asarray(row_ids, dtype=np.int64), np.asarray(ids, dtype=np.int64)
+    if not row_ids.size:
+        return np.full(ids.size, -1, dtype=np.int64)
+    order = np.argsort(row_ids, kind="stable")
+    at = np.searchsorted(row_ids[order], ids, side="right") - 1
+    pos = order[np.maximum(at, 0)]
+    return np.where((at >= 0) & (row_ids[pos] == ids), pos, -1)
+
+
 def sample_features(samples: dict[str, np.ndarray], minibatches: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Features and seconds of every sample (:func:`sample_rows` of a continuous log, without minibatch positions)."""
     x, y, _ = sample_rows(samples, minibatches, continuous=True)
@@ -198,12 +212,11 @@ def is_continuous(samples: dict[str, np.ndarray], minibatches: dict[str, np.ndar
     """Whether samples left before their minibatch ended (a ``--return-mode continuous`` log)."""
     if not samples or "finish_time" not in samples or samples["finish_time"].size == 0:
         return False
-    end = np.full(int(np.max(minibatches["minibatch"], initial=-1)) + 1, np.nan)
-    end[np.asarray(minibatches["minibatch"], dtype=np.int64)] = minibatches["end"]
-    smb = np.asarray(samples["minibatch"], dtype=np.int64)
-    ok = (smb >= 0) & (smb < end.size)
+    pos = _positions(minibatches["minibatch"], samples["minibatch"])
+    ok = pos >= 0  # samples of minibatches the log has rows for
+    end = np.asarray(minibatches["end"], dtype=np.float64)[pos[ok]]
     dur = float(np.max(minibatches["end"] - minibatches["start"], initial=0.0))
-    early = end[smb[ok]] - samples["finish_time"][ok] > 1e-6 * max(dur, 1.0)
+    early = end - samples["finish_time"][ok] > 1e-6 * max(dur, 1.0)
     return bool(np.any(early))
 
 
@@ -339,15 +352,70 @@ def calibrate(path: str | os.PathLike) -> Calibration:
             f"least {MIN_MINIBATCHES}: finish the run ({how}), then calibrate"
         )
     backend = (log.meta.get("config") or {}).get("backend") if isinstance(log.meta.get("config"), dict) else None
+    if backend is not None and not isinstance(backend, str):  # ["hf"] was a TypeError (unhashable list)
+        raise RunError(f"{path}: meta.json config.backend must be a string, got {json.dumps(backend)[:40]}; "
+                       "the run log is damaged")
     mbs, steps = R.to_columns(log.tables[R.MINIBATCHES]), R.to_columns(log.tables[R.STEPS])
     bad = nonfinite_time({R.MINIBATCHES: mbs, R.STEPS: steps})
     if bad is not None:  # the fit came out NaN, refused as a cost-model coefficient the user never wrote
         raise RunError(f"{path}: {NONFINITE_LOG.format(bad=bad)} and calibrate the new log")
-    cal = calibrate_columns(mbs, steps, samples=R.to_columns(log.tables[R.SAMPLES]), padded=backend in PADDED_BACKENDS)
+    samples = R.to_columns(log.tables[R.SAMPLES])
+    # A plan revision (aspc run --replan) re-cuts the remainder: its minibatch count may differ from the plan's.
+    revised = bool(np.any(np.asarray(mbs.get("plan_revision", ()), dtype=np.int64) > 0))
+    bad = damaged_row(mbs, steps, samples, planned if type(planned) is int and planned > 0 and not revised else None)
+    if bad is not None:
+        raise RunError(f"{path}: {bad}; the run log is damaged: run the plan again with a new --log and calibrate "
+                       "the new log")
+    cal = calibrate_columns(mbs, steps, samples=samples, padded=backend in PADDED_BACKENDS)
     if log.status != R.STATUS_COMPLETE:
         cal.notes.append(f"run log status is {log.status!r}: fitted on the rows it holds")
     cal.speed_probe_s = mean_speed_probe(log.meta)
     return cal
+
+
+def damaged_row(mbs: dict[str, np.ndarray], steps: dict[str, np.ndarray], samples: dict[str, np.ndarray],
+                planned: int | None) -> str | None:
+    """The first row value a cost model cannot be fitted on, as "minibatch 3 context_tokens is nan, ..."; None if none.
+
+    :func:`~aspc.runtime.record.metrics.nonfinite_time` checks the clocks every row has; these are the
+    other values the fit reads. A damaged or hand-edited one was fitted silently (an infinite decode
+    time gave a cost model of zeros) or refused as a cost-model coefficient the user never wrote.
+    ``planned``: the plan's minibatch count (meta.json ``run.n_minibatches``), None if unknown.
+    """
+    for what, cols in (("a minibatch row", mbs), ("a sample row", samples)):
+        ids = np.asarray(cols.get("minibatch", ()), dtype=np.int64)
+        bad = np.flatnonzero((ids < 0) | (ids >= (planned or 2**31)))
+        if bad.size:
+            ok = f"the plan's minibatches are 0 to {planned - 1}" if planned else "minibatch ids start at 0"
+            return f"{what} names minibatch {ids[bad[0]]}, out of range ({ok})"
+    for kind, cols, counts in ((R.MINIBATCHES, mbs, ("prompt_tokens", "max_len", "tokens", "context_tokens")),
+                               (R.STEPS, steps, ("tokens",))):  # fmt: skip
+        key = "minibatch" if kind == R.MINIBATCHES else "step"
+        dur = np.asarray(cols["end"], dtype=np.float64) - np.asarray(cols["start"], dtype=np.float64)
+        if (bad := np.flatnonzero(dur < 0)).size:
+            return f"{key} {cols[key][bad[0]]} ends {-dur[bad[0]]:g} s before it starts"
+        for name in counts:
+            v = np.asarray(cols[name], dtype=np.float64)
+            if (bad := np.flatnonzero(~(np.isfinite(v) & (v >= 0)))).size:
+                return f"{key} {cols[key][bad[0]]} {name} is {_shown(v[bad[0]])}, not a finite count >= 0"
+    n = np.asarray(samples.get("minibatch", ())).size
+    checks = [(name, np.asarray(samples[name], dtype=np.float64), "not a count >= 0", lambda v: v < 0)
+              for name in ("response_len", "prompt_tokens") if name in samples]
+    # NaN is "no time" (a log before format 1.2; a sample that never returned), +-inf or < 0 is damage
+    checks += [(name, np.asarray(samples[name], dtype=np.float64), "not a finite number of seconds >= 0",
+                lambda v: np.isinf(v) | (v < 0)) for name in ("decode_time", "finish_time") if name in samples]
+    for name, v, must, wrong in checks:
+        if v.size == n and (bad := np.flatnonzero(wrong(v))).size:
+            i = bad[0]
+            which = (f"sample {samples['sample_index'][i]} of prompt {str(samples['prompt_id'][i])[:40]!r}"
+                     if "prompt_id" in samples and "sample_index" in samples else f"sample row {i}")
+            return f"{which} {name} is {_shown(v[i])}, {must}"
+    return None
+
+
+def _shown(x: float) -> str:
+    """A count as an integer (-1000000, not -1e+06), anything else as ``:g`` writes it."""
+    return str(int(x)) if np.isfinite(x) and x == int(x) and abs(x) < 2**63 else f"{x:g}"
 
 
 def mean_speed_probe(meta: dict) -> float | None:
@@ -355,5 +423,6 @@ def mean_speed_probe(meta: dict) -> float | None:
     summary = meta.get("summary") if isinstance(meta, dict) else None
     probes = summary.get("speed_probe_s") if isinstance(summary, dict) else None
     probes = probes if isinstance(probes, dict) else {}
-    values = [v for k in ("before", "after") for v in (probes.get(k) or []) if isinstance(v, (int, float)) and v > 0]
+    lists = [p for k in ("before", "after") if isinstance(p := probes.get(k), list)]  # {"before": 5}: no list
+    values = [v for p in lists for v in p if isinstance(v, (int, float)) and v > 0]
     return float(np.mean(values)) if values else None

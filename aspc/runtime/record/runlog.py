@@ -256,7 +256,7 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
         raise RunError(f"{p}: not an aspc run log (no {META_FILE}){hint}")
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):  # RecursionError: nested too deep
         raise RunError(f"{p}: corrupt {META_FILE}; the run log cannot be read") from None
     if not is_runlog_meta(meta):
         raise RunError(f"{p}: {META_FILE} is not an aspc run log's")

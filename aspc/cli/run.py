@@ -101,7 +101,7 @@ def _logged_steps(meta_file: Path) -> int | None:
         ranges = part_ranges(json.loads(meta_file.read_text(encoding="utf-8")), run_dir, ValueError)
         parts = committed(sorted((run_dir / "steps").glob("part-*.parquet")), "steps", ranges, run_dir, ValueError)
         return sum(rows(p) for p in parts)
-    except (OSError, ValueError, TypeError, AttributeError):
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError):  # RecursionError: nested too deep
         return None
 
 
@@ -142,7 +142,7 @@ def _interrupted_message(
         return f"interrupted by {name} before the run log was started; nothing was written to {log_dir}"
     try:
         status = json.loads(meta_file.read_text(encoding="utf-8")).get("status", "?")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: nested too deep
         status = "?"
     earlier = status == "complete" and overwrite and meta_file.stat().st_mtime < started
     if earlier and meta_file.parent != log_dir:

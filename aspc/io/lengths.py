@@ -54,7 +54,7 @@ def committed_sample_parts(path: str | os.PathLike, *, require_meta: bool = Fals
         return sorted(f for f in samples.iterdir() if f.suffix == ".parquet" and not f.name.startswith("."))
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested too deep
         raise InputError(f"{path}: corrupt run log meta.json; pass a readable run log") from None
     if not is_runlog_meta(meta):
         raise InputError(f"{path}: meta.json is not an aspc run log's")

@@ -119,7 +119,7 @@ def chat_messages(stored: str) -> list[dict[str, Any]] | None:
         return None
     try:
         value = json.loads(stored)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # RecursionError: text nesting '[' past Python's parser
         return None
     if not isinstance(value, list) or not value:
         return None

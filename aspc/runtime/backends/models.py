@@ -222,7 +222,7 @@ def check_causal_lm(path: Path) -> None:
     """Raise :class:`BackendError` unless ``path``'s config names a causal-LM architecture."""
     try:
         cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise BackendError(f"--model {path}: unreadable config.json ({short_reason(exc, limit=200, with_type=True)})") from None
     if not isinstance(cfg, dict):
         raise BackendError(f"--model {path}: config.json is not a JSON object")

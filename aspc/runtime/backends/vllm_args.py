@@ -75,6 +75,8 @@ def parse_engine_args(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
+        except RecursionError:  # valid JSON, deeper than Python's parser goes: a traceback before
+            raise ConfigError(f"--engine-arg {key}: its JSON value nests too deeply to read; pass a flatter value") from None
         if isinstance(out[key], float) and not math.isfinite(out[key]):  # json reads NaN, 1e999; no setting wants them
             raise ConfigError(f"--engine-arg {p!r}: not a finite number; pass a finite one")
     return out

@@ -208,7 +208,7 @@ def read_payload_parts(run_dir: Path) -> list[tuple[int | None, dict[tuple[str, 
             out.append((part, {(str(p), int(i)): json.loads(t) for (p, i), t in zip(names, texts, strict=True)}))
         except MemoryError:  # pyarrow's ArrowMemoryError too: the file is fine, and deleting it would lose payloads
             raise
-        except (pa.ArrowException, OSError, ValueError, TypeError) as exc:
+        except (pa.ArrowException, OSError, ValueError, TypeError, RecursionError) as exc:
             reason = " ".join(str(exc).split())[:160]
             raise RunError(f"{path}: cannot read the waiting samples' payloads ({reason}); delete the file to resume "
                            "without them (a trainer that needs their tokens then stops)") from None  # fmt: skip

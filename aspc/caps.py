@@ -10,7 +10,9 @@
   count exceeds ``P`` is excluded from the plan, so verl's own filter drops
   nothing and no later batch shifts off its group. Counted as verl counts it
   (``apply_chat_template(add_generation_prompt=True)`` tokens) when a
-  tokenizer with a chat template is given, else estimated from UTF-8 bytes.
+  tokenizer with a chat template is given; a tokenizer without one counts the
+  message text alone (real tokens, yet short of verl's count: not exact, and
+  the notes and the export say so); else estimated from UTF-8 bytes.
 """
 
 from __future__ import annotations
@@ -98,13 +100,17 @@ def cap_for_plan(plan_config: dict[str, Any] | None, cap: int | None) -> int | N
     return None if cap is not None and stored == cap else cap
 
 
+# How a tokenizer without a chat template (``--tokenizer qwen``, or a directory without one) counted.
+TEXT_ONLY = "tokenizer, message text (no chat template)"
+
+
 @dataclass
 class PromptCounts:
     """Prompt token counts as a trainer measures them."""
 
     tokens: np.ndarray  # int64 (n,), tokens per prompt
-    exact: bool  # True: counted with a real tokenizer (chat template applied when it has one)
-    how: str  # human-readable method, for notes and the plan metadata
+    exact: bool  # True: counted as verl counts them (a tokenizer and its chat template)
+    how: str  # human-readable method, for notes and the plan metadata (TEXT_ONLY: a tokenizer, no template)
 
 
 def _messages(stored: str) -> list[dict[str, str]]:
@@ -167,7 +173,8 @@ def prompt_token_counts(
         A tokenizer spec (``aspc.io.tokens``: a directory or ``"qwen"``) or a
         loaded transformers tokenizer. With a chat template: rendered with
         ``add_generation_prompt=True``, then tokens without special ones
-        added, exactly verl's ``doc2len``; without one: message text only.
+        added, exactly verl's ``doc2len``; without one: message text only
+        (real tokens, but not ``exact``: verl counts the template too).
     """
     if tokenizer is None:
         return PromptCounts(np.asarray(estimate, dtype=np.int64), False, "estimated from UTF-8 bytes (no --tokenizer)")
@@ -185,9 +192,8 @@ def prompt_token_counts(
     from aspc.io.tokens import count_tokens, load_tokenizer
 
     tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
-    return PromptCounts(
-        np.asarray(count_tokens(tok, texts), dtype=np.int64), True, "tokenizer, message text (no chat template)"
-    )
+    # Not exact: verl counts the chat template's tokens too (for Qwen2.5's ~30 a prompt), so export warns.
+    return PromptCounts(np.asarray(count_tokens(tok, texts), dtype=np.int64), False, TEXT_ONLY)
 
 
 def overlong(counts: PromptCounts, limit: int | None) -> np.ndarray:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from aspc.caps import overlong, prompt_token_counts
+from aspc.caps import TEXT_ONLY, overlong, prompt_token_counts
 from aspc.choices import TARGETS
 from aspc.errors import ConfigError, InputError
 from aspc.io import PromptTable
@@ -40,7 +40,7 @@ class Selection:
     n_overlong: int  # prompts over --max-prompt-length, excluded
     n_remainder: int  # prompts left out so groups hold equal counts (--for verl)
     prompt_tokens_max: int  # largest kept prompt, tokens (by `prompt_count`)
-    prompt_tokens_exact: bool  # counted with a real tokenizer
+    prompt_tokens_exact: bool  # counted as verl counts them (a tokenizer and its chat template)
     prompt_count: str  # how prompt tokens were counted
     active: bool = True  # False: no prompt limit and no target, nothing was selected (no metrics recorded)
 
@@ -190,10 +190,17 @@ def compile_notes(metrics: dict[str, Any], config: Any, predictor: dict[str, Any
     """One line per thing the user should know about prompts left out, caps and verl history."""
     out = overlong_note(metrics, config)
     if (config.max_prompt_length is not None or config.target == "verl") and not metrics.get("prompt_tokens_exact"):
-        out.append(
-            "prompt tokens are estimated from bytes and can run 2-3x low for math or code; "
-            "pass --tokenizer MODEL_DIR to count them as verl does"
-        )
+        if metrics.get("prompt_count") == TEXT_ONLY:
+            out.append(
+                "prompt tokens are counted on the message text alone (the tokenizer has no chat template aspc can "
+                "apply), while verl counts the chat template's tokens too, so a kept prompt can be longer in verl; "
+                "pass --tokenizer MODEL_DIR with a chat template (and transformers installed) to count them as verl does"
+            )
+        else:
+            out.append(
+                "prompt tokens are estimated from bytes and can run 2-3x low for math or code; "
+                "pass --tokenizer MODEL_DIR to count them as verl does"
+            )
     if config.target == "verl":
         n = metrics.get("n_excluded_remainder", 0)
         per = metrics.get("n_prompts", 0) // max(1, metrics.get("n_groups", 1))

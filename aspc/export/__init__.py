@@ -11,7 +11,8 @@ Formats
     Parquet in the layout of verl's ``RLHFDataset``. ``prompt`` is a chat list
     (a text prompt, or a prompt field other than ``prompt``, becomes
     ``[{"role": "user", ...}]`` in a ``prompt`` column, which replaces a
-    source column of that name, with a note). Without a source
+    source column of that name, with a note; so does a chat whose content is
+    text parts, written as the joined text aspc read). Without a source
     ``data_source`` column the rows carry ``--data-source`` (default
     ``aspc``); without a source ``extra_info`` it is ``{"index": source row,
     "aspc": ...}``. An id column is added only when ``aspc compile`` could not
@@ -47,6 +48,7 @@ from aspc.emit import Plan, read_plan
 from aspc.emit import schema as S
 from aspc.emit.check import verify_integrity
 from aspc.errors import ConfigError, InputError, PlanError, short_reason
+from aspc.export import source as sources
 from aspc.export.overrides import override_args, verl_settings
 from aspc.export.source import check_rows, file_order, locate_source, ordered_type, source_records, source_table
 from aspc.guards import check_output
@@ -204,7 +206,7 @@ def export_plan(
     inputs = plan.config.get("inputs") or {}
     prompt_field, id_field = inputs.get("prompt_field", "prompt"), inputs.get("id_field", "id")
     rows = plan.column(S.SOURCE_ROW).astype(np.int64).tolist()
-    replaced = False  # the source's own 'prompt' column gave way to the chat built from another prompt field
+    replaced: bool | str = False  # the source's 'prompt' column gave way to the chat built from another prompt field
     overrides: dict[str, Any] = {}
     warnings: list[str] = []
     if fmt == "verl":
@@ -216,7 +218,9 @@ def export_plan(
         _write_jsonl(out_path, plan, src, rows, id_field, data_source, inputs.get("length_field"))
     counts = np.bincount(plan.column(S.GROUP).astype(np.int64)).astype(int).tolist()
     nseq = plan.column(S.N_SAMPLES)
-    if replaced:
+    if replaced == "parts":
+        warnings.insert(0, sources.PARTS_NOTE)
+    elif replaced:
         # Said, not refused: the user's file keeps the column, and a renamed source would no longer match the plan.
         warnings.insert(0, f"the source's 'prompt' column is replaced by the chat built from {prompt_field!r}, the "
                            "plan's prompt field (verl reads data.prompt_key, 'prompt'); export --format jsonl keeps "
@@ -298,22 +302,21 @@ def _verl_table(
     prompt_field: str,
     id_field: str,
     data_source: str | None,
-) -> tuple[pa.Table, bool, bool]:
-    """The verl table; (it, rows have a data_source, the source's own 'prompt' column was replaced)."""
+) -> tuple[pa.Table, bool, bool | str]:
+    """The verl table; (it, rows have a data_source, the source's own 'prompt' column was replaced: True, or
+    "parts" where only its messages' text parts were joined)."""
     n = plan.n_rows
     table = source_table(src, rows) if src is not None else None
     cols: dict[str, pa.Array | pa.ChunkedArray] = {}
     if table is not None:
         for name in table.column_names:
             cols[name] = table.column(name)
-    keep_prompt = (
-        table is not None
-        and prompt_field == "prompt"
-        and "prompt" in cols
-        # large_list too: Arrow tools that default to large types write the same chats so, and a rebuilt
-        # column would keep only role and content of each message.
-        and (pa.types.is_list(table.schema.field("prompt").type) or pa.types.is_large_list(table.schema.field("prompt").type))
-    )
+    kind = table.schema.field("prompt").type if table is not None and "prompt" in cols else None
+    # large_list too: Arrow tools that default to large types write the same chats so. Content as text parts
+    # is rebuilt from the plan (their texts joined, as aspc read them), every message key kept.
+    parts = prompt_field == "prompt" and kind is not None and sources.holds_text_parts(kind)
+    is_chat = kind is not None and (pa.types.is_list(kind) or pa.types.is_large_list(kind))
+    keep_prompt = prompt_field == "prompt" and is_chat and not parts
     replaced = not keep_prompt and prompt_field != "prompt" and "prompt" in cols
     if not keep_prompt:
         # The plan stores a chat as compact JSON, so text that is exactly such JSON reads as a chat there;
@@ -336,7 +339,7 @@ def _verl_table(
     ids = plan.column(S.PROMPT_ID).tolist()
     if not _ids_recoverable(table, ids, id_field):
         cols[id_field] = pa.array(ids, pa.string())
-    return pa.table(cols), has_ds or data_source is not None, replaced
+    return pa.table(cols), has_ds or data_source is not None, "parts" if parts else replaced
 
 
 def _write_parquet(path: Path, table: pa.Table) -> None:

@@ -7,7 +7,10 @@ unset, since the dataloader batches by ``gen_batch_size`` when it is set),
 no row is dropped or subsampled (``data.filter_overlong_prompts=False``,
 ``data.train_max_samples=-1``) and it samples as many responses per prompt as
 the plan costed (``actor_rollout_ref.rollout.n``). The length limits are the
-plan's caps (``data.max_prompt_length``, ``data.max_response_length``).
+plan's caps (``data.max_prompt_length``, ``data.max_response_length``); without
+a prompt limit, the longest prompt, plus room for the chat template where a
+tokenizer counted the message text alone. Counts other than verl's own
+(template) ones are warned about.
 """
 
 from __future__ import annotations
@@ -19,8 +22,15 @@ from typing import Any
 
 import numpy as np
 
+from aspc.caps import TEXT_ONLY
 from aspc.emit import Plan
 from aspc.emit import schema as S
+from aspc.io.rows import chat_messages
+
+# Room a plan counted without the chat template leaves for it (no --max-prompt-length): verl counts
+# apply_chat_template(add_generation_prompt=True) tokens. Common templates add fewer: Qwen2.5's 21 for its
+# default system prompt, 5 a message and 3 for the generation prompt (29 for one message); Llama 3.1's ~34.
+TEMPLATE_BASE, TEMPLATE_PER_MESSAGE = 64, 8
 
 # Hydra reads an unquoted value of these characters as that very string, unless it spells a number, a bool or
 # null (_TYPED, a superset of Hydra's INT, FLOAT, BOOL and NULL: quoting more is harmless). Anything else (a
@@ -80,13 +90,9 @@ def verl_settings(plan: Plan, train_file: str, has_data_source: bool) -> tuple[d
             f"the plan's {len(counts)} groups hold {min(counts)}-{max(counts)} prompts, so no data.train_batch_size "
             "makes each verl step one group; compile with --for verl"
         )
-    limit = cfg.get("max_prompt_length")
-    exact = bool(m.get("prompt_tokens_exact"))
-    longest = m.get("prompt_tokens_max")
-    if longest is None:
-        longest = int(plan.column(S.PROMPT_TOKENS).max())
-    out["data.max_prompt_length"] = int(limit) if limit is not None else int(longest)
-    # False keeps every row whatever the token counts; with exact counts none is over the limit anyway.
+    out["data.max_prompt_length"], prompt_warning = _prompt_limit(plan)
+    # False keeps every row whatever the token counts (verl left-truncates a prompt over the limit: the order
+    # stands); with template counts none is over the limit anyway.
     out["data.filter_overlong_prompts"] = False
     out["data.train_max_samples"] = -1
     if np.all(nseq == nseq[0]):
@@ -101,12 +107,8 @@ def verl_settings(plan: Plan, train_file: str, has_data_source: bool) -> tuple[d
             "responses were not capped: verl stops them at data.max_response_length (default 512), so the plan "
             "balanced work verl will not do; compile with --max-response-length"
         )
-    if not exact:
-        warnings.append(
-            f"prompt tokens were estimated from bytes: a prompt may exceed data.max_prompt_length="
-            f"{out['data.max_prompt_length']} (verl then left-truncates it); compile with --tokenizer MODEL_DIR "
-            "to count as verl does"
-        )
+    if prompt_warning:
+        warnings.append(prompt_warning)
     warnings.append(
         "leave data.gen_batch_size unset (or equal to data.train_batch_size): verl's dataloader batches by "
         "gen_batch_size when it is set (dynamic-sampling recipes such as DAPO set it larger), and its batches "
@@ -125,6 +127,39 @@ def verl_settings(plan: Plan, train_file: str, has_data_source: bool) -> tuple[d
             f"--max-prompt-length, {m.get('n_excluded_remainder', 0)} remainder of --for verl)"
         )
     return out, warnings
+
+
+def _prompt_limit(plan: Plan) -> tuple[int, str | None]:
+    """(data.max_prompt_length, the warning its counts need, if any).
+
+    Three kinds of counts: a tokenizer's with its chat template (verl's own count: the limit, else the longest
+    prompt), a tokenizer's of the message text alone (``--tokenizer qwen``, or a plain ``--tokenizer DIR``
+    compile, which counts no template), and a byte estimate (no tokenizer).
+    """
+    m = plan.metrics
+    limit = plan.config.get("max_prompt_length")
+    longest = m.get("prompt_tokens_max")
+    if longest is None:
+        longest = int(plan.column(S.PROMPT_TOKENS).max())
+    value = int(limit) if limit is not None else int(longest)
+    if m.get("prompt_tokens_exact") and m.get("prompt_count") != TEXT_ONLY:  # older plans marked TEXT_ONLY exact
+        return value, None
+    if not plan.token_counter:
+        return value, (
+            f"prompt tokens were estimated from bytes: a prompt may exceed data.max_prompt_length={value} (verl "
+            "then left-truncates it); compile with --tokenizer MODEL_DIR to count as verl does"
+        )
+    how = "prompt tokens were counted on the message text alone, without the chat template verl counts"
+    fix = "a --tokenizer MODEL_DIR that has a chat template (and transformers installed) to count as verl does"
+    if limit is not None:
+        return value, (f"{how}: a prompt may exceed data.max_prompt_length={value} in verl (which then "
+                       f"left-truncates it); compile with {fix}")  # fmt: skip
+    n_messages = [1 if c is None else max(1, len(c)) for c in map(chat_messages, plan.column(S.PROMPT).tolist())]
+    tokens = plan.column(S.PROMPT_TOKENS).astype(np.int64)
+    value = int((tokens + TEMPLATE_BASE + TEMPLATE_PER_MESSAGE * np.asarray(n_messages, dtype=np.int64)).max())
+    return value, (f"{how}: data.max_prompt_length={value} allows {TEMPLATE_BASE} tokens a prompt and "
+                   f"{TEMPLATE_PER_MESSAGE} a message for it, and verl left-truncates a prompt whose template runs "
+                   f"longer; compile with --max-prompt-length and {fix}")  # fmt: skip
 
 
 def steps(plan: Plan) -> int:

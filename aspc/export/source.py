@@ -182,6 +182,22 @@ def source_table(source: Path, rows: list[int]) -> pa.Table:
                          "re-encode the data as UTF-8") from None  # fmt: skip
 
 
+# export --format verl's note where holds_text_parts: the prompts it writes are not the source's cells.
+PARTS_NOTE = ("the source's prompt messages give their content as text parts, which verl's chat templates (Qwen2.5's "
+              "among them) cannot render; the export writes each as the parts' texts joined by a newline, as aspc "
+              "read and counted it")  # fmt: skip
+
+
+def holds_text_parts(t: pa.DataType) -> bool:
+    """Whether a chat column of type ``t`` gives message content as a list (OpenAI-style text parts, read as
+    their texts joined by a newline): verl renders the column with the tokenizer's chat template as it is."""
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not pa.types.is_struct(t.value_type):
+        return False
+    at = t.value_type.get_field_index("content")
+    c = t.value_type.field(at).type if at >= 0 else None
+    return c is not None and (pa.types.is_list(c) or pa.types.is_large_list(c) or pa.types.is_fixed_size_list(c))
+
+
 def ordered_type(values: list[Any]) -> pa.DataType | None:
     """The type ``pa.array(values)`` infers, with each struct's fields in first-seen key order, for ``type=``.
 

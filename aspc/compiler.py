@@ -79,6 +79,9 @@ def prepare_selected(
     with kernels_warmed_for(None if tokenizer else input_path):
         table = inputs.read(input_path)
     selection = select_prompts(table, config, tokenizer)
+    # verl rollouts (matched by content) are matched against every prompt read: a left-out prompt's
+    # samples then go to no kept prompt whose message it holds.
+    read = table if config.history else None
     table = take_rows(table, selection.keep)
     progress.done()
     if not predict:
@@ -98,6 +101,9 @@ def prepare_selected(
         observed = None
         rollouts: list[dict[str, Any]] = []
         if config.history:
+            assert read is not None
+            matched_to = (read.ids, read.prompts)
+            keep = None if read is table else set(table.ids)
             # Each --history source is one earlier epoch, oldest first: RL policies drift, so
             # with several epochs the recent ones weigh more (HistoryPredictor.from_epochs).
             observed = [
@@ -105,12 +111,15 @@ def prepare_selected(
                     source,
                     id_field=inputs.id_field,
                     length_field=config.history_length_field,
-                    prompts=(table.ids, table.prompts),
+                    prompts=matched_to,
                     tokenizer=tokenizer,
                     verl_stats=rollouts,
+                    keep=keep,
                 )
                 for source in config.history
             ]
+            del matched_to, keep
+        read = None  # the prompts left out: freed before predicting
         predictor = load_predictor(config.predictor or "default", target=config.head)
         if observed is not None:
             if len(observed) == 1:

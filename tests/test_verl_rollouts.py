@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import unicodedata
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -197,3 +200,86 @@ def test_rollouts_of_another_dataset_say_so_not_to_key_by_ids(tmp_path):
     err = " ".join(r.stderr.split())
     assert "0 of 16 samples" in err and "no prompt of the input is in the verl rollouts" in err
     assert "prompt ids" not in err
+
+
+def _msgs(*turns):
+    """Compact chat JSON of (role, content) pairs."""
+    return json.dumps([{"role": r, "content": c} for r, c in turns], separators=(",", ":"), ensure_ascii=False)
+
+
+def _chatml(*turns, system="You are a helpful assistant."):
+    """A ChatML rendering with its special tokens removed (a default system prompt when none is given)."""
+    turns = turns if turns[0][0] == "system" else (("system", system), *turns)
+    return "".join(f"{r}\n{c}\n" for r, c in turns) + "assistant\n"
+
+
+def _matched(tmp_path, prompts, dumped):
+    """``prompts``: {id: turns}; ``dumped``: the ids whose samples are dumped (by each one's own rendering)."""
+    samples = [(_chatml(*prompts[pid]), "x" * 4 * (k + 1)) for k, pid in enumerate(dumped)]
+    write_dump(tmp_path / "r", 1, samples)
+    got = read_rollout_lengths(tmp_path / "r", list(prompts), [_msgs(*t) for t in prompts.values()])
+    return {k: v.tolist() for k, v in got.lengths.items()}
+
+
+def test_the_conversation_that_ends_the_input_and_accounts_for_most_of_it_wins(tmp_path):
+    # Old: [user Q] also took [system S, user Q]'s samples; the longest last message anywhere won, so a
+    # follow-up went to the prompt equal to its first turn and 'More please.' took the multi-turn samples.
+    first = "What is 17 times 23? Show your work."
+    prompts = {
+        "plain": [("user", "Name a prime.")],
+        "tutor": [("system", "You are a careful tutor."), ("user", "Name a prime.")],
+        "first": [("user", first)],
+        "follow": [("user", first), ("assistant", "391"), ("user", "Now halve it.")],
+        "cats": [("user", "Tell me about cats."), ("assistant", "Pets."), ("user", "More please.")],
+        "more": [("user", "More please.")],
+    }
+    got = _matched(tmp_path, prompts, list(prompts))
+    assert got == {pid: [float(k + 1)] for k, pid in enumerate(prompts)}
+
+
+def test_a_turn_followed_by_more_conversation_is_not_a_match(tmp_path):
+    # Only the first turn is a plan prompt: the dumped follow-up conversation is not its sample.
+    prompts = {"first": [("user", "What is 17 times 23?")], "other": [("user", "Name a prime.")]}
+    write_dump(tmp_path / "r", 1, [(_chatml(("user", "What is 17 times 23?"), ("assistant", "391"),
+                                            ("user", "Now halve it.")), "x" * 40),
+                                   (_chatml(("user", "Name a prime.")), "x" * 8)])  # fmt: skip
+    got = read_rollout_lengths(tmp_path / "r", list(prompts), [_msgs(*t) for t in prompts.values()])
+    assert {k: v.tolist() for k, v in got.lengths.items()} == {"other": [2.0]} and got.n_matched == 1
+
+
+def test_whitespace_twins_keep_their_own_samples_and_nfd_prompts_match_nfc_dumps(tmp_path):
+    # Old: whitespace was squashed out, so twins shared each other's samples; an NFD prompt never matched
+    # the NFC text a normalizing tokenizer (Qwen2's) decodes.
+    prompts = {
+        "spaced": [("user", "What is 2 + 2?")],
+        "tight": [("user", "What is 2+2?")],
+        "padded": [("user", "  What is 2+2?\n")],
+        "nfd": [("user", unicodedata.normalize("NFD", "Résumé: how many pages?"))],
+    }
+    samples = [(_chatml(*t), "x" * 4 * (k + 1)) for k, t in enumerate(prompts.values())]
+    samples[3] = (unicodedata.normalize("NFC", samples[3][0]), samples[3][1])
+    write_dump(tmp_path / "r", 1, samples)
+    got = read_rollout_lengths(tmp_path / "r", list(prompts), [_msgs(*t) for t in prompts.values()])
+    assert {k: v.tolist() for k, v in got.lengths.items()} == {"spaced": [1.0], "tight": [2.0], "padded": [3.0],
+                                                                "nfd": [4.0]}  # fmt: skip
+
+
+def test_samples_of_a_prompt_the_limit_leaves_out_go_to_no_kept_prompt(tmp_path):
+    # Old: history was matched against the kept prompts only, so the long variant's samples went to the kept
+    # prompt it ends with.
+    src = write_gsm8k(tmp_path / "g.parquet", 8)
+    table = read_prompts(src)
+    users = [json.loads(p)[0]["content"] for p in table.prompts]
+    rows = pq.read_table(src).to_pylist()
+    rows[0]["prompt"] = [{"role": "user", "content": "Background: " + "Mark likes pencils. " * 60 + users[1]}]
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    write_dump(tmp_path / "roll", 1, [(CHATML.format(user=r["prompt"][0]["content"]), "y" * (800 if i == 0 else 4))
+                                      for i, r in enumerate(rows) for _ in range(2)])  # fmt: skip
+    r = CliRunner().invoke(main, ["compile", str(src), "--history", str(tmp_path / "roll"), "--max-prompt-length",
+                                  "200", "-o", str(tmp_path / "p.parquet"), "-q"])  # fmt: skip
+    assert r.exit_code == 0, r.output
+    plan = read_plan(tmp_path / "p.parquet")
+    assert plan.metrics["n_excluded_overlong"] == 1 and plan.predictor["history_verl_rollouts"][0]["matched"] == 14
+    pred = dict(zip(plan.column(S.PROMPT_ID).tolist(), plan.column(S.PREDICTED_LEN).tolist(), strict=True))
+    others = [v for k, v in pred.items() if k != table.ids[1]]
+    assert pred[table.ids[1]] <= 2 * max(others) + 1, (pred, table.ids)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ def read_history(
     prompts: tuple[Sequence[str], Sequence[str]] | None = None,
     tokenizer: Any | None = None,
     verl_stats: list[dict[str, Any]] | None = None,
+    keep: Collection[str] | None = None,
     option: str = "--history-length-field",
     own_id_field: bool = False,
 ) -> dict[str, np.ndarray]:
@@ -55,6 +56,10 @@ def read_history(
     verl_stats
         When given, one dict per verl rollout source is appended (files,
         samples, matched, counted_with), for the plan metadata and notes.
+    keep
+        The ids of ``prompts`` a plan keeps; verl rollout samples matched to the
+        others (left out by a prompt limit) are dropped, not credited to a kept
+        prompt. ``None``: all of ``prompts``.
     option
         The flag a missing length field's error tells the user to pass
         (``--length-field`` where the source is ``--actual-lengths``).
@@ -76,7 +81,7 @@ def read_history(
                     f"{path}: a verl rollout directory; its samples are matched to prompts by content, "
                     "so use it with 'aspc compile --history'"
                 )
-            got = read_rollout_lengths(path, list(prompts[0]), list(prompts[1]), tokenizer=tokenizer)
+            got = read_rollout_lengths(path, list(prompts[0]), list(prompts[1]), tokenizer=tokenizer, keep=keep)
             if verl_stats is not None:
                 verl_stats.append(
                     {"files": got.n_files, "samples": got.n_samples, "matched": got.n_matched, "counted_with": got.counted_with}

@@ -9,13 +9,33 @@ step, ``{global_step}.jsonl``, one line per generated sample, with at least
 - ``output``: the response decoded the same way,
 - ``gts``, ``score``, ``step``, and any reward extras.
 
-No prompt id is written, so samples are matched to plan prompts **by
-content**: a prompt matches a dump line when its last user message (all
-whitespace removed, so tokenizer decoding quirks do not matter) appears in
-the line's ``input`` starting at a word boundary, and every earlier message
-of the prompt appears before it. Prompts with identical messages receive the
-same observed lengths. Response lengths are counted with a tokenizer when
-given, else estimated from UTF-8 bytes (and the result says so).
+No prompt id is written, so samples are matched to prompts **by content**.
+Both sides are compared in NFC (a normalizing tokenizer such as Qwen2's
+encodes NFC, so the dump decodes it) with all whitespace removed (decoding
+may change it). A prompt is a *candidate* for a dump line when
+
+1. its messages (system prompt and every turn, whatever their roles) all
+   occur in the line's ``input`` in order, and
+2. its last message ends the conversation: nothing follows it but template
+   text, i.e. text that every input of the same step file ends with (the
+   generation prompt, e.g. ``assistant``; verl renders one template per run).
+
+The line goes to the candidate that accounts for the **most message text**
+(a multi-turn or system-prompted conversation beats a prompt equal to one of
+its turns), then to one whose last message starts at a word boundary; where
+candidates tie, having different messages that squash to the same text, the
+ones with the most message text occurring exactly (whitespace included) in
+the input win. Prompts with identical messages share the line's length.
+Limits: template text is only told apart from a conversation by that common
+ending, so where every input of a step file ends with the same words
+(one prompt's samples alone), a prompt equal to one of the turns is accepted;
+text the tokenizer turned into special tokens (``<|endoftext|>`` written in a
+prompt) is missing from the dump, so such a prompt does not match.
+Cost: each distinct input of a step file is squashed once and looked up
+only at the points of its template tail, by bisection in the sorted reversed
+last messages: near-linear in the dump's size.
+Response lengths are counted with a tokenizer when given, else estimated
+from UTF-8 bytes (and the result says so).
 """
 
 from __future__ import annotations
@@ -25,7 +45,11 @@ import json
 import math
 import os
 import re
+import unicodedata
+from bisect import bisect_right
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +61,7 @@ from aspc.io.readers import json_int
 STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
 BYTES_PER_TOKEN = 4.0  # as aspc.io's prompt estimate: rough tokens per byte of English BPE text
 _WS = re.compile(r"\s+")
-_PREFIX = 24  # characters of a key indexed for the word-boundary lookup
+_HEAD = 8  # characters of a last message's end that rule most places of an input out at once
 
 
 @dataclass
@@ -80,16 +104,31 @@ def _squash(s: str) -> str:
     return _WS.sub("", s)
 
 
-def _squash_with_starts(s: str) -> tuple[str, list[int]]:
-    """``s`` without whitespace, and the positions in it where a word started in ``s``."""
-    parts = _WS.split(s)
-    out, starts, pos = [], [], 0
-    for part in parts:
-        if part:
-            starts.append(pos)
-            out.append(part)
-            pos += len(part)
-    return "".join(out), starts
+def _nfc(s: str) -> str:
+    """``s`` in NFC, as a normalizing tokenizer (Qwen2's) encodes it and so verl's dump decodes it."""
+    return s if unicodedata.is_normalized("NFC", s) else unicodedata.normalize("NFC", s)
+
+
+def _common_start(a: str, b: str) -> int:
+    """The length of the longest common start of ``a`` and ``b`` (bisection over C-speed compares)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a.startswith(b[:mid]):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _common_ending(texts: set[str]) -> str:
+    """The longest text every one of ``texts`` ends with."""
+    it = iter(texts)
+    end = next(it, "")
+    for t in it:
+        if not t.endswith(end):
+            end = end[len(end) - len(os.path.commonprefix([end[::-1], t[-len(end) :][::-1]])) :]
+    return end
 
 
 def _messages(stored: str) -> list[str]:
@@ -104,57 +143,81 @@ def _messages(stored: str) -> list[str]:
 
 
 class _ContentIndex:
-    """Plan prompts keyed by their squashed last message, for lookup inside dump inputs."""
+    """Plan prompts keyed by their squashed last message, found where it ends a dump input."""
 
-    def __init__(self, ids: list[str], prompts: list[str]) -> None:
+    def __init__(self, prompts: list[str]) -> None:
         self.by_key: dict[str, list[int]] = {}
         self.earlier: list[list[str]] = []
-        self.keys: list[str] = []
+        self.weight: list[int] = []  # squashed characters of every message: the text the prompt accounts for
+        self.exact: list[list[str]] = []  # the messages as written (NFC): what decides between squashed twins
         for i, p in enumerate(prompts):
-            msgs = [_squash(m) for m in _messages(p)]
-            msgs = [m for m in msgs if m] or [""]
-            self.keys.append(msgs[-1])
+            exact = [m for m in (_nfc(m) for m in _messages(p)) if m.strip()]
+            msgs = [_squash(m) for m in exact] or [""]
             self.earlier.append(msgs[:-1])
+            self.weight.append(sum(map(len, msgs)))
+            self.exact.append(exact)
             self.by_key.setdefault(msgs[-1], []).append(i)
-        self.prefix: dict[str, list[str]] = {}
-        for key in self.by_key:
-            if key:
-                self.prefix.setdefault(key[:_PREFIX], []).append(key)
-        self.prefix_lengths = sorted({len(k) for k in self.prefix})
-        self.ids = ids
+        # Last messages reversed, sorted: the ones ending at a point of an input are found by bisection.
+        self.reversed = sorted(key[::-1] for key in self.by_key if key)
+        self.longest = max(map(len, self.reversed), default=0)
+        # A quick no: the first _HEAD characters of the long ones, and the short ones whole.
+        self.heads = {k[:_HEAD] for k in self.reversed if len(k) >= _HEAD}
+        self.short = {k for k in self.reversed if len(k) < _HEAD}
+        self.short_lengths = sorted({len(k) for k in self.short})
 
-    def _verify(self, text: str, at: int, key: str) -> list[int]:
-        if not text.startswith(key, at):
-            return []
-        out = []
-        for i in self.by_key[key]:
-            pos, ok = 0, True
-            for m in self.earlier[i]:
-                j = text.find(m, pos, at)
-                if j < 0:
-                    ok = False
-                    break
-                pos = j + len(m)
-            if ok:
-                out.append(i)
+    def _ending_at(self, before: str) -> list[str]:
+        """The keys ``before`` ends with (``before``: the input up to a point, reversed)."""
+        out, s, hi = [], before, len(self.reversed)
+        while s:
+            j = bisect_right(self.reversed, s, 0, hi) - 1
+            if j < 0:
+                break
+            k = self.reversed[j]
+            if s.startswith(k):  # a key; any shorter one is a prefix of it, so sorts before it
+                out.append(k[::-1])
+                s, hi = k[:-1], j
+            else:  # a key before s in the order sharing more than their common start with s would sort after k
+                s, hi = s[: _common_start(k, s)], j
         return out
 
-    def match(self, raw: str) -> list[int]:
-        """Plan rows whose content the dump input holds (the longest last message wins)."""
-        text, starts = _squash_with_starts(raw)
-        for positions in (starts, range(len(text))):  # word starts first; any position if none matched
-            best: list[int] = []
-            best_len = -1
-            for at in positions:
-                for n in self.prefix_lengths:
-                    for key in self.prefix.get(text[at : at + n], ()):
-                        if len(key) > best_len:
-                            rows = self._verify(text, at, key)
-                            if rows:
-                                best, best_len = rows, len(key)
-            if best:
-                return best
-        return []
+    def _holds_earlier(self, text: str, at: int, i: int) -> bool:
+        pos = 0
+        for m in self.earlier[i]:
+            j = text.find(m, pos, at)
+            if j < 0:
+                return False
+            pos = j + len(m)
+        return True
+
+    def match(self, raw: str, tail: int) -> list[int]:
+        """Plan rows the dump input ``raw`` (NFC) is a sample of: see the module notes. ``tail``: how many
+        squashed characters of template text may follow the last message (its step file's common ending)."""
+        parts = list(filter(None, _WS.split(raw)))
+        text = "".join(parts)
+        starts = set(accumulate(map(len, parts), initial=0))
+        found: list[tuple[int, bool, int]] = []  # (accounted, word start?, row)
+        size = len(text)
+        backwards = text[::-1]
+        heads, short, short_lengths = self.heads, self.short, self.short_lengths
+        for r in range(min(tail, size) + 1):  # r: template characters after the point e
+            if backwards[r : r + _HEAD] not in heads and not (
+                short_lengths and any(backwards[r : r + n] in short for n in short_lengths)
+            ):
+                continue  # no last message ends here
+            e = size - r
+            for key in self._ending_at(backwards[r : r + self.longest]):
+                at = e - len(key)
+                found += [(self.weight[i], at in starts, i) for i in self.by_key[key] if self._holds_earlier(text, at, i)]
+        if not found:
+            return []
+        best = max(found)[:2]  # the most text accounted for, then a key starting at a word
+        rows = sorted({i for a, w, i in found if (a, w) == best})
+        if len(rows) > 1 and len({tuple(self.exact[i]) for i in rows}) > 1:
+            # Twins under squashing: the messages written exactly as in the input decide.
+            score = {i: sum(len(m) for m in self.exact[i] if m in raw) for i in rows}
+            top = max(score.values())
+            rows = [i for i in rows if score[i] == top]
+        return rows
 
 
 def _response_tokens(outputs: list[str], tokenizer: str | Any | None) -> np.ndarray:
@@ -167,7 +230,12 @@ def _response_tokens(outputs: list[str], tokenizer: str | Any | None) -> np.ndar
 
 
 def read_rollout_lengths(
-    path: str | os.PathLike, ids: list[str], prompts: list[str], *, tokenizer: str | Any | None = None
+    path: str | os.PathLike,
+    ids: list[str],
+    prompts: list[str],
+    *,
+    tokenizer: str | Any | None = None,
+    keep: Collection[str] | None = None,
 ) -> RolloutLengths:
     """Observed response lengths per plan prompt from a verl rollout directory.
 
@@ -180,6 +248,10 @@ def read_rollout_lengths(
     tokenizer
         Counts response tokens: a spec for ``aspc.io.tokens.load_tokenizer``
         (directory or ``"qwen"``) or a loaded one; ``None``: UTF-8 bytes / 4.
+    keep
+        The ids whose lengths are wanted (a plan's, when a prompt limit left
+        some of ``prompts`` out); ``None``: all. The samples of the others are
+        matched and dropped, so they go to no kept prompt.
 
     Raises
     ------
@@ -193,6 +265,7 @@ def read_rollout_lengths(
         raise InputError(f"{root}: no verl rollout dumps (N.jsonl files) found; pass trainer.rollout_data_dir")
     inputs: list[str] = []
     outputs: list[str] = []
+    file_ends: list[int] = []
     for f in files:
         with open(f, encoding="utf-8", errors="strict") as fh:
             try:
@@ -227,22 +300,30 @@ def read_rollout_lengths(
                                      "is this a verl rollout dump?") from None  # fmt: skip
             inputs.append(rec["input"])
             outputs.append(rec["output"])
-    index = _ContentIndex(ids, prompts)
-    memo: dict[str, list[int]] = {}
+        file_ends.append(len(inputs))
+    index = _ContentIndex(prompts)
+    kept = None if keep is None else [i in keep for i in ids]
+    memo: dict[tuple[str, int], list[int]] = {}
     rows_of = []
-    for s in inputs:
-        if s not in memo:
-            memo[s] = index.match(s)
-        rows_of.append(memo[s])
+    start = 0
+    for end in file_ends:
+        texts = {s: _nfc(s) for s in set(inputs[start:end])}
+        tail = len(_squash(_common_ending(set(texts.values()))))  # the template text after the last message
+        for s in inputs[start:end]:
+            if (s, tail) not in memo:
+                memo[s, tail] = index.match(texts[s], tail)
+            rows_of.append(memo[s, tail])
+        start = end
     lens = _response_tokens(outputs, tokenizer)
     found: dict[int, list[float]] = {}
     matched = 0
     unmatched: list[str] = []
     for k, rows in enumerate(rows_of):
-        if rows:
-            matched += 1
-        elif len(unmatched) < 3:
+        if not rows and len(unmatched) < 3:
             unmatched.append(inputs[k][:80])
+        if kept is not None:
+            rows = [r for r in rows if kept[r]]  # a left-out prompt's samples: matched, and dropped
+        matched += bool(rows)
         for r in rows:
             found.setdefault(r, []).append(float(lens[k]))
     return RolloutLengths(

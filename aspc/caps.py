@@ -118,7 +118,7 @@ def _messages(stored: str) -> list[dict[str, str]]:
     if stored.startswith('[{"role":'):
         try:
             value = json.loads(stored)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: text nesting '[' past Python's parser
             value = None
         if isinstance(value, list) and all(isinstance(m, dict) and "content" in m for m in value):
             return value
@@ -141,8 +141,9 @@ def chat_tokenizer(spec: str | None) -> Any | None:
     has_template = (folder / "chat_template.jinja").is_file()
     if not has_template and (folder / "tokenizer_config.json").is_file():
         try:
-            has_template = bool(json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template"))
-        except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+            config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+            has_template = isinstance(config, dict) and bool(config.get("chat_template"))
+        except (json.JSONDecodeError, UnicodeDecodeError, OSError, RecursionError):  # nested too deep: no template
             has_template = False
     if not has_template:
         return None

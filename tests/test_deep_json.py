@@ -90,3 +90,52 @@ def test_deep_json_is_what_python_refuses():
     """The premise: DEEP is valid JSON Python's parser cannot read (else the tests above prove nothing)."""
     with pytest.raises(RecursionError):
         json.loads(DEEP)
+
+
+def test_json_output_of_object_arrays_is_no_false_cycle():
+    # Was: the iterative _finite keyed its cycle check by id() of lists it made from NumPy values and let them be
+    # freed, so the next such list, at the same address, was taken for a cycle ("Circular reference detected").
+    import numpy as np
+
+    from aspc.cli.common import _finite
+
+    got = _finite({"x": np.array([np.array([1.0, np.nan]), np.array([2.0])], dtype=object)})
+    assert got == {"x": [[1.0, None], [2.0]]}
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="Circular reference"):
+        _finite(loop)
+
+
+def test_token_counts_read_a_deep_text_prompt_that_opens_like_a_chat_as_text():
+    # Was: caps._messages raised RecursionError, worded as the tokenizer's chat template failing on a prompt.
+    from aspc.caps import _messages
+
+    text = '[{"role":' + "[" * 100_000
+    assert _messages(text) == [{"role": "user", "content": text}]
+
+
+def test_a_tokenizer_config_nested_deep_or_not_an_object_has_no_chat_template(tmp_path):
+    # Was: a RecursionError traceback (deep), an AttributeError traceback ([]).
+    from aspc.caps import chat_tokenizer
+
+    for text in (DEEP, "[]"):
+        (tmp_path / "tokenizer_config.json").write_text(text, encoding="utf-8")
+        assert chat_tokenizer(str(tmp_path)) is None
+
+
+def test_rollout_history_reads_a_deep_text_prompt_that_opens_like_a_chat_as_text():
+    # Was: verl_rollouts._messages raised RecursionError (compile --history ROLLOUT_DIR with such a prompt).
+    from aspc.io.verl_rollouts import _messages
+
+    text = '[{"role":' + "[" * 100_000
+    assert _messages(text) == [text]
+
+
+def test_a_lexical_predictor_saved_with_one_fold_loads():
+    # folds 1 is what LexicalConfig(folds=1) through the API saves (training itself takes at least 2).
+    from aspc.predict.lexical import LexicalConfig
+
+    d = LexicalConfig().to_dict()
+    d["folds"] = 1
+    assert LexicalConfig.from_dict(d).folds == 1

@@ -253,7 +253,7 @@ def _finite(obj: Any) -> Any:
     while todo:
         o, parent, key = todo.pop()
         if parent is None:  # all of container o's values are done
-            on_path.discard(o)
+            on_path.discard(id(o))
         elif isinstance(o, float):
             parent[key] = o if math.isfinite(o) else None
         elif isinstance(o, (dict, list, tuple)):
@@ -263,7 +263,7 @@ def _finite(obj: Any) -> Any:
             items = list(o.items()) if isinstance(o, dict) else list(enumerate(o))
             new: Any = dict.fromkeys(k for k, _ in items) if isinstance(o, dict) else [None] * len(items)
             parent[key] = new
-            todo.append((id(o), None, None))
+            todo.append((o, None, None))  # o itself, kept alive: a freed list's id is reused by the next
             todo.extend((v, new, k) for k, v in reversed(items))
         elif type(o).__module__ == "numpy":  # a NumPy scalar or array: as _json_default gives it, then checked
             todo.append((_json_default(o), parent, key))

@@ -135,7 +135,7 @@ def _messages(stored: str) -> list[str]:
     if stored.startswith('[{"role":'):
         try:
             value = json.loads(stored)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # RecursionError: text nesting '[' past Python's parser
             value = None
         if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
             return [str(m.get("content", "")) for m in value]

@@ -266,3 +266,15 @@ def test_inspect_json_on_900_deep_metadata_is_printed(base, tmp_path):
         json.loads(p.stdout)
     else:
         _assert_one_line_error(p.stdout + p.stderr, p.returncode)
+
+
+def test_positions_match_a_brute_force_oracle():
+    """Dense ids (looked up by index) and sparse ones (by search) alike: the last row holding each id, else -1."""
+    from aspc.runtime.calibrate import _positions
+
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        row = rng.integers(-5, int(rng.choice([8, 40, 10**6])), size=int(rng.integers(0, 30)))
+        ids = rng.integers(-10, 60, size=int(rng.integers(0, 50)))
+        want = [max((i for i, r in enumerate(row) if r == x), default=-1) for x in ids]
+        assert _positions(row, ids).tolist() == want

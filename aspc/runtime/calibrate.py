@@ -196,6 +196,11 @@ def _positions(row_ids: np.ndarray, ids: np.ndarray) -> np.ndarray:
     row_ids, ids = np.asarray(row_ids, dtype=np.int64), np.asarray(ids, dtype=np.int64)
     if not row_ids.size:
         return np.full(ids.size, -1, dtype=np.int64)
+    if 0 <= int(row_ids.min()) and int(row_ids.max()) < 4 * row_ids.size:  # dense ids (every real log): by index
+        pos_of = np.full(int(row_ids.max()) + 1, -1, dtype=np.int64)
+        pos_of[row_ids] = np.arange(row_ids.size)
+        inside = (ids >= 0) & (ids < pos_of.size)
+        return np.where(inside, pos_of[np.where(inside, ids, 0)], -1)
     order = np.argsort(row_ids, kind="stable")
     at = np.searchsorted(row_ids[order], ids, side="right") - 1
     pos = order[np.maximum(at, 0)]

@@ -16,7 +16,7 @@ from aspc.arrow_files import read_parquet_parts
 from aspc.errors import InputError, epochs_root_hint, short_reason
 from aspc.io.prompts import check_field_names
 from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
-from aspc.io.rows import _RowError, parse_length
+from aspc.io.rows import MAX_LENGTH, _RowError, parse_length
 from aspc.io.runlog_meta import (
     check_runlog_version,
     committed,
@@ -96,6 +96,7 @@ def run_log_groups(path: str | os.PathLike) -> tuple[list[str], np.ndarray, np.n
         raise InputError(f"{path}: run log samples hold a null prompt_id; the run log is damaged: "
                          "run the plan again with a new --log")  # fmt: skip
     lens = column_numpy(table.column("response_len")).astype(np.float64)  # to_numpy imports pandas
+    _check_run_log_lengths(path, table.column("response_len"), lens)
     grouped = _group_string_ids(table.column("prompt_id"))
     if grouped is None:  # not a plain string column: sorted as Python objects, as always
         ids = np.asarray(table.column("prompt_id").to_pylist(), dtype=object)
@@ -107,6 +108,19 @@ def run_log_groups(path: str | os.PathLike) -> tuple[list[str], np.ndarray, np.n
     order = np.argsort(key, kind="stable")  # stable: each prompt's lengths stay in log order
     sizes = np.bincount(key.reshape(-1), minlength=len(keys))
     return keys, lens[order], np.r_[0, np.cumsum(sizes)].astype(np.int64)
+
+
+def _check_run_log_lengths(path: Path, col, lens: np.ndarray) -> None:
+    """Refuse a run log whose response_len is null, negative or above MAX_LENGTH, as a dataset's length is."""
+    if col.null_count:  # only a hand-made or damaged part: aspc writes a length on every sample
+        raise InputError(f"{path}: run log samples hold a null response_len; the run log is damaged: "
+                         "run the plan again with a new --log")  # fmt: skip
+    bad = np.flatnonzero((lens < 0) | (lens > MAX_LENGTH))
+    if bad.size:
+        x = int(column_numpy(col.slice(int(bad[0]), 1))[0])  # the int64 as written: float64 rounds 2**62
+        why = "is negative" if x < 0 else f"is above {MAX_LENGTH:,} tokens"
+        raise InputError(f"{path}: run log samples hold response_len {x}, which {why} (lengths are token counts "
+                         f"0..{MAX_LENGTH:,}); the run log is damaged: run the plan again with a new --log")  # fmt: skip
 
 
 def _group_string_ids(col) -> tuple[list[str], np.ndarray] | None:

@@ -209,12 +209,14 @@ def run_view(plan: PlanView, log: Any, name: str) -> RunView:
         mb_end=_np(mbs, "end", np.float64),
         mb_reload=_np(mbs, "reload", bool),
     )
+    from aspc.runtime.record.metrics import check_log, summarize_log
+
     summary = log.meta.get("summary")
     if log.meta.get("status") != "complete" or not isinstance(summary, dict):
         # A failed or interrupted run has no stored summary: recompute it from the parts.
-        from aspc.runtime.record.metrics import summarize_log
-
         summary = summarize_log(log).to_dict()
+    else:  # its rows are drawn: a damaged time, worker id or lag is refused, as for any other log
+        check_log(log)
     view.extra = run_metrics(view, summary)
     return view
 

@@ -30,6 +30,7 @@ from aspc.runtime.core.timeline import Timeline
 from aspc.runtime.hold import queued_on_resume
 from aspc.runtime.record import runlog as R
 from aspc.runtime.record.payloads import PendingPayloads
+from aspc.runtime.record.restore_checks import check_restored, sorted_steps
 from aspc.runtime.record.runlog_writer import RunLogWriter
 from aspc.runtime.record.timeline import record_timeline
 from aspc.runtime.work import WorkPlan
@@ -331,6 +332,9 @@ class Recorder:
         self.generated[gid] = 1
         self.consumed_step[gid] = cols["consumed_step"]
         mbc = R.to_columns(log.tables[R.MINIBATCHES])
+        st, q = sorted_steps(where, log), R.to_columns(log.tables[R.QUEUE])
+        n = int(st["step"].size)
+        check_restored(where, work, log, mbc, st, q["time"], cols["consumed_step"])
         m = mbc["minibatch"].astype(np.int64)
         done = np.zeros(work.n_minibatches, dtype=bool)
         done[m] = True
@@ -342,12 +346,6 @@ class Recorder:
         per_mb = np.bincount(self.sample_mb[gid], minlength=work.n_minibatches)
         if m.size != np.unique(m).size or np.any(per_mb != np.where(done, work.minibatch_sizes, 0)):
             raise RunError(f"{where}: its minibatch rows and sample rows disagree")
-        st = R.to_columns(log.tables[R.STEPS])
-        order = np.argsort(st["step"], kind="stable")
-        st = {k: v[order] for k, v in st.items()}
-        n = int(st["step"].size)
-        if not np.array_equal(st["step"], np.arange(n)):
-            raise RunError(f"{where}: its trainer steps are not 0..{n - 1}")
         consumed = self.consumed_step[gid]
         used = np.bincount(consumed[consumed >= 0], minlength=n)
         if used.size != n or np.any(used != st["n_samples"]):
@@ -360,7 +358,6 @@ class Recorder:
         self.step_lag_max = st["lag_max"].tolist()
         self._step_ids = [None] * n
         self._steps_done = self._new_steps_from = n
-        q = R.to_columns(log.tables[R.QUEUE])
         self.queue_rows = list(zip(q["time"].tolist(), q["depth"].tolist(), q["in_flight"].tolist(), strict=True))
         self._new_queue_from = len(self.queue_rows)
         waiting = queued_on_resume(work, gid[consumed < 0], self.generated, self.finish_time)

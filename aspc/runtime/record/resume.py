@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from aspc.emit import schema as S
-from aspc.errors import ConfigError
+from aspc.errors import ConfigError, RunError
 from aspc.runtime.backends.models import model_fingerprint
 from aspc.runtime.config import OPERATIONAL_KEYS, ReturnMode, RunConfig, check_log_options  # noqa: F401 - its old home
 from aspc.runtime.record.metrics import RunSummary, summarize_log
@@ -94,7 +95,14 @@ def trainer_record(trainer: Any) -> str:
 
 
 def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> None:
-    """Raise :class:`ConfigError` unless the log at ``path`` ran this plan with this configuration."""
+    """Raise :class:`ConfigError` unless the log at ``path`` ran this plan with this configuration.
+
+    A ``meta.json`` section that is not an object (a damaged or hand-edited log) is a :class:`RunError`.
+    """
+    for key in ("run", "plan", "config"):
+        if old.get(key) is not None and not isinstance(old[key], dict):
+            raise RunError(f"{path}: meta.json {key} must be an object, got {json.dumps(old[key])[:40]}; "
+                           "the run log is damaged: start a new run with --overwrite or a new --log")  # fmt: skip
     diffs = []
     if (old.get("run") or {}).get("work_hash") != new["run"]["work_hash"]:
         diffs.append("the plan (prompts, minibatches or samples per prompt)")

@@ -281,7 +281,21 @@ def live_tables(p: Path, meta: dict[str, Any]) -> dict[str, pa.Table]:
                 f"{p}: unreadable {kind} parts ({short_reason(exc, limit=120)}); the run log is damaged: "
                 "run the plan again with a new --log"
             ) from None
+        _check_required(p, kind, files, tables[kind])
     return tables
+
+
+def _check_required(p: Path, kind: str, files: list[Path], table: pa.Table) -> None:
+    """Refuse nulls in a column the format requires: the reader fills a part's missing column with them."""
+    for f in SCHEMAS[kind]:
+        if f.nullable or not table.column(f.name).null_count:
+            continue
+        import pyarrow.parquet as pq
+
+        lacking = [x for x in files if f.name not in pq.read_schema(x).names]
+        what = f"{kind} part {lacking[0].name} lacks" if lacking else f"{kind} parts hold nulls in"
+        raise RunError(f"{p}: {what} the column {f.name}, which the run log format requires; the run log is "
+                       "damaged: run the plan again with a new --log")  # fmt: skip
 
 
 def join_consumed(samples: pa.Table, consumed: pa.Table) -> pa.Table:

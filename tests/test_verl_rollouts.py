@@ -283,3 +283,16 @@ def test_samples_of_a_prompt_the_limit_leaves_out_go_to_no_kept_prompt(tmp_path)
     pred = dict(zip(plan.column(S.PROMPT_ID).tolist(), plan.column(S.PREDICTED_LEN).tolist(), strict=True))
     others = [v for k, v in pred.items() if k != table.ids[1]]
     assert pred[table.ids[1]] <= 2 * max(others) + 1, (pred, table.ids)
+
+
+def test_an_input_verl_cut_short_leaves_the_other_samples_of_its_step_file_matched(tmp_path):
+    # Was: the template tail was the text every input of a step file ends with; one input cut short (verl's
+    # truncation='right') shrank it to nothing and no sample of that file matched (0 of 3; 2 of 3 before the
+    # tail rule).
+    prompts = {"a": [("user", "What is the capital of France?")], "b": [("user", "Name three primary colors.")],
+               "c": [("user", "Explain photosynthesis in detail please, with all the steps involved " * 3)]}  # fmt: skip
+    samples = [(_chatml(*t), "x" * 4 * (k + 1)) for k, t in enumerate(prompts.values())]
+    samples[2] = (samples[2][0][:60], samples[2][1])
+    write_dump(tmp_path / "r", 1, samples)
+    got = read_rollout_lengths(tmp_path / "r", list(prompts), [_msgs(*t) for t in prompts.values()])
+    assert {k: v.tolist() for k, v in got.lengths.items()} == {"a": [1.0], "b": [2.0]}

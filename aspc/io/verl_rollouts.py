@@ -17,8 +17,9 @@ may change it). A prompt is a *candidate* for a dump line when
 1. its messages (system prompt and every turn, whatever their roles) all
    occur in the line's ``input`` in order, and
 2. its last message ends the conversation: nothing follows it but template
-   text, i.e. text that every input of the same step file ends with (the
-   generation prompt, e.g. ``assistant``; verl renders one template per run).
+   text, i.e. text that the inputs of the same step file end with (all of
+   them, or any half when more than two: an input verl cut short lacks it;
+   the generation prompt, e.g. ``assistant``; verl renders one template per run).
 
 The line goes to the candidate that accounts for the **most message text**
 (a multi-turn or system-prompted conversation beats a prompt equal to one of
@@ -57,6 +58,10 @@ import numpy as np
 
 from aspc.errors import InputError
 from aspc.io.readers import json_int
+
+# Template text a step file's inputs end with is looked for in their last this many characters (a chat
+# template's generation prompt is tens of them).
+_TAIL_SPAN = 4096
 
 STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
 BYTES_PER_TOKEN = 4.0  # as aspc.io's prompt estimate: rough tokens per byte of English BPE text
@@ -122,13 +127,20 @@ def _common_start(a: str, b: str) -> int:
 
 
 def _common_ending(texts: set[str]) -> str:
-    """The longest text every one of ``texts`` ends with."""
-    it = iter(texts)
-    end = next(it, "")
-    for t in it:
-        if not t.endswith(end):
-            end = end[len(end) - len(os.path.commonprefix([end[::-1], t[-len(end) :][::-1]])) :]
-    return end
+    """The longest text most of ``texts`` end with: every one of them, or of any half when more than two.
+
+    A half, not all: an input whose end verl cut off (``data.truncation`` right or middle on an over-long
+    prompt) ends without the template's tail, and the ending of all the inputs then shrank to nothing, so
+    no other sample of its step file matched. Sorted reversed, the strings sharing a start sit together,
+    and a window of them shares what its first and last share. Only the last _TAIL_SPAN characters count.
+    """
+    ends = sorted(t[-_TAIL_SPAN:][::-1] for t in texts)
+    if not ends:
+        return ""
+    h = min(len(ends), max(2, (len(ends) + 1) // 2))  # how many must share it
+    shared = [_common_start(ends[i], ends[i + h - 1]) for i in range(len(ends) - h + 1)]
+    i = int(np.argmax(shared))  # the first window sharing the most
+    return ends[i][: shared[i]][::-1]
 
 
 def _messages(stored: str) -> list[str]:

@@ -352,8 +352,10 @@ def _epoch_prediction_per_prompt(plan, logs):
 
 
 _POOL = [f"q{i}" for i in range(45)] + ["", "é", "\U00010000"]
-# Zero, one token, equal values, MAX_LENGTH, sums past 2**53 (the exact-sum shortcut's limit).
-_LOG_LENGTHS = st.sampled_from([0, 1, 2, 7, 7, 7, 100, 4000, 10**7, 2**52, 2**60])
+# Zero, one token, equal values, MAX_LENGTH. A run log's lengths past MAX_LENGTH (2**52 once drew sums past 2**53,
+# the exact-sum shortcut's limit) are refused as damage now (tests/test_runlog_damage.py); the sums past 2**53 are
+# test_epoch_means_of_edge_groups_are_np_mean's.
+_LOG_LENGTHS = st.sampled_from([0, 1, 2, 7, 7, 7, 100, 4000, 10**7])
 
 
 @settings(SETTINGS, max_examples=40)

@@ -255,5 +255,8 @@ def _id_keys(ids: Any, seed: int) -> np.ndarray:
         data = arr.buffers()[2]
         buf = np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(1, dtype=np.uint8)
         offsets = offsets.astype(np.int64)
-        out.append(id_keys(buf, offsets[:-1], offsets[1:], np.uint64(seed)))
+        # FNV-1a and SplitMix64 wrap modulo 2**64 on purpose: interpreted (NUMBA_DISABLE_JIT=1),
+        # NumPy scalars would warn at each wrap. Compiled code ignores NumPy's error state.
+        with np.errstate(over="ignore"):
+            out.append(id_keys(buf, offsets[:-1], offsets[1:], np.uint64(seed)))
     return np.concatenate(out)

@@ -204,6 +204,9 @@ def _anneal(state: AnnealState, budget: int, t0: float, target: float, progress:
     # Scaled so the sum-of-squares term moves by d * (d - load gap) / (G * mean):
     # second order next to the max load, a tie-breaker on its plateaus.
     kappa = 1.0 / (2.0 * math.fsum(state.costs))  # 1 / (2 G mean load)
+    # Costs summing below ~1e-308 overflow it to inf, and inf * 0 makes the energy
+    # NaN; the term it weighs underflows to 0 at such costs anyway, so drop it.
+    kappa = kappa if math.isfinite(kappa) else 0.0
     temperature = t0
     done = 0
     progress.stage("anneal", LEVELS)

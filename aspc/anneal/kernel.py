@@ -396,11 +396,7 @@ def _anneal_chunk(st, n_props, temperature, kappa, target, mix):
                 j = _cheaper_partner(rng, i, rank, class_of, class_start, class_members)
             else:
                 q = _below(rng, n_groups)
-                j = (
-                    -1
-                    if q == top
-                    else _halving_partner(i, top, q, costs, loads, members, group_start, class_of)
-                )
+                j = -1 if q == top else _halving_partner(i, top, q, costs, loads, members, group_start, class_of)
             if j < 0:
                 continue
         else:
@@ -423,7 +419,9 @@ def _anneal_chunk(st, n_props, temperature, kappa, target, mix):
         else:
             new = max(old, lp - d, lq + d)
         delta = (new - old) + kappa * 2.0 * d * (d - (lp - lq))
-        if delta > 0.0 and _unit(rng) >= _exp_neg(delta / temperature):
+        # T = 0 (costs so tiny that T0 * ALPHA**k underflows) is the greedy limit: refuse
+        # every uphill move; delta / 0.0 would raise compiled and be inf interpreted.
+        if delta > 0.0 and (temperature <= 0.0 or _unit(rng) >= _exp_neg(delta / temperature)):
             if touched:
                 _tree_set(tree_max, tree_arg, p, lp)
                 _tree_set(tree_max, tree_arg, q, lq)

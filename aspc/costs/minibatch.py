@@ -53,6 +53,10 @@ def minibatch_costs(
         raise ConfigError("minibatch boundaries must start at 0 and end at the number of rows")
     if np.any(np.diff(starts) <= 0):
         raise ConfigError("minibatch boundaries must be strictly increasing (no empty minibatch)")
+    # The kernels index every per-row array by row without bounds checks: a short one is read past its end.
+    rows = mean.size
+    if nseq.shape != (rows,):
+        raise ConfigError(f"n_samples must hold one count per row ({rows} rows), got shape {nseq.shape}")
     if cap is not None:
         if not cap > 0:
             raise ConfigError(f"response cap must be > 0 tokens, got {cap!r}")
@@ -62,6 +66,9 @@ def minibatch_costs(
     if model == "expected-max":
         if q10 is None or q50 is None or q90 is None:
             raise ConfigError("cost model expected-max needs q10, q50 and q90 predictions")
+        for name, q in (("q10", q10), ("q50", q50), ("q90", q90)):
+            if np.shape(q) != (rows,):
+                raise ConfigError(f"{name} must hold one prediction per row ({rows} rows), got shape {np.shape(q)}")
         q10 = np.maximum(np.asarray(q10, dtype=np.float64), 0.0)
         q50 = np.maximum(np.asarray(q50, dtype=np.float64), 1e-9)
         q90 = np.maximum(np.asarray(q90, dtype=np.float64), q50)

@@ -217,7 +217,8 @@ def _encode(texts: Sequence[str], head: int, tail: int) -> tuple[np.ndarray, np.
     for b in raw:
         # A leading and trailing space make the first/last word a boundary-
         # delimited token, and separate prompts so no n-gram spans two of them.
-        pieces.append(b" " + (b if len(b) <= limit else b[:head] + b" " + b[-tail:]) + b"\x00")
+        # b[-0:] is all of b: a tail of 0 bytes is none, as in the bulk kernel.
+        pieces.append(b" " + (b if len(b) <= limit else b[:head] + b" " + (b[-tail:] if tail else b"")) + b"\x00")
     buf = np.frombuffer(b"".join(pieces), dtype=np.uint8)
     kept = np.fromiter((len(p) for p in pieces), dtype=np.int64, count=len(pieces))
     starts = np.zeros(len(pieces) + 1, dtype=np.int64)

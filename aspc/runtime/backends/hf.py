@@ -35,30 +35,25 @@ from typing import Any
 import numpy as np
 
 from aspc.devices import pick_device
-from aspc.errors import BackendError, ConfigError
+from aspc.errors import BackendError, ConfigError, InputError
 from aspc.runtime.backends.base import GenerationRequest, ModelBackend, replay_total
 from aspc.runtime.backends.models import load_causal_lm, load_tokenizer, require_transformers
 from aspc.runtime.backends.options import GenerationOptions
 from aspc.runtime.backends.prompts import check_plan_fits, check_prompt_fits, plan_prompt_tokens, render_prompt
+from aspc.runtime.backends.special_ids import special_ids
 from aspc.runtime.contracts import GenerationResult
 
 
 class _WorkerState:
     """One worker's model, tokenizer and token ids, living on one device."""
 
-    def __init__(self, model: Any, tokenizer: Any, device: str):
+    def __init__(self, model: Any, tokenizer: Any, device: str, path: Any):
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
-        ids = []
-        for src in (tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-            for i in src if isinstance(src, (list, tuple)) else [src]:
-                if i is not None and int(i) not in ids:
-                    ids.append(int(i))
-        if not ids:
-            raise BackendError("the model's tokenizer has no end-of-sequence token; generation could never end")
-        self.eos_ids = ids  # every id that ends a sequence; ids[0] is the one replay forces
-        self.pad_id = int(tokenizer.pad_token_id)
+        ids = special_ids(tokenizer, model, path)
+        self.eos_ids = ids.eos  # every id that ends a sequence; eos_ids[0] is the one replay forces
+        self.pad_id = ids.pad
         self.n_embeddings = int(model.get_input_embeddings().num_embeddings)
         self.max_positions = _max_positions(model.config)
 
@@ -109,10 +104,16 @@ def only_special_tokens(config: Any) -> Any:
 def check_prompt_tokens(prompt_id: str, ids: list[int], max_new_tokens: int, state: _WorkerState) -> None:
     """Refuse a prompt the model cannot take, before ``generate`` fails on it with an IndexError.
 
-    Both errors stop the run at once (they are not worker faults): another
+    All three errors stop the run at once (they are not worker faults): another
     worker would fail the same way.
     """
-    if ids and max(ids) >= state.n_embeddings:
+    if not ids:  # alone in a minibatch it fails generate; beside others its row is all padding, its response noise
+        raise InputError(
+            f"prompt {prompt_id!r} renders to no tokens with --model's tokenizer and chat template (the template "
+            "leaves out all of its messages); give the prompt a message the template renders, fix the template in "
+            "the model directory, or drop the prompt"
+        )
+    if max(ids) >= state.n_embeddings:
         raise ConfigError(
             f"the tokenizer in --model gives prompt {prompt_id!r} token id {max(ids)}, past the model's "
             f"{state.n_embeddings} embeddings; --model's tokenizer and weights must come from the same model"
@@ -242,15 +243,15 @@ class HFBackend(ModelBackend):
         model = load_causal_lm(path, device=device, dtype=self.options.dtype)
         model.generation_config = only_special_tokens(model.generation_config)
         tok = load_tokenizer(path)
-        self._state[worker] = _WorkerState(model, tok, device)
+        self._state[worker] = _WorkerState(model, tok, device, path)
         self._version.setdefault(worker, 0)
 
     def check_prompts(self, worker: int, work: Any, max_new_tokens: int) -> dict[str, int]:
         st = self._worker(worker)
         tokens = plan_prompt_tokens(work, st.tokenizer)
         for pid, row in tokens.items():
-            if row and max(row) >= st.n_embeddings:
-                check_prompt_tokens(pid, row, 0, st)  # raises: the tokenizer does not match the model
+            if not row or max(row) >= st.n_embeddings:
+                check_prompt_tokens(pid, row, 0, st)  # raises: no prompt, or the tokenizer does not match the model
         check_plan_fits(tokens, max_new_tokens, st.max_positions, "the model's")
         return {pid: len(ids) for pid, ids in tokens.items()}
 
@@ -263,6 +264,7 @@ class HFBackend(ModelBackend):
     def _load(self, worker: int, weights: Any) -> None:
         st = self._worker(worker)
         state = as_state_dict(weights)
+        check_shapes(st.model.state_dict(), state)
         result = st.model.load_state_dict(state, strict=False)
         if result.unexpected_keys:
             raise BackendError(
@@ -344,6 +346,22 @@ class HFBackend(ModelBackend):
         self.release_remote()
         self.wait_idle()
         self._state.clear()
+
+
+def check_shapes(model_state: dict[str, Any], published: dict[str, Any]) -> None:
+    """Refuse published tensors whose shapes are not the model's, before any of them is loaded.
+
+    ``load_state_dict`` raised torch's own multi-line "size mismatch" report,
+    cut off mid-word by the one-line failure message.
+    """
+    wrong = [(k, tuple(v.shape), tuple(model_state[k].shape)) for k, v in published.items()
+             if k in model_state and hasattr(v, "shape") and tuple(v.shape) != tuple(model_state[k].shape)]  # fmt: skip
+    if wrong:
+        name, have, want = wrong[0]
+        raise BackendError(
+            f"published weights hold {len(wrong)} tensors of another shape than the model's (e.g. {name!r}: {have} "
+            f"published, {want} in the model); the trainer and --model must be the same architecture"
+        )
 
 
 def as_state_dict(weights: Any) -> dict[str, Any]:

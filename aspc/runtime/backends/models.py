@@ -166,6 +166,7 @@ def resolve_model(spec: str | os.PathLike, *, need_weights: bool = True) -> Path
         raise BackendError(f"--model {s}: not a Hugging Face model directory (no config.json)")
     check_causal_lm(path)
     _check_model_files(path, s, need_weights)
+    _check_generation_config(path, s)
     return path
 
 
@@ -182,6 +183,25 @@ def _check_model_files(path: Path, spec: str, need_weights: bool) -> None:
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise BackendError(f"--model {spec}: no tokenizer in it (no {', '.join(TOKENIZER_FILES)}); save the "
                            "policy's tokenizer there too (tokenizer.save_pretrained(DIR))")  # fmt: skip
+
+
+def _check_generation_config(path: Path, spec: str) -> None:
+    """Refuse an unreadable ``generation_config.json``: transformers logs a warning and falls back to config.json.
+
+    The run then went on without the end-of-sequence ids the file may
+    declare (Llama 3's ``<|eot_id|>``), its responses running to the cap.
+    """
+    f = path / "generation_config.json"
+    if not f.exists():
+        return
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise BackendError(f"--model {spec}: unreadable generation_config.json ({short_reason(exc, limit=200, with_type=True)}); "
+                           "fix the file, or delete it to use the ids config.json declares") from None  # fmt: skip
+    if not isinstance(data, dict):
+        raise BackendError(f"--model {spec}: generation_config.json is not a JSON object; fix the file, or delete it "
+                           "to use the ids config.json declares")  # fmt: skip
 
 
 # Bytes of each weight file a fingerprint reads: FINGERPRINT_SAMPLES pieces of FINGERPRINT_PIECE bytes, spread
@@ -213,6 +233,37 @@ def model_fingerprint(path: str | os.PathLike) -> str | None:
                 for at in range(0, size, step):
                     fh.seek(at)
                     h.update(fh.read(FINGERPRINT_PIECE))
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+# The files that decide how a prompt renders and which ids its tokens get (transformers' names for them).
+TOKENIZER_FINGERPRINT_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+    "chat_template.json", "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt",
+)  # fmt: skip
+
+
+def tokenizer_fingerprint(path: str | os.PathLike) -> str | None:
+    """A hash of a model directory's tokenizer and chat template files (whole: they are small).
+
+    :func:`model_fingerprint` covers config.json and the weights: a resume
+    with another chat template rendered the remaining prompts otherwise, and
+    the log mixed samples of two prompt texts. ``None`` where ``path`` is not
+    a readable directory.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    h = hashlib.sha256()
+    try:
+        extra = sorted(f"additional_chat_templates/{f.name}" for f in folder.glob("additional_chat_templates/*.jinja"))
+        for name in (*TOKENIZER_FINGERPRINT_FILES, *extra):
+            f = folder / name
+            if f.is_file():
+                h.update(f"\x00{name}\x00".encode())
+                h.update(hashlib.sha256(f.read_bytes()).digest())
     except OSError:
         return None
     return h.hexdigest()
@@ -356,7 +407,11 @@ def _no_load_report() -> Iterator[None]:
 
 
 def load_tokenizer(path: Path) -> Any:
-    """The tokenizer saved with the model at ``path``, left-padding, with a pad token."""
+    """The tokenizer saved with the model at ``path``, left-padding, with its eos as pad where it names no pad.
+
+    A tokenizer naming neither keeps no pad: the model's generation_config.json
+    or config.json may declare both (the hf backend reads them).
+    """
     require_transformers()
     from transformers import AutoTokenizer
 
@@ -365,8 +420,6 @@ def load_tokenizer(path: Path) -> Any:
     except Exception as exc:
         raise BackendError(f"--model {path}: no usable tokenizer in the directory ({short_reason(exc, limit=200, with_type=True)})") from None
     tok.padding_side = "left"  # decoder-only batches: every prompt ends where generation starts
-    if tok.pad_token_id is None:
-        if tok.eos_token_id is None:
-            raise BackendError(f"--model {path}: the tokenizer has neither a pad nor an eos token")
+    if tok.pad_token_id is None and tok.eos_token_id is not None:
         tok.pad_token = tok.eos_token
     return tok

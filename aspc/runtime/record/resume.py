@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from aspc.emit import schema as S
 from aspc.errors import ConfigError, RunError
-from aspc.runtime.backends.models import model_fingerprint
+from aspc.runtime.backends.models import model_fingerprint, tokenizer_fingerprint
 from aspc.runtime.config import OPERATIONAL_KEYS, ReturnMode, RunConfig, check_log_options  # noqa: F401 - its old home
 from aspc.runtime.record.metrics import RunSummary, summarize_log
 from aspc.runtime.record.runlog import read_run_log, to_columns
@@ -80,6 +80,8 @@ def sampling_record(backend: Any) -> dict[str, Any] | None:
     record = {k: getattr(opts, k) for k in _SAMPLING}
     record["model"] = Path(os.path.realpath(str(opts.model))).name  # "--model ." is the directory's own name
     record["model_fingerprint"] = model_fingerprint(opts.model)  # its contents: many models share a name
+    # Its tokenizer and chat template: another template renders the remaining prompts otherwise.
+    record["tokenizer_fingerprint"] = tokenizer_fingerprint(opts.model)
     from aspc.runtime.backends.vllm_args import generation_engine_args
 
     # --engine-arg dtype=..., quantization=...: another engine samples otherwise. Always recorded ({} without
@@ -146,6 +148,10 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
         if a and b and a != b and was.get("model") == now.get("model"):
             diffs.append(f"--model ({was.get('model')!r} with contents {a[:12]}… in the log, another "
                          f"{now.get('model')!r} with contents {b[:12]}… now: its config.json or weights differ)")
+        a, b = was.get("tokenizer_fingerprint"), now.get("tokenizer_fingerprint")  # logs before the key carry none
+        if a and b and a != b and was.get("model") == now.get("model"):
+            diffs.append(f"--model ({was.get('model')!r} with tokenizer files {a[:12]}… in the log, "
+                         f"{b[:12]}… now: its tokenizer or chat template differ)")
     if (old.get("cost_model") or {}) != new["cost_model"]:
         diffs.append("the cost model")
     old_len = (old.get("run") or {}).get("lengths_name")

@@ -150,6 +150,8 @@ def probe_cmd(
     init_arg = None if init.lower() == "none" else init
     # The shipped predictor is read either way: refit (--init default) or scheduling the probe (--init none).
     reads = [prompts_path, actual_lengths, default_predictor_path() if init_arg is None else predictor_path(init_arg)]
+    if kwargs.get("sim_cost_model"):  # a --cost-model inside -o or --log would be deleted with it
+        reads.append(kwargs["sim_cost_model"])
     output = check_output(output, inputs=reads, kind="dir")
     check_output_dir(output)
     check_writable(output)  # found now, not after the generations

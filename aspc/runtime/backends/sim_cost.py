@@ -87,7 +87,7 @@ class SimCostModel:
                 raise ConfigError(f"cost model {f.name} must be a finite number >= 0, got {digits or repr(v)}")
             if v > COEFFICIENT_MAX:
                 raise ConfigError(
-                    f"cost model {f.name} must be <= {COEFFICIENT_MAX:g} seconds, got {digits or format(v, '.3g')}; "
+                    f"cost model {f.name} must be <= {COEFFICIENT_MAX:g} seconds, got {digits or repr(v)}; "
                     "fix the cost-model file (aspc calibrate writes one)"
                 )
 
@@ -130,6 +130,9 @@ def load_sim_cost_model(path: str | os.PathLike) -> SimCostModel:
     from aspc.io.readers import json_int
 
     path = Path(path)
+    if path.exists() and not path.is_dir() and not path.is_file():  # a FIFO waited forever; /dev/zero filled memory
+        raise ConfigError(f"{path}: not a regular file (a pipe, socket or device); save the cost model to a file "
+                          "and pass that to --cost-model")  # fmt: skip
     try:
         # json_int and the RecursionError: the dataset readers' guards, so a 5,001-digit integer or a deep nest
         # is one line, not Python's ValueError or RecursionError traceback.

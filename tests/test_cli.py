@@ -275,16 +275,3 @@ def test_the_left_over_note_counts_and_totals_one_plan_and_never_suggests_the_ba
     # Repeats keep different numbers of scout responses: the note reads every repeat, not the first.
     note = left_over_note({"random": [res(4800, 0), res(4800, 0)], "asp+scout+roll": [res(4800, 0), res(4807, 7)]}, 240)
     assert note.startswith("7 of asp+scout+roll's 4807 samples") and "consumes all of them" not in note, note
-
-
-@pytest.mark.parametrize(("given", "seen"), [(None, "4"), ("20", "20")])
-def test_openblas_threads_do_not_spin_unless_the_user_says(given, seen):
-    # Set by the command line before NumPy (and so OpenBLAS) is loaded; a user's own value stays.
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
-    if given is not None:
-        env["OPENBLAS_THREAD_TIMEOUT"] = given
-    prog = "import os, sys; import aspc.cli; print('numpy' in sys.modules, os.environ['OPENBLAS_THREAD_TIMEOUT'])"
-    res = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, env=env, check=True)
-    assert res.stdout.split() == ["False", seen]

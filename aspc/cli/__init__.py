@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import sys
 
 import click
@@ -16,14 +15,6 @@ import click
 from aspc import __version__
 from aspc.cli.error_line import LineError, error_line
 from aspc.errors import Interrupted
-
-# OpenBLAS (NumPy's, and SciPy's, which Numba imports) starts a thread per core
-# that busy-waits 2**28 cycles (~0.1 s) after start-up and after every call
-# before it sleeps: two such threads took ~0.17 s of CPU (perf) from the two
-# cores of a million-prompt compile that makes no BLAS call at all. 2**4 cycles
-# (OpenBLAS's least) keeps its threads for real BLAS work; set before any
-# command imports NumPy, and a user's own setting wins.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 # command name -> (module under aspc.cli, attribute)
 _COMMANDS = {

@@ -101,3 +101,16 @@ def test_probe_overwrite_keeps_a_cost_model_inside_the_log(tmp_path, small_plan)
     # As `aspc run --log DIR --overwrite --cost-model DIR/cost.json`: refused, the input kept.
     assert cost.is_file() and hashlib.sha256(cost.read_bytes()).hexdigest() == digest, err
     assert proc.returncode == 2 and "cost.json" in err, err
+
+
+def test_probe_reads_its_predictor_and_a_cost_model_beside_it(tmp_path):
+    # The cost model joined the paths checked against -o and --log; the predictor was read as the last of them,
+    # so `aspc probe --cost-model FILE` loaded FILE as the predictor: "cost.json: not a directory".
+    big = write_jsonl(tmp_path / "d200.jsonl", lognormal_records(200))
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"decode_base": 0.02}) + "\n")
+    r = invoke_cli("probe", big, "--backend", "sim", "--actual-lengths", big, "--length-field", "lengths",
+                   "--prompts", "50", "--kind", "lexical", "--init", "none", "--log", tmp_path / "LOG",
+                   "-o", tmp_path / "pred", "--cost-model", cost, "-q")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "LOG" / "meta.json").read_text())["cost_model"]["decode_base"] == 0.02

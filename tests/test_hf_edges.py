@@ -221,9 +221,12 @@ def test_the_tokenizer_fingerprint_follows_the_files_that_render_prompts(tmp_pat
     assert tokenizer_fingerprint(a) == tokenizer_fingerprint(b) and tokenizer_fingerprint(tmp_path / "none") is None
     (b / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
     assert tokenizer_fingerprint(a) != tokenizer_fingerprint(b) and model_fingerprint(a) == model_fingerprint(b)
-    (b / "chat_template.jinja").unlink()
-    _edit_json(b / "tokenizer_config.json", eos_token="<pad>")
-    assert tokenizer_fingerprint(a) != tokenizer_fingerprint(b)
+    c = _copy(model_dir, tmp_path / "c")
+    _edit_json(c / "tokenizer_config.json", eos_token="<pad>")
+    assert tokenizer_fingerprint(a) != tokenizer_fingerprint(c)
+    d = _copy(model_dir, tmp_path / "d")  # its end and pad ids (aspc.runtime.backends.special_ids)
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 3]}))
+    assert tokenizer_fingerprint(a) != tokenizer_fingerprint(d) and model_fingerprint(a) == model_fingerprint(d)
 
 
 def test_a_tokenizer_with_neither_pad_nor_eos_anywhere_is_still_refused(tmp_path, model_dir):

@@ -149,7 +149,8 @@ def probe_cmd(
     check_compile_config(compile_config)
     init_arg = None if init.lower() == "none" else init
     # The shipped predictor is read either way: refit (--init default) or scheduling the probe (--init none).
-    reads = [prompts_path, actual_lengths, default_predictor_path() if init_arg is None else predictor_path(init_arg)]
+    predictor_dir = default_predictor_path() if init_arg is None else predictor_path(init_arg)
+    reads = [prompts_path, actual_lengths, predictor_dir]
     if kwargs.get("sim_cost_model"):  # a --cost-model inside -o or --log would be deleted with it
         reads.append(kwargs["sim_cost_model"])
     output = check_output(output, inputs=reads, kind="dir")
@@ -173,7 +174,7 @@ def probe_cmd(
         raise ConfigError(
             f"{prompts_path.name}: {len(table)} prompts, a probe needs at least {MIN_PAIRS} to train a predictor"
         )
-    scheduler = load_predictor(reads[-1])
+    scheduler = load_predictor(predictor_dir)
     if init_arg is not None:  # before any generation: the refit needs it to be of --kind's kind
         check_init_kind(scheduler, kind, init_arg)
     lengths = None

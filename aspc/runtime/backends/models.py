@@ -238,15 +238,16 @@ def model_fingerprint(path: str | os.PathLike) -> str | None:
     return h.hexdigest()
 
 
-# The files that decide how a prompt renders and which ids its tokens get (transformers' names for them).
+# The files that decide how a prompt renders, which ids its tokens get and which ids end or pad a response
+# (transformers' names for them; generation_config.json's eos/pad ids are aspc.runtime.backends.special_ids').
 TOKENIZER_FINGERPRINT_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+    "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
     "chat_template.json", "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt",
 )  # fmt: skip
 
 
 def tokenizer_fingerprint(path: str | os.PathLike) -> str | None:
-    """A hash of a model directory's tokenizer and chat template files (whole: they are small).
+    """A hash of a model directory's tokenizer, chat template and generation config files (whole: they are small).
 
     :func:`model_fingerprint` covers config.json and the weights: a resume
     with another chat template rendered the remaining prompts otherwise, and

@@ -60,9 +60,13 @@ def special_ids(tokenizer: Any, model: Any, path: Any) -> SpecialIds:
     if pad is None and eos:
         pad = next(iter(eos.items()))
     if pad is None:  # the message of the tokenizer-only check this replaces
-        raise BackendError(f"--model {path}: the tokenizer has neither a pad nor an eos token")
+        raise BackendError(f"--model {path}: the tokenizer has neither a pad nor an eos token, and neither config "
+                           "declares one; set eos_token_id in generation_config.json (or eos_token in "
+                           "tokenizer_config.json)")  # fmt: skip
     if not eos:
-        raise BackendError("the model's tokenizer has no end-of-sequence token; generation could never end")
+        raise BackendError(f"--model {path}: neither the tokenizer nor generation_config.json nor config.json names "
+                           "an end-of-sequence token, so generation could never end; set eos_token_id in "
+                           "generation_config.json")  # fmt: skip
     n = int(model.get_input_embeddings().num_embeddings)
     for (i, file), what in [*((e, "eos") for e in eos.items()), (pad, "pad")]:
         if i < n:

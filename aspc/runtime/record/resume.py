@@ -151,7 +151,7 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
         a, b = was.get("tokenizer_fingerprint"), now.get("tokenizer_fingerprint")  # logs before the key carry none
         if a and b and a != b and was.get("model") == now.get("model"):
             diffs.append(f"--model ({was.get('model')!r} with tokenizer files {a[:12]}… in the log, "
-                         f"{b[:12]}… now: its tokenizer or chat template differ)")
+                         f"{b[:12]}… now: its tokenizer, chat template or generation_config.json differ)")
     if (old.get("cost_model") or {}) != new["cost_model"]:
         diffs.append("the cost model")
     old_len = (old.get("run") or {}).get("lengths_name")

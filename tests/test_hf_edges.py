@@ -176,7 +176,8 @@ def make(context, fail_at=-1):
 '''
 
 
-def test_resume_refuses_a_model_whose_chat_template_changed(tmp_path, model_dir, monkeypatch):
+def _failed_run(tmp_path, model_dir, monkeypatch):
+    """A chat plan's hf run on a copy of the tiny model, failed by its trainer at step 1: (model, plan, run dir)."""
     (tmp_path / "failing_trainer.py").write_text(_FAILING_TRAINER)
     monkeypatch.syspath_prepend(str(tmp_path))
     model = _copy(model_dir, tmp_path / "policy")
@@ -185,6 +186,11 @@ def test_resume_refuses_a_model_whose_chat_template_changed(tmp_path, model_dir,
     run_dir = tmp_path / "RUN"
     r = _run(plan, model, run_dir, "--trainer", "failing_trainer:make", "--trainer-arg", "fail_at=1")
     assert r.exit_code != 0 and json.loads((run_dir / "meta.json").read_text())["status"] == "failed", r.output
+    return model, plan, run_dir
+
+
+def test_resume_refuses_a_model_whose_chat_template_changed(tmp_path, model_dir, monkeypatch):
+    model, plan, run_dir = _failed_run(tmp_path, model_dir, monkeypatch)
     # The policy's chat template is edited (another model's tokenizer copied in, a fixed template...).
     (model / "chat_template.jinja").write_text(
         "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} -- a much longer system preamble\n"
@@ -197,15 +203,9 @@ def test_resume_refuses_a_model_whose_chat_template_changed(tmp_path, model_dir,
 
 def test_a_log_without_the_tokenizer_fingerprint_resumes_as_before(tmp_path, model_dir, monkeypatch):
     # Logs written before the key existed carry no tokenizer fingerprint: they are not compared on it.
-    (tmp_path / "failing_trainer.py").write_text(_FAILING_TRAINER)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    model = _copy(model_dir, tmp_path / "policy")
-    _, plan = _plan(tmp_path, [{"id": f"c{i}", "messages": [{"role": "user", "content": f"question {i}"}]}
-                               for i in range(8)], "--batch-size", "2")
-    run_dir = tmp_path / "RUN"
-    r = _run(plan, model, run_dir, "--trainer", "failing_trainer:make", "--trainer-arg", "fail_at=1")
+    model, plan, run_dir = _failed_run(tmp_path, model_dir, monkeypatch)
     meta = json.loads((run_dir / "meta.json").read_text())
-    assert meta["status"] == "failed" and meta["run"]["sampling"]["tokenizer_fingerprint"], r.output
+    assert meta["run"]["sampling"]["tokenizer_fingerprint"]
     del meta["run"]["sampling"]["tokenizer_fingerprint"]
     (run_dir / "meta.json").write_text(json.dumps(meta))
     (model / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")

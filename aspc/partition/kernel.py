@@ -13,7 +13,7 @@ from aspc.numba_config import NJIT_FLAGS
 
 
 @njit(**NJIT_FLAGS)
-def _fill(lengths, lo, hi, batch_size, overhead, penalty, cost, dev, size, base_cost, base_dev, lo_from):
+def _fill(lengths, lo, hi, batch_size, overhead, penalty, cost, dev, size, base_cost, base_dev, lo_from, base_prev):
     """Fill one DP table (cost, total deviation, last size) for every prefix.
 
     For each prefix ``j`` the sizes ``lo_from..min(hi, j)`` are scanned in
@@ -24,6 +24,13 @@ def _fill(lengths, lo, hi, batch_size, overhead, penalty, cost, dev, size, base_
     no test: its candidate costs ``inf``, which never beats ``best`` (a tie at
     ``inf`` would need a negative deviation), so the loops are branch-free
     selects (the comparisons are data-dependent and mispredict as branches).
+
+    The remainder sizes visit only reachable prefixes of ``base_*``:
+    ``base_prev[i]`` is the largest reachable prefix ``<= i`` (-1: none). With a
+    narrow band few prefixes are reachable (slack 0: the multiples of B), and
+    scanning all ``lo - 1`` sizes made a remainder cost O(n B): 79 s for a
+    million prompts at B = 16384. Sizes are still visited in ascending order
+    and an unreachable one could never win, so the table is the same.
     """
     n = lengths.shape[0]
     rem_top = lo - 1
@@ -33,13 +40,19 @@ def _fill(lengths, lo, hi, batch_size, overhead, penalty, cost, dev, size, base_
         best_size = 0
         last = lengths[j - 1]
         top = min(hi, j)
-        for s in range(lo_from, min(rem_top, top) + 1):
-            c = base_cost[j - s] + (s + overhead) * last + penalty
-            cand_dev = base_dev[j - s] + (batch_size - s)
-            better = (c < best) | ((c == best) & (cand_dev < best_dev))
-            best = c if better else best
-            best_dev = cand_dev if better else best_dev
-            best_size = s if better else best_size
+        stop = j - min(rem_top, top)  # smallest prefix a remainder size may start from
+        p = j - lo_from
+        while p >= stop:
+            p = base_prev[p]  # skip to the next reachable prefix below (sizes ascending)
+            while p >= stop and base_cost[p] < np.inf:  # a run of reachable prefixes
+                s = j - p
+                c = base_cost[p] + (s + overhead) * last + penalty
+                cand_dev = base_dev[p] + (batch_size - s)
+                better = (c < best) | ((c == best) & (cand_dev < best_dev))
+                best = c if better else best
+                best_dev = cand_dev if better else best_dev
+                best_size = s if better else best_size
+                p -= 1
         for s in range(max(lo, lo_from), top + 1):
             c = cost[j - s] + (s + overhead) * last + penalty
             cand_dev = dev[j - s] + abs(s - batch_size)
@@ -81,7 +94,8 @@ def _partition_tables(lengths, batch_size, lo, hi, overhead, penalty, f, g, size
     f_dev[:] = 0
     f_size[:] = 0
     f_cost[0] = 0.0
-    _fill(lengths, lo, hi, batch_size, overhead, penalty, f_cost, f_dev, f_size, f_cost, f_dev, lo)
+    # lo_from = lo: no remainder sizes, so the band-only table needs no reachable-prefix index.
+    _fill(lengths, lo, hi, batch_size, overhead, penalty, f_cost, f_dev, f_size, f_cost, f_dev, lo, f_size[:0])
 
     use_g = f_cost[n] == np.inf
     g_size = np.zeros(1, np.int64)
@@ -94,7 +108,12 @@ def _partition_tables(lengths, batch_size, lo, hi, overhead, penalty, f, g, size
         g_cost[:] = np.inf
         g_dev[:] = 0
         g_size[:] = 0
-        _fill(lengths, lo, hi, batch_size, overhead, penalty, g_cost, g_dev, g_size, f_cost, f_dev, 1)
+        f_prev = np.empty(n + 1, np.int64)
+        reach = -1
+        for i in range(n + 1):
+            reach = i if f_cost[i] < np.inf else reach
+            f_prev[i] = reach
+        _fill(lengths, lo, hi, batch_size, overhead, penalty, g_cost, g_dev, g_size, f_cost, f_dev, 1, f_prev)
 
     # Walk back from n, switching from g to f at the remainder minibatch.
     m = 0

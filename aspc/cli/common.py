@@ -139,10 +139,10 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             if _in_numba_cache(exc):
                 raise CliError(_numba_cache_line(exc), 2) from None
             # Errors about the path itself, whatever call met them first.
-            fix = _PATH_FIXES.get(exc.errno)
-            if fix is None or exc.filename is None:
-                raise
-            raise CliError(f"{exc.filename}: {exc.strerror}; {fix}", 2) from None
+            if exc.filename is None or exc.strerror is None:
+                raise  # not about a file the user named: a traceback helps more than a guess
+            fix = _PATH_FIXES.get(exc.errno, _DEVICE_FIX)
+            raise CliError(_one_line(f"{exc.filename}: {exc.strerror}; {fix}"), 2) from None
 
     return wrapper
 
@@ -173,7 +173,14 @@ _PATH_FIXES = {
     errno.ELOOP: "the path has a symlink loop: fix or remove the link",
     errno.EROFS: "the file system is read-only: choose a writable path",
     errno.ENOTDIR: "a part of the path is a file, not a directory: check the path",
+    errno.ENOSPC: "the disk is full: free space or choose another path",
+    errno.EDQUOT: "the disk quota is used up: free space or choose another path",
 }
+
+
+# Any other error the system reports for a named file (EIO from a failing disk or network mount, ENXIO, ESTALE,
+# ...): what aspc can say is which file and what the system said; the file may read fine from another copy.
+_DEVICE_FIX = "the system could not read or write it: check the file and the device or mount it is on, or use a copy"
 
 
 def _one_line(msg: str) -> str:

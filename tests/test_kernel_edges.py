@@ -52,3 +52,13 @@ def test_minibatch_costs_rejects_short_sample_counts() -> None:
             "expected-max", np.array([0, 3]), np.ones(3), np.array([1.0, 2.0, 3.0]),
             np.array([1.0]), np.array([2.0]), np.array([3.0]),
         )  # fmt: skip
+
+
+@pytest.mark.parametrize("qs", [[float("nan")], [0.5, float("nan")], [-0.1], [1.5]])
+def test_ragged_stats_refuses_quantiles_outside_0_1_nan_included(qs) -> None:
+    # NaN passed the range check (every comparison with it is false) and reached the kernel.
+    from aspc.io.ragged import RaggedLengths
+
+    ragged = RaggedLengths(np.array([1.0, 2.0, 3.0]), np.array([0, 2, 3]))
+    with pytest.raises(ValueError, match="quantiles must be"):
+        ragged.stats(qs)

@@ -100,7 +100,7 @@ class RaggedLengths(Sequence):
             ``np.quantile(x, quantiles)`` of each segment.
         """
         qs = np.asarray(quantiles, dtype=np.float64)
-        if qs.ndim != 1 or np.any((qs < 0) | (qs > 1)):
+        if qs.ndim != 1 or not np.all((qs >= 0) & (qs <= 1)):  # NaN fails both comparisons: refused too
             raise ValueError("quantiles must be a 1-D list of values in [0, 1]")
         if len(self) == 0:
             return np.empty(0), np.empty((0, qs.size))

@@ -6,7 +6,8 @@ transformer weights edited so that predictions are NaN or inf (refused as the le
 out-of-range refit settings (lexical ``config.lam``/``folds``/``calibration_bins``/``max_iter``, static
 ``config.lam_grid``); a ``shared_band`` that is not true or false; a weights.npz member whose header claims a
 huge shape. Each is one ``Error:`` line and a non-zero exit, never a traceback, a NaN in an output, or a
-silently changed prediction. Still open (xfail): target names outside the weights hash.
+silently changed prediction. Target names edited in metadata.json (outside the weights hash) are refused by
+``targets_sha256``; a directory without that field (older aspc) loads as before.
 """
 
 from __future__ import annotations
@@ -219,15 +220,9 @@ def test_shared_band_not_a_bool_is_refused(tmp_path, data, lexical_targets, valu
     assert not out.exists()
 
 
-# -- target names are not bound to their heads (still open) ---------------------------------------------
-@pytest.mark.xfail(strict=True, reason=(
-    "aspc predict DIR data --target beta after swapping 'alpha' and 'beta' in metadata.json targets: exit 0, "
-    "answers with alpha's head, and --json reports the same predictor hash as the unedited directory, so two "
-    "plans with one identity (hash, target) hold different predictions. Should be refused ('weights do not match "
-    "their recorded hash') or the hash should change. Cause: the target names are outside the weights hash "
-    "(aspc/predict/lexical.py:188 _arrays/content_hash; static.py:246 likewise). Left open: binding names into "
-    "the hash would change the hash of every existing predictor directory (old directories would then fail their "
-    "hash check)"))  # fmt: skip
+# -- target names are bound to their heads by targets_sha256 ----------------------------------------------
+# Was: exit 0 with alpha's head for --target beta, and --json reported the unedited directory's predictor hash
+# (the names are outside the weights hash, which cannot take them without changing every existing hash).
 def test_swapped_target_names_do_not_keep_the_identity(tmp_path, data, lexical_targets) -> None:
     def swap(m: dict[str, Any]) -> None:
         m["targets"][0], m["targets"][1] = m["targets"][1], m["targets"][0]
@@ -237,11 +232,31 @@ def test_swapped_target_names_do_not_keep_the_identity(tmp_path, data, lexical_t
     ra = _cli("predict", lexical_targets, data["prompts"], "-o", a, "--json", "--target", "beta")
     rb = _cli("predict", bad, data["prompts"], "-o", b, "--json", "--target", "beta")
     if rb.exit_code != 0:
-        _refused(rb)
+        assert "target names do not match their recorded hash" in _refused(rb)
+        assert not b.exists()
         return
     assert ra.exit_code == 0
     same_hash = json.loads(ra.output)["predictor"]["hash"] == json.loads(rb.output)["predictor"]["hash"]
     assert not (same_hash and a.read_bytes() != b.read_bytes())
+
+
+def test_directory_without_targets_hash_still_loads_and_predicts(tmp_path, data, lexical_targets) -> None:
+    """A directory written before ``targets_sha256`` existed: same identity, same predictions."""
+    old = _copy(lexical_targets, tmp_path / "old", lambda m: m.pop("targets_sha256"))
+    a, b = tmp_path / "a.parquet", tmp_path / "b.parquet"
+    ra = _cli("predict", lexical_targets, data["prompts"], "-o", a, "--json", "--target", "beta")
+    rb = _cli("predict", old, data["prompts"], "-o", b, "--json", "--target", "beta")
+    assert ra.exit_code == 0 and rb.exit_code == 0, rb.output
+    assert json.loads(ra.output)["predictor"]["hash"] == json.loads(rb.output)["predictor"]["hash"]
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_tampered_targets_hash_is_refused(tmp_path, data, lexical_targets) -> None:
+    bad = _copy(lexical_targets, tmp_path / "bad", lambda m: m.__setitem__("targets_sha256", "0" * 64))
+    out = tmp_path / "p.parquet"
+    msg = _refused(_predict(bad, data, out, "--target", "beta"))
+    assert "target names do not match their recorded hash" in msg and msg.endswith("retrain it"), msg
+    assert not out.exists()
 
 
 # -- a weights member whose header claims a huge shape is corrupt weights ------------------------------

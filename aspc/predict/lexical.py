@@ -47,6 +47,7 @@ from aspc.predict.calibration import Calibration
 from aspc.predict.ease import ease_lengths, seen_lengths
 from aspc.predict.features import N_DENSE, FeatureConfig, featurize
 from aspc.predict.metrics import evaluate, mean_over
+from aspc.predict.targets_hash import check_targets, record_targets
 
 WEIGHTS_FILE = "weights.npz"
 DEFAULT_KAPPA = 0.5  # history shrinkage when the data cannot estimate it (one length per prompt)
@@ -205,6 +206,7 @@ class LexicalPredictor(Predictor):
             body.update(
                 config=self.config.to_dict(), targets=self.targets, weights_sha256=self.content_hash()
             )
+            record_targets(body, self.content_hash(), self.targets)
             write_metadata(tmp, self.kind, body)
 
     @classmethod
@@ -247,6 +249,7 @@ class LexicalPredictor(Predictor):
             raise PredictorError(
                 f"{path}: weights do not match their recorded hash (modified or corrupt); retrain it"
             )
+        check_targets(path, meta, pred.content_hash(), targets)
         return pred.with_target(target) if target is not None else pred
 
 

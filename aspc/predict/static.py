@@ -49,6 +49,7 @@ from aspc.predict.calibration import Calibration
 from aspc.predict.ease import ease_lengths, seen_lengths
 from aspc.predict.lexical import resolve_target
 from aspc.predict.static_kernel import segmented_mean
+from aspc.predict.targets_hash import check_targets, record_targets
 from aspc.predict.transformer import _length_features
 
 TABLE_FILE = "table.npy"
@@ -274,6 +275,7 @@ class StaticPredictor(Predictor):
                 self.prior.save(tmp / PRIOR_DIR)
             body = {k: v for k, v in self.metadata.items() if k != "target"}
             body.update(config=self.config.to_dict(), targets=self.targets, weights_sha256=self.content_hash())
+            record_targets(body, self.content_hash(), self.targets)
             write_metadata(tmp, self.kind, body)
 
     @classmethod
@@ -304,6 +306,7 @@ class StaticPredictor(Predictor):
             raise PredictorError(f"{path}: static predictor files are missing or corrupt ({msg}); retrain it") from None
         if meta.get("weights_sha256") not in (None, pred.content_hash()):
             raise PredictorError(f"{path}: weights do not match their recorded hash (modified or corrupt); retrain it")
+        check_targets(path, meta, pred.content_hash(), targets)
         return pred.with_target(target) if target is not None else pred
 
 

@@ -36,6 +36,7 @@ from aspc.predict.base import (
 )
 from aspc.predict.ease import ease_lengths, seen_lengths
 from aspc.predict.lexical import resolve_target
+from aspc.predict.targets_hash import check_targets, record_targets
 
 WEIGHTS_FILE = "model.safetensors"
 ENCODER_DIR = "encoder"
@@ -281,6 +282,7 @@ class TransformerPredictor(Predictor):
                 cqr_adjust=self.cqr_adjust,
                 weights_sha256=self.content_hash(),
             )
+            record_targets(body, self.content_hash(), self.targets)
             write_metadata(tmp, self.kind, body)
 
     @classmethod
@@ -328,6 +330,7 @@ class TransformerPredictor(Predictor):
             raise PredictorError(
                 f"{path}: weights do not match their recorded hash (modified or corrupt); retrain it"
             )
+        check_targets(path, meta, pred.content_hash(), targets)
         return pred.with_target(target) if target is not None else pred
 
 

@@ -297,12 +297,26 @@ def test_a_prompt_in_nfd_matches_its_nfc_decoded_dump(tmp_path, qwen, aspc_count
     reason="A prompt whose text holds a special token's text ('<|endoftext|>') is encoded by verl's tokenizer as "
     "that special token and decoded with skip_special_tokens=True, so the dump input lacks it; aspc looks for the "
     "raw text, so the prompt gets no samples (a twin without the token takes them). Should: match with the "
-    "tokenizer's special-token texts removed from the keys (aspc has the tokenizer when --tokenizer is given).",
+    "tokenizer's special-token texts removed from the keys (aspc has the tokenizer when --tokenizer is given). "
+    "Now: removed (such a prompt gets its own samples, beside a twin that renders otherwise: the test below); "
+    "left: this twin renders to the very same dump input, so the two share every sample, as identical prompts do.",
 )
 def test_a_prompt_holding_special_token_text_matches_its_dump(tmp_path, qwen, aspc_counter):
     prompts = [("tok", _user("Print the token <|endoftext|> please")), ("twin", _user("Print the token  please"))]
     got, want = _observed(tmp_path, qwen, aspc_counter, prompts)
     assert got == want
+
+
+# Was: xfail (above): special-token text written in a prompt is missing from verl's dump, so the prompt got nothing.
+def test_prompts_holding_special_token_text_get_their_own_samples(tmp_path, qwen, aspc_counter):
+    prompts = [
+        ("tok", _user("Print the token<|endoftext|>please")),  # dumped as 'Print the tokenplease'
+        ("twin", _user("Print the token please")),
+        ("end", [{"role": "system", "content": "Stop at <|im_end|> always."}, {"role": "user", "content": "Go."}]),
+        ("go", _user("Go.")),
+    ]
+    got, want = _observed(tmp_path, qwen, aspc_counter, prompts)
+    assert got == want  # observed: tok -> none, its samples to twin; end's samples to go (its system prompt not found)
 
 
 # Was: xfail: a plain compile --tokenizer DIR counts no template; export printed the text-only maximum and a 'from bytes' warning.

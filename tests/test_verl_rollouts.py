@@ -296,3 +296,36 @@ def test_an_input_verl_cut_short_leaves_the_other_samples_of_its_step_file_match
     write_dump(tmp_path / "r", 1, samples)
     got = read_rollout_lengths(tmp_path / "r", list(prompts), [_msgs(*t) for t in prompts.values()])
     assert {k: v.tolist() for k, v in got.lengths.items()} == {"a": [1.0], "b": [2.0]}
+
+
+def test_special_token_text_in_a_prompt_is_matched_as_the_tokenizer_removes_it(tmp_path):
+    # Old: verl encodes '</s>' written in a prompt as the special token and decodes the input with
+    # skip_special_tokens=True, so the dump lacks it; aspc looked for the raw text and the prompt got nothing.
+    # What is removed comes from the tokenizer's own added tokens: a special one that absorbs the whitespace
+    # before it (lstrip) goes with that whitespace, a non-special added token stays.
+    pytest.importorskip("transformers", reason="needs transformers to encode and decode as verl does")
+    from tokenizers import AddedToken
+
+    from aspc.testing.tiny_model import char_tokenizer
+
+    tok = char_tokenizer()
+    tok.add_tokens([AddedToken("<sep>", special=True, lstrip=True)], special_tokens=True)
+    tok.add_tokens([AddedToken("<keep>", special=False)])
+    tok.save_pretrained(str(tmp_path / "tok"))
+    prompts = {
+        "eos": [("user", "Stop at</s>the end")],
+        "eos_twin": [("user", "Stop at the end")],
+        "sep": [("user", "Split here <sep>now")],
+        "sep_twin": [("user", "Split here now")],
+        "kept": [("user", "Say <keep> twice")],
+    }
+    rendered = [_chatml(*t) for t in prompts.values()]
+    inputs = [tok.decode(tok(r, add_special_tokens=False)["input_ids"], skip_special_tokens=True) for r in rendered]
+    assert inputs[0].count("Stop atthe end") == 1 and "here" + "now" in inputs[2] and "<keep>" in inputs[4]
+    write_dump(tmp_path / "r", 1, [(s, "x" * (k + 1)) for k, s in enumerate(inputs)])
+    stored = [_msgs(*t) for t in prompts.values()]
+    got = read_rollout_lengths(tmp_path / "r", list(prompts), stored, tokenizer=str(tmp_path / "tok"))
+    assert {k: v.tolist() for k, v in got.lengths.items()} == {pid: [float(k + 1)] for k, pid in enumerate(prompts)}
+    # Without the tokenizer aspc cannot know what it removes: the prompts holding special-token text get nothing.
+    got = read_rollout_lengths(tmp_path / "r", list(prompts), stored)
+    assert set(got.lengths) == {"eos_twin", "sep_twin", "kept"}

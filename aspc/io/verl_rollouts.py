@@ -30,8 +30,11 @@ the input win. Prompts with identical messages share the line's length.
 Limits: template text is only told apart from a conversation by that common
 ending, so where every input of a step file ends with the same words
 (one prompt's samples alone), a prompt equal to one of the turns is accepted;
-text the tokenizer turned into special tokens (``<|endoftext|>`` written in a
-prompt) is missing from the dump, so such a prompt does not match.
+text the tokenizer turns into special tokens (``<|endoftext|>`` written in a
+prompt) is missing from the dump: with a tokenizer it is removed from the
+prompts too (its special tokens, as its added-token rules find them), without
+one such a prompt does not match; a prompt and its twin without that text
+render to the same input, so they share its samples.
 Cost: each distinct input of a step file is squashed once and looked up
 only at the points of its template tail, by bisection in the sorted reversed
 last messages: near-linear in the dump's size.
@@ -48,7 +51,7 @@ import os
 import re
 import unicodedata
 from bisect import bisect_right
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from itertools import accumulate
 from pathlib import Path
@@ -66,6 +69,8 @@ _TAIL_SPAN = 4096
 STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
 BYTES_PER_TOKEN = 4.0  # as aspc.io's prompt estimate: rough tokens per byte of English BPE text
 _WS = re.compile(r"\s+")
+_WORD = re.compile(r"\w")
+_SPACES = re.compile(r"\s*")
 _HEAD = 8  # characters of a last message's end that rule most places of an input out at once
 
 
@@ -143,6 +148,64 @@ def _common_ending(texts: set[str]) -> str:
     return ends[i][: shared[i]][::-1]
 
 
+def _added_tokens(tok: Any) -> list[Any]:
+    """The added tokens of an aspc tokenizer (``AddedToken``-like: content, special, lstrip, rstrip,
+    single_word, normalized); [] for a tokenizer aspc cannot look into."""
+    core = getattr(tok, "_tok", None)  # aspc.io.tokens' Hugging Face tokenizer: its tokenizers.Tokenizer
+    if core is not None and hasattr(core, "get_added_tokens_decoder"):
+        return list(core.get_added_tokens_decoder().values())
+    enc = getattr(tok, "_enc", None)  # the Qwen BPE (tiktoken): it encodes NFC text, every special allowed
+    specials = getattr(enc, "special_tokens_set", None) or ()
+    return [_Added(t) for t in specials]
+
+
+@dataclass(frozen=True)
+class _Added:
+    content: str
+    special: bool = True
+    lstrip: bool = False
+    rstrip: bool = False
+    single_word: bool = False
+    normalized: bool = True
+
+
+def _special_remover(tok: Any) -> Callable[[str], str] | None:
+    """``text`` -> what verl's encode + decode(skip_special_tokens=True) leaves of it, up to NFC: the
+    tokenizer's special tokens' texts gone. None when it has none.
+
+    As ``tokenizers`` extracts added tokens: the un-normalized ones from the raw text first, the normalized
+    ones from each piece between them after normalizing (NFC here), leftmost then longest; a non-special
+    added token is found too (so a special one inside it stays) and kept, as decoding writes it back."""
+    added = {t.content: t for t in _added_tokens(tok) if t.content}
+    if not any(t.special for t in added.values()):
+        return None
+
+    def pattern(normalized: bool) -> re.Pattern[str] | None:
+        # Literals alone, longest first: re then skips to their first characters at C speed (named groups or
+        # lookarounds in the alternation made it ~10,000x slower).
+        texts = sorted((c for c, t in added.items() if bool(t.normalized) == normalized), key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts))) if texts else None
+
+    def drop(p: re.Pattern[str] | None, s: str) -> list[str]:
+        """``s`` cut at ``p``'s tokens: the pieces between them, with the non-special tokens kept."""
+        out, pos, at = [], 0, 0
+        while p is not None and (m := p.search(s, at)):
+            t, start, end = added[m.group()], m.start(), m.end()
+            if t.single_word and ((start and _WORD.match(s, start - 1)) or _WORD.match(s, end)):
+                at = start + 1  # inside a word: not this token
+                continue
+            while t.lstrip and start > pos and s[start - 1].isspace():  # it takes the whitespace before it along
+                start -= 1
+            if t.rstrip:
+                end = _SPACES.match(s, end).end()
+            out += [s[pos:start], s[start:end] if not t.special else ""]
+            pos = at = end
+        return [*out, s[pos:]]
+
+    raw, norm = pattern(False), pattern(True)
+    return lambda text: "".join(q for piece in drop(raw, text) for q in drop(norm, _nfc(piece)))
+
+
 def _messages(stored: str) -> list[str]:
     if stored.startswith('[{"role":'):
         try:
@@ -157,13 +220,14 @@ def _messages(stored: str) -> list[str]:
 class _ContentIndex:
     """Plan prompts keyed by their squashed last message, found where it ends a dump input."""
 
-    def __init__(self, prompts: list[str]) -> None:
+    def __init__(self, prompts: list[str], clean: Callable[[str], str] = _nfc) -> None:
+        """``clean``: a message -> the text verl's dump holds of it (NFC; special tokens' texts removed)."""
         self.by_key: dict[str, list[int]] = {}
         self.earlier: list[list[str]] = []
         self.weight: list[int] = []  # squashed characters of every message: the text the prompt accounts for
-        self.exact: list[list[str]] = []  # the messages as written (NFC): what decides between squashed twins
+        self.exact: list[list[str]] = []  # the messages as the dump holds them: what decides between squashed twins
         for i, p in enumerate(prompts):
-            exact = [m for m in (_nfc(m) for m in _messages(p)) if m.strip()]
+            exact = [m for m in map(clean, _messages(p)) if m.strip()]
             msgs = [_squash(m) for m in exact] or [""]
             self.earlier.append(msgs[:-1])
             self.weight.append(sum(map(len, msgs)))
@@ -219,7 +283,9 @@ class _ContentIndex:
             e = size - r
             for key in self._ending_at(backwards[r : r + self.longest]):
                 at = e - len(key)
-                found += [(self.weight[i], at in starts, i) for i in self.by_key[key] if self._holds_earlier(text, at, i)]
+                found += [
+                    (self.weight[i], at in starts, i) for i in self.by_key[key] if self._holds_earlier(text, at, i)
+                ]
         if not found:
             return []
         best = max(found)[:2]  # the most text accounted for, then a key starting at a word
@@ -232,12 +298,13 @@ class _ContentIndex:
         return rows
 
 
-def _response_tokens(outputs: list[str], tokenizer: str | Any | None) -> np.ndarray:
-    if tokenizer is None:
-        return np.array([max(1, math.ceil(len(o.encode("utf-8")) / BYTES_PER_TOKEN)) for o in outputs], dtype=np.float64)
-    from aspc.io.tokens import count_tokens, load_tokenizer
+def _response_tokens(outputs: list[str], tok: Any | None) -> np.ndarray:
+    if tok is None:
+        return np.array(
+            [max(1, math.ceil(len(o.encode("utf-8")) / BYTES_PER_TOKEN)) for o in outputs], dtype=np.float64
+        )
+    from aspc.io.tokens import count_tokens
 
-    tok = load_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     return np.asarray(count_tokens(tok, outputs), dtype=np.float64)
 
 
@@ -298,8 +365,10 @@ def read_rollout_lengths(
                 raise InputError(f"{where}: malformed JSON ({exc.msg}){cut}") from None
             except RecursionError:
                 raise InputError(f"{where}: JSON nested too deeply; is this a verl rollout dump?") from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("input"), str) or not isinstance(
-                rec.get("output"), str
+            if (
+                not isinstance(rec, dict)
+                or not isinstance(rec.get("input"), str)
+                or not isinstance(rec.get("output"), str)
             ):
                 raise InputError(
                     f"{root.name}/{f.name}: line {lineno}: expected verl's rollout fields 'input' and 'output' (strings)"
@@ -313,7 +382,12 @@ def read_rollout_lengths(
             inputs.append(rec["input"])
             outputs.append(rec["output"])
         file_ends.append(len(inputs))
-    index = _ContentIndex(prompts)
+    if isinstance(tokenizer, str):
+        from aspc.io.tokens import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer)
+    # verl's dump lacks the text its tokenizer made special tokens of; only a given tokenizer tells which.
+    index = _ContentIndex(prompts, (tokenizer is not None and _special_remover(tokenizer)) or _nfc)
     kept = None if keep is None else [i in keep for i in ids]
     memo: dict[tuple[str, int], list[int]] = {}
     rows_of = []

@@ -166,3 +166,37 @@ def test_a_remainder_under_a_narrow_band_costs_no_n_times_b_scan():
     boundaries = partition(lengths, b, 0)
     assert time.perf_counter() - start < 10.0
     assert sorted(sizes_of(boundaries)) == [1, b, b, b]
+
+
+@pytest.mark.skipif(__import__("numba").config.DISABLE_JIT, reason="about the compiled kernel")
+def test_ctrl_c_stops_a_long_partition_at_once(tmp_path):
+    # One DP solve is O(n (B + slack)): ~20 s here. Ran in the main thread, the compiled kernel kept the
+    # signal's handler waiting to its end; now it waits in join, which a signal interrupts.
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 300_000
+    src, out = tmp_path / "big.parquet", tmp_path / "plan.parquet"
+    lengths = np.random.default_rng(0).lognormal(5.0, 1.0, n).round()
+    pq.write_table(pa.table({"prompt": [str(i) for i in range(n)], "length": lengths}), src)
+    aspc = str(Path(sys.executable).with_name("aspc"))
+    cmd = [aspc, "compile", str(src), "--length-field", "length", "-b", "16384", "-o", str(out), "-q"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4.0)  # past start-up and the read: inside the partition
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    waited = time.monotonic() - sent
+    assert proc.returncode != 0 and "interrupted by SIGINT" in err, err
+    assert waited < 5.0, f"exited {waited:.1f} s after SIGINT"
+    assert not out.exists()

@@ -13,7 +13,7 @@ import numpy as np
 
 from aspc import portable_math as pm
 from aspc.errors import ConfigError, InputError
-from aspc.partition.kernel import _partition_kernel, _partition_tables
+from aspc.partition.kernel import _partition_tables
 
 __all__ = ["partition", "padded_cost"]
 
@@ -157,11 +157,8 @@ def _nominal_count(arr: np.ndarray, b: int, d: int) -> tuple[np.ndarray, bool]:
     tol = max(1.0, _COUNT_TOL * target)
     results: dict[float, tuple] = {}
 
-    def run(lam: float, tables: tuple | None = None) -> None:
-        if tables is None:
-            results[lam] = _partition_kernel(arr, b, b - d, b + d, 0.0, lam)
-        else:
-            results[lam] = _partition_tables(arr, b, b - d, b + d, 0.0, lam, *tables)
+    def run(lam: float, tables: tuple) -> None:
+        results[lam] = _partition_tables(arr, b, b - d, b + d, 0.0, lam, *tables)
 
     def excess_of(lam: float) -> int:
         return results[lam][0].size - 1 - target
@@ -235,26 +232,28 @@ def _tables(n: int, lo: int, hi: int) -> tuple:
 
 
 def _solve_pair(run, lam: float, other: float | None, n: int = 0, lo: int = 1, hi: int = 1) -> None:
-    """``run(lam)``, and ``run(other)`` on a thread beside it (the kernel releases the GIL)."""
-    if other is None:
-        run(lam)
-        return
+    """``run(lam, tables)``, and ``run(other, tables)`` beside it, each on a thread of its own (the kernel
+    releases the GIL), in tables allocated here.
+
+    The calling thread only waits. One solve is O(n (B + slack)): minutes at a large B. A signal's handler
+    runs in the main thread, and in a compiled kernel that waits for the kernel's end (Ctrl-C did nothing for
+    a minute); waiting in ``join``, it runs at once and raises, and the daemon threads end with the process.
+    """
     import threading
 
     errors: list[BaseException] = []
-    tables = _tables(n, lo, hi)
 
-    def side() -> None:
+    def solve(at: float, tables: tuple) -> None:
         try:
-            run(other, tables)
+            run(at, tables)
         except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
             errors.append(exc)
 
-    thread = threading.Thread(target=side, daemon=True)
-    thread.start()
-    try:
-        run(lam)
-    finally:
+    threads = [threading.Thread(target=solve, args=(at, _tables(n, lo, hi)), daemon=True)
+               for at in (lam, other) if at is not None]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    for thread in threads:
         thread.join()
     if errors:
         raise errors[0]
@@ -345,7 +344,13 @@ def partition(
         kappa = float(overhead)
         if not np.isfinite(kappa) or kappa < 0:
             raise ConfigError(f"minibatch overhead must be a finite number >= 0, got {overhead}")
-        boundaries, used_remainder = _partition_kernel(arr, b, b - d, b + d, kappa, 0.0)
+        solved: dict[float, tuple] = {}
+
+        def run(lam: float, tables: tuple) -> None:
+            solved[lam] = _partition_tables(arr, b, b - d, b + d, kappa, lam, *tables)
+
+        _solve_pair(run, 0.0, None, arr.size, b - d, b + d)
+        boundaries, used_remainder = solved[0.0]
 
     sizes = np.diff(boundaries)
     off_band = int(np.count_nonzero((sizes < b - d) | (sizes > b + d)))

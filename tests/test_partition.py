@@ -200,3 +200,44 @@ def test_ctrl_c_stops_a_long_partition_at_once(tmp_path):
     assert proc.returncode != 0 and "interrupted by SIGINT" in err, err
     assert waited < 5.0, f"exited {waited:.1f} s after SIGINT"
     assert not out.exists()
+
+
+def _scan_reference(cost, dev, j, s0, s1, last, overhead, penalty, batch_size, best, best_dev, best_size):
+    """One scan in ascending size order with strict comparisons: the first size of the least (cost, deviation)."""
+    for s in range(s0, s1 + 1):
+        c = cost[j - s] + (s + overhead) * last + penalty
+        e = dev[j - s] + abs(s - batch_size)
+        if c < best or (c == best and e < best_dev):
+            best, best_dev, best_size = c, e, s
+    return best, best_dev, best_size
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 40), st.integers(0, 3))
+def test_band_scan_lanes_agree_with_one_ascending_scan(seed, width, incoming):
+    # Four lanes and a merge against the scan they replace: tie-heavy costs, unreachable (inf) prefixes, and a
+    # remainder's best coming in (smaller size, maybe an equal cost and deviation).
+    from aspc.partition.kernel import _band_scan
+
+    rng = np.random.default_rng(seed)
+    j, s0 = 60, int(rng.integers(1, 10))
+    s1 = min(j, s0 + width - 1)
+    cost = rng.integers(0, 4, j + 1).astype(np.float64) * 8.0
+    cost[rng.random(j + 1) < 0.3] = np.inf
+    dev = rng.integers(0, 3, j + 1).astype(np.int64)
+    last, overhead, penalty, b = float(rng.integers(0, 3)), float(rng.integers(0, 2)), 0.0, int(rng.integers(1, 20))
+    start = [(np.inf, 0, 0), (0.0, 0, 0), (float(cost[j - s0] + (s0 + overhead) * last), 0, max(0, s0 - 1)),
+             (float(rng.integers(0, 40)), int(rng.integers(0, 3)), max(0, s0 - 1))][incoming]  # fmt: skip
+    args = (cost, dev, j, s0, s1, last, overhead, penalty, b, *start)
+    assert tuple(_band_scan(*args)) == _scan_reference(*args)
+
+
+def test_band_scan_keeps_the_first_size_of_a_tie_across_the_tail():
+    # Sizes 1 and 5 tie on (cost 0, deviation 2), both in lane 0 (5 is the tail past the four lanes): size 1.
+    from aspc.partition.kernel import _band_scan
+
+    j = 10
+    cost, dev = np.zeros(j + 1), np.full(j + 1, 5, np.int64)
+    dev[j - 1] = dev[j - 5] = 0
+    args = (cost, dev, j, 1, 5, 0.0, 0.0, 0.0, 3, np.inf, 0, 0)
+    assert tuple(_band_scan(*args)) == _scan_reference(*args) == (0.0, 2, 1)

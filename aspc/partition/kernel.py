@@ -53,16 +53,58 @@ def _fill(lengths, lo, hi, batch_size, overhead, penalty, cost, dev, size, base_
                 best_dev = cand_dev if better else best_dev
                 best_size = s if better else best_size
                 p -= 1
-        for s in range(max(lo, lo_from), top + 1):
-            c = cost[j - s] + (s + overhead) * last + penalty
-            cand_dev = dev[j - s] + abs(s - batch_size)
-            better = (c < best) | ((c == best) & (cand_dev < best_dev))
-            best = c if better else best
-            best_dev = cand_dev if better else best_dev
-            best_size = s if better else best_size
+        best, best_dev, best_size = _band_scan(
+            cost, dev, j, max(lo, lo_from), top, last, overhead, penalty, batch_size, best, best_dev, best_size
+        )
         cost[j] = best
         dev[j] = best_dev
         size[j] = best_size
+
+
+@njit(**NJIT_FLAGS)
+def _band_scan(cost, dev, j, s0, s1, last, overhead, penalty, batch_size, best, best_dev, best_size):
+    """The best of ``best`` and the band sizes ``s0..s1`` at prefix ``j``: least (cost, deviation, size).
+
+    Four lanes (sizes s0 + k mod 4) each keep their own best, so the compare-and-select chains run side by side
+    instead of each size waiting on the last (the scan is O(n (B + slack)) and the DP's whole cost at a large
+    B). Each lane keeps its smallest size among exact ties, and the merge orders by size last, so the answer is
+    the first size of the least (cost, deviation), as one scan in ascending order gives.
+    """
+    inf = np.inf
+    c0, c1, c2, c3 = inf, inf, inf, inf
+    d0, d1, d2, d3 = 0, 0, 0, 0
+    z0, z1, z2, z3 = 0, 0, 0, 0
+    s = s0
+    while s + 3 <= s1:
+        a = cost[j - s] + (s + overhead) * last + penalty
+        b = cost[j - s - 1] + (s + 1 + overhead) * last + penalty
+        c = cost[j - s - 2] + (s + 2 + overhead) * last + penalty
+        d = cost[j - s - 3] + (s + 3 + overhead) * last + penalty
+        ea = dev[j - s] + abs(s - batch_size)
+        eb = dev[j - s - 1] + abs(s + 1 - batch_size)
+        ec = dev[j - s - 2] + abs(s + 2 - batch_size)
+        ed = dev[j - s - 3] + abs(s + 3 - batch_size)
+        t = (a < c0) | ((a == c0) & (ea < d0))
+        c0, d0, z0 = (a if t else c0), (ea if t else d0), (s if t else z0)
+        t = (b < c1) | ((b == c1) & (eb < d1))
+        c1, d1, z1 = (b if t else c1), (eb if t else d1), (s + 1 if t else z1)
+        t = (c < c2) | ((c == c2) & (ec < d2))
+        c2, d2, z2 = (c if t else c2), (ec if t else d2), (s + 2 if t else z2)
+        t = (d < c3) | ((d == c3) & (ed < d3))
+        c3, d3, z3 = (d if t else c3), (ed if t else d3), (s + 3 if t else z3)
+        s += 4
+    while s <= s1:
+        a = cost[j - s] + (s + overhead) * last + penalty
+        ea = dev[j - s] + abs(s - batch_size)
+        t = (a < c0) | ((a == c0) & (ea < d0))
+        c0, d0, z0 = (a if t else c0), (ea if t else d0), (s if t else z0)
+        s += 1
+    # A lane still at inf found nothing reachable; inf never wins (see _fill).
+    for c, d, z in ((c0, d0, z0), (c1, d1, z1), (c2, d2, z2), (c3, d3, z3)):
+        t = (c < best) | ((c == best) & ((d < best_dev) | ((d == best_dev) & (z < best_size))))
+        if c < inf and t:
+            best, best_dev, best_size = c, d, z
+    return best, best_dev, best_size
 
 
 @njit(**NJIT_FLAGS)

@@ -241,3 +241,11 @@ def test_band_scan_keeps_the_first_size_of_a_tie_across_the_tail():
     dev[j - 1] = dev[j - 5] = 0
     args = (cost, dev, j, 1, 5, 0.0, 0.0, 0.0, 3, np.inf, 0, 0)
     assert tuple(_band_scan(*args)) == _scan_reference(*args) == (0.0, 2, 1)
+
+
+def test_lengths_whose_costs_overflow_are_refused_not_walked_out_of_bounds():
+    # Every cost inf: no size recorded, and the walk back looped on size 0 writing past its array (a crash).
+    with pytest.raises(ConfigError, match="overflow the partition's float64 costs"):
+        partition(np.array([0.0] * 20 + [1.7e308] * 50), 28, 10, overhead=3.0)
+    with pytest.raises(ConfigError, match="overflow"):
+        partition(np.array([0.0] * 20 + [1.7e308] * 50), 28, 10, overhead=None)

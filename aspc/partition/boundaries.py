@@ -178,7 +178,7 @@ def _nominal_count(arr: np.ndarray, b: int, d: int) -> tuple[np.ndarray, bool]:
         try:
             best = _search(excess, f0, scale, tol)
             if best not in results:  # known by inference only: the answer itself is solved
-                run(best)
+                _solve_pair(run, best, None, arr.size, b - d, b + d)
             return results[best]
         except _Unsolved as need:
             lam = need.lam
@@ -338,6 +338,12 @@ def partition(
     if not 0 <= d < b:
         raise ConfigError(f"slack must be in [0, batch_size), got {d} with batch_size {b}; lower --slack")
     arr = _check_lengths(sorted_lengths)
+    # Every cost the DP sums is at most (n + overhead * n + a penalty of about the mean per minibatch) * max;
+    # past float64 they are all inf and no partition is found (the walk back once looped writing out of bounds).
+    worst = float(arr[-1]) * (arr.size + b + d) * (2.0 + (float(overhead) if overhead is not None else 0.0))
+    if arr.size and not np.isfinite(worst):
+        raise ConfigError(f"lengths up to {float(arr[-1]):.3g} overflow the partition's float64 costs with "
+                          f"{arr.size} lengths; give lengths in tokens")  # fmt: skip
     if overhead is None:
         boundaries, used_remainder = _nominal_count(arr, b, d)
     else:

@@ -150,9 +150,12 @@ def _partition_tables(lengths, batch_size, lo, hi, overhead, penalty, f, g, size
         g_cost[:] = np.inf
         g_dev[:] = 0
         g_size[:] = 0
-        f_prev = np.empty(n + 1, np.int64)
+        # The reachable-prefix index lives in ``sizes`` (free until the walk back below; a remainder starts
+        # from a prefix <= n - 1, so n entries do): an array of its own, allocated on the solving thread, would
+        # stay in that thread's malloc arena (16 MB at a million prompts).
+        f_prev = sizes
         reach = -1
-        for i in range(n + 1):
+        for i in range(n):
             reach = i if f_cost[i] < np.inf else reach
             f_prev[i] = reach
         _fill(lengths, lo, hi, batch_size, overhead, penalty, g_cost, g_dev, g_size, f_cost, f_dev, 1, f_prev)
@@ -163,6 +166,8 @@ def _partition_tables(lengths, batch_size, lo, hi, overhead, penalty, f, g, size
     in_g = use_g
     while j > 0:
         s = g_size[j] if in_g else f_size[j]
+        if s < 1:  # n unreachable (costs overflowed to inf): stop; the caller's size check reports it
+            break
         if s < lo:
             in_g = False
         sizes[m] = s

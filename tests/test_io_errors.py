@@ -70,3 +70,13 @@ def test_an_error_naming_no_file_still_shows_its_traceback(tmp_path, monkeypatch
     monkeypatch.setattr(pathlib.Path, "read_bytes", fail)
     res = CliRunner().invoke(cli, ["compile", str(src), "--length-field", "len", "-o", str(tmp_path / "p.parquet")])
     assert isinstance(res.exception, OSError)
+
+
+def test_an_error_not_about_the_named_files_device_keeps_its_traceback(tmp_path, monkeypatch):
+    # Found in review: under `ulimit -n 7` a lazy import's EMFILE named aspc's own module and was worded as
+    # that file's device failing. Only device and mount errnos get the one line.
+    src = tmp_path / "in.jsonl"
+    write_jsonl(src, [{"prompt": "a", "len": 3}])
+    monkeypatch.setattr(pathlib.Path, "read_bytes", _failing(errno.EMFILE))
+    res = CliRunner().invoke(cli, ["compile", str(src), "--length-field", "len", "-o", str(tmp_path / "p.parquet")])
+    assert isinstance(res.exception, OSError) and res.exception.errno == errno.EMFILE

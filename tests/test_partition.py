@@ -170,7 +170,7 @@ def test_a_remainder_under_a_narrow_band_costs_no_n_times_b_scan():
 
 @pytest.mark.skipif(__import__("numba").config.DISABLE_JIT, reason="about the compiled kernel")
 def test_ctrl_c_stops_a_long_partition_at_once(tmp_path):
-    # One DP solve is O(n (B + slack)): ~20 s here. Ran in the main thread, the compiled kernel kept the
+    # One DP solve is O(n (B + slack)): the old code exited ~40 s after the signal here. Ran in the main thread, the compiled kernel kept the
     # signal's handler waiting to its end; now it waits in join, which a signal interrupts.
     import signal
     import subprocess

@@ -139,9 +139,9 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             if _in_numba_cache(exc):
                 raise CliError(_numba_cache_line(exc), 2) from None
             # Errors about the path itself, whatever call met them first.
-            if exc.filename is None or exc.strerror is None:
-                raise  # not about a file the user named: a traceback helps more than a guess
-            fix = _PATH_FIXES.get(exc.errno, _DEVICE_FIX)
+            fix = _PATH_FIXES.get(exc.errno) or (_DEVICE_FIX if exc.errno in _DEVICE_ERRNOS else None)
+            if fix is None or exc.filename is None or exc.strerror is None:
+                raise  # not known to be about the file it names (EMFILE names whatever was opened): a traceback
             raise CliError(_one_line(f"{exc.filename}: {exc.strerror}; {fix}"), 2) from None
 
     return wrapper
@@ -178,9 +178,14 @@ _PATH_FIXES = {
 }
 
 
-# Any other error the system reports for a named file (EIO from a failing disk or network mount, ENXIO, ESTALE,
-# ...): what aspc can say is which file and what the system said; the file may read fine from another copy.
+# Errors of the device or mount a named file is on (a failing disk, a network mount gone stale, a removed
+# device): what aspc can say is which file and what the system said; the file may read fine from another copy.
+# Only these: others that name a file (EMFILE, EEXIST from a rename, ...) are not about the file's device.
 _DEVICE_FIX = "the system could not read or write it: check the file and the device or mount it is on, or use a copy"
+_DEVICE_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("EIO", "ESTALE", "ENXIO", "ENODEV", "ENOMEDIUM", "ENOLINK", "ECOMM", "EREMOTEIO")
+    if hasattr(errno, name)
+)
 
 
 def _one_line(msg: str) -> str:

@@ -6,8 +6,8 @@ prompts and a ``trainer.rollout_data_dir`` of S samples per prompt in step files
 
     aspc compile gsm8k.parquet --history ROLLOUT_DIR -o plan.parquet --quiet [--tokenizer qwen]
 
-with ``/usr/bin/time -v`` (wall, peak RSS) and checks every sample was matched (``--json``'s
-``history_prompts_matched``, read back from the plan). Without ``--tokenizer`` response tokens are
+with ``/usr/bin/time -v`` (wall, peak RSS) and checks every prompt was matched (the plan's
+``history_prompts_matched``). Without ``--tokenizer`` response tokens are
 estimated from bytes; with ``qwen`` they are counted and special-token text is removed from prompts.
 
     .venv/bin/python benchmarks/verl_history_scale.py [--prompts 20000] [--samples 4] [--data DIR]
@@ -97,6 +97,8 @@ def main() -> None:
                 raise SystemExit(f"{name}: aspc compile failed")
             walls = sorted(w for w, _, _ in runs)
             matched = read_plan(plan).predictor.get("history_prompts_matched")
+            if matched != args.prompts:  # every prompt has samples in the dump: all must be found
+                raise SystemExit(f"{name}: {matched} of {args.prompts} prompts matched their samples")
             print(f"| {name} | {walls[0]:.2f} / {walls[len(walls) // 2]:.2f} | "
                   f"{max(r for _, r, _ in runs) / 1024:.0f} | {matched} |")  # fmt: skip
 

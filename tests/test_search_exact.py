@@ -229,7 +229,7 @@ def test_tables_know_when_the_band_alone_reaches_n(n):
     for lo in range(1, 12):
         for hi in range(lo, 16):
             reaches = any(k * lo <= n <= k * hi for k in range(1, n + 1))
-            _, g, _ = boundaries._tables(n, lo, hi)
+            _, g, _, _ = boundaries._tables(n, lo, hi)
             assert (g[0].size == 0) == reaches
 
 

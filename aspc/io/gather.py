@@ -91,7 +91,7 @@ def _warm_kernels() -> None:
     _partition_kernel(np.zeros(1), 1, 1, 1, 0.0, 0.0)
     one = (np.empty(2), np.empty(2, np.int64), np.empty(2, np.int64))
     none = (np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64))
-    _partition_tables(np.zeros(1), 1, 1, 1, 0.0, 0.0, one, none, np.empty(1, np.int64))
+    _partition_tables(np.zeros(1), 1, 1, 1, 0.0, 0.0, one, none, np.empty(1, np.int64), np.zeros(1, np.int64))
     from aspc.schedule_kernel import float_order_bits, id_keys, lex_argsort
 
     ends = np.zeros(1, np.int64)

@@ -218,7 +218,7 @@ def _between_equal(lam: float, results: dict, excess_of) -> int | None:
 
 
 def _tables(n: int, lo: int, hi: int) -> tuple:
-    """The DP's tables for ``n`` prompts (see ``_partition_tables``), allocated by the calling thread.
+    """The DP's tables for ``n`` prompts and its stop flag (see ``_partition_tables``), allocated by the calling thread.
 
     A kernel that allocated its ~30 MB of tables on a second thread would take
     them from that thread's malloc arena, which keeps them after they are
@@ -228,7 +228,7 @@ def _tables(n: int, lo: int, hi: int) -> tuple:
         return np.empty(size), np.empty(size, np.int64), np.empty(size, np.int64)
 
     band_reaches_n = -(-n // hi) <= n // lo  # some count k of minibatches has k*lo <= n <= k*hi
-    return triple(n + 1), triple(0 if band_reaches_n else n + 1), np.empty(n, np.int64)
+    return triple(n + 1), triple(0 if band_reaches_n else n + 1), np.empty(n, np.int64), np.zeros(1, np.int64)
 
 
 def _solve_pair(run, lam: float, other: float | None, n: int = 0, lo: int = 1, hi: int = 1) -> None:
@@ -249,12 +249,19 @@ def _solve_pair(run, lam: float, other: float | None, n: int = 0, lo: int = 1, h
         except BaseException as exc:  # noqa: BLE001 - re-raised below, in the caller's thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=solve, args=(at, _tables(n, lo, hi)), daemon=True)
-               for at in (lam, other) if at is not None]  # fmt: skip
+    jobs = [(at, _tables(n, lo, hi)) for at in (lam, other) if at is not None]
+    threads = [threading.Thread(target=solve, args=job, daemon=True) for job in jobs]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        # Interrupted (a library caller's KeyboardInterrupt; the CLI exits anyway): the solves stop at their
+        # next prefix instead of running on for minutes beside whatever the caller does next.
+        for _, tables in jobs:
+            tables[-1][0] = 1
+        raise
     if errors:
         raise errors[0]
 

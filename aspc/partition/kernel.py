@@ -13,7 +13,7 @@ from aspc.numba_config import NJIT_FLAGS
 
 
 @njit(**NJIT_FLAGS)
-def _fill(lengths, lo, hi, batch_size, overhead, penalty, cost, dev, size, base_cost, base_dev, lo_from, base_prev):
+def _fill(lengths, lo, hi, batch_size, overhead, penalty, cost, dev, size, base_cost, base_dev, lo_from, base_prev, halt):
     """Fill one DP table (cost, total deviation, last size) for every prefix.
 
     For each prefix ``j`` the sizes ``lo_from..min(hi, j)`` are scanned in
@@ -35,6 +35,8 @@ def _fill(lengths, lo, hi, batch_size, overhead, penalty, cost, dev, size, base_
     n = lengths.shape[0]
     rem_top = lo - 1
     for j in range(1, n + 1):
+        if halt[0]:  # the caller gave up (Ctrl-C in a notebook): the tables are thrown away
+            return
         best = np.inf
         best_dev = 0
         best_size = 0
@@ -119,16 +121,18 @@ def _partition_kernel(lengths, batch_size, lo, hi, overhead, penalty):
     n = lengths.shape[0]
     f = (np.empty(n + 1), np.empty(n + 1, np.int64), np.empty(n + 1, np.int64))
     g = (np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64))  # allocated inside if needed
-    return _partition_tables(lengths, batch_size, lo, hi, overhead, penalty, f, g, np.empty(n, np.int64))
+    sizes, stop = np.empty(n, np.int64), np.zeros(1, np.int64)
+    return _partition_tables(lengths, batch_size, lo, hi, overhead, penalty, f, g, sizes, stop)
 
 
 @njit(**NJIT_FLAGS)
-def _partition_tables(lengths, batch_size, lo, hi, overhead, penalty, f, g, sizes):
+def _partition_tables(lengths, batch_size, lo, hi, overhead, penalty, f, g, sizes, stop):
     """:func:`_partition_kernel` in tables the caller allocated: ``f`` and ``g`` are
     (cost, deviation, size) triples of ``n + 1`` entries (``g`` may be empty
     when the band alone reaches ``n``; it is allocated here if not), ``sizes``
     has ``n``. A caller on another thread passes tables from its own, so the
-    large temporaries go back to the allocator they came from.
+    large temporaries go back to the allocator they came from. ``stop``: one
+    int64 the caller sets to 1 to end the solve early (no boundaries then).
     """
     n = lengths.shape[0]
     f_cost, f_dev, f_size = f
@@ -137,7 +141,7 @@ def _partition_tables(lengths, batch_size, lo, hi, overhead, penalty, f, g, size
     f_size[:] = 0
     f_cost[0] = 0.0
     # lo_from = lo: no remainder sizes, so the band-only table needs no reachable-prefix index.
-    _fill(lengths, lo, hi, batch_size, overhead, penalty, f_cost, f_dev, f_size, f_cost, f_dev, lo, f_size[:0])
+    _fill(lengths, lo, hi, batch_size, overhead, penalty, f_cost, f_dev, f_size, f_cost, f_dev, lo, f_size[:0], stop)
 
     use_g = f_cost[n] == np.inf
     g_size = np.zeros(1, np.int64)
@@ -158,8 +162,10 @@ def _partition_tables(lengths, batch_size, lo, hi, overhead, penalty, f, g, size
         for i in range(n):
             reach = i if f_cost[i] < np.inf else reach
             f_prev[i] = reach
-        _fill(lengths, lo, hi, batch_size, overhead, penalty, g_cost, g_dev, g_size, f_cost, f_dev, 1, f_prev)
+        _fill(lengths, lo, hi, batch_size, overhead, penalty, g_cost, g_dev, g_size, f_cost, f_dev, 1, f_prev, stop)
 
+    if stop[0]:
+        return np.zeros(1, np.int64), use_g
     # Walk back from n, switching from g to f at the remainder minibatch.
     m = 0
     j = n

@@ -90,6 +90,16 @@ def comparison_table(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _largest_divisor_below(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` below ``limit`` (0 if none): O(sqrt n), not O(limit) (a --global-batch of
+    2**40 took hours to scan)."""
+    best = 0
+    for d in range(1, math.isqrt(n) + 1):
+        if n % d == 0:
+            best = max([best, *(x for x in (d, n // d) if x < limit)])
+    return best
+
+
 def left_over_note(results: dict[str, Any], global_batch: int) -> str | None:
     """Why the iteration times leave out part of the run, when they do; ``None`` when every sample was consumed.
 
@@ -109,8 +119,8 @@ def left_over_note(results: dict[str, Any], global_batch: int) -> str | None:
     whose = "the plans'" if len(sizes) == 1 else f"{worst_name}'s"
     # A batch that consumes every plan whole: a divisor of all their sizes (never the batch that left these).
     common = math.gcd(*sizes)
-    fits = [d for d in range(global_batch - 1, 0, -1) if common % d == 0]
-    better = f"; --global-batch {fits[0]} consumes all of them" if fits and fits[0] * 2 >= global_batch else ""
+    fit = _largest_divisor_below(common, global_batch)
+    better = f"; --global-batch {fit} consumes all of them" if fit and fit * 2 >= global_batch else ""
     return (f"{worst.samples_left_over} of {whose} {worst.samples_planned} samples are generated but no trainer step "
             f"consumes them (--global-batch {global_batch}): the iteration times end at the last step and leave out "
             f"whatever generation ends after it, which flatters a strategy that dispatches its longest work "

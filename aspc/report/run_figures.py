@@ -104,32 +104,18 @@ def fig_worker_timeline(runs: list[RunView], path: Path) -> None:
         # Outlines and reload markers help with a few hundred bars and bury the data beyond.
         marked = run.mb_end.size <= MAX_MARKED_MINIBATCHES
         edge = {"edgecolor": "white", "linewidth": 0.3} if marked else {"linewidth": 0}
-        for k in range(w):
-            sel = np.flatnonzero(run.mb_worker == k)
-            if sel.size == 0:
-                continue
-            spans = list(zip(run.mb_start[sel], run.mb_end[sel] - run.mb_start[sel], strict=True))
-            ax.broken_barh(
-                spans,
-                (k - 0.4, 0.8),
-                facecolors=[cmap(int(g) % 20) for g in run.mb_group[sel]],
-                **edge,
-            )
-            rel = sel[run.mb_reload[sel]]
-            if rel.size:
-                rspans = list(
-                    zip(run.mb_dispatch[rel], np.maximum(run.mb_start[rel] - run.mb_dispatch[rel], 0.0), strict=True)
-                )
-                ax.broken_barh(rspans, (k - 0.4, 0.8), facecolors="black")
-            if rel.size and marked:
-                ax.plot(
-                    run.mb_dispatch[rel],
-                    np.full(rel.size, k + 0.45),
-                    linestyle="none",
-                    marker="v",
-                    markersize=3.5,
-                    color="tab:red",
-                )
+        # One collection per kind of bar, not one broken_barh per worker: each of those re-autoscaled over
+        # every collection drawn so far (quadratic: 31 s for 10,000 busy workers).
+        busy = np.flatnonzero(run.mb_worker < w)
+        _bars(ax, run.mb_start[busy], run.mb_end[busy], run.mb_worker[busy],
+              [cmap(int(g) % 20) for g in run.mb_group[busy]], edge)  # fmt: skip
+        rel = busy[run.mb_reload[busy]]
+        if rel.size:
+            _bars(ax, run.mb_dispatch[rel], np.maximum(run.mb_start[rel], run.mb_dispatch[rel]), run.mb_worker[rel],
+                  "black", {})  # fmt: skip
+        if rel.size and marked:
+            ax.plot(run.mb_dispatch[rel], run.mb_worker[rel] + 0.45, linestyle="none", marker="v", markersize=3.5,
+                    color="tab:red")  # fmt: skip
         if run.step_start.size:
             ax.broken_barh(
                 list(zip(run.step_start, run.step_end - run.step_start, strict=True)),
@@ -180,3 +166,14 @@ def fig_policy_lag(runs: list[RunView], path: Path) -> None:
     ax.set_ylabel("consumed samples (%)")
     ax.set_title("Policy lag of consumed samples")
     save_png(fig, path)
+
+
+def _bars(ax, start: np.ndarray, end: np.ndarray, row: np.ndarray, colors, style: dict) -> None:
+    """Bars [start, end) on rows ``row`` (height 0.8) as one collection, the limits updated once."""
+    from matplotlib.collections import PolyCollection
+
+    y0, y1 = row - 0.4, row + 0.4
+    verts = np.stack([np.stack([start, y0], 1), np.stack([start, y1], 1), np.stack([end, y1], 1),
+                      np.stack([end, y0], 1)], 1)  # fmt: skip
+    ax.add_collection(PolyCollection(verts, facecolors=colors, **style), autolim=True)
+    ax.autoscale_view()

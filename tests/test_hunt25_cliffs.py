@@ -34,6 +34,12 @@ def _aspc(args: list[str], timeout: float, cwd: Path) -> subprocess.CompletedPro
         return None
 
 
+def _write_prompts(path: Path, n: int, field: str, lengths) -> None:
+    """``n`` rows of id, a short prompt and ``field`` (a length or a list of them) as Parquet."""
+    pq.write_table(pa.table({"id": [f"p{i}" for i in range(n)], "prompt": [f"q{i}" for i in range(n)], field: lengths}),
+                   path)  # fmt: skip
+
+
 def _finished_in_time(args: list[str], timeout: float, cwd: Path) -> None:
     res = _aspc(args, timeout, cwd)
     assert res is not None, f"aspc {' '.join(args)} ran past {timeout} s"
@@ -56,15 +62,7 @@ def test_simulate_huge_global_batch_left_over_note_is_fast(tmp_path: Path) -> No
 @pytest.mark.skipif(__import__("importlib").util.find_spec("matplotlib") is None, reason="report needs matplotlib")
 def test_report_worker_timeline_many_workers_is_fast(tmp_path: Path) -> None:
     n = 12_000
-    rng = np.random.default_rng(0)
-    pq.write_table(
-        pa.table({
-            "id": [f"p{i}" for i in range(n)],
-            "prompt": [f"q{i} hello" for i in range(n)],
-            "length": rng.lognormal(6, 1, n).astype(np.int64) + 1,
-        }),
-        tmp_path / "in.parquet",
-    )
+    _write_prompts(tmp_path / "in.parquet", n, "length", np.random.default_rng(0).lognormal(6, 1, n).astype(np.int64) + 1)
     _finished_in_time(
         ["compile", "in.parquet", "--length-field", "length", "-b", "1", "--slack", "0", "-o", "plan.parquet",
          "-q"],
@@ -92,16 +90,9 @@ def test_report_worker_timeline_many_workers_is_fast(tmp_path: Path) -> None:
     ),
 )
 def test_rolling_scout_many_windows_is_fast(tmp_path: Path) -> None:
-    n = 1000
-    rng = np.random.default_rng(0)
-    pq.write_table(
-        pa.table({
-            "id": [f"p{i}" for i in range(n)],
-            "prompt": [f"q{i}" for i in range(n)],
-            "lengths": [list(map(int, rng.lognormal(6, 1, 8).astype(np.int64) + 1)) for _ in range(n)],
-        }),
-        tmp_path / "in.parquet",
-    )
+    n, rng = 1000, np.random.default_rng(0)
+    _write_prompts(tmp_path / "in.parquet", n, "lengths", [list(map(int, rng.lognormal(6, 1, 8).astype(np.int64) + 1))
+                                                          for _ in range(n)])  # fmt: skip
     _finished_in_time(
         ["simulate", "in.parquet", "--length-field", "lengths", "-n", "4", "--max-new-tokens", "4096", "-q",
          "--strategies", "asp+scout+roll", "--scout-windows", "1000"],

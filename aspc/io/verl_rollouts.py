@@ -62,6 +62,7 @@ import numpy as np
 from aspc.errors import InputError
 from aspc.io.readers import json_int
 from aspc.io.tokens import QWEN25_KEPT_TOKENS, QWEN25_SPECIAL_TOKENS
+from aspc.io.word_chars import is_white_space, is_word_char, skip_white_space
 
 # Template text a step file's inputs end with is looked for in their last this many characters (a chat
 # template's generation prompt is tens of them).
@@ -70,8 +71,6 @@ _TAIL_SPAN = 4096
 STEP_FILE = re.compile(r"^(\d+)\.jsonl$")
 BYTES_PER_TOKEN = 4.0  # as aspc.io's prompt estimate: rough tokens per byte of English BPE text
 _WS = re.compile(r"\s+")
-_WORD = re.compile(r"\w")
-_SPACES = re.compile(r"\s*")
 _HEAD = 8  # characters of a last message's end that rule most places of an input out at once
 
 
@@ -195,13 +194,13 @@ def _special_remover(tok: Any) -> Callable[[str], str] | None:
         out, pos, at = [], 0, 0
         while p is not None and (m := p.search(s, at)):
             t, start, end = added[m.group()], m.start(), m.end()
-            if t.single_word and ((start and _WORD.match(s, start - 1)) or _WORD.match(s, end)):
+            if t.single_word and ((start and is_word_char(s[start - 1])) or (end < len(s) and is_word_char(s[end]))):
                 at = start + 1  # inside a word: not this token
                 continue
-            while t.lstrip and start > pos and s[start - 1].isspace():  # it takes the whitespace before it along
+            while t.lstrip and start > pos and is_white_space(s[start - 1]):  # it takes the whitespace before it along
                 start -= 1
             if t.rstrip:
-                end = _SPACES.match(s, end).end()
+                end = skip_white_space(s, end)
             out += [(s[pos:start], False), (_nfc(t.content) if not t.special else "", True)]
             pos = at = end
         return [*out, (s[pos:], False)]

@@ -22,7 +22,7 @@ from aspc.emit import schema as S
 from aspc.errors import InputError, short_reason
 from aspc.io.prompts import file_hash
 from aspc.io.readers import SUPPORTED_SUFFIXES, BadRecord, detect_format, iter_records, json_int
-from aspc.io.table import arrow_array, column_numpy
+from aspc.io.table import arrow_array, column_numpy, take_rows
 
 
 def locate_source(plan: Plan, plan_path: Path, source: Path | None) -> Path:
@@ -107,7 +107,7 @@ def source_records(source: Path, rows: list[int], length_field: str | None = Non
     if detect_format(source) == "parquet":
         from aspc.io.readers import read_parquet_table
 
-        table = read_parquet_table(source).take(pa.array(rows, pa.int64()))
+        table = take_rows(read_parquet_table(source), rows)
         try:
             return _python_records(table)
         except ValueError as exc:
@@ -149,7 +149,7 @@ def source_table(source: Path, rows: list[int]) -> pa.Table:
     if detect_format(source) == "parquet":
         from aspc.io.readers import read_parquet_table
 
-        return read_parquet_table(source).take(pa.array(rows, pa.int64()))
+        return take_rows(read_parquet_table(source), rows)
     recs = source_records(source, rows)
     # Every field any record has, null where a record lacks it (from_pylist takes its columns from the
     # first record alone and dropped reward_model when the first row had none), in the order the file

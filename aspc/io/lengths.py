@@ -16,7 +16,7 @@ from aspc.arrow_files import read_parquet_parts
 from aspc.errors import InputError, epochs_root_hint, short_reason
 from aspc.io.prompts import check_field_names
 from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
-from aspc.io.rows import MAX_LENGTH, _RowError, parse_length
+from aspc.io.rows import MAX_LENGTH, _RowError, parse_length, refuse_twice
 from aspc.io.runlog_meta import (
     check_runlog_version,
     committed,
@@ -190,12 +190,16 @@ def read_lengths(
     if fast is not None:
         return fast
     out: dict[str, list[np.ndarray]] = {}
-    for _row, line, rec in iter_numbered_records(path, columns=(id_field, length_field)):
+    for _row, line, rec in iter_numbered_records(path, (id_field, length_field), columns=(id_field, length_field)):
         where = f"{path.name}: line {line}"
         if isinstance(rec, BadRecord):
             raise InputError(f"{where}: {rec.reason}")
         if not isinstance(rec, dict):
             raise InputError(f"{where}: expected an object with {id_field!r} and {length_field!r}")
+        try:
+            refuse_twice(rec, (id_field, length_field))
+        except _RowError as exc:
+            raise InputError(f"{where}: {exc}") from None
         pid = rec.get(id_field)
         if id_field not in rec:
             if own_id_field:

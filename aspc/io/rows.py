@@ -343,16 +343,22 @@ class _Ids:
         return content_id(stored)
 
 
+def refuse_twice(rec: dict, fields: tuple[str | None, ...]) -> None:
+    """Refuse a JSON object that gives one of ``fields`` twice (read with those as ``keys``)."""
+    for f in fields:
+        if f is not None and isinstance(rec, TwiceKeys) and f in rec.twice:
+            # JSON keeps the last of the two silently, as a dict of CSV or Parquet columns would: those are refused.
+            raise _RowError(f"field {f!r} appears twice in the object; keep one")
+
+
 def _check_read_fields(rec: dict, fields: tuple[str | None, ...]) -> None:
     """Refuse a row whose fields that aspc reads are repeated, not UTF-8, or cut off by a short CSV row."""
     if rec.get(fields[0]) is None:
         fields += ("messages",)  # the prompt comes from here
+    refuse_twice(rec, fields)
     for f in fields:
         if f is None:
             continue
-        if isinstance(rec, TwiceKeys) and f in rec.twice:
-            # JSON keeps the last of the two silently, as a dict of CSV or Parquet columns would: those are refused.
-            raise _RowError(f"field {f!r} appears twice in the object; keep one")
         if isinstance(rec.get(f), BadText):
             raise _RowError(f"field {f!r} is not valid UTF-8 text; re-encode the data as UTF-8")
         if isinstance(rec, ShortRow) and f in rec.missing:

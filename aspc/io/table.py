@@ -209,3 +209,45 @@ class PromptTable:
         if self.text_array is self.prompt_array:
             return self.prompts  # text prompts: one list, not two
         return self._list("texts", self.text_array)
+
+
+def take_rows(table: pa.Table, rows: Sequence[int] | np.ndarray) -> pa.Table:
+    """``table``'s rows ``rows`` in that order, every column keeping its type.
+
+    Arrow has no take for view types (``string_view``, ``binary_view``, and types holding them): such a
+    column is taken through its non-view twin (``large_string``, ``large_binary``) and cast back, or,
+    where Arrow casts neither way (a ``list_view`` of them), through Python values.
+    """
+    idx = arrow_array(np.asarray(rows, dtype=np.int64), pa.int64())
+    cols = []
+    for col in table.columns:
+        try:
+            cols.append(col.take(idx))
+            continue
+        except pa.ArrowNotImplementedError:
+            pass
+        try:
+            cols.append(col.cast(_without_views(col.type)).take(idx).cast(col.type))
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            values = col.to_pylist()
+            cols.append(pa.array([values[i] for i in idx.to_numpy()], col.type))
+    return pa.Table.from_arrays(cols, schema=table.schema)
+
+
+def _without_views(t: pa.DataType) -> pa.DataType:
+    """``t`` with every ``string_view`` / ``binary_view`` in it as ``large_string`` / ``large_binary``."""
+    if t == pa.string_view():
+        return pa.large_string()
+    if t == pa.binary_view():
+        return pa.large_binary()
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_without_views(f.type)) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_without_views(t.key_type)), t.item_field.with_type(_without_views(t.item_type)))
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_without_views(t.value_type)), t.list_size)
+    for is_kind, make in ((pa.types.is_list, pa.list_), (pa.types.is_large_list, pa.large_list),
+                          (pa.types.is_list_view, pa.list_view), (pa.types.is_large_list_view, pa.large_list_view)):  # fmt: skip
+        if is_kind(t):
+            return make(t.value_field.with_type(_without_views(t.value_type)))
+    return t

@@ -355,7 +355,7 @@ def read_rollout_lengths(
     outputs: list[str] = []
     file_ends: list[int] = []
     for f in files:
-        with open(f, encoding="utf-8", errors="strict") as fh:
+        with open(f, encoding="utf-8-sig", errors="strict") as fh:
             try:
                 # Only \n ends a line: verl writes with ensure_ascii=False, so a response may hold
                 # U+2028/U+2029/U+0085, at which str.splitlines would cut a valid line in two.

@@ -223,9 +223,19 @@ def read_dataset_pairs(
         group, no lengths.
     """
     from aspc.errors import ConfigError
+    from aspc.io.parquet_rows import ids_complete
     from aspc.io.prompts import file_hash
     from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
-    from aspc.io.rows import _parse_prompt, _RowError, content_id, nulls_absent, parse_length, required_id
+    from aspc.io.rows import (
+        VERL_INDEX,
+        _parse_prompt,
+        _RowError,
+        content_id,
+        nulls_absent,
+        parse_length,
+        refuse_twice,
+        required_id,
+    )
     from aspc.io.table import SkippedRow
 
     if on_bad_line not in ON_BAD_LINE:
@@ -241,12 +251,18 @@ def read_dataset_pairs(
     targets: list[str] = []
     lengths: list[list[np.ndarray]] = []
     skipped: list[SkippedRow] = []
-    for row, line, rec in iter_numbered_records(path):
+    read = (prompt_field, id_field, length_field, target_field, group_field)
+    keys = tuple(dict.fromkeys(f for f in (*read, "messages") if f is not None))
+    # Only the fields read (and extra_info where an id may come from it), as compile's row reader: a Parquet
+    # column no one reads (a date past Python's range, a struct naming a field twice) refused the file.
+    info = () if detect_format(path) == "parquet" and ids_complete(path, id_field) else (VERL_INDEX[0],)
+    for row, line, rec in iter_numbered_records(path, keys, columns=(*keys, *info)):
         try:
             if isinstance(rec, BadRecord):
                 raise _RowError(rec.reason)
             if not isinstance(rec, dict):
                 raise _RowError(f"expected an object with a {prompt_field!r} field, got {type(rec).__name__}")
+            refuse_twice(rec, read + (("messages",) if rec.get(prompt_field) is None else ()))
             stored, text = _parse_prompt(rec, prompt_field, null_is_absent=absent)
             pid = required_id(rec, id_field)
             pid = content_id(stored) if pid is None else pid

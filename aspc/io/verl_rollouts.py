@@ -195,7 +195,7 @@ def _special_remover(tok: Any) -> Callable[[str], str] | None:
         while p is not None and (m := p.search(s, at)):
             t, start, end = added[m.group()], m.start(), m.end()
             if t.single_word and ((start and is_word_char(s[start - 1])) or (end < len(s) and is_word_char(s[end]))):
-                at = start + 1  # inside a word: not this token
+                at = end  # inside a word: not this token; the search goes on after it, as tokenizers' does
                 continue
             while t.lstrip and start > pos and is_white_space(s[start - 1]):  # it takes the whitespace before it along
                 start -= 1

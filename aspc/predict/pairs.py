@@ -223,11 +223,9 @@ def read_dataset_pairs(
         group, no lengths.
     """
     from aspc.errors import ConfigError
-    from aspc.io.parquet_rows import ids_complete
     from aspc.io.prompts import file_hash
     from aspc.io.readers import BadRecord, detect_format, iter_numbered_records
     from aspc.io.rows import (
-        VERL_INDEX,
         _parse_prompt,
         _RowError,
         content_id,
@@ -253,10 +251,9 @@ def read_dataset_pairs(
     skipped: list[SkippedRow] = []
     read = (prompt_field, id_field, length_field, target_field, group_field)
     keys = tuple(dict.fromkeys(f for f in (*read, "messages") if f is not None))
-    # Only the fields read (and extra_info where an id may come from it), as compile's row reader: a Parquet
-    # column no one reads (a date past Python's range, a struct naming a field twice) refused the file.
-    info = () if detect_format(path) == "parquet" and ids_complete(path, id_field) else (VERL_INDEX[0],)
-    for row, line, rec in iter_numbered_records(path, keys, columns=(*keys, *info)):
+    # Only the fields read: a Parquet column no one reads (a date past Python's range, a struct naming a field
+    # twice) refused the file, which compile's readers take.
+    for row, line, rec in iter_numbered_records(path, keys, columns=keys):
         try:
             if isinstance(rec, BadRecord):
                 raise _RowError(rec.reason)

@@ -57,6 +57,13 @@ class _Stdout:
                               "> /dev/null)")  # fmt: skip
         try:
             return getattr(stream, name)(*args)
+        except UnicodeEncodeError:
+            if name != "write":
+                raise
+            # A stdout whose encoding cannot hold the text (PYTHONIOENCODING=ascii, a C locale on an old Python)
+            # and a file name beyond it: escaped, as Python writes such text to stderr, not a traceback.
+            text = args[0].encode(stream.encoding or "utf-8", "backslashreplace").decode(stream.encoding or "utf-8")
+            return _Stdout._call(name, text)
         except OSError as exc:
             raise stdout_failure(exc) from None
 

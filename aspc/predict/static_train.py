@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from aspc.errors import ConfigError, PredictorError
 from aspc.predict.base import (
@@ -204,54 +205,57 @@ def train_static(
     w0 = np.zeros(x.shape[1])
     if kind == "static":
         w0[:dim] = init.head["w"]  # the refit's prior mean: the init head's embedding weights
-    # Per-fold Gram matrices: every (penalty, fold) fit is then one small solve.
-    grams, rhs = [], []
-    for k in range(folds):
-        r = train_rows[fold_of_row[train_rows] == k]
-        xw = x[r] * weight[r, None]
-        grams.append(xw.T @ x[r])
-        rhs.append(xw.T @ y_fit[r])
-    g_all, b_all = sum(grams), sum(rhs)
-    scale = float(weight[train_rows].sum())
-
-    def solve(g: np.ndarray, b: np.ndarray, lam: float) -> np.ndarray:
-        pen = np.zeros(len(b))
-        pen[:dim] = lam * scale
-        # A whisper of ridge on every column: a target with no rows in a fold stays solvable.
-        a = g + np.diag(pen + 1e-9 * scale)
-        return np.linalg.solve(a, b + pen * w0)
-
-    best = None
-    for lam in config.lam_grid:
-        oof = np.empty(len(y))
+    # One BLAS thread for the head: OpenBLAS splits its sums (Gram matrices, the solves) by thread count,
+    # so the same data and seed gave other weights under OMP_NUM_THREADS=1 (a one-CPU container) than on two.
+    with threadpool_limits(limits=1, user_api="blas"):
+        # Per-fold Gram matrices: every (penalty, fold) fit is then one small solve.
+        grams, rhs = [], []
         for k in range(folds):
-            held = train_rows[fold_of_row[train_rows] == k]
-            if len(held):
-                wk = solve(g_all - grams[k], b_all - rhs[k], lam)
-                if target_of_row is not None:
-                    # A target whose rows are all held out (few prompts, or one source) is new to this fit.
-                    fit_rows = train_rows[fold_of_row[train_rows] != k]
-                    wk[dim + 2 :] = target_levels(wk[dim + 2 :], fit_rows, target_of_row, weight)[:-1]
-                oof[held] = x[held] @ wk + prior_text[text_of_row[held]]
-        err = float(weight[train_rows] @ (oof[train_rows] - y[train_rows]) ** 2)
-        if best is None or err < best[0]:
-            best = (err, lam, oof)
-        progress.advance()
-    assert best is not None
-    _, lam, oof = best
-    w = solve(g_all, b_all, lam)
-    progress.advance()
-    progress.done()
+            r = train_rows[fold_of_row[train_rows] == k]
+            xw = x[r] * weight[r, None]
+            grams.append(xw.T @ x[r])
+            rhs.append(xw.T @ y_fit[r])
+        g_all, b_all = sum(grams), sum(rhs)
+        scale = float(weight[train_rows].sum())
 
-    icpt = w[dim + 2 :]
-    if target_of_row is None:
-        intercepts = np.array([icpt[0], icpt[0]])
-    else:
-        # A target whose prompts all fell in the validation split answers at the pooled level.
-        intercepts = target_levels(icpt, train_rows, target_of_row, weight)
-        icpt = intercepts[:-1]
-    cals, band, target_scales = fit_calibrations(oof, lengths, train_rows, target_of_row, target_names, icpt,
-                                                 intercepts, fold_of_row, by_group, config.calibration_bins)  # fmt: skip
+        def solve(g: np.ndarray, b: np.ndarray, lam: float) -> np.ndarray:
+            pen = np.zeros(len(b))
+            pen[:dim] = lam * scale
+            # A whisper of ridge on every column: a target with no rows in a fold stays solvable.
+            a = g + np.diag(pen + 1e-9 * scale)
+            return np.linalg.solve(a, b + pen * w0)
+
+        best = None
+        for lam in config.lam_grid:
+            oof = np.empty(len(y))
+            for k in range(folds):
+                held = train_rows[fold_of_row[train_rows] == k]
+                if len(held):
+                    wk = solve(g_all - grams[k], b_all - rhs[k], lam)
+                    if target_of_row is not None:
+                        # A target whose rows are all held out (few prompts, or one source) is new to this fit.
+                        fit_rows = train_rows[fold_of_row[train_rows] != k]
+                        wk[dim + 2 :] = target_levels(wk[dim + 2 :], fit_rows, target_of_row, weight)[:-1]
+                    oof[held] = x[held] @ wk + prior_text[text_of_row[held]]
+            err = float(weight[train_rows] @ (oof[train_rows] - y[train_rows]) ** 2)
+            if best is None or err < best[0]:
+                best = (err, lam, oof)
+            progress.advance()
+        assert best is not None
+        _, lam, oof = best
+        w = solve(g_all, b_all, lam)
+        progress.advance()
+        progress.done()
+
+        icpt = w[dim + 2 :]
+        if target_of_row is None:
+            intercepts = np.array([icpt[0], icpt[0]])
+        else:
+            # A target whose prompts all fell in the validation split answers at the pooled level.
+            intercepts = target_levels(icpt, train_rows, target_of_row, weight)
+            icpt = intercepts[:-1]
+        cals, band, target_scales = fit_calibrations(oof, lengths, train_rows, target_of_row, target_names, icpt,
+                                                     intercepts, fold_of_row, by_group, config.calibration_bins)  # fmt: skip
     head = {"w": w[:dim], "mu": mu, "sd": sd, "w_len": w[dim : dim + 2], "intercepts": intercepts}
     all_lengths = [lengths[i] for i in train_rows]
     tr_targets = None if target_of_row is None else [target_names[t] for t in target_of_row[train_rows]]

@@ -165,3 +165,13 @@ def test_static_refit_does_not_depend_on_the_blas_thread_count(tmp_path: Path) -
         _aspc([*first, "--init", "init", "-o", f"p{threads}"], tmp_path, {"OPENBLAS_NUM_THREADS": threads})
         heads.append((tmp_path / f"p{threads}" / "head.npz").read_bytes())
     assert heads[0] == heads[1]
+
+
+def test_the_static_head_fit_really_limits_numpys_blas():
+    # threadpoolctl before 3.5 does not know numpy 2's OpenBLAS (libscipy_openblas): the limit then holds nothing.
+    import numpy  # noqa: F401 - loads the BLAS the limit must find
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        blas = [i for i in threadpool_info() if i["user_api"] == "blas"]
+    assert blas and all(i["num_threads"] == 1 for i in blas)

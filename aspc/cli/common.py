@@ -62,8 +62,12 @@ class _Stdout:
                 raise
             # A stdout whose encoding cannot hold the text (PYTHONIOENCODING=ascii, a C locale on an old Python)
             # and a file name beyond it: escaped, as Python writes such text to stderr, not a traceback.
-            text = args[0].encode(stream.encoding or "utf-8", "backslashreplace").decode(stream.encoding or "utf-8")
-            return _Stdout._call(name, text)
+            enc = stream.encoding or "utf-8"
+            args = (args[0].encode(enc, "backslashreplace").decode(enc),)
+        except OSError as exc:
+            raise stdout_failure(exc) from None
+        try:
+            return stream.write(*args)
         except OSError as exc:
             raise stdout_failure(exc) from None
 

@@ -19,7 +19,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from aspc.errors import OutputError
@@ -293,12 +293,16 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
+def atomic_dir(target: str | os.PathLike, *, refuse: Callable[[Path], str | None] | None = None) -> Iterator[Path]:
     """Yield a temporary directory; on success rename it onto ``target``.
 
     An existing ``target`` directory is replaced only after the new one is
     complete (moved aside, then removed), so readers never see a half-written
-    directory.
+    directory. ``refuse(d)`` (the caller's check that ``target`` holds only an
+    earlier output of its kind) is asked again of the earlier directory once it
+    is moved aside, where nothing can be added to it under ``target``'s name:
+    a file put there while the output was made (checked before, seconds ago)
+    is never deleted; the earlier directory goes back and ``OutputError`` says why.
     """
     target = _resolve(target, "dir")
     check_not_cwd(target, str(target), "-o")
@@ -339,6 +343,9 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
             if target.exists():
                 old = target.parent / f".{_stem(target)}.old-{os.getpid()}"
                 os.replace(target, old)
+                if refuse is not None and (why := refuse(old)) is not None:
+                    aside, old = old, None  # never removed below: it goes back, or stays aside, named
+                    _put_back(aside, target, why)
             try:
                 os.replace(tmp, target)
             except OSError as exc:
@@ -365,6 +372,15 @@ def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
             os.close(fd_via)
         if old is not None:  # replaced (a signal after the swap still arrives here): the earlier output goes
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _put_back(old: Path, target: Path, why: str) -> None:
+    """Return the earlier directory ``old`` to ``target`` and refuse with ``why``."""
+    try:
+        os.replace(old, target)
+    except OSError:  # another writer's output took the place meanwhile: the earlier one stays aside, named
+        raise OutputError(f"{why} (it is kept at {old})") from None
+    raise OutputError(why)
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:

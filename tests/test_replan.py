@@ -126,6 +126,18 @@ def test_a_resumed_replanned_run_keeps_the_windows_of_an_uninterrupted_one(tmp_p
     assert again.asked and all(step % 4 == 0 for step in again.asked), again.asked
 
 
+def test_a_step_patched_on_the_sim_trainer_instance_runs_without_a_replanner(tmp_path):
+    # A plain run (no replanner) takes the sim trainer's closed-form step cost only while its step is
+    # the class's own: a step replaced on the instance (conftest's failing trainer) was skipped and the
+    # run finished, so a test meant to stop part-way did not.
+    table, lens, flat = _data(480, 0)
+    cfg = CompileConfig(samples_per_prompt=4, batch_size=8, workers=4)
+    plan = compile_plan(table, flat, cfg)
+    rc = RunConfig(workers=4, global_batch=32, log_flush_seconds=0.0)
+    with pytest.raises(RunError, match="trainer lost"):
+        run(plan, config=rc, actual_lengths=lens, trainer=trainer_failing_at(3))
+
+
 def test_a_run_too_short_to_revise_says_why(tmp_path):
     # 40 minibatches on 8 workers: by the first window fewer than 4 rounds of 8 are left, so
     # --replan keeps the plan; the run says so instead of silently doing nothing.

@@ -213,23 +213,38 @@ def check_output_dir(directory: str | Path, option: str = "-o") -> None:
     fine, anything else (a user's folder, another tool's output) is never deleted.
     """
     directory = Path(directory)
+    if directory.is_dir() and (why := replace_refusal(directory, directory, option)) is not None:
+        raise PredictorError(why)
+
+
+def replace_refusal(d: Path, directory: str | Path, option: str = "-o", *, at_swap: bool = False) -> str | None:
+    """Why ``d`` (the predictor directory ``directory``, or its earlier content moved aside) must not be replaced.
+
+    ``at_swap``: asked again as the save replaces it (``atomic_dir``'s ``refuse``), where a file that appeared
+    while the predictor was trained is named first. None: it may be replaced.
+    """
     try:
-        if not directory.is_dir() or not any(directory.iterdir()):
-            return
-        meta = json.loads((directory / METADATA_FILE).read_text(encoding="utf-8"))
+        if not any(d.iterdir()):
+            return None
+        extra = sorted(p.name for p in d.iterdir() if p.name not in PREDICTOR_ENTRIES)
+    except OSError:  # unreadable: not known to be a predictor, so never replaced (below)
+        extra = []
+    if extra and at_swap:
+        return (f"{option} {directory}: {extra[0]!r} was put there while the predictor was made, and saving "
+                "would delete it; nothing was replaced: move it out, or pick a new directory")  # fmt: skip
+    try:
+        meta = json.loads((d / METADATA_FILE).read_text(encoding="utf-8"))
         ours = isinstance(meta, dict) and "aspc_predictor" in meta
     except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested ~100,000 deep
         ours = False
     if not ours:
-        raise PredictorError(
-            f"{option} {directory}: directory exists and is not an aspc predictor; pick a new or empty directory "
-            "(an earlier predictor there would be replaced, anything else is never deleted)"
-        )
+        return (f"{option} {directory}: directory exists and is not an aspc predictor; pick a new or empty directory "
+                "(an earlier predictor there would be replaced, anything else is never deleted)")  # fmt: skip
     # A predictor's directory with a user's files added to it: replaced whole, they went with it.
-    extra = sorted(p.name for p in directory.iterdir() if p.name not in PREDICTOR_ENTRIES)
     if extra:
-        raise PredictorError(f"{option} {directory}: holds {extra[0]!r}, which no aspc predictor writes and saving "
-                             "would delete; move it out, or pick a new directory")  # fmt: skip
+        return (f"{option} {directory}: holds {extra[0]!r}, which no aspc predictor writes and saving "
+                "would delete; move it out, or pick a new directory")  # fmt: skip
+    return None
 
 
 def read_metadata(directory: str | Path, kind: str | None = None) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from aspc.predict.base import (
     hash_arrays,
     is_arrow,
     read_metadata,
+    replace_refusal,
     text_list,
     write_metadata,
 )
@@ -200,7 +201,7 @@ class LexicalPredictor(Predictor):
 
     def save(self, path: str | Path) -> None:
         check_output_dir(path)
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path, refuse=lambda d: replace_refusal(d, path, at_swap=True)) as tmp:
             np.savez_compressed(tmp / WEIGHTS_FILE, **self._arrays())
             body = {k: v for k, v in self.metadata.items() if k != "target"}
             body.update(

@@ -42,6 +42,7 @@ from aspc.predict.base import (
     finite_number,
     hash_arrays,
     read_metadata,
+    replace_refusal,
     text_list,
     write_metadata,
 )
@@ -267,7 +268,7 @@ class StaticPredictor(Predictor):
 
     def save(self, path: str | Path) -> None:
         check_output_dir(path)
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path, refuse=lambda d: replace_refusal(d, path, at_swap=True)) as tmp:
             np.save(tmp / TABLE_FILE, self.table, allow_pickle=False)
             np.savez(tmp / HEAD_FILE, **self._arrays())  # uncompressed zip: fixed timestamps, same bytes
             (tmp / TOKENIZER_FILE).write_text(self.tokenizer_json, encoding="utf-8")

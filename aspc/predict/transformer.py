@@ -31,6 +31,7 @@ from aspc.predict.base import (
     finite_number,
     hash_arrays,
     read_metadata,
+    replace_refusal,
     text_list,
     write_metadata,
 )
@@ -268,7 +269,7 @@ class TransformerPredictor(Predictor):
         from safetensors.torch import save_file
 
         check_output_dir(path)
-        with atomic_dir(path) as tmp:
+        with atomic_dir(path, refuse=lambda d: replace_refusal(d, path, at_swap=True)) as tmp:
             save_file(self._state(), str(tmp / WEIGHTS_FILE))
             (tmp / ENCODER_DIR).mkdir()
             self.net.encoder.config.save_pretrained(str(tmp / ENCODER_DIR))

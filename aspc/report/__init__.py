@@ -7,6 +7,7 @@ importing this package costs nothing.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,12 @@ _FILE_SUFFIXES = (".parquet", ".pq", ".jsonl", ".ndjson", ".json", ".csv", ".tsv
                   ".pdf", ".gz", ".zip")
 
 
+# Embeddings, overrides, isolates and marks that reorder the text around them (Unicode's Bidi_Control).
+_BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
 def _check_out_dir(out_dir: Path) -> None:
     """Refuse to replace a directory that is not an earlier aspc report (it would be deleted)."""
-    from aspc.report.html import GENERATOR
-
     if not out_dir.exists():
         if out_dir.suffix.lower() in _FILE_SUFFIXES:
             # A directory called rep.parquet or report.html passed for a file with every other tool.
@@ -34,36 +37,50 @@ def _check_out_dir(out_dir: Path) -> None:
         return
     if not out_dir.is_dir():
         raise ConfigError(f"-o {out_dir}: exists and is not a directory; pick a new report directory")
-    if not any(out_dir.iterdir()):
-        return
-    index = out_dir / INDEX
+    if (why := _replace_refusal(out_dir, out_dir)) is not None:
+        raise ConfigError(why)
+
+
+def _replace_refusal(d: Path, out_dir: Path, *, at_swap: bool = False) -> str | None:
+    """Why directory ``d`` (``-o out_dir``, or its earlier content moved aside) must not be replaced; None: it may.
+
+    ``at_swap``: asked again as the report replaces it, where a file that appeared meanwhile is named first.
+    """
+    from aspc.report.figures import PLAN_FIGURES, RUN_FIGURES
+    from aspc.report.html import GENERATOR
+
+    if not any(d.iterdir()):
+        return None
+    # A report is index.html and its figures, by their own names: any other file, a PNG the user put
+    # there too, is theirs (run logs copied beside a report: replaced whole, they went with it).
+    own = {INDEX} | {s.file for s in (*PLAN_FIGURES, *RUN_FIGURES)}
+    extra = sorted(p.name for p in d.iterdir() if not (p.is_file() and p.name in own))
+    if extra and at_swap:
+        return (f"-o {out_dir}: {extra[0]!r} was put there while the report was drawn, and writing the report "
+                "would delete it; nothing was replaced: move it out, or pick a new directory")  # fmt: skip
+    index = d / INDEX
     try:
         head = index.read_text(encoding="utf-8", errors="replace")[:2000] if index.is_file() else ""
     except OSError:
         head = ""
     if f'name="generator" content="{GENERATOR}' not in head:
-        raise ConfigError(
-            f"-o {out_dir}: directory exists and is not an aspc report; pick a new directory "
-            "(an earlier report there would be replaced, anything else is never deleted)"
-        )
-    # A report's directory that also holds a user's files (run logs copied beside it): replaced whole,
-    # they went with it. A report is index.html and its figures, by their own names: any other file, a
-    # PNG the user put there too, is theirs.
-    from aspc.report.figures import PLAN_FIGURES, RUN_FIGURES
-
-    own = {INDEX} | {s.file for s in (*PLAN_FIGURES, *RUN_FIGURES)}
-    extra = sorted(p.name for p in out_dir.iterdir() if not (p.is_file() and p.name in own))
+        return (f"-o {out_dir}: directory exists and is not an aspc report; pick a new directory "
+                "(an earlier report there would be replaced, anything else is never deleted)")  # fmt: skip
     if extra:
-        raise ConfigError(f"-o {out_dir}: holds {extra[0]!r}, which is no part of an aspc report and writing "
-                          "the report would delete; move it out, or pick a new directory")  # fmt: skip
+        return (f"-o {out_dir}: holds {extra[0]!r}, which is no part of an aspc report and writing "
+                "the report would delete; move it out, or pick a new directory")  # fmt: skip
+    return None
 
 
 def _shown(name: str) -> str:
     """``name`` as the page and the figures print it: bytes that are not UTF-8 (legal in a Linux name) as U+FFFD.
 
     Python holds them as lone surrogates, which the UTF-8 page and matplotlib's labels refused (a traceback).
+    Bidirectional controls (legal too) are shown as their escapes: U+202E in one run's name reversed the
+    names after it on the page, and a <title> cannot isolate it.
     """
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return _BIDI_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}",
+                              name.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))  # fmt: skip
 
 
 def write_report(
@@ -138,7 +155,8 @@ def write_report(
     progress.done()
 
     specs = list(F.PLAN_FIGURES) + (list(F.RUN_FIGURES) if runs else [])
-    with atomic_dir(out_dir) as tmp:
+    # Asked again at the swap: a file put into out_dir while the figures were drawn is not deleted.
+    with atomic_dir(out_dir, refuse=lambda d: _replace_refusal(d, out_dir, at_swap=True)) as tmp:
         # The temporary directory is private (0700); a report is meant to be shared like any directory.
         os.chmod(tmp, 0o777 & ~_umask())
         progress.stage("figures", total=len(specs))

@@ -71,6 +71,19 @@ def palette(n: int) -> list[Any]:
     return [cmap(i % 10) for i in range(n)]
 
 
+# A legend label past this many characters is cut in the middle: a run directory may be named with up to
+# 255, and a legend wider than its figure collapsed the axes (matplotlib warned on stderr under -q).
+LABEL_CHARS = 48
+
+
+def short_label(name: str) -> str:
+    """``name`` for a figure's legend or title: at most :data:`LABEL_CHARS` characters, its ends kept."""
+    if len(name) <= LABEL_CHARS:
+        return name
+    half = (LABEL_CHARS - 1) // 2
+    return f"{name[:half]}…{name[-(LABEL_CHARS - 1 - half):]}"
+
+
 def fmt(x: float, digits: int = 3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from aspc.anneal.order import delivery_drift
 from aspc.emit.metrics import group_imbalance
 from aspc.report.canvas import (
     MAX_BINS,
@@ -22,6 +23,7 @@ from aspc.report.canvas import (
     palette,
     require_matplotlib,
     save_png,
+    short_label,
 )
 from aspc.report.data import PlanView, RunView
 
@@ -179,19 +181,22 @@ def fig_delivery(plan: PlanView, path: Path) -> None:
     ref = np.argsort(ratio, kind="stable")
     xs, ys = _delivery_curve(plan.mb_cost[ref], plan.mb_sequences[ref])
     ax.plot([0, 1], [0, 1], color="black", linewidth=1.0, linestyle="--", label="ideal straight line")
-    ax.plot(xs, ys, color="0.55", linewidth=1.2, label="same minibatches, shortest first (sorted)")
-    ax.plot(x, y, color="tab:blue", linewidth=2.0, label=f"this plan ({plan.config.get('strategy', '?')})")
-    ax.fill_between(x, x, y, color="tab:blue", alpha=0.15)
-    k = int(np.argmax(np.abs(y - x)))
-    gap = float(abs(y[k] - x[k]))
-    ax.annotate(
-        f"delivery_drift {gap:.3f}",
-        xy=(x[k], y[k]),
-        xytext=(0.55, 0.15),
-        textcoords="axes fraction",
-        arrowprops={"arrowstyle": "->", "color": "tab:blue"},
-        color="tab:blue",
-    )
+    if float(np.sum(plan.mb_cost)) > 0 and float(np.sum(plan.mb_sequences)) > 0:
+        ax.plot(xs, ys, color="0.55", linewidth=1.2, label="same minibatches, shortest first (sorted)")
+        ax.plot(x, y, color="tab:blue", linewidth=2.0, label=f"this plan ({plan.config.get('strategy', '?')})")
+        ax.fill_between(x, x, y, color="tab:blue", alpha=0.15)
+        k = int(np.argmax(np.abs(y - x)))
+        ax.annotate(
+            f"delivery_drift {delivery_drift(plan.mb_cost, plan.mb_sequences):.3f}",  # the metric's one definition
+            xy=(x[k], y[k]),
+            xytext=(0.55, 0.15),
+            textcoords="axes fraction",
+            arrowprops={"arrowstyle": "->", "color": "tab:blue"},
+            color="tab:blue",
+        )
+    else:  # no work (every predicted length 0) or no sequence: the metric is 0 by definition, no curve to draw
+        ax.text(0.55, 0.15, "delivery_drift 0.000", transform=ax.transAxes, color="tab:blue")
+        ax.text(0.55, 0.10, "no predicted work to deliver", transform=ax.transAxes, color="0.35", fontsize=8)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_aspect("equal")
@@ -212,6 +217,7 @@ def fig_predicted_vs_observed(plan: PlanView, runs: list[RunView], path: Path) -
     rng = np.random.default_rng(0)
     lo, hi = math.inf, 0.0
     nonpositive = False  # a log scale would hide zero lengths
+    drawn = False
     for run, c in zip(runs, colors, strict=True):
         p, o = run.predicted, run.observed
         if p.size == 0:
@@ -225,18 +231,21 @@ def fig_predicted_vs_observed(plan: PlanView, runs: list[RunView], path: Path) -
             alpha=0.35,
             color=c,
             linewidths=0,
-            label=f"{run.name}: τ {fmt(tau)}, MAE {fmt(mae, 1)} tokens (n={p.size:,})",
+            label=f"{short_label(run.name)}: τ {fmt(tau)}, MAE {fmt(mae, 1)} tokens (n={p.size:,})",
         )
+        drawn = True
         nonpositive |= bool(np.any(p <= 0) or np.any(o <= 0))
         pos = np.concatenate([p[p > 0], o[o > 0]])
         if pos.size:
             lo, hi = min(lo, float(pos.min())), max(hi, float(pos.max()))
-    if hi <= 0:
+    if not drawn:
         empty_axes(ax, "no observed lengths in the run logs")
     else:
-        lo = max(lo, 1.0)
+        # Every length 0 (observed and predicted) is still an observation: a linear axis from 0.
+        lo = max(lo, 1.0) if hi > 0 else 0.0
+        hi = max(hi, 1.0)
         ax.plot([lo, hi], [lo, hi], color="black", linestyle="--", linewidth=1.0, label="observed = predicted")
-        if hi / lo > 30 and not nonpositive:
+        if not nonpositive and lo > 0 and hi / lo > 30:
             ax.set_xscale("log")
             ax.set_yscale("log")
         leg = ax.legend(loc="upper left", fontsize=8, markerscale=2.5)

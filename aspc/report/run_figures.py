@@ -9,7 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
-from aspc.report.canvas import MAX_MARKED_MINIBATCHES, empty_axes, new_figure, palette, require_matplotlib, save_png
+from aspc.report.canvas import (
+    MAX_MARKED_MINIBATCHES,
+    empty_axes,
+    new_figure,
+    palette,
+    require_matplotlib,
+    save_png,
+    short_label,
+)
 from aspc.report.data import RunView
 
 
@@ -26,7 +34,7 @@ def fig_queue_depth(runs: list[RunView], path: Path) -> None:
             where="post",
             color=c,
             linewidth=1.1,
-            label=f"{run.name} (max {int(run.queue_depth.max()):,})",
+            label=f"{short_label(run.name)} (max {int(run.queue_depth.max()):,})",
         )
         drawn = True
         if len(runs) == 1:
@@ -63,7 +71,7 @@ def fig_iteration_time(runs: list[RunView], path: Path) -> None:
         steps = np.arange(it.size)
         marker = "o" if it.size <= 60 else None
         ax1.plot(
-            steps, it, color=c, linewidth=1.2, marker=marker, markersize=3, label=f"{run.name} (mean {it.mean():.3g} s)"
+            steps, it, color=c, linewidth=1.2, marker=marker, markersize=3, label=f"{short_label(run.name)} (mean {it.mean():.3g} s)"
         )
         ax2.plot(
             steps,
@@ -72,7 +80,7 @@ def fig_iteration_time(runs: list[RunView], path: Path) -> None:
             linewidth=1.2,
             marker=marker,
             markersize=3,
-            label=f"{run.name} (total {run.step_wait.sum():.3g} s)",
+            label=f"{short_label(run.name)} (total {run.step_wait.sum():.3g} s)",
         )
         drawn = True
     if not drawn:
@@ -129,7 +137,7 @@ def fig_worker_timeline(runs: list[RunView], path: Path) -> None:
         ax.set_ylim(-0.6, w + 0.6)
         ax.invert_yaxis()
         ax.set_title(
-            f"{run.name}: makespan {run.makespan:.4g} s, {int(run.mb_reload.sum())} weight reloads", fontsize=10
+            f"{short_label(run.name)}: makespan {run.makespan:.4g} s, {int(run.mb_reload.sum())} weight reloads", fontsize=10
         )
     axes[-1].set_xlabel("time since run start (s)")
     handles = [
@@ -157,7 +165,7 @@ def fig_policy_lag(runs: list[RunView], path: Path) -> None:
         top = int(max(d.max() for d in data))
         bins = np.arange(-0.5, top + 1.5, 1.0)
         colors = [c for r, c in zip(runs, palette(len(runs)), strict=True) if r.policy_lag.size]
-        labels = [f"{r.name} (mean {r.policy_lag.mean():.2f})" for r in names]
+        labels = [f"{short_label(r.name)} (mean {r.policy_lag.mean():.2f})" for r in names]
         weights = [np.full(d.size, 100.0 / d.size) for d in data]
         ax.hist(data, bins=bins, weights=weights, color=colors, label=labels, alpha=0.85, rwidth=0.85)
         ax.set_xticks(np.arange(0, top + 1, max(1, (top + 1) // 20)))

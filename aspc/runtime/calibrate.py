@@ -66,6 +66,7 @@ from aspc.runtime.calibrate_fit import (  # noqa: F401 - nnls and select_free ar
     cluster_std_errors,
     fit_generation,
     fit_with_speeds,
+    keep_unmeasured,
     nnls,
     select_free,
     unseparated,
@@ -120,7 +121,9 @@ class Calibration:
 
 def _r2(y: np.ndarray, pred: np.ndarray) -> float | None:
     ss = float(((y - y.mean()) ** 2).sum())
-    if ss == 0:
+    # Durations equal up to the clock subtraction's last bits have nothing to explain: an R² of that
+    # rounding noise came out 0 or -3.7 for a fit that reproduces every one of them.
+    if ss <= y.size * (1e-9 * float(np.abs(y).max(initial=0.0))) ** 2:
         return None
     return 1.0 - float(((y - pred) ** 2).sum()) / ss
 
@@ -292,6 +295,7 @@ def calibrate_columns(
                      f"minibatches" + (f" ({', '.join(held)} held at 0)" if held else ""))
     _withhold(se, unseparated(fx, g), GEN_COEFS, "generation", rows, notes)
     pred = x @ g
+    g = keep_unmeasured(fx, g, se, GEN_COEFS, _defaults(base, GEN_COEFS), rows, notes)
     values = dict(zip(GEN_COEFS, g, strict=True))
     std_errors: dict[str, float | None] = {k: (None if np.isnan(e) else float(e)) for k, e in zip(GEN_COEFS, se,
                                                                                                  strict=True)}
@@ -301,12 +305,14 @@ def calibrate_columns(
         ys = np.asarray(steps["end"] - steps["start"], dtype=np.float64)
         xs = np.column_stack([np.ones(n_st), steps["tokens"].astype(np.float64)])
         t = nnls(xs, ys)
-        values.update(train_base=t[0], train_per_token=t[1])
         t_se = cluster_std_errors(xs, ys, np.arange(n_st), t)
         _withhold(t_se, unseparated(xs, t), ("train_base", "train_per_token"), "trainer", "steps", notes)
+        r2_t = _r2(ys, xs @ t)
+        t = keep_unmeasured(xs, t, t_se, ("train_base", "train_per_token"), _defaults(base, ("train_base", "train_per_token")),
+                            "steps", notes)  # fmt: skip
+        values.update(train_base=t[0], train_per_token=t[1])
         std_errors.update({k: (None if np.isnan(e) else float(e)) for k, e in zip(("train_base", "train_per_token"),
                                                                                  t_se, strict=True)})
-        r2_t = _r2(ys, xs @ t)
     else:
         notes.append(f"{n_st} trainer steps (< {MIN_STEPS}): trainer coefficients kept at their defaults")
     # A fit at the largest coefficient a model holds comes out a rounding above it (1e6 as
@@ -327,6 +333,10 @@ def calibrate_columns(
         fit_rows=rows,
         n_fit_rows=int(fy.size),
     )
+
+
+def _defaults(base: SimCostModel, names: tuple[str, ...]) -> np.ndarray:
+    return np.array([float(getattr(base, k)) for k in names])
 
 
 def _withhold(se: np.ndarray, mask: np.ndarray, names: tuple[str, ...], what: str, rows: str, notes: list[str]) -> None:

@@ -223,3 +223,21 @@ def unseparated(x: np.ndarray, coef: np.ndarray) -> np.ndarray:
     if null.shape[0]:
         out[free] = np.abs(null).max(axis=0) > 1e-6
     return out
+
+
+def keep_unmeasured(x: np.ndarray, coef: np.ndarray, se: np.ndarray, names: tuple[str, ...], defaults: np.ndarray,
+                    rows: str, notes: list[str]) -> np.ndarray:  # fmt: skip
+    """``coef`` with ``defaults`` for each coefficient whose feature is 0 in every row of ``x``, and a note.
+
+    Such a coefficient multiplies nothing the log holds (every response 0 tokens long: no decode step), so
+    any value fits; NNLS gave 0, and a cost model that decodes for free was written without a word.
+    ``se`` of those coefficients is set to NaN (no standard error).
+    """
+    absent = ~np.any(x != 0, axis=0)
+    if not absent.any():
+        return coef
+    se[absent] = np.nan
+    named = ", ".join(k for k, a in zip(names, absent, strict=True) if a)
+    notes.append(f"the log's {rows} hold no work for {named} (their feature is 0 in every row): kept at the "
+                 "defaults, not measured; calibrate on a run whose responses have tokens")  # fmt: skip
+    return np.where(absent, defaults, coef)

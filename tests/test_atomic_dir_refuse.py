@@ -1,0 +1,78 @@
+"""A directory output re-checks the earlier directory as it replaces it (a hunt of 2026-12-07).
+
+The output directory was checked once before the work (training, drawing: seconds to minutes) and
+then replaced whole: a file put into it meanwhile was deleted without a word.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aspc.atomic import atomic_dir
+from aspc.errors import OutputError
+
+
+def _no_foreign(d: Path) -> str | None:
+    extra = sorted(p.name for p in d.iterdir() if p.name != "out.txt")
+    return f"holds {extra[0]!r}" if extra else None
+
+
+def test_a_file_put_in_meanwhile_stays_and_the_write_is_refused(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    with pytest.raises(OutputError, match="holds 'notes.txt'"):
+        with atomic_dir(target, refuse=_no_foreign) as tmp:
+            (tmp / "out.txt").write_text("new")
+            (target / "notes.txt").write_text("mine")  # after the caller's check, before the swap
+    assert sorted(p.name for p in target.iterdir()) == ["notes.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary left
+
+
+def test_an_earlier_output_alone_is_replaced(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "out.txt").write_text("old")
+    with atomic_dir(target, refuse=_no_foreign) as tmp:
+        (tmp / "out.txt").write_text("new")
+    assert (target / "out.txt").read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_the_earlier_directory_is_kept_aside_and_named_where_it_cannot_go_back(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+
+    def refuse_while_another_writer_takes_the_place(d: Path) -> str | None:
+        target.mkdir()
+        (target / "theirs.txt").write_text("x")
+        return _no_foreign(d)
+
+    with pytest.raises(OutputError, match=r"holds 'notes.txt' \(it is kept at .*\.old-") as err:
+        with atomic_dir(target, refuse=refuse_while_another_writer_takes_the_place) as tmp:
+            (tmp / "out.txt").write_text("new")
+    aside = Path(str(err.value).rsplit("kept at ", 1)[1].rstrip(")"))
+    assert (aside / "notes.txt").read_text() == "mine"  # never deleted
+
+
+def test_a_predictor_save_keeps_a_file_put_in_its_directory_while_it_trained(tmp_path, monkeypatch):
+    from aspc.predict import lexical
+    from aspc.predict.lexical_train import train_lexical
+
+    texts = [f"prompt {i} " + "word " * (i % 17) for i in range(120)]
+    lengths = [[10.0 + 7 * (i % 17), 12.0 + 5 * (i % 13)] for i in range(120)]
+    pred = train_lexical(texts, lengths)
+    out = tmp_path / "pred"
+    out.mkdir()
+    real = lexical.write_metadata
+
+    def meanwhile(directory, kind, body):
+        (out / "notes.txt").write_text("mine")
+        return real(directory, kind, body)
+
+    monkeypatch.setattr(lexical, "write_metadata", meanwhile)
+    with pytest.raises(OutputError, match="'notes.txt' was put there while the predictor was made"):
+        pred.save(out)
+    assert (out / "notes.txt").read_text() == "mine"

@@ -53,6 +53,9 @@ def epochs_root_hint(path: object) -> str:
     if not ks:
         return ""
     last = f" … {root / f'epoch-{ks[-1]}'}" if len(ks) > 1 else ""
+    if (root / "scout" / "meta.json").is_file():  # 'aspc run --scout': its scout's log beside the epochs'
+        return (f"; it holds the logs of 'aspc run --scout': the scout's, {root / 'scout'}, and {len(ks)} "
+                f"epoch log{'s' if len(ks) > 1 else ''}: pass one, {root / f'epoch-{ks[0]}'}{last}")  # fmt: skip
     return f"; it holds the {len(ks)} epoch logs of 'aspc run --epochs': pass one, {root / f'epoch-{ks[0]}'}{last}"
 
 

@@ -38,6 +38,7 @@ from aspc.cli.predict_options import (
     data_options,
     device_option,
     metrics_table,
+    plan_option,
     read_pairs,
     target_field_option,
     target_option,
@@ -123,12 +124,7 @@ def _init_option(fn: F) -> F:
     help="Static: the head alone, not on top of the shipped default's text score (the default offset); "
     "not with a lexical or static --init, which brings its own.",
 )
-@click.option(
-    "--plan",
-    type=PathArg(dir_okay=False, path_type=Path),
-    default=None,
-    help="With a run log DATA: the plan that was run, for prompt texts. [default: RUN/plan.parquet]",
-)
+@plan_option
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed for the split, folds and initialisation."
 )

@@ -27,6 +27,7 @@ from aspc.cli.predict_options import (
     device_option,
     metrics_table,
     per_target_table,
+    plan_option,
     read_pairs,
     target_field_option,
     target_option,
@@ -45,6 +46,7 @@ from aspc.errors import ConfigError, PredictorError
 )
 @target_option
 @target_field_option
+@plan_option
 @device_option
 @data_options
 @json_option
@@ -56,6 +58,7 @@ def eval_cmd(
     length_field: str,
     target: str | None,
     target_field: str | None,
+    plan: Path | None,
     device: str,
     prompt_field: str,
     id_field: str,
@@ -89,6 +92,7 @@ def eval_cmd(
         on_bad_line=on_bad_line,
         for_training=False,
         target_field=target_field,
+        plan=plan,
     )
     with RichProgress(quiet) as progress:
         progress.stage("predict", total=1)

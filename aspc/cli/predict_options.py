@@ -33,6 +33,19 @@ def target_field_option(fn: F) -> F:
     )(fn)
 
 
+def plan_option(fn: F) -> F:
+    from pathlib import Path
+
+    from aspc.cli.paths import PathArg
+
+    return click.option(
+        "--plan",
+        type=PathArg(dir_okay=False, path_type=Path),
+        default=None,
+        help="With a run log DATA: the plan that was run, for prompt texts. [default: RUN/plan.parquet]",
+    )(fn)
+
+
 def device_option(fn: F) -> F:
     return click.option(
         "--device",

@@ -259,7 +259,9 @@ class HistoryPredictor(Predictor):
         within_log_var: float | None = None,
     ) -> None:
         self.base = base
-        self.observations = {str(k): np.asarray(v, dtype=np.float64) for k, v in observations.items()}
+        suffix = _scout_suffix()
+        self.observations = {str(k): np.asarray(v, dtype=np.float64) for k, v in observations.items()
+                             if not str(k).endswith(suffix)}  # fmt: skip
         # Per-observation weights (older epochs < 1); None: every observation weighs 1.
         self.weights = None if weights is None else {str(k): np.asarray(v, dtype=np.float64) for k, v in weights.items()}
         meta = getattr(base, "metadata", {}) or {}
@@ -307,7 +309,9 @@ class HistoryPredictor(Predictor):
         """
         if decay is not None and not 0 < decay <= 1:
             raise ConfigError(f"epoch decay {decay} must be in (0, 1]")
-        epochs = [{str(k): np.atleast_1d(np.asarray(v, dtype=np.float64)) for k, v in e.items()} for e in epochs]
+        suffix = _scout_suffix()
+        epochs = [{str(k): np.atleast_1d(np.asarray(v, dtype=np.float64)) for k, v in e.items()
+                   if not str(k).endswith(suffix)} for e in epochs]  # fmt: skip
         align = epoch_alignment(epochs)
         obs: dict[str, list[np.ndarray]] = {}
         wts: dict[str, list[np.ndarray]] = {}
@@ -362,9 +366,24 @@ class HistoryPredictor(Predictor):
     def identity(self) -> dict[str, Any]:
         ident = super().identity()
         ident.update(base=self.base.identity(), kappa=self.kappa, n_observed=len(self.observations))
+        if "kappa_used" in self.metadata:
+            # kappa is the prior's (trained or given); the blend used the one estimated from the observations.
+            ident["kappa_used"] = float(self.metadata["kappa_used"])
         return ident
 
     def save(self, path: str | Path) -> None:
         raise PredictorError(
             "a history predictor is built from run logs at compile time; save its base predictor"
         )
+
+
+def _scout_suffix() -> str:
+    """The id suffix of a rolling scout's rows in a run log: no observations of a prompt, so never history.
+
+    A cut scout response is truncated, and a kept one stands beside its prompt's other samples (those
+    are enough, as for training pairs); counted, a rolling-scout log used as history reported twice its
+    prompts in ``n_observed``.
+    """
+    from aspc.emit.schema import SCOUT_ID_SUFFIX
+
+    return SCOUT_ID_SUFFIX

@@ -158,7 +158,7 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
     if old_len != new["run"]["lengths_name"] and not _same_contents(old.get("run") or {}, new["run"]):
         diffs.append(f"--actual-lengths ({old_len!r} in the log, {new['run']['lengths_name']!r} now)")
     else:
-        diffs += _lengths_diffs(old.get("run") or {}, new["run"])
+        diffs += _lengths_diffs(old.get("run") or {}, new["run"], named=bool(diffs))
     if diffs:
         raise ConfigError(
             f"--resume {path}: this run differs from the logged one in {'; '.join(diffs)}; "
@@ -183,10 +183,12 @@ def _same_contents(old: dict[str, Any], new: dict[str, Any]) -> bool:
     return bool(old.get("lengths_name")) and bool(new.get("lengths_name")) and a is not None and a == b
 
 
-def _lengths_diffs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def _lengths_diffs(old: dict[str, Any], new: dict[str, Any], *, named: bool = False) -> list[str]:
     """Same-named actual lengths that are not the same: other contents, field or values.
 
-    Logs written before these keys existed carry none of them and are not compared.
+    Logs written before these keys existed carry none of them and are not compared. ``lengths_hash``
+    is of the values replayed (in the plan's order, under the cap), so another plan or cap changes it
+    too: the values are named only where nothing else is (``named``: another difference was found).
     """
     diffs = []
     of, nf = old.get("lengths_file") or {}, new.get("lengths_file") or {}
@@ -198,7 +200,7 @@ def _lengths_diffs(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             f"the contents of --actual-lengths {new.get('lengths_name')} (sha256 {of['sha256'][:12]}… in the log, "
             f"{nf['sha256'][:12]}… now)"
         )
-    elif "lengths_hash" in old and old.get("lengths_hash") != new.get("lengths_hash") and not diffs:
+    elif "lengths_hash" in old and old.get("lengths_hash") != new.get("lengths_hash") and not diffs and not named:
         diffs.append("the actual lengths' values")
     return diffs
 

@@ -34,7 +34,7 @@ from aspc.runtime.core.batches import BatchBuilder
 from aspc.runtime.core.loop import drive
 from aspc.runtime.core.revise import revise_work
 from aspc.runtime.core.scheduler import Scheduler
-from aspc.runtime.hold import attach_holds, cut_scouts, held_record, work_extras
+from aspc.runtime.hold import attach_holds, cut_scouts, held_record, left_over_without_held, work_extras
 from aspc.runtime.lengths import SampleLengths, join_actual_lengths, lengths_info, sample_predicted_lengths
 from aspc.runtime.record import resume as resume_log
 from aspc.runtime.record.metrics import RunSummary, summarize
@@ -306,6 +306,7 @@ def _run_locked(
                 summary.extra["length_source"] = lengths.source
             stored = old.get("summary") if isinstance(old.get("summary"), dict) else {}  # older logs: the work now
             summary.extra.update({k: stored.get(k, v) for k, v in work_extras(work).items()})
+            left_over_without_held(summary)
             return RunResult(
                 summary=summary,
                 columns=columns,
@@ -421,6 +422,7 @@ def _run_locked(
     if probes is not None:
         summary.extra["speed_probe_s"] = probes
     summary.extra.update(work_extras(work))
+    left_over_without_held(summary)
     if recorder.n_faults:
         summary.extra["worker_faults"] = recorder.n_faults
         notes.append(f"{recorder.n_faults} worker faults: their minibatches were generated again")

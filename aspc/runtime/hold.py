@@ -181,6 +181,18 @@ def held_summary(work: WorkPlan) -> dict[str, Any] | None:
     return {"kept": kept, ("cut" if work.holds.keeps else "not_kept"): int(np.count_nonzero(work.holds.held)) - kept}
 
 
+def left_over_without_held(summary: Any) -> None:
+    """``summary.samples_left_over`` (in place) less the held responses never meant to be consumed.
+
+    A cut scout response (or, under ``--max-staleness``, any scout response) is held and never a
+    sample; counted, a rolling scout's run reported them as samples generated and left over, two
+    global batches and more. ``summary.extra["samples_held"]`` (:func:`work_extras`) must be set.
+    """
+    held = summary.extra.get("samples_held") or {}
+    never = int(held.get("cut", 0)) + int(held.get("not_kept", 0))
+    summary.samples_left_over = max(0, int(summary.samples_left_over) - never)
+
+
 def work_extras(work: WorkPlan) -> dict[str, Any]:
     """What a run's summary says of the samples it did not generate afresh: carried responses, held ones."""
     out: dict[str, Any] = {}

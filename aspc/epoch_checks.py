@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -80,3 +81,28 @@ def check_epoch_logs(root: Path, n_epochs: int, drift: float | None) -> None:
             raise ConfigError(f"--resume {root}: its epochs replay lengths with --length-drift {float(old)!r}, this run "
                               f"with {float(drift)!r}; resume with --length-drift {float(old)!r}, or start a new run "
                               "with --overwrite")  # fmt: skip
+
+
+def check_scout_part_of(root: Path, part_of: dict[str, Any]) -> None:
+    """Refuse a resume of a ``--scout`` run stopped before epoch 1's log began, given other options.
+
+    The scout's own log records the scout's config (its own global batch, no keep), so its resume
+    compared nothing the epochs use: the options of the whole run (``part_of``, recorded in the scout's
+    ``meta.json``) are compared here. Once epoch 1's log exists, its own checks say what differs.
+    Logs from before the record carry none and are not compared.
+    """
+    from aspc.errors import AspcError
+    from aspc.runtime.record.runlog import is_run_log, read_meta
+
+    if not is_run_log(root / "scout") or is_run_log(root / "epoch-1"):
+        return
+    try:
+        was = (read_meta(root / "scout").get("run") or {}).get("part_of")
+    except AspcError:  # damaged: the scout's own resume says so
+        return
+    if not isinstance(was, dict) or was == part_of:
+        return
+    diffs = [f"--{k.replace('_', '-')} ({was.get(k)!r} in the log, {part_of.get(k)!r} now)"
+             for k in sorted(set(was) | set(part_of)) if was.get(k) != part_of.get(k)]  # fmt: skip
+    raise ConfigError(f"--resume {root}: this run differs from the logged one in {'; '.join(diffs)}; resume with "
+                      "the original options, or start a new run")  # fmt: skip

@@ -65,7 +65,7 @@ from aspc.caps import cap_for_plan, cap_prediction
 from aspc.compiler import CompileConfig, compile_plan
 from aspc.emit import schema as S
 from aspc.emit.plan import Plan, write_plan
-from aspc.epoch_checks import check_epoch_logs, check_lengths_cover, check_stored_plan
+from aspc.epoch_checks import check_epoch_logs, check_lengths_cover, check_scout_part_of, check_stored_plan
 from aspc.epoch_predict import epoch_lengths, epoch_prediction
 from aspc.epoch_staleness import check_epochs_staleness, epoch_compile_config
 from aspc.errors import ConfigError
@@ -79,7 +79,9 @@ from aspc.rolling_scout import scout_lengths as scout_lengths_of
 from aspc.run_layout import check_log_layout, clear_run_dir
 from aspc.runtime.api import RunResult, run
 from aspc.runtime.backends.options import DEFAULT_MAX_NEW_TOKENS
+from aspc.runtime.config import OPERATIONAL_KEYS
 from aspc.runtime.record.lock import RunLogLock
+from aspc.runtime.record.resume import config_record
 from aspc.scout import (
     check_keep,
     check_scout_cut,
@@ -295,8 +297,13 @@ def run_epochs(
         current = plan
         scouted = carried = None
         if tokens is not None and not scout_roll:
+            part_of = {k: v for k, v in config_record(config).items() if k not in OPERATIONAL_KEYS}
+            # Not --epochs: a resume may ask for more epochs than the run began with.
+            part_of.update(scout_keep=bool(scout_keep), scout_keep_through=scout_keep_through, replan_every=replan_every)
+            if resume:
+                check_scout_part_of(root, part_of)
             scout_kw = dict(lengths=scout_lengths, replay=scout_replay, backend=backend, trainer=trainer,
-                            overwrite=overwrite, resume=resume, carry=carry)  # fmt: skip
+                            overwrite=overwrite, resume=resume, carry=carry, part_of=part_of)  # fmt: skip
             scouted, current, seen = _scout_epoch(plan, table, cfg, config, root, tokens, scout_kw, run_kwargs)
             if scout_keep:
                 kept = dict(zip(table.ids, np.where(seen < tokens, np.rint(seen), -1).astype(np.int64).tolist(),
@@ -402,6 +409,7 @@ def _scout_epoch(
             backend=backend,
             trainer=kw["trainer"],
             keep_open=kw["carry"],
+            part_of=kw["part_of"],  # a resume killed in the scout is checked against the epochs' options
             **run_kwargs,
         )
     finally:

@@ -100,6 +100,7 @@ def run(
     start_weights: Any = None,
     carried: np.ndarray | None = None,
     carry_through: int | None = None,
+    part_of: dict[str, Any] | None = None,
 ) -> RunResult:
     """Execute ``plan`` and return its metrics.
 
@@ -156,15 +157,16 @@ def run(
         models and continues training from the trainer's state
         (:func:`aspc.epochs.run_epochs` on real backends).
     start_weights
-        A weights handle (as :attr:`TrainResult.weights`) every worker loads
-        as its version 0 before the run's clock starts: the trainer's weights
-        at the end of the previous epoch (on the Ray engine, through the
+        A weights handle (as :attr:`TrainResult.weights`) every worker loads as its version 0 before the run's
+        clock starts: the trainer's weights at the end of the previous epoch (on the Ray engine, through the
         object store into each actor; a replaced actor reloads it).
     carried, carry_through
-        Per plan row, the length of a response generated before the run by
-        its first weights (-1: none), kept as the row's last sample; and the
-        newest weights version whose dispatches keep theirs (``None``: any; 0 under
-        ``max_staleness``). Sim backend, no replanner: :mod:`aspc.runtime.carry`.
+        Per plan row, the length of a response generated before the run by its first weights (-1: none), kept
+        as the row's last sample; and the newest weights version whose dispatches keep theirs (``None``: any; 0
+        under ``max_staleness``). Sim backend, no replanner: :mod:`aspc.runtime.carry`.
+    part_of
+        The options of the run this log is one part of (an ``--epochs``/``--scout`` run's scout, whose own
+        config differs), recorded in ``meta.json``: a resume given others is refused.
 
     Raises
     ------
@@ -233,7 +235,8 @@ def run(
         result = _run_locked(
             plan_info, work, capacity, config, mode, sim_cost_model, lengths, backend, trainer,
             writer, log_dir, resuming=writer is not None and writer.resuming, progress=progress,
-            lengths_info=lengths_info(actual_lengths, lengths, lengths_name, lengths_source),
+            lengths_info={**lengths_info(actual_lengths, lengths, lengths_name, lengths_source),
+                          **({"part_of": part_of} if part_of else {})},  # fmt: skip
             replanner=replanner, closes=closes, start_weights=start_weights,
         )
         return result

@@ -343,9 +343,16 @@ def atomic_dir(target: str | os.PathLike, *, refuse: Callable[[Path], str | None
             if target.exists():
                 old = target.parent / f".{_stem(target)}.old-{os.getpid()}"
                 os.replace(target, old)
-                if refuse is not None and (why := refuse(old)) is not None:
-                    aside, old = old, None  # never removed below: it goes back, or stays aside, named
-                    _put_back(aside, target, why)
+                if refuse is not None:
+                    try:
+                        why = refuse(old)
+                    except BaseException:  # the check failed (EACCES, EIO): nothing known, nothing deleted
+                        aside, old = old, None
+                        _put_back(aside, target, None)
+                        raise
+                    if why is not None:
+                        aside, old = old, None  # never removed below: it goes back, or stays aside, named
+                        _put_back(aside, target, why)
             try:
                 os.replace(tmp, target)
             except OSError as exc:
@@ -374,13 +381,22 @@ def atomic_dir(target: str | os.PathLike, *, refuse: Callable[[Path], str | None
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _put_back(old: Path, target: Path, why: str) -> None:
-    """Return the earlier directory ``old`` to ``target`` and refuse with ``why``."""
+def _put_back(old: Path, target: Path, why: str | None) -> None:
+    """Return the earlier directory ``old`` to ``target`` and refuse with ``why`` (None: return, the caller raises)."""
     try:
         os.replace(old, target)
-    except OSError:  # another writer's output took the place meanwhile: the earlier one stays aside, named
-        raise OutputError(f"{why} (it is kept at {old})") from None
-    raise OutputError(why)
+    except OSError:
+        # Another writer's output took the place meanwhile: the earlier one stays aside, under a name the
+        # next write's stale-temporary cleanup (.NAME.old-PID of a dead writer) does not take for its own.
+        kept = target.parent / f"{target.name}.kept-{os.getpid()}"
+        try:
+            os.replace(old, kept)
+        except OSError:
+            kept = old
+        raise OutputError(f"{why or f'{target} was replaced meanwhile'} (the earlier {target.name} is kept at "
+                          f"{kept})") from None  # fmt: skip
+    if why is not None:
+        raise OutputError(why)
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:

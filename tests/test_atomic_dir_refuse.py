@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aspc.atomic import atomic_dir
+from aspc.atomic import atomic_dir, remove_stale_temps
 from aspc.errors import OutputError
 
 
@@ -50,11 +50,33 @@ def test_the_earlier_directory_is_kept_aside_and_named_where_it_cannot_go_back(t
         (target / "theirs.txt").write_text("x")
         return _no_foreign(d)
 
-    with pytest.raises(OutputError, match=r"holds 'notes.txt' \(it is kept at .*\.old-") as err:
+    with pytest.raises(OutputError, match=r"holds 'notes.txt' \(the earlier out is kept at .*out\.kept-") as err:
         with atomic_dir(target, refuse=refuse_while_another_writer_takes_the_place) as tmp:
             (tmp / "out.txt").write_text("new")
     aside = Path(str(err.value).rsplit("kept at ", 1)[1].rstrip(")"))
     assert (aside / "notes.txt").read_text() == "mine"  # never deleted
+    # Nor by the next write of that output, whose cleanup removes a dead writer's .out.old-PID (reviewer).
+    remove_stale_temps(target)
+    with atomic_dir(target) as tmp:
+        (tmp / "out.txt").write_text("newer")
+    assert (aside / "notes.txt").read_text() == "mine"
+
+
+def test_a_check_that_fails_at_the_swap_leaves_the_earlier_directory(tmp_path):
+    # A refuse() that raises (EACCES, EIO listing the directory) left the earlier output moved aside, and
+    # the cleanup then deleted it: neither the old output nor the new one (reviewer).
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "out.txt").write_text("old")
+
+    def unreadable(d: Path) -> str | None:
+        raise PermissionError(13, "Permission denied", str(d))
+
+    with pytest.raises((OSError, OutputError)):  # one line as any denied write (aspc.atomic translates it)
+        with atomic_dir(target, refuse=unreadable) as tmp:
+            (tmp / "out.txt").write_text("new")
+    assert (target / "out.txt").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 def test_a_predictor_save_keeps_a_file_put_in_its_directory_while_it_trained(tmp_path, monkeypatch):

@@ -221,3 +221,14 @@ def test_calibrate_r2_of_steps_that_all_take_the_same_time_is_not_negative(tmp_p
     out = json.loads(r.stdout)
     assert out["n_steps"] >= 3
     assert out["r2_trainer"] is None or out["r2_trainer"] >= 0.99, out["r2_trainer"]
+
+
+def test_cut_legend_labels_of_names_differing_in_the_middle_stay_apart():
+    # Reviewer: cutting to the two ends made two long run names differing only in the middle one label.
+    from aspc.report.canvas import LABEL_CHARS, short_label
+
+    a = "qwen2.5-7b-instruct_grpo_lr1e-6_kl0.001_seed1_gb64_w8_asp"
+    b = a.replace("lr1e-6", "lr3e-6")
+    assert short_label(a) != short_label(b)
+    assert max(len(short_label(a)), len(short_label("r" * 255))) <= LABEL_CHARS
+    assert short_label("short name") == "short name"

@@ -227,14 +227,14 @@ def replace_refusal(d: Path, directory: str | Path, option: str = "-o", *, at_sw
         if not any(d.iterdir()):
             return None
         extra = sorted(p.name for p in d.iterdir() if p.name not in PREDICTOR_ENTRIES)
-    except OSError:  # unreadable: not known to be a predictor, so never replaced (below)
-        extra = []
+    except OSError:  # not listable: what it holds is unknown, so it is never replaced
+        extra = None
     if extra and at_swap:
         return (f"{option} {directory}: {extra[0]!r} was put there while the predictor was made, and saving "
                 "would delete it; nothing was replaced: move it out, or pick a new directory")  # fmt: skip
     try:
         meta = json.loads((d / METADATA_FILE).read_text(encoding="utf-8"))
-        ours = isinstance(meta, dict) and "aspc_predictor" in meta
+        ours = extra is not None and isinstance(meta, dict) and "aspc_predictor" in meta
     except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested ~100,000 deep
         ours = False
     if not ours:

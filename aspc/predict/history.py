@@ -366,9 +366,6 @@ class HistoryPredictor(Predictor):
     def identity(self) -> dict[str, Any]:
         ident = super().identity()
         ident.update(base=self.base.identity(), kappa=self.kappa, n_observed=len(self.observations))
-        if "kappa_used" in self.metadata:
-            # kappa is the prior's (trained or given); the blend used the one estimated from the observations.
-            ident["kappa_used"] = float(self.metadata["kappa_used"])
         return ident
 
     def save(self, path: str | Path) -> None:

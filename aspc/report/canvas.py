@@ -77,11 +77,19 @@ LABEL_CHARS = 48
 
 
 def short_label(name: str) -> str:
-    """``name`` for a figure's legend or title: at most :data:`LABEL_CHARS` characters, its ends kept."""
+    """``name`` for a figure's legend or title: at most :data:`LABEL_CHARS` characters, its ends kept.
+
+    A cut name ends in 4 hex digits of its hash, so names that differ only in the middle (a learning rate
+    in a long run name) keep different labels.
+    """
     if len(name) <= LABEL_CHARS:
         return name
-    half = (LABEL_CHARS - 1) // 2
-    return f"{name[:half]}…{name[-(LABEL_CHARS - 1 - half):]}"
+    import hashlib
+
+    tag = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:4]
+    keep = LABEL_CHARS - len(tag) - 3  # the ellipsis, and " #" before the tag
+    head = keep // 2
+    return f"{name[:head]}…{name[-(keep - head):]} #{tag}"
 
 
 def fmt(x: float, digits: int = 3) -> str:

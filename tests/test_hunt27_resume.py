@@ -98,3 +98,15 @@ def test_resume_during_the_scout_refuses_other_options(tmp_path, change):
     r = _run([*other, "--resume"])
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("Error: "), (r.returncode, r.stderr)
+
+
+def test_resume_of_a_complete_log_tidies_what_a_kill_before_its_clean_up_left(tmp_path):
+    # The hunt's minor finding: killed between the final commit and its clean-up, a complete log kept an
+    # empty consumed/ folder, and --resume of it (which tidies a complete log) did not remove it.
+    data, plan = _inputs(tmp_path)
+    log = tmp_path / "RUN"
+    assert _run(_args(plan, data, log)).returncode == 0
+    (log / "consumed").mkdir()  # what the kill left
+    r = _run([*_args(plan, data, log), "--resume"])
+    assert r.returncode == 0, r.stderr
+    assert not (log / "consumed").exists()

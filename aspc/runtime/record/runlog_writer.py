@@ -195,10 +195,19 @@ class RunLogWriter:
         as ``pyarrow.dataset``) would see them, so ``--resume`` tidies even a
         complete log.
         """
-        ranges = part_ranges(read_meta(self.path), self.path, RunError) or {}
+        meta = read_meta(self.path)
+        ranges = part_ranges(meta, self.path, RunError) or {}
         for kind in KINDS:
             self._first[kind], self._parts[kind] = ranges.get(kind, (0, 0))
         self.collect_garbage()
+        if meta.get("status") == STATUS_COMPLETE:  # killed between the final commit and finish()'s clean-up
+            self._after_complete()
+
+    def _after_complete(self) -> None:
+        delete_payloads(self.path)  # a complete run resumes nothing
+        consumed = self.path / CONSUMED
+        if consumed.is_dir() and not any(consumed.iterdir()):
+            consumed.rmdir()
 
     def _compact(self, *, keep_consumed: bool = False) -> None:
         """Write the live samples, joined with their consumption, as one new (uncommitted) part.
@@ -224,10 +233,7 @@ class RunLogWriter:
         self._compact()
         self.commit(status=STATUS_COMPLETE, summary=summary)
         self.collect_garbage()
-        delete_payloads(self.path)  # a complete run resumes nothing
-        consumed = self.path / CONSUMED
-        if consumed.is_dir() and not any(consumed.iterdir()):
-            consumed.rmdir()
+        self._after_complete()
 
     def fail(self, message: str, *, status: str = STATUS_FAILED) -> None:
         """Compact what is committed and mark the run ``status`` (failed or interrupted); the log stays resumable."""

@@ -16,6 +16,20 @@ def _first_prompts(tmp_path: Path, n: int) -> Path:
     return path
 
 
+def _rolling_run(tmp_path: Path, compile_extra: list, run_extra: list) -> dict:
+    """``aspc run --scout --scout-roll`` of 64 prompts x 2 samples, global batch 8: its ``--json`` (epoch 1)."""
+    inp = _first_prompts(tmp_path, 64)
+    plan = tmp_path / "plan.parquet"
+    r = invoke_cli("compile", inp, "-n", 2, "-b", 4, *compile_extra, "-o", plan, "-q")
+    assert r.exit_code == 0, r.output
+    r = invoke_cli("run", plan, "--actual-lengths", inp, "--length-field", "lengths", "-w", 2, "--global-batch", 8,
+                   "--scout", "--scout-roll", "--scout-windows", 2, *run_extra,
+                   "--log", tmp_path / "run", "--json", "-q")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    return out["epochs"][0] if "epochs" in out else out
+
+
 def test_rolling_scout_cut_responses_are_not_counted_as_left_over_samples(tmp_path):
     """README, "The rolling scout": "a cut scout response is never a sample"; RunSummary documents
     ``samples_left_over`` as "generated, never consumed (< one global batch)" and ``samples_consumed`` as
@@ -26,16 +40,7 @@ def test_rolling_scout_cut_responses_are_not_counted_as_left_over_samples(tmp_pa
     samples_left_over 16 (two whole global batches): the 16 cut scout responses, which are no samples,
     counted as samples that were generated and never trained on.
     """
-    inp = _first_prompts(tmp_path, 64)
-    plan = tmp_path / "plan.parquet"
-    r = invoke_cli("compile", inp, "-n", 2, "-b", 4, "-o", plan, "-q")
-    assert r.exit_code == 0, r.output
-    r = invoke_cli("run", plan, "--actual-lengths", inp, "--length-field", "lengths", "-w", 2, "--global-batch", 8,
-                   "--scout", "--scout-roll", "--scout-windows", 2, "--scout-tokens", 100,
-                   "--log", tmp_path / "run", "--json", "-q")  # fmt: skip
-    assert r.exit_code == 0, r.output
-    out = json.loads(r.stdout)
-    e = out["epochs"][0] if "epochs" in out else out
+    e = _rolling_run(tmp_path, [], ["--scout-tokens", 100])
     assert e["samples_held"]["cut"] > 0  # the case at hand: some scout responses were cut
     assert e["samples_consumed"] == e["n_trainer_steps"] * 8 == 128
     assert e["samples_left_over"] < 8, e
@@ -47,16 +52,7 @@ def test_rolling_scout_cut_responses_are_not_counted_as_left_over_samples(tmp_pa
 def test_under_a_staleness_bound_the_rolling_scouts_responses_are_not_left_over_samples(tmp_path):
     """The same under ``--max-staleness``, where no scout response is kept ("the scouts only inform each
     window's plan (held, never consumed)"): samples_left_over was 32 against a global batch of 8."""
-    inp = _first_prompts(tmp_path, 64)
-    plan = tmp_path / "plan.parquet"
-    r = invoke_cli("compile", inp, "-n", 2, "-b", 4, "--order", "ascending", "-o", plan, "-q")
-    assert r.exit_code == 0, r.output
-    r = invoke_cli("run", plan, "--actual-lengths", inp, "--length-field", "lengths", "-w", 2, "--global-batch", 8,
-                   "--scout", "--scout-roll", "--scout-windows", 2, "--max-staleness", 3,
-                   "--log", tmp_path / "run", "--json", "-q")  # fmt: skip
-    assert r.exit_code == 0, r.output
-    out = json.loads(r.stdout)
-    e = out["epochs"][0] if "epochs" in out else out
+    e = _rolling_run(tmp_path, ["--order", "ascending"], ["--max-staleness", 3])
     held = e["samples_held"]
     assert held["kept"] == 0 and held["not_kept"] > 0, held
     assert e["samples_left_over"] < 8, e

@@ -100,10 +100,18 @@ def remove_stale_temps(target: str | os.PathLike) -> list[Path]:
         siblings = list(target.parent.iterdir())
     except OSError:
         return removed
-    for p in siblings:
+    # Newest first: where a writer was killed with the earlier output moved aside and the output itself
+    # gone (SIGKILL while it checked that output), the earlier output goes back rather than away.
+    for p in sorted((q for q in siblings if pattern.match(q.name)), key=_mtime, reverse=True):
         m = pattern.match(p.name)
         if m is None or pid_alive(int(m.group(1) or m.group(2))):
             continue
+        if m.group(2) and not (target.exists() or target.is_symlink()):
+            try:
+                os.replace(p, target)
+                continue
+            except OSError:
+                pass
         try:
             if p.is_dir() and not p.is_symlink():
                 shutil.rmtree(p)
@@ -113,6 +121,13 @@ def remove_stale_temps(target: str | os.PathLike) -> list[Path]:
             continue
         removed.append(p)
     return removed
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.lstat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _make_parents(parent: Path) -> list[Path]:
@@ -341,18 +356,23 @@ def atomic_dir(target: str | os.PathLike, *, refuse: Callable[[Path], str | None
         # Held signals: one between the two renames left the earlier output moved aside for good.
         with deferred():
             if target.exists():
-                old = target.parent / f".{_stem(target)}.old-{os.getpid()}"
-                os.replace(target, old)
+                aside = target.parent / f".{_stem(target)}.old-{os.getpid()}"
+                os.replace(target, aside)
+                old = aside  # only once moved: a failed move must not remove what is at that name
                 if refuse is not None:
+                    old = None  # never removed below until the check passes: it goes back, or stays aside, named
                     try:
-                        why = refuse(old)
-                    except BaseException:  # the check failed (EACCES, EIO): nothing known, nothing deleted
-                        aside, old = old, None
+                        why = refuse(aside)
+                    except OSError as exc:  # the check could not read it (EACCES, EIO): nothing known, nothing deleted
+                        why = (f"{target}: the earlier directory could not be checked before it is replaced "
+                               f"({exc.strerror or exc}); nothing was replaced: make it readable, or pick a new "
+                               "directory")  # fmt: skip
+                    except BaseException:
                         _put_back(aside, target, None)
                         raise
                     if why is not None:
-                        aside, old = old, None  # never removed below: it goes back, or stays aside, named
                         _put_back(aside, target, why)
+                    old = aside
             try:
                 os.replace(tmp, target)
             except OSError as exc:
@@ -388,15 +408,25 @@ def _put_back(old: Path, target: Path, why: str | None) -> None:
     except OSError:
         # Another writer's output took the place meanwhile: the earlier one stays aside, under a name the
         # next write's stale-temporary cleanup (.NAME.old-PID of a dead writer) does not take for its own.
-        kept = target.parent / f"{target.name}.kept-{os.getpid()}"
-        try:
-            os.replace(old, kept)
-        except OSError:
-            kept = old
+        kept = _kept_aside(old, target)
         raise OutputError(f"{why or f'{target} was replaced meanwhile'} (the earlier {target.name} is kept at "
                           f"{kept})") from None  # fmt: skip
     if why is not None:
         raise OutputError(why)
+
+
+def _kept_aside(old: Path, target: Path) -> Path:
+    """Move ``old`` to a free ``NAME.kept-PID[-N]`` beside ``target`` (short enough for any name); its path."""
+    for n in range(100):
+        kept = target.parent / f"{_stem(target)}.kept-{os.getpid()}{f'-{n}' if n else ''}"
+        if kept.exists() or kept.is_symlink():
+            continue
+        try:
+            os.replace(old, kept)
+            return kept
+        except OSError:
+            continue
+    return old  # every name taken: it stays where it is (a dead writer's cleanup may then take it)
 
 
 def atomic_write_bytes(target: str | os.PathLike, data: bytes) -> None:

@@ -98,3 +98,53 @@ def test_a_predictor_save_keeps_a_file_put_in_its_directory_while_it_trained(tmp
     with pytest.raises(OutputError, match="'notes.txt' was put there while the predictor was made"):
         pred.save(out)
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def test_a_long_name_that_cannot_go_back_is_kept_where_cleanup_never_looks(tmp_path):
+    # Second review: the kept name was built from the whole name (past 255 bytes for a long one), and its
+    # failure left the directory at .NAME.old-PID, which the next write's cleanup deletes once the PID is gone.
+    import re
+
+    target = tmp_path / ("L" * 248)
+    target.mkdir()
+    (target / "notes.txt").write_text("mine")
+
+    def refuse_while_another_writer_takes_the_place(d: Path) -> str | None:
+        target.mkdir()
+        (target / "theirs.txt").write_text("x")
+        return _no_foreign(d)
+
+    with pytest.raises(OutputError, match=r"\.kept-") as err:
+        with atomic_dir(target, refuse=refuse_while_another_writer_takes_the_place) as tmp:
+            (tmp / "out.txt").write_text("new")
+    aside = Path(str(err.value).rsplit("kept at ", 1)[1].rstrip(")"))
+    assert not re.search(r"\.old-\d+$", aside.name) and (aside / "notes.txt").read_text() == "mine"
+
+
+def test_an_earlier_output_left_aside_by_a_killed_check_comes_back(tmp_path):
+    # Second review: SIGKILL while the earlier output was checked left it at .NAME.old-PID with no output at
+    # NAME; the next write saw nothing to check, and its cleanup deleted it with the user's file in it.
+    import subprocess
+    import sys
+
+    target = tmp_path / "out"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    aside = tmp_path / f".out.old-{int(dead.stdout)}"  # a writer gone: its pid no longer runs
+    aside.mkdir()
+    (aside / "notes.txt").write_text("mine")
+    remove_stale_temps(target)
+    assert (target / "notes.txt").read_text() == "mine" and not aside.exists()
+
+
+def test_a_check_that_cannot_read_is_one_line_and_nothing_is_replaced(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "out.txt").write_text("old")
+
+    def io_error(d: Path) -> str | None:
+        raise OSError(5, "Input/output error", str(d / "index.html"))
+
+    with pytest.raises(OutputError, match="could not be checked before it is replaced .*nothing was replaced"):
+        with atomic_dir(target, refuse=io_error) as tmp:
+            (tmp / "out.txt").write_text("new")
+    assert (target / "out.txt").read_text() == "old"

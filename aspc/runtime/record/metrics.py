@@ -56,7 +56,7 @@ class RunSummary:
     samples_planned: int  # Σ n_samples over the plan
     samples_generated: int  # samples returned by workers (== planned on success)
     samples_consumed: int  # samples in trainer steps (== n_trainer_steps × global batch)
-    samples_left_over: int  # generated, never consumed (< one global batch); held scout responses not counted
+    samples_left_over: int  # generated, never consumed (< one global batch); run() leaves held scouts out
     n_trainer_steps: int  # trainer steps run
     mean_iteration_time: float | None  # seconds per trainer step, mean
     p50_iteration_time: float | None  # seconds, median

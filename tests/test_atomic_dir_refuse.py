@@ -40,8 +40,8 @@ def test_an_earlier_output_alone_is_replaced(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
-def test_the_earlier_directory_is_kept_aside_and_named_where_it_cannot_go_back(tmp_path):
-    target = tmp_path / "out"
+def _refused_while_another_writer_takes_the_place(target: Path, match: str) -> Path:
+    """A write of ``target`` (holding the user's notes.txt) whose check finds the place taken: where it kept them."""
     target.mkdir()
     (target / "notes.txt").write_text("mine")
 
@@ -50,10 +50,17 @@ def test_the_earlier_directory_is_kept_aside_and_named_where_it_cannot_go_back(t
         (target / "theirs.txt").write_text("x")
         return _no_foreign(d)
 
-    with pytest.raises(OutputError, match=r"holds 'notes.txt' \(the earlier out is kept at .*out\.kept-") as err:
+    with pytest.raises(OutputError, match=match) as err:
         with atomic_dir(target, refuse=refuse_while_another_writer_takes_the_place) as tmp:
             (tmp / "out.txt").write_text("new")
-    aside = Path(str(err.value).rsplit("kept at ", 1)[1].rstrip(")"))
+    return Path(str(err.value).rsplit("kept at ", 1)[1].rstrip(")"))
+
+
+def test_the_earlier_directory_is_kept_aside_and_named_where_it_cannot_go_back(tmp_path):
+    target = tmp_path / "out"
+    aside = _refused_while_another_writer_takes_the_place(
+        target, r"holds 'notes.txt' \(the earlier out is kept at .*out\.kept-"
+    )
     assert (aside / "notes.txt").read_text() == "mine"  # never deleted
     # Nor by the next write of that output, whose cleanup removes a dead writer's .out.old-PID (reviewer).
     remove_stale_temps(target)
@@ -105,19 +112,7 @@ def test_a_long_name_that_cannot_go_back_is_kept_where_cleanup_never_looks(tmp_p
     # failure left the directory at .NAME.old-PID, which the next write's cleanup deletes once the PID is gone.
     import re
 
-    target = tmp_path / ("L" * 248)
-    target.mkdir()
-    (target / "notes.txt").write_text("mine")
-
-    def refuse_while_another_writer_takes_the_place(d: Path) -> str | None:
-        target.mkdir()
-        (target / "theirs.txt").write_text("x")
-        return _no_foreign(d)
-
-    with pytest.raises(OutputError, match=r"\.kept-") as err:
-        with atomic_dir(target, refuse=refuse_while_another_writer_takes_the_place) as tmp:
-            (tmp / "out.txt").write_text("new")
-    aside = Path(str(err.value).rsplit("kept at ", 1)[1].rstrip(")"))
+    aside = _refused_while_another_writer_takes_the_place(tmp_path / ("L" * 248), r"\.kept-")
     assert not re.search(r"\.old-\d+$", aside.name) and (aside / "notes.txt").read_text() == "mine"
 
 

@@ -102,9 +102,9 @@ def remove_stale_temps(target: str | os.PathLike) -> list[Path]:
         return removed
     # Newest first: where a writer was killed with the earlier output moved aside and the output itself
     # gone (SIGKILL while it checked that output), the earlier output goes back rather than away.
-    for p in sorted((q for q in siblings if pattern.match(q.name)), key=_mtime, reverse=True):
-        m = pattern.match(p.name)
-        if m is None or pid_alive(int(m.group(1) or m.group(2))):
+    found = [(p, m) for p in siblings if (m := pattern.match(p.name)) is not None]
+    for p, m in sorted(found, key=lambda pm: _mtime(pm[0]), reverse=True):
+        if pid_alive(int(m.group(1) or m.group(2))):
             continue
         if m.group(2) and not (target.exists() or target.is_symlink()):
             try:

@@ -102,7 +102,15 @@ def check_scout_part_of(root: Path, part_of: dict[str, Any]) -> None:
         return
     if not isinstance(was, dict) or was == part_of:
         return
+    from aspc.runtime.config import capacity_spelling
+
+    def same(k: str) -> bool:  # "AUTO" for a logged "auto" is the same queue
+        a, b = was.get(k), part_of.get(k)
+        return a == b or (k == "queue_capacity" and capacity_spelling(a) == capacity_spelling(b))
+
     diffs = [f"--{k.replace('_', '-')} ({was.get(k)!r} in the log, {part_of.get(k)!r} now)"
-             for k in sorted(set(was) | set(part_of)) if was.get(k) != part_of.get(k)]  # fmt: skip
+             for k in sorted(set(was) | set(part_of)) if not same(k)]  # fmt: skip
+    if not diffs:
+        return
     raise ConfigError(f"--resume {root}: this run differs from the logged one in {'; '.join(diffs)}; resume with "
                       "the original options, or start a new run")  # fmt: skip

@@ -140,6 +140,18 @@ OPERATIONAL_KEYS = ("log_flush_seconds", "max_retries", "worker_timeout", "speed
 _MAX_CAPACITY = 2**62
 
 
+def capacity_spelling(value: object) -> object:
+    """``--queue-capacity`` as one spelling ("AUTO " and "auto", "064" and "64", "4.0b" and "4b" alike).
+
+    For comparing a resume's options with a log's; a value that is not a capacity comes back as given.
+    """
+    m = _CAPACITY_RE.match(str(value))
+    if m is None:
+        return value
+    auto, samples, batches = m.groups()
+    return "auto" if auto else str(int(samples)) if samples is not None else f"{float(batches)!r}b"
+
+
 def resolve_queue_capacity(config: RunConfig, largest_minibatch: int) -> int:
     """The queue's high-water mark in samples.
 

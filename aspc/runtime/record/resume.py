@@ -22,7 +22,13 @@ import pyarrow as pa
 from aspc.emit import schema as S
 from aspc.errors import ConfigError, RunError
 from aspc.runtime.backends.models import model_fingerprint, tokenizer_fingerprint
-from aspc.runtime.config import OPERATIONAL_KEYS, ReturnMode, RunConfig, check_log_options  # noqa: F401 - its old home
+from aspc.runtime.config import (  # noqa: F401 - check_log_options: its old home
+    OPERATIONAL_KEYS,
+    ReturnMode,
+    RunConfig,
+    capacity_spelling,
+    check_log_options,
+)
 from aspc.runtime.record.metrics import RunSummary, summarize_log
 from aspc.runtime.record.runlog import read_run_log, to_columns
 from aspc.runtime.work import WorkPlan
@@ -114,12 +120,12 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
             diffs.append(f"the plan's {key}")
             break
     oc, nc = old.get("config") or {}, new["config"]
+    old_run = old.get("run") or {}
     diffs += [
         f"--{k.replace('_', '-')} ({oc.get(k)!r} in the log, {nc.get(k)!r} now)"
         for k in sorted(set(oc) | set(nc))
-        if k not in OPERATIONAL_KEYS and oc.get(k) != nc.get(k)
+        if k not in OPERATIONAL_KEYS and oc.get(k) != nc.get(k) and not _same_capacity(k, oc, nc, old_run, new["run"])
     ]
-    old_run = old.get("run") or {}
     if "replan_every" in old_run and old_run["replan_every"] != new["run"].get("replan_every"):
         # Logs written before the key existed carry none and are not compared.
         def said(every: int | None) -> str:
@@ -164,6 +170,17 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
             f"--resume {path}: this run differs from the logged one in {'; '.join(diffs)}; "
             "resume with the original options, or start a new run"
         )
+
+
+def _same_capacity(key: str, oc: dict, nc: dict, old_run: dict, new_run: dict) -> bool:
+    """``--queue-capacity`` given otherwise but the same queue: "AUTO" for a logged "auto", or "64" for an
+    "auto" that came to 64 samples (the run records the samples it resolved to; logs before that, the spelling)."""
+    if key != "queue_capacity":
+        return False
+    was, now = old_run.get("queue_capacity"), new_run.get("queue_capacity")
+    if isinstance(was, int) and not isinstance(was, bool) and isinstance(now, int):
+        return was == now
+    return capacity_spelling(oc.get(key)) == capacity_spelling(nc.get(key))
 
 
 def _held(record: dict[str, Any] | None) -> str:

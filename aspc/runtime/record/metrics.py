@@ -287,12 +287,25 @@ def summarize_log(log: R.RunLog) -> RunSummary:
         (a damaged or hand-edited log): workers not an integer in range, say.
     """
     cols, workers, run = check_log(log)
-    return summarize(
+    summary = summarize(
         cols,
         n_workers=workers,
         samples_planned=run.get("samples_planned"),
         queue_capacity=run.get("queue_capacity"),
     )
+    if isinstance(run.get("held"), dict) and log.meta.get("status") != "complete":
+        # A rolling scout's log stopped early: its scout responses not consumed are held (for their
+        # groups, or cut), not left over, as a complete run reports them (``hold.left_over_without_held``).
+        import pyarrow.compute as pc
+
+        from aspc.emit.schema import SCOUT_ID_SUFFIX
+
+        table, smp = log.tables.get(R.SAMPLES), cols.get(R.SAMPLES) or {}
+        if table is not None and "prompt_id" in table.column_names and "response_len" in smp:
+            waiting = (smp["response_len"] >= 0) & (smp["consumed_step"] < 0)
+            scouts = pc.ends_with(table.column("prompt_id"), SCOUT_ID_SUFFIX).to_numpy(zero_copy_only=False)
+            summary.samples_left_over -= int(np.count_nonzero(waiting & np.asarray(scouts, dtype=bool)))
+    return summary
 
 
 def check_log(log: R.RunLog) -> tuple[dict[str, dict[str, np.ndarray]], int, dict[str, Any]]:

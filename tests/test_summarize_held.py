@@ -1,0 +1,30 @@
+"""A rolling scout's log read back after it stopped early: held scout responses are not left over."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import invoke_cli
+from tests.test_hunt27_figures import _rolling_run
+
+
+def test_a_stopped_rolling_scout_log_counts_its_held_responses_as_held(tmp_path):
+    """``aspc report`` recomputes a failed or interrupted log's summary from its rows (``summarize_log``);
+    it counted every cut scout response as a sample left over, two global batches here, where ``aspc run``
+    leaves them out. The log of a complete run, marked as stopped, must read back with the run's figure."""
+    e = _rolling_run(tmp_path, [], ["--scout-tokens", 100])
+    assert e["samples_held"]["cut"] > 0
+    from aspc.runtime.record.metrics import summarize_log
+    from aspc.runtime.record.runlog import read_run_log
+
+    log = next(p.parent for p in sorted((tmp_path / "run").rglob("meta.json")) if "held" in
+               json.loads(p.read_text()).get("run", {}))  # fmt: skip
+    meta = json.loads((log / "meta.json").read_text())
+    meta["status"] = "failed"
+    del meta["summary"]
+    (log / "meta.json").write_text(json.dumps(meta))
+    again = summarize_log(read_run_log(log, allow_incomplete=True))
+    assert again.samples_left_over == e["samples_left_over"] < 8, (again.samples_left_over, e["samples_left_over"])
+    assert again.samples_consumed == e["samples_consumed"]
+    r = invoke_cli("report", log / "plan.parquet", log, "-o", tmp_path / "rep", "-q")
+    assert r.exit_code == 0, r.output

@@ -100,6 +100,12 @@ def _largest_divisor_below(n: int, limit: int) -> int:
     return best
 
 
+def _samples(summary: Any) -> int:
+    """A run's samples: those consumed and those left over; not a rolling scout's cut responses, which
+    its ``samples_planned`` counts (scout rows are plan rows) and which were never meant to be consumed."""
+    return int(summary.samples_consumed) + int(summary.samples_left_over)
+
+
 def left_over_note(results: dict[str, Any], global_batch: int) -> str | None:
     """Why the iteration times leave out part of the run, when they do; ``None`` when every sample was consumed.
 
@@ -114,14 +120,14 @@ def left_over_note(results: dict[str, Any], global_batch: int) -> str | None:
     worst_name, worst = max(runs, key=lambda run: run[1].samples_left_over)
     if not worst.samples_left_over:
         return None
-    sizes = {s.samples_planned for _, s in runs}
+    sizes = {_samples(s) for _, s in runs}
     # Count and total of one plan: a rolling scout's kept responses make its plan larger than the others'.
     whose = "the plans'" if len(sizes) == 1 else f"{worst_name}'s"
     # A batch that consumes every plan whole: a divisor of all their sizes (never the batch that left these).
     common = math.gcd(*sizes)
     fit = _largest_divisor_below(common, global_batch)
     better = f"; --global-batch {fit} consumes all of them" if fit and fit * 2 >= global_batch else ""
-    return (f"{worst.samples_left_over} of {whose} {worst.samples_planned} samples are generated but no trainer step "
+    return (f"{worst.samples_left_over} of {whose} {_samples(worst)} samples are generated but no trainer step "
             f"consumes them (--global-batch {global_batch}): the iteration times end at the last step and leave out "
             f"whatever generation ends after it, which flatters a strategy that dispatches its longest work "
             f"last{better}")  # fmt: skip

@@ -265,7 +265,8 @@ def test_the_left_over_note_counts_and_totals_one_plan_and_never_suggests_the_ba
     from aspc.simulate_compare import left_over_note
 
     def res(planned, left):
-        return SimpleNamespace(summary=SimpleNamespace(samples_planned=planned, samples_left_over=left))
+        return SimpleNamespace(summary=SimpleNamespace(samples_planned=planned, samples_left_over=left,
+                                                       samples_consumed=planned - left))
 
     note = left_over_note({"random": res(4800, 0), "asp+scout+roll": [res(4808, 8)]}, 240)
     assert note.startswith("8 of asp+scout+roll's 4808 samples") and "consumes all of them" not in note, note

@@ -28,3 +28,16 @@ def test_a_stopped_rolling_scout_log_counts_its_held_responses_as_held(tmp_path)
     assert again.samples_consumed == e["samples_consumed"]
     r = invoke_cli("report", log / "plan.parquet", log, "-o", tmp_path / "rep", "-q")
     assert r.exit_code == 0, r.output
+
+
+def test_simulates_left_over_note_totals_samples_not_a_rolling_scouts_cut_responses(tmp_path):
+    """The note said "8 of random's 200 samples" beside a rolling scout whose plan rows (260) count its
+    cut scout responses: the two plans hold the same 200 samples."""
+    from tests.test_hunt27_figures import _first_prompts
+
+    inp = _first_prompts(tmp_path, 100)
+    r = invoke_cli("simulate", inp, "--length-field", "lengths", "-n", 2, "-w", 2, "--global-batch", 24,
+                   "--strategies", "random,asp+scout+roll", "--scout-tokens", 100)  # fmt: skip
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "8 of the plans' 200 samples are generated but no trainer step consumes them" in text, text

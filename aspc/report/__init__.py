@@ -205,7 +205,9 @@ def _page(pv: Any, runs: list[Any], tmp: Path, embed: bool) -> str:
         )
     ]
     if runs:
-        names = [r.name for r in runs]
+        from aspc.report.canvas import page_label
+
+        names = [page_label(r.name) for r in runs]  # the tag a cut legend label ends in, beside the whole name
         keys: list[str] = []
         for r in runs:
             keys += [k for k in r.extra if k not in keys]
@@ -234,5 +236,5 @@ def _page(pv: Any, runs: list[Any], tmp: Path, embed: bool) -> str:
     rows = f"{pv.predicted.size - n_scout:,} prompts" + (f" (+ {n_scout:,} scout rows)" if n_scout else "")
     sub = f"plan {pv.name}: {rows}, {pv.n_minibatches:,} minibatches, {pv.n_groups:,} groups"
     if runs:
-        sub += "; runs: " + ", ".join(r.name for r in runs)
+        sub += "; runs: " + ", ".join(names)
     return H.render_page(title=f"aspc report: {pv.name}", subtitle=sub, sections=sections)

@@ -80,16 +80,25 @@ def short_label(name: str) -> str:
     """``name`` for a figure's legend or title: at most :data:`LABEL_CHARS` characters, its ends kept.
 
     A cut name ends in 4 hex digits of its hash, so names that differ only in the middle (a learning rate
-    in a long run name) keep different labels.
+    in a long run name) keep different labels; :func:`page_label` shows the same tag beside the full name.
     """
     if len(name) <= LABEL_CHARS:
         return name
-    import hashlib
-
-    tag = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:4]
+    tag = _tag(name)
     keep = LABEL_CHARS - len(tag) - 3  # the ellipsis, and " #" before the tag
     head = keep // 2
     return f"{name[:head]}…{name[-(keep - head):]} #{tag}"
+
+
+def page_label(name: str) -> str:
+    """``name`` as the report page shows it: whole, with the tag its cut figure label ends in, if cut."""
+    return name if len(name) <= LABEL_CHARS else f"{name} #{_tag(name)}"
+
+
+def _tag(name: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:4]
 
 
 def fmt(x: float, digits: int = 3) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
@@ -333,7 +334,13 @@ def _plan_copy(path: Path, log: Path) -> bool:
     Resuming reads it and leaves it be: the copy it keeps is the same bytes,
     which :func:`aspc.predict.pairs.keep_plan_in_log` does not write again.
     """
-    return path.name == PLAN_IN_LOG and path.is_file() and log in (path.parent, path.parent.parent)
+    if not path.is_file():
+        return False
+    if path.name == PLAN_IN_LOG:
+        return log in (path.parent, path.parent.parent)
+    # An --epochs/--scout run's RUN/plans/epoch-K.parquet: a resume checks it against the plan it compiles
+    # and writes it only where missing (a log copied without its plan is resumed from that copy).
+    return re.fullmatch(r"epoch-[1-9][0-9]*\.parquet", path.name) is not None and path.parent == log / "plans"
 
 
 def check_replaceable(target: Path, kind: str = "file") -> None:

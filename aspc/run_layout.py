@@ -208,3 +208,34 @@ def clear_run_dir(root: str | os.PathLike, *, root_held: bool = False) -> None:
     finally:
         for lock in reversed(held):
             lock.release()
+
+
+def meta_stamps(root: str | os.PathLike | None) -> dict[str, tuple[int, int, int]]:
+    """Each ``meta.json`` of the run at ``root`` (its own, its epochs', its scout's) as found now: inode,
+    mtime and size.
+
+    aspc replaces a ``meta.json`` by renaming a new file over it, so one that still has its stamp later
+    was not written since: an earlier run's. Not its mtime against this host's clock: a log copied with
+    its mtimes from a node whose clock differs (``cp -a``, ``tar``, a file server's clock) misread.
+    """
+    if root is None:
+        return {}
+    out = {}
+    for m in [Path(root) / "meta.json", Path(root) / "scout" / "meta.json", *Path(root).glob("epoch-*/meta.json")]:
+        if (stamp := _stamp(m)) is not None:
+            out[str(m)] = stamp
+    return out
+
+
+def unchanged_since(meta: Path, stamps: dict[str, tuple[int, int, int]] | None) -> bool:
+    """``meta`` is the very file :func:`meta_stamps` found (no run wrote it since)."""
+    return stamps is not None and (stamp := _stamp(meta)) is not None and stamps.get(str(meta)) == stamp
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+

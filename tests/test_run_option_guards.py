@@ -203,14 +203,13 @@ def test_signal_between_epochs_names_the_epoch(tmp_path):
 
 def test_signal_before_an_overwrite_replaced_an_epochs_log_says_it_holds_the_earlier_run(tmp_path):
     # Before: "after epoch 3 of 1 finished ... continue it with --resume", which was then refused.
-    import time
-
     from aspc.cli.run import _interrupted_message
     from aspc.errors import Interrupted
+    from aspc.run_layout import meta_stamps
 
     (tmp_path / "epoch-3").mkdir(parents=True)
     (tmp_path / "epoch-3" / "meta.json").write_text(json.dumps({"status": "complete"}))
-    started = time.time() + 1.0  # the command began after the earlier run's last epoch was written
+    started = meta_stamps(tmp_path)  # the command began after the earlier run's last epoch was written
     msg = _interrupted_message(Interrupted(2), tmp_path, 1, started=started, overwrite=True)
     assert "before the run began" in msg and "still holds the earlier run" in msg and "--resume" not in msg
     # Not overwriting, the same log is this run's to go on with.

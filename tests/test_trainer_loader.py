@@ -350,7 +350,6 @@ def test_a_signal_at_a_complete_log_says_which_run_completed(plan, user_dir):
     # A complete log was offered --resume: after this run completed (the signal cut its close-down
     # short), or before it began, when the log still held an earlier run that --overwrite would replace.
     import signal
-    import time
 
     from aspc.cli.run import _interrupted_message
     from aspc.errors import Interrupted
@@ -358,10 +357,12 @@ def test_a_signal_at_a_complete_log_says_which_run_completed(plan, user_dir):
     run_dir = user_dir / "RUN"
     r = CliRunner().invoke(main, ["run", str(plan[0]), "--log", str(run_dir), "-q"])
     assert r.exit_code == 0, r.output
-    written = (run_dir / "meta.json").stat().st_mtime
-    after = _interrupted_message(Interrupted(signal.SIGINT), run_dir, started=written - 1)
+    from aspc.run_layout import meta_stamps
+
+    # The command found no log (this run wrote it), or found it as it is now (an earlier run's).
+    after = _interrupted_message(Interrupted(signal.SIGINT), run_dir, started={})
     assert after == f"interrupted by SIGINT after the run completed; run log {run_dir} is complete"
-    before = _interrupted_message(Interrupted(signal.SIGINT), run_dir, started=time.time() + 1, refusal="no")
+    before = _interrupted_message(Interrupted(signal.SIGINT), run_dir, started=meta_stamps(run_dir), refusal="no")
     assert "before the run began" in before and "still holds the earlier, complete run" in before
     assert before.endswith("--overwrite") and "--resume" not in before
 

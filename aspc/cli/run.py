@@ -110,20 +110,20 @@ def _interrupted_message(
     log_dir: Path | None,
     epochs: int = 1,
     refusal: str | None = None,
-    started: float = 0.0,
+    started: dict[str, tuple[int, int, int]] | None = None,
     overwrite: bool = False,
 ) -> str:
     """One line: what the signal did to the run, and the command that continues it.
 
     ``refusal``: the trainer's ``resume_refusal()``; a log holding trainer
     steps then cannot go on, and the line says to start over instead.
-    ``started``: when the command began (``time.time()``); a complete log
-    written before it is an earlier run's; under ``overwrite`` so is an
-    earlier run's complete epoch (the new run had not yet replaced the log).
+    ``started``: the log's ``meta.json`` files as the command found them (``meta_stamps``); a complete
+    log not written since is an earlier run's; under ``overwrite`` so is an earlier run's complete epoch.
     """
     import json
 
     from aspc.interrupt import signal_name
+    from aspc.run_layout import unchanged_since
 
     name = signal_name(exc.signum)
     if log_dir is None:
@@ -144,12 +144,12 @@ def _interrupted_message(
         status = json.loads(meta_file.read_text(encoding="utf-8")).get("status", "?")
     except (OSError, ValueError, AttributeError, RecursionError):  # RecursionError: nested too deep
         status = "?"
-    earlier = status == "complete" and overwrite and meta_file.stat().st_mtime < started
+    earlier = status == "complete" and overwrite and unchanged_since(meta_file, started)
     if earlier and meta_file.parent != log_dir:
         return (f"interrupted by {name} before the run began; run log {log_dir} still holds the earlier run: "
                 f"rerun with --overwrite to replace it: {fresh}")  # fmt: skip
     if status == "complete" and meta_file.parent == log_dir:
-        if meta_file.stat().st_mtime >= started:  # this run completed; the signal cut its close-down short
+        if not unchanged_since(meta_file, started):  # this run completed; the signal cut its close-down short
             return f"interrupted by {name} after the run completed; run log {log_dir} is complete"
         return (f"interrupted by {name} before the run began; run log {log_dir} still holds the earlier, complete "
                 f"run: rerun with --overwrite to replace it: {fresh}")  # fmt: skip
@@ -314,9 +314,9 @@ def run_cmd(
         --workers 8 --global-batch 64 --log RUN --json
     aspc run plan.parquet ...same options... --log RUN --resume   # after a crash
     """
-    import time
+    from aspc.run_layout import meta_stamps
 
-    started = time.time()  # a complete log older than this is an earlier run's (the interrupt message)
+    started = meta_stamps(log_dir)  # a complete log still as found here is an earlier run's (the interrupt message)
     from aspc.emit import read_plan, verify_integrity
     from aspc.emit.check import refuse_rolling_scout_plan
     from aspc.runtime.config import check_log_options

@@ -12,6 +12,13 @@ gets. It is removed on release *before* the descriptor is closed, and a
 writer that locked a file checks it is still the one at the path (else it
 retries), so a process that opened the old file just before its removal
 can never hold a lock on a file no longer in the directory.
+
+It also names its directory (its inode): a hard-linked copy of a log
+(``cp -al``, ``rsync --link-dest`` snapshots) shares the lock file's inode,
+so without that the copy read as locked by the original's writer, and a
+writer of the copy wrote into the original's lock file. A lock file naming
+another directory is replaced by a fresh one (by a rename, which leaves the
+original's alone) before it is locked.
 """
 
 from __future__ import annotations
@@ -58,6 +65,10 @@ class RunLogLock:
                 raise RunError(
                     f"--log {self.path}: cannot create its lock file ({exc.strerror}); choose a writable path"
                 ) from None
+            if _foreign(fd, self.path):  # a hard-linked copy's: another log's lock, not this one's
+                os.close(fd)
+                _replace_lock_file(self.path)
+                continue
             try:
                 _lock_now_or_soon(fd)
             except BlockingIOError:
@@ -77,7 +88,7 @@ class RunLogLock:
                 break
             os.close(fd)
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        os.write(fd, f"{os.getpid()}\n{_identity(self.path)}\n".encode())
         self._fd = fd
 
     def release(self) -> None:
@@ -128,6 +139,8 @@ def refuse_if_locked(path: str | os.PathLike) -> None:
     except OSError:
         return  # no lock file: no writer
     try:
+        if _foreign(fd, Path(path)):  # a hard-linked copy's: its writer writes another log
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -147,8 +160,41 @@ def _locked(path: Path, holder: int | None) -> LockError:
 
 
 def _read_pid(fd: int) -> int | None:
-    try:
-        text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-    except OSError:
-        return None
+    text = _lines(fd)[0]
     return int(text) if text.isdigit() else None
+
+
+def _lines(fd: int) -> list[str]:
+    """The lock file's lines: the holder's pid, its directory's identity (none in locks of older aspc)."""
+    try:
+        text = os.pread(fd, 96, 0).decode(errors="replace")
+    except OSError:
+        return [""]
+    return [ln.strip() for ln in text.splitlines()] or [""]
+
+
+def _identity(path: Path) -> str:
+    # The inode alone: a hard-linked copy is on the same file system, and a network file system gives each
+    # client its own st_dev for the same directory (a writer on another node must still be seen).
+    return f"ino:{os.stat(path).st_ino}"
+
+
+def _foreign(fd: int, path: Path) -> bool:
+    """The open lock file names a directory other than ``path``: it came with a hard-linked copy."""
+    lines = _lines(fd)
+    try:
+        return len(lines) > 1 and bool(lines[1]) and lines[1] != _identity(path)
+    except OSError:
+        return False
+
+
+def _replace_lock_file(path: Path) -> None:
+    """A fresh, empty lock file at ``path / LOCK_FILE``, put there by a rename (the old inode is left as it is)."""
+    tmp = path / f"{LOCK_FILE}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask's mode, as the lock's own
+        os.replace(tmp, path / LOCK_FILE)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise RunError(f"--log {path}: cannot create its lock file ({exc.strerror}); choose a writable path") from None

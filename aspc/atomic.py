@@ -23,17 +23,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from aspc.errors import OutputError
+from aspc.file_modes import current_umask
 from aspc.guards import check_not_cwd, check_replaceable
 from aspc.interrupt import deferred, note_written
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 _DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _fsync_dir(path: Path) -> None:
@@ -279,7 +274,7 @@ def atomic_path(target: str | os.PathLike) -> Iterator[Path]:
             try:
                 # mkstemp creates 0600; outputs are shared files (a trainer may run
                 # as another user), so give them the mode a plain open() would.
-                os.fchmod(fd, 0o666 & ~_umask())
+                os.fchmod(fd, 0o666 & ~current_umask())
             finally:
                 os.close(fd)
         usable, fd_via = _usable(tmp_path)
@@ -337,13 +332,13 @@ def atomic_dir(target: str | os.PathLike, *, refuse: Callable[[Path], str | None
                 if err is None:
                     raise
                 raise err from None
-            os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700
+            os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp creates 0700
         usable, fd_via = _usable(tmp)
         yield usable
         ours = True
         # Libraries write some files private (safetensors' save_file: 0600); outputs are shared files
         # (a trainer under another uid reads the predictor), so every one gets the umask's mode.
-        umask = _umask()
+        umask = current_umask()
         file_mode, dir_mode = 0o666 & ~umask, 0o777 & ~umask
         for root, dirs, files in os.walk(tmp):
             for name in dirs:

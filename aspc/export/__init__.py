@@ -409,9 +409,9 @@ def _json_line(rec: dict) -> bytes:
 def _share(path: Path) -> None:
     """Give the file the usual umask permissions: the atomic temporary file is private (0600),
     and a trainer often runs as another user."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
+    from aspc.file_modes import current_umask
+
+    os.chmod(path, 0o666 & ~current_umask())
 
 
 def _json_default(o: Any) -> Any:

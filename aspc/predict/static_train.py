@@ -39,7 +39,7 @@ from aspc.predict.lexical import DEFAULT_KAPPA, validation_metrics
 from aspc.predict.metrics import marginal_summary
 from aspc.predict.ridge import target_levels
 from aspc.predict.static import StaticConfig, StaticPredictor, embed, load_tokenizer_json, prior_text_scores
-from aspc.predict.transformer import _length_features
+from aspc.predict.transformer import _length_features, quiet_transformers
 from aspc.progress import NULL_PROGRESS, Progress
 
 DISTILLATION = "cls-token-sep"  # how the table was made (metadata): one token between [CLS] and [SEP]
@@ -77,6 +77,7 @@ def _special_ids(hf_tokenizer: Any) -> tuple[int | None, int | None]:
     return cls_id, sep_id
 
 
+@quiet_transformers
 def _distil(base_model: str | None, init: Any, config: StaticConfig, progress: Progress) -> tuple[str, np.ndarray, dict]:
     """(tokenizer JSON, table as stored, description) from the base encoder or a transformer predictor."""
     from aspc.predict.transformer import _load_base, _require_torch

@@ -12,9 +12,10 @@ torch, transformers and safetensors are imported lazily; the rest of aspc
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,33 @@ def _require_torch() -> tuple[Any, Any]:
             "the transformer predictor needs torch and transformers; install them "
             "(pip install 'aspc[predict]': the extra that brings them) or use --kind lexical"
         ) from None
-    # The library never prints: no download/loading bars or advice from transformers.
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
     return torch, transformers
+
+
+def quiet_transformers(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with transformers' logging at ERROR and its progress bars off, as the host had them after.
+
+    aspc prints nothing of its own through transformers (loading bars, advice), but the host's logging
+    is the host's: setting it for good dropped a verl or OpenRLHF trainer's own transformers warnings for
+    the rest of its process.
+    """
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            from transformers.utils import logging as tl
+        except ImportError:  # fn says what is missing
+            return fn(*args, **kwargs)
+        level, bars = tl.get_verbosity(), tl.is_progress_bar_enabled()
+        tl.set_verbosity_error()
+        tl.disable_progress_bar()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            tl.set_verbosity(level)
+            tl.enable_progress_bar() if bars else tl.disable_progress_bar()
+
+    return wrapped
 
 
 def default_base_model() -> Path:
@@ -206,6 +230,7 @@ class TransformerPredictor(Predictor):
         """Outputs (n, 4) in log tokens: log-mean, log q10, log q50, log q90."""
         return self._raw_heads(texts, [self._target_idx], batch_size)[0]
 
+    @quiet_transformers
     def _raw_heads(self, texts: Sequence[str], heads: list[int | None], batch_size: int = 64) -> list[np.ndarray]:
         """:meth:`_raw` of each head in ``heads`` (target indices, None = pooled), from one encoder pass."""
         torch, _ = _require_torch()
@@ -287,6 +312,7 @@ class TransformerPredictor(Predictor):
             write_metadata(tmp, self.kind, body)
 
     @classmethod
+    @quiet_transformers
     def load(cls, path: str | Path, target: str | None = None, device: str = "auto") -> TransformerPredictor:
         """Read a transformer predictor directory (offline) onto ``device``."""
         meta = read_metadata(path, kind=cls.kind)
@@ -387,6 +413,7 @@ def _checked_meta(meta: dict[str, Any]) -> tuple[list[str], tuple[float, float],
     return list(targets), (norm[0], norm[1]), cqr
 
 
+@quiet_transformers
 def _load_base(torch: Any, transformers: Any, base_model: str | None) -> tuple[Any, Any, str]:
     path = Path(base_model) if base_model else default_base_model()
     if not path.is_dir() or not (path / "config.json").is_file():

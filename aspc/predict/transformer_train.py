@@ -37,6 +37,7 @@ from aspc.predict.transformer import (
     _load_base,
     _max_len,
     _require_torch,
+    quiet_transformers,
 )
 from aspc.progress import NULL_PROGRESS, Progress
 
@@ -83,6 +84,7 @@ def _start_at_their_level(
         net.target_bias.weight.data[int(t), [0, 2]] += float(y_norm[sample][sel].mean() - mu[sel].mean())
 
 
+@quiet_transformers
 def train_transformer(
     texts: Sequence[str],
     lengths: Sequence[Any],

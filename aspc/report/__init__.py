@@ -13,6 +13,7 @@ from typing import Any
 
 from aspc.atomic import atomic_dir
 from aspc.errors import ConfigError
+from aspc.file_modes import current_umask
 from aspc.progress import NULL_PROGRESS, Progress
 
 __all__ = ["write_report"]
@@ -158,7 +159,7 @@ def write_report(
     # Asked again at the swap: a file put into out_dir while the figures were drawn is not deleted.
     with atomic_dir(out_dir, refuse=lambda d: _replace_refusal(d, out_dir, at_swap=True)) as tmp:
         # The temporary directory is private (0700); a report is meant to be shared like any directory.
-        os.chmod(tmp, 0o777 & ~_umask())
+        os.chmod(tmp, 0o777 & ~current_umask())
         progress.stage("figures", total=len(specs))
         with literal_text():
             for spec in F.PLAN_FIGURES:
@@ -173,12 +174,6 @@ def write_report(
         (tmp / INDEX).write_text(_page(pv, runs, tmp, embed), encoding="utf-8")
         progress.done()
     return [out_dir / INDEX] + [out_dir / s.file for s in specs]
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _scalars(d: Any) -> dict[str, Any]:

@@ -28,14 +28,18 @@ MAX_MARKED_MINIBATCHES = 600
 
 
 def require_matplotlib() -> Any:
-    """The matplotlib module with the Agg backend, or a clear error if the extra is missing."""
+    """The matplotlib module, or a clear error if the extra is missing.
+
+    The backend is left as the host set it: figures are :class:`~matplotlib.figure.Figure` objects saved
+    as PNG, which draws with Agg whatever the backend (``matplotlib.use("Agg", force=True)`` switched a
+    notebook's or a GUI's pyplot backend for the rest of the process).
+    """
     try:
         import matplotlib
     except ImportError:
         raise AspcError(
             "aspc report needs matplotlib, which is not installed; install it with: pip install 'aspc[report]'"
         ) from None
-    matplotlib.use("Agg", force=True)
     return matplotlib
 
 

@@ -29,8 +29,12 @@ def check_lengths_cover(plan: Plan, sources: list[tuple[dict[str, np.ndarray] | 
             join_actual_lengths(work, epoch_lengths(lengths, 1, n, drift), source_name=name)
 
 
-def check_stored_plan(plan: Plan, path: Path, epoch: int, plan_name: str = "", *, given: bool = False) -> None:
-    """Raise :class:`ConfigError` unless ``path`` holds ``plan`` (rows, configuration); ``given``: ``plan`` is PLAN."""
+def check_stored_plan(plan: Plan, path: Path, epoch: int, plan_name: str = "", *, given: bool = False) -> Plan:
+    """The plan stored at ``path`` to resume: ``plan`` itself, or the stored one where an earlier aspc compiled
+    the same schedule (rows hash intact, same configuration, same rows but the last bits of predictions).
+
+    Raise :class:`ConfigError` otherwise; ``given``: ``plan`` is PLAN.
+    """
     from aspc.emit.plan import as_stored, read_plan, rows_hash
     from aspc.errors import PlanError, finding
 
@@ -42,6 +46,8 @@ def check_stored_plan(plan: Plan, path: Path, epoch: int, plan_name: str = "", *
                           "run logs) or pass --overwrite to start the epochs again") from None  # fmt: skip
     same_rows = stored.stored_rows_hash == rows_hash(plan.table.cast(S.PLAN_SCHEMA))
     want = as_stored(plan.config)
+    if not same_rows and stored.config == want and _same_schedule(stored, plan):
+        return stored  # what the epoch's log ran (an aspc before 2026-12-07 summed predictions in another order)
     if not (same_rows and stored.config == want):
         old_n, n = stored.config.get("samples_per_prompt"), want.get("samples_per_prompt")
         if not given and epoch > 1 and old_n == 1 != n and {**stored.config, "samples_per_prompt": n} == want:
@@ -55,6 +61,22 @@ def check_stored_plan(plan: Plan, path: Path, epoch: int, plan_name: str = "", *
                 "PLAN or other options)")  # fmt: skip
         raise ConfigError(f"{path}: {what}; resume with the PLAN and options the run started with, or pass "
                           "--overwrite to start the epochs again")  # fmt: skip
+    return plan
+
+
+_PREDICTED = (S.PREDICTED_LEN, S.PREDICTED_Q10, S.PREDICTED_Q50, S.PREDICTED_Q90)
+
+
+def _same_schedule(stored: Plan, plan: Plan) -> bool:
+    """``stored`` is intact (its rows hash verifies) and holds ``plan``'s rows, predictions equal to 1e-9."""
+    from aspc.emit.plan import rows_hash
+
+    a, b = stored.table.cast(S.PLAN_SCHEMA), plan.table.cast(S.PLAN_SCHEMA)
+    if a.num_rows != b.num_rows or stored.stored_rows_hash != rows_hash(a):
+        return False
+    if not a.drop_columns(list(_PREDICTED)).equals(b.drop_columns(list(_PREDICTED))):
+        return False
+    return all(np.allclose(a.column(c).to_numpy(), b.column(c).to_numpy(), rtol=1e-9, atol=0.0) for c in _PREDICTED)
 
 
 def check_epoch_logs(root: Path, n_epochs: int, drift: float | None) -> None:

@@ -326,7 +326,7 @@ def run_epochs(
                 )
             plan_path = plans_dir / f"epoch-{k}.parquet"
             if resume and plan_path.exists():
-                check_stored_plan(current, plan_path, k, plan_name, given=k == 1 and tokens is None)
+                current = check_stored_plan(current, plan_path, k, plan_name, given=k == 1 and tokens is None)
             else:
                 write_plan(current, plan_path)
             plans.append(current)

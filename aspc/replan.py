@@ -145,7 +145,14 @@ def prediction_of(rows: pa.Table) -> LengthPrediction:
 def compile_config_of(plan_config: dict[str, Any], **overrides: Any) -> CompileConfig:
     """The :class:`CompileConfig` a plan was compiled with (its stored record), for its remainder."""
     names = {f.name for f in dataclasses.fields(CompileConfig)}
-    keep = {k: v for k, v in plan_config.items() if k in names and k not in ("predictor", "history", "groups")}
+    stored = dict(plan_config)
+    # Plans record CompileConfig.minibatch_cost under its historical key (``compiler._config_record``);
+    # read as it was, a --minibatch-cost padded plan's later epochs and revisions went expected-max.
+    if "cost_model" in stored and "minibatch_cost" not in stored:
+        stored["minibatch_cost"] = stored.pop("cost_model")
+    # Plans before the order option (every plan records it since) dispatched in today's "interleave" order.
+    stored.setdefault("order", "interleave")
+    keep = {k: v for k, v in stored.items() if k in names and k not in ("predictor", "history", "groups")}
     keep["history"] = ()
     keep["strategy"] = "asp"
     keep.update(overrides)

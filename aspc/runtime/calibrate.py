@@ -376,7 +376,8 @@ def calibrate(path: str | os.PathLike) -> Calibration:
         raise RunError(f"{path}: {NONFINITE_LOG.format(bad=bad)} and calibrate the new log")
     samples = R.to_columns(log.tables[R.SAMPLES])
     # A plan revision (aspc run --replan) re-cuts the remainder: its minibatch count may differ from the plan's.
-    revised = bool(np.any(np.asarray(mbs.get("plan_revision", ()), dtype=np.int64) > 0))
+    # float: a run log 1.1 has no plan_revision (read back as NaN, which an int64 cast warned of on stderr).
+    revised = bool(np.any(np.asarray(mbs.get("plan_revision", ()), dtype=np.float64) > 0))
     bad = damaged_row(mbs, steps, samples, planned if type(planned) is int and planned > 0 and not revised else None)
     if bad is not None:
         raise RunError(f"{path}: {bad}; the run log is damaged: run the plan again with a new --log and calibrate "

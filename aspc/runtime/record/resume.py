@@ -159,7 +159,7 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
             diffs.append(f"--model ({was.get('model')!r} with tokenizer files {a[:12]}… in the log, "
                          f"{b[:12]}… now: its tokenizer, chat template or generation_config.json differ)")
     if (old.get("cost_model") or {}) != new["cost_model"]:
-        diffs.append("the cost model")
+        diffs.append(_cost_model_diff(old.get("cost_model"), new["cost_model"]))
     old_len = (old.get("run") or {}).get("lengths_name")
     if old_len != new["run"]["lengths_name"] and not _same_contents(old.get("run") or {}, new["run"]):
         diffs.append(f"--actual-lengths ({old_len!r} in the log, {new['run']['lengths_name']!r} now)")
@@ -170,6 +170,17 @@ def check_resumable(path: Path, old: dict[str, Any], new: dict[str, Any]) -> Non
             f"--resume {path}: this run differs from the logged one in {'; '.join(diffs)}; "
             "resume with the original options, or start a new run"
         )
+
+
+def _cost_model_diff(old: Any, new: dict[str, Any]) -> str:
+    """The cost model's differing coefficients, and how to resume with the logged ones (an older aspc's
+    defaults differ: ``train_per_token`` was 2.5e-05)."""
+    if not isinstance(old, dict):
+        return "the cost model"
+    keys = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    said = ", ".join(f"{k} {old.get(k)!r} in the log, {new.get(k)!r} now" for k in keys[:3])
+    return (f"the cost model ({said}{', ...' if len(keys) > 3 else ''}; to resume, pass --cost-model FILE holding "
+            "the log's meta.json cost_model)")
 
 
 def _same_capacity(key: str, oc: dict, nc: dict, old_run: dict, new_run: dict) -> bool:

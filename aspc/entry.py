@@ -43,8 +43,8 @@ def refuse_a_small_address_space() -> None:
 def main() -> None:
     """Install the early handler, then hand over to the command line (whose own policy replaces it)."""
     for s in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGHUP", None)):
-        # An ignored SIGHUP (nohup) stays ignored, as aspc.interrupt keeps it.
-        if s is not None and not (s == getattr(signal, "SIGHUP", None) and signal.getsignal(s) is signal.SIG_IGN):
+        # An ignored SIGHUP (nohup) or SIGINT (`aspc ... &` in a script) stays ignored, as aspc.interrupt keeps it.
+        if s is not None and not (s != signal.SIGTERM and signal.getsignal(s) is signal.SIG_IGN):
             signal.signal(s, _before_the_command)
     refuse_a_small_address_space()
     from aspc.cli import main as command_line

@@ -33,8 +33,15 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT) + ((signal.SIGHUP,) if hasattr(signal,
 
 
 def _ours(s: int) -> bool:
-    """Whether aspc takes signal ``s``: every one of :data:`SIGNALS`, but an ignored SIGHUP (nohup)."""
-    return not (s == getattr(signal, "SIGHUP", None) and signal.getsignal(s) is signal.SIG_IGN)
+    """Whether aspc takes signal ``s``: every one of :data:`SIGNALS`, but an ignored SIGHUP (nohup) or SIGINT.
+
+    A shell starts ``aspc ... &`` of a script with SIGINT ignored, so that a Ctrl-C meant for the
+    foreground job leaves it running; Python keeps such a SIGINT ignored, and so does aspc.
+    """
+    return not (s in _KEPT_IGNORED and signal.getsignal(s) is signal.SIG_IGN)
+
+
+_KEPT_IGNORED = (signal.SIGINT,) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
 
 # Re-entrant: the handler takes it, and runs in the main thread between any two bytecodes, also
 # while the main thread holds it (in deferred()); a plain Lock would deadlock there.

@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def _writable_dir(path: Path) -> bool:
@@ -78,3 +79,58 @@ NJIT_FLAGS = {"cache": _CACHE_ENABLED, "fastmath": False, "nogil": True}
 # For kernels whose outer loop has independent iterations (one minibatch
 # each, no reductions across them): results do not depend on thread count.
 NJIT_PARALLEL_FLAGS = {**NJIT_FLAGS, "parallel": True}
+
+
+def parallel_njit(fn: Any) -> Any:
+    """``fn`` compiled with :data:`NJIT_PARALLEL_FLAGS`, run serially in a ``fork()``ed child of a process
+    that ran parallel kernels on GNU OpenMP.
+
+    GNU OpenMP cannot start its threads again after a fork: Numba's ``omp`` layer then ends the child
+    ("Terminating: fork() called from a process already using GNU OpenMP", killed by SIGTERM), and a
+    ``multiprocessing.Pool`` of such children waits for ever. Such a child compiles (uncached) and runs the
+    kernel without ``parallel``: its outer iterations are independent, so the results are the same.
+    """
+    from numba import njit
+
+    return _ForkAware(njit(**NJIT_PARALLEL_FLAGS)(fn), fn)
+
+
+class _ForkAware:
+    """A parallel kernel and, made when first needed, its serial twin (see :func:`parallel_njit`)."""
+
+    def __init__(self, parallel: Any, fn: Any) -> None:
+        self._parallel, self._fn, self._serial = parallel, fn, None
+        self.__doc__, self.__name__, self.__wrapped__ = fn.__doc__, fn.__name__, fn
+
+    def __call__(self, *args: Any) -> Any:
+        if not _FORKED_AFTER_GOMP:
+            return self._parallel(*args)
+        if self._serial is None:
+            from numba import njit
+
+            # Not cached: an index entry of the serial compile would sit under the parallel one's name.
+            self._serial = njit(**{**NJIT_FLAGS, "cache": False})(self._fn)
+        return self._serial(*args)
+
+    def __getattr__(self, name: str) -> Any:  # py_func, signatures, ...: the parallel dispatcher's
+        return getattr(self._parallel, name)
+
+
+_FORKED_AFTER_GOMP = False
+
+
+def _after_fork_in_child() -> None:
+    global _FORKED_AFTER_GOMP
+    numba = sys.modules.get("numba")
+    if numba is None or _FORKED_AFTER_GOMP:
+        return
+    try:
+        layer = numba.threading_layer()
+    except (ValueError, AttributeError):  # no parallel kernel ran in the parent
+        return
+    _FORKED_AFTER_GOMP = layer == "omp"  # Intel's OpenMP survives a fork; which one is loaded is not said
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+

@@ -11,7 +11,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from aspc.numba_config import NJIT_FLAGS, NJIT_PARALLEL_FLAGS
+from aspc.numba_config import NJIT_FLAGS, parallel_njit
 
 # Bisection steps on log(length): 60 halvings of a bracket at most ~40 wide in
 # log space leave an error far below one token.
@@ -105,7 +105,7 @@ def _bisect(logq, mu, sigma, point, nseq, lo_i, hi_i, lo, hi, lo_seen, hi_seen, 
     return lo, hi, lo_seen, hi_seen, False
 
 
-@njit(**NJIT_PARALLEL_FLAGS)
+@parallel_njit
 def _max_quantiles(mu, sigma, point, nseq, starts, q):
     """Per minibatch, the ``q``-quantile of its longest sampled response (tokens).
 
@@ -176,7 +176,7 @@ def _newton_root(logq, mu, sigma, nseq, lo_i, hi_i):
     return math.nan, 0.0
 
 
-@njit(**NJIT_PARALLEL_FLAGS)
+@parallel_njit
 def _coarse_quantiles(mu, sigma, point, nseq, starts, q, lo, hi, seen, exact, blo, bhi, left):
     """Per minibatch, an interval holding :func:`_max_quantiles`' answer, and a bisection state to finish it from.
 
@@ -229,7 +229,7 @@ def _coarse_quantiles(mu, sigma, point, nseq, starts, q, lo, hi, seen, exact, bl
         left[b] = _BISECT_STEPS - _COARSE_STEPS
 
 
-@njit(**NJIT_PARALLEL_FLAGS)
+@parallel_njit
 def _finish_quantiles(mu, sigma, point, nseq, starts, q, lo, hi, seen, left, which):
     """The exact answers of minibatches ``which``: their bisections resumed from :func:`_coarse_quantiles`' state."""
     out = np.empty(which.size, dtype=np.float64)

@@ -91,6 +91,15 @@ class _LazyGroup(click.Group):
         # decided, a signal during teardown (library thread pools, atexit) ends
         # the process at once with that code, not as a silent kill by signal.
         process = (args[0] if args else kwargs.get("args")) is None
+        if process and sys.stdout is None and {"-h", "--help", "--version"} & set(sys.argv[1:]):
+            # Started with stdout closed (>&-): click drops its help and version text without a word, exit 0.
+            from aspc.cli.common import StdoutError, _Stdout
+
+            try:
+                _Stdout._call("flush")  # the commands' own line for a closed stdout
+            except StdoutError as exc:
+                error_line(f"Error: {exc}")
+                sys.exit(exc.exit_code)
         if process:
             interrupt.exit_at_teardown()
             from aspc.cli.result_stream import for_the_process
@@ -165,7 +174,35 @@ class _LazyGroup(click.Group):
         if importlib.util.find_spec(f"aspc.cli.{mod}") is None:
             return None
         self._ran = name
-        return getattr(importlib.import_module(f"aspc.cli.{mod}"), attr)
+        return _with_help(getattr(importlib.import_module(f"aspc.cli.{mod}"), attr))
+
+
+def _with_help(cmd: click.Command) -> click.Command:
+    """``cmd`` (and its subcommands) with the help text its docstring gives, under ``python -OO`` too.
+
+    click takes a command's description from its function's ``__doc__``, which ``-OO`` (``PYTHONOPTIMIZE=2``,
+    as production images set) discards: ``--help`` lost what each command does and what its exit codes mean.
+    The docstring is then read from the source. Without ``-OO`` nothing is done.
+    """
+    if sys.flags.optimize < 2:
+        return cmd
+    for sub in [cmd, *getattr(cmd, "commands", {}).values()]:
+        if sub.help is None and sub.callback is not None:
+            sub.help = _docstring(sub.callback)
+    return cmd
+
+
+def _docstring(fn: object) -> str | None:
+    import ast
+    import inspect
+    import textwrap
+
+    fn = inspect.unwrap(fn)  # click's pass_context and the like
+    try:
+        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):  # no source installed: the options still show
+        return None
+    return ast.get_docstring(node) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -178,3 +215,6 @@ def main() -> None:
     aspc check plan.parquet --max-imbalance 0.01
     aspc run plan.parquet
     """
+
+
+_with_help(main)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from aspc.numba_config import NJIT_FLAGS, NJIT_PARALLEL_FLAGS
+from aspc.numba_config import NJIT_FLAGS, parallel_njit
 
 # z-score of the 90th percentile of a standard normal: q90 = exp(mu + Z90*sigma).
 Z90 = 1.2815515655446004
@@ -40,7 +40,7 @@ def _norm_cdf(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
 
-@njit(**NJIT_PARALLEL_FLAGS)
+@parallel_njit
 def _expected_max_costs(
     mu: np.ndarray, sigma: np.ndarray, point: np.ndarray, nseq: np.ndarray, starts: np.ndarray, cap: float
 ) -> np.ndarray:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from aspc.numba_config import NJIT_FLAGS, NJIT_PARALLEL_FLAGS
+from aspc.numba_config import NJIT_FLAGS, parallel_njit
 from aspc.portable_math_kernel import pairwise_sum  # NumPy's pairwise order, step for step
 
 
@@ -49,7 +49,7 @@ def _sorted_into(values: np.ndarray, lo: int, m: int, buf: np.ndarray) -> np.nda
     return buf
 
 
-@njit(**NJIT_PARALLEL_FLAGS)
+@parallel_njit
 def _segment_stats(values: np.ndarray, offsets: np.ndarray, qs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = offsets.size - 1
     k = qs.size

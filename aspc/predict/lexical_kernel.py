@@ -20,7 +20,7 @@ import pyarrow as pa
 from numba import njit, prange
 
 from aspc import portable_math as pm
-from aspc.numba_config import NJIT_FLAGS, NJIT_PARALLEL_FLAGS
+from aspc.numba_config import NJIT_FLAGS, parallel_njit
 from aspc.predict.features import _LOWER, _MIX, _P, _SEED_BIGRAM, _SEED_LENBIN, _SEED_WORD, _WORD, FeatureConfig
 
 _CHUNK = 65536  # prompts encoded at once: bounds the byte buffer (~ 64k x 4 KiB worst case)
@@ -36,7 +36,7 @@ def _bucket(h, seed, shift):  # pragma: no cover - compiled
 _WORD_CHAR = np.where(_WORD[_LOWER], _LOWER, 0).astype(np.uint8)
 
 
-@njit(**NJIT_PARALLEL_FLAGS)
+@parallel_njit
 def _score_kernel(buf, starts, ends, lbins, word_char, beta, head, tail, bits, bigrams, out, n_words, n_lines):  # noqa: E501  # pragma: no cover - compiled
     shift = np.uint64(64 - bits)
     # Prompts are independent (each writes only its own outputs): results do not depend on threads.

@@ -111,7 +111,6 @@ def test_compile_in_a_forked_child_after_the_parent_compiled(tmp_path):
     assert (tmp_path / "child.parquet").read_bytes() == (tmp_path / "parent.parquet").read_bytes()
 
 
-@pytest.mark.xfail(strict=True, reason="a Ctrl-C under a host's own SIGINT handler is logged as the trainer's failure")
 def test_ctrl_c_under_a_host_sigint_handler_is_an_interrupt(tmp_path):
     """``aspc.runtime.run``'s docstring: "Interrupted: SIGTERM/SIGINT ...: the commit in progress finished and
     the log is marked ``interrupted``, resumable", against "RunError: The run failed part-way"; the commit

@@ -235,7 +235,42 @@ def raised_by_code(exc: BaseException) -> bool:
     if taken is not None:
         raise Interrupted(taken) from None
     main = threading.current_thread() is threading.main_thread()
-    return not main or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    if not main:
+        return True
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        return False  # may be a real Ctrl-C
+    return not _host_sigint[0]  # a host's own handler raises it for a real Ctrl-C: seen by _host_sigint_seen
+
+
+# Whether a SIGINT reached the host's own handler during the user code now running (_host_sigint_seen).
+_host_sigint = [False]
+
+
+@contextlib.contextmanager
+def _host_sigint_seen() -> Iterator[None]:
+    """Around user code, in the main thread, under a host program's own SIGINT handler: note a real SIGINT.
+
+    A KeyboardInterrupt there was read as the trainer's own (its failure, a log marked failed), though the
+    host's handler had raised it for the user's Ctrl-C; the handler is wrapped for the block so that
+    :func:`raised_by_code` can tell the two apart. aspc's handler and Python's default need no wrapper.
+    """
+    host = signal.getsignal(signal.SIGINT)
+    if (threading.current_thread() is not threading.main_thread() or not callable(host)
+            or host is signal.default_int_handler or interrupt.policy_active()):  # fmt: skip
+        yield
+        return
+
+    def noted(signum: int, frame: Any) -> Any:
+        _host_sigint[0] = True
+        return host(signum, frame)
+
+    _host_sigint[0] = False
+    signal.signal(signal.SIGINT, noted)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGINT) is noted:  # user code that set its own keeps it
+            signal.signal(signal.SIGINT, host)
 
 
 class _CodeFailed(RunError):
@@ -267,7 +302,7 @@ def signals_kept() -> Iterator[None]:
     KeyboardInterrupt read as the interrupt it is (it was "Aborted!" and a log marked failed)."""
     from aspc import interrupt_libraries
 
-    with interrupt_libraries.kept(), interrupt_libraries.ours_again():
+    with interrupt_libraries.kept(), interrupt_libraries.ours_again(), _host_sigint_seen():
         yield
 
 

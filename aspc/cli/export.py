@@ -56,17 +56,18 @@ def export_cmd(
     Every column of the dataset the plan was compiled from passes through
     unchanged (data_source, prompt, ability, reward_model, extra_info, ...);
     aspc's schedule goes under extra_info["aspc"] (prompt_id, minibatch,
-    group, dispatch_rank, n_samples, predicted_len). A text prompt becomes a
-    chat list of one user message in the verl format; with compile
-    --prompt-field F, that chat, built from F, takes the name 'prompt' (verl's
-    data.prompt_key), and a source column of that name gives way to it, with a
-    note.
+    group, dispatch_rank, n_samples, predicted_len). With --format verl a
+    text prompt becomes a chat list of one user message in the verl format;
+    with compile --prompt-field F, that chat, built from F, takes the name
+    'prompt' (verl's data.prompt_key), and a source column of that name gives
+    way to it, with a note. --format jsonl keeps every source field as it is.
 
-    The command prints the verl overrides that keep the plan's order (one
+    For verl the command prints the overrides that keep the plan's order (one
     group per trainer step) and its length caps, and what else to set
     (data.gen_batch_size, data.val_files), quoted for a POSIX shell and for
     Hydra; --json gives them as {"overrides": {...}, "warnings": [...],
-    "verl_overrides": [one argv element each], ...}.
+    "verl_overrides": [one argv element each], ...}. For jsonl (OpenRLHF,
+    slime, AReaL) it notes how to keep the order.
 
     \b
     aspc compile gsm8k.parquet --for verl --max-response-length 1024 --max-prompt-length 512 -o plan.parquet
@@ -99,5 +100,5 @@ def export_cmd(
         # Shell-quoted, so that the lines pasted after a verl command pass each override as one argument.
         line = shell_line(res.verl_overrides(), " \\\n  ")
         out_console.print("  " + line, soft_wrap=True, highlight=False, markup=False, emoji=False)
-        for w in res.warnings:
-            err_console.print(f"[yellow]note[/] {escape(w)}", soft_wrap=True, highlight=False)
+    for w in res.warnings:
+        err_console.print(f"[yellow]note[/] {escape(w)}", soft_wrap=True, highlight=False)

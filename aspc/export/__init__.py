@@ -49,7 +49,7 @@ from aspc.emit import schema as S
 from aspc.emit.check import verify_integrity
 from aspc.errors import ConfigError, InputError, PlanError, short_reason
 from aspc.export import source as sources
-from aspc.export.overrides import override_args, verl_settings
+from aspc.export.overrides import order_notes, override_args, verl_settings
 from aspc.export.source import check_rows, file_order, locate_source, ordered_type, source_records, source_table
 from aspc.guards import check_output
 from aspc.io.rows import chat_messages
@@ -99,6 +99,7 @@ class ExportResult:
             "format": self.format,
             "rows": self.rows,
             "n_groups": self.n_groups,
+            "group_prompts": self.group_prompts,
             "groups_equal": self.train_batch_size is not None,
             "train_batch_size": self.train_batch_size,
             "n_samples": self.n_samples,
@@ -216,6 +217,7 @@ def export_plan(
         _write_parquet(out_path, table)
     else:
         _write_jsonl(out_path, plan, src, rows, id_field, data_source, inputs.get("length_field"))
+        warnings = order_notes(plan)
     counts = np.bincount(plan.column(S.GROUP).astype(np.int64)).astype(int).tolist()
     nseq = plan.column(S.N_SAMPLES)
     if replaced == "parts":

@@ -307,13 +307,18 @@ def deferred(drop: bool = False) -> Iterator[None]:
 
 def policy_active() -> bool:
     """Whether :func:`handlers` holds SIGINT now: a command of the CLI runs, not a caller of the Python API."""
-    return signal.getsignal(signal.SIGINT) is _handler
+    return _held_by_policy()
 
 
 def signal_taken() -> int | None:
     """The signal aspc's handler last raised as :class:`Interrupted`, while its policy is in force (else None:
     a signal an earlier in-process command took says nothing of a KeyboardInterrupt now)."""
-    return _last if signal.getsignal(signal.SIGINT) is _handler else None
+    return _last if _held_by_policy() else None
+
+
+def _held_by_policy() -> bool:
+    # SIGTERM too: under an inherited ignored SIGINT (`aspc ... &` in a script) the policy holds SIGTERM only.
+    return any(signal.getsignal(s) is _handler for s in (signal.SIGINT, signal.SIGTERM))
 
 
 def interrupted_exit(code: int) -> bool:

@@ -6,6 +6,7 @@ transformers logging and matplotlib backend."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -309,3 +310,47 @@ def test_an_inherited_ignored_sigint_stays_ignored(tmp_path, script):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert out.is_file()
+
+
+def converting_trainer(context):  # noqa: ARG001 - the --trainer factory's signature
+    """A trainer whose step 1 takes a SIGTERM inside a library that turns aspc's Interrupted into a plain
+    KeyboardInterrupt, as Ray's ``ray.get`` does."""
+    import time
+
+    from aspc.errors import Interrupted
+    from aspc.runtime.backends.sim_cost import SimCostModel
+    from aspc.runtime.trainers.sim import SimTrainer
+
+    trainer = SimTrainer(SimCostModel())
+    real = trainer.step
+
+    def step(batch):
+        if batch.step == 1:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+            except Interrupted:
+                raise KeyboardInterrupt from None
+        return real(batch)
+
+    trainer.step = step
+    return trainer
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_a_sigterm_under_an_inherited_ignored_sigint_still_marks_the_log_interrupted(tmp_path, sigint):
+    """Reviewer: with SIGINT left ignored, the CLI's policy (which then holds SIGTERM only) read as inactive, so a
+    SIGTERM that a library turned into a plain KeyboardInterrupt was logged as the trainer's failure (exit 2)."""
+    import json
+
+    from tests.conftest import invoke_cli
+
+    data = _prompts(tmp_path)
+    plan = tmp_path / "plan.parquet"
+    assert invoke_cli("compile", data, "-o", plan, "-q").exit_code == 0
+    log = tmp_path / "RUN"
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint == "ignored" else None
+    r = _python(["-m", "aspc.cli", "run", str(plan), "--global-batch", "16", "--log", str(log), "-q", "--trainer",
+                 "tests.test_hunt28_hosts:converting_trainer"], preexec_fn=ignore, timeout=120)  # fmt: skip
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr
+    assert json.loads((log / "meta.json").read_text())["status"] == "interrupted"

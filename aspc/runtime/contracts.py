@@ -239,11 +239,12 @@ def raised_by_code(exc: BaseException) -> bool:
         return True
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         return False  # may be a real Ctrl-C
-    return not _host_sigint[0]  # a host's own handler raises it for a real Ctrl-C: seen by _host_sigint_seen
+    # A host's own handler raises it for a real Ctrl-C: noted by _host_sigint_seen's wrapper, while installed.
+    return not (_host_sigint[1] is not None and signal.getsignal(signal.SIGINT) is _host_sigint[1] and _host_sigint[0])
 
 
-# Whether a SIGINT reached the host's own handler during the user code now running (_host_sigint_seen).
-_host_sigint = [False]
+# [a SIGINT reached the host's own handler, the wrapper noting it] during the user code now running.
+_host_sigint: list[Any] = [False, None]
 
 
 @contextlib.contextmanager
@@ -264,13 +265,15 @@ def _host_sigint_seen() -> Iterator[None]:
         _host_sigint[0] = True
         return host(signum, frame)
 
-    _host_sigint[0] = False
+    outer = list(_host_sigint)
+    _host_sigint[:] = [False, noted]
     signal.signal(signal.SIGINT, noted)
     try:
         yield
     finally:
         if signal.getsignal(signal.SIGINT) is noted:  # user code that set its own keeps it
             signal.signal(signal.SIGINT, host)
+        _host_sigint[:] = outer
 
 
 class _CodeFailed(RunError):

@@ -13,6 +13,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import EXAMPLE, invoke_cli, one_line_error
 
 
@@ -145,3 +147,72 @@ def test_a_hard_linked_snapshot_of_a_log_is_not_locked_by_the_original_s_writer(
         holder.kill()
         holder.wait()
     assert r.exit_code == 0, r.output
+
+
+def test_two_writers_of_a_hard_linked_copy_never_both_hold_its_lock(tmp_path, monkeypatch):
+    """Reviewer: writer C of the copy reads the shared lock file as foreign; before C replaces it, writer A
+    replaces it and locks the fresh file; C then replaced A's file with its own, and both held "the" lock.
+    Forced here: A starts and takes the lock while C is between its check and its swap."""
+    import subprocess
+    import sys
+
+    import aspc.runtime.record.lock as L
+    from aspc.errors import LockError
+
+    hold = ("import sys, time; from aspc.runtime.record.lock import RunLogLock; RunLogLock(sys.argv[1]).acquire(); "
+            "print('held', flush=True); time.sleep(60)")  # fmt: skip
+    root = Path(__file__).resolve().parents[1]
+    log, snap = tmp_path / "RUN", tmp_path / "SNAP"
+    log.mkdir()
+    procs = [subprocess.Popen([sys.executable, "-c", hold, str(log)], cwd=root, stdout=subprocess.PIPE, text=True)]
+    try:
+        assert procs[0].stdout.readline().strip() == "held"  # the original's writer
+        subprocess.run(["cp", "-al", str(log), str(snap)], check=True)
+        real = L._foreign
+
+        def checked_then_overtaken(fd, path):
+            answer = real(fd, path)
+            if len(procs) == 1:  # writer A of the copy, between C's check and C's swap
+                procs.append(subprocess.Popen([sys.executable, "-c", hold, str(snap)], cwd=root,
+                                              stdout=subprocess.PIPE, text=True))  # fmt: skip
+                assert procs[1].stdout.readline().strip() == "held"
+            return answer
+
+        monkeypatch.setattr(L, "_foreign", checked_then_overtaken)
+        lock = L.RunLogLock(snap)
+        with pytest.raises(LockError) as refused:
+            lock.acquire()
+        assert not lock.held and len(procs) == 2 and f"pid {procs[1].pid}" in str(refused.value), refused.value
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_live_writers_lock_naming_another_inode_is_never_replaced(tmp_path):
+    """Reviewer: a file system that shows another client another inode number for the same directory (CIFS
+    noserverino, FUSE) made a live writer's lock file read as a copy's, replaced under it: two writers. Only a
+    file with other links (a hard-linked copy) is ever replaced."""
+    import subprocess
+    import sys
+
+    from aspc.errors import LockError
+    from aspc.runtime.record.lock import RunLogLock
+
+    log = tmp_path / "RUN"
+    log.mkdir()
+    hold = ("import sys, time; from aspc.runtime.record.lock import RunLogLock; RunLogLock(sys.argv[1]).acquire(); "
+            "print('held', flush=True); time.sleep(60)")  # fmt: skip
+    p = subprocess.Popen([sys.executable, "-c", hold, str(log)], cwd=Path(__file__).resolve().parents[1],
+                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert p.stdout.readline().strip() == "held"
+        lock_file = log / ".lock"
+        pid = lock_file.read_text().split()[0]
+        with open(lock_file, "r+") as fh:  # the same file, as another client would read its directory's inode
+            fh.write(f"{pid}\nino:1\n")
+        with pytest.raises(LockError):
+            RunLogLock(log).acquire()
+    finally:
+        p.kill()
+        p.wait()

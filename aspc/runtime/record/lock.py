@@ -66,9 +66,10 @@ class RunLogLock:
                     f"--log {self.path}: cannot create its lock file ({exc.strerror}); choose a writable path"
                 ) from None
             if _foreign(fd, self.path):  # a hard-linked copy's: another log's lock, not this one's
-                os.close(fd)
-                _replace_lock_file(self.path)
-                continue
+                ino = os.fstat(fd).st_ino
+                if _replace_lock_file(self.path, ino):
+                    os.close(fd)
+                    continue
             try:
                 _lock_now_or_soon(fd)
             except BlockingIOError:
@@ -180,21 +181,40 @@ def _identity(path: Path) -> str:
 
 
 def _foreign(fd: int, path: Path) -> bool:
-    """The open lock file names a directory other than ``path``: it came with a hard-linked copy."""
+    """The open lock file came with a hard-linked copy: it has other links, and names another directory.
+
+    Both, so that a live writer's own lock file (one link) is never taken for another's, whatever inode
+    numbers a file system hands out to its clients.
+    """
     lines = _lines(fd)
     try:
-        return len(lines) > 1 and bool(lines[1]) and lines[1] != _identity(path)
+        return os.fstat(fd).st_nlink > 1 and len(lines) > 1 and bool(lines[1]) and lines[1] != _identity(path)
     except OSError:
         return False
 
 
-def _replace_lock_file(path: Path) -> None:
-    """A fresh, empty lock file at ``path / LOCK_FILE``, put there by a rename (the old inode is left as it is)."""
+def _replace_lock_file(path: Path, ino: int) -> bool:
+    """Put a fresh, empty lock file at ``path / LOCK_FILE`` in place of the foreign one (inode ``ino``), by a
+    rename (the original's file is left as it is). False where that cannot be done safely: the caller then
+    locks the foreign file as it is (the original's writer, if alive, refuses this one, as before).
+
+    Two writers of the copy replacing it at once could each lock a file of their own: the swap is made under
+    an exclusive ``flock`` on the directory, and only while the foreign file is still the one in place.
+    """
+    try:
+        dfd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return False
     tmp = path / f"{LOCK_FILE}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
     try:
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask's mode, as the lock's own
-        os.replace(tmp, path / LOCK_FILE)
-    except OSError as exc:
+        fcntl.flock(dfd, fcntl.LOCK_EX)  # held for a stat and a rename: other swappers wait that long
+        if os.stat(path / LOCK_FILE).st_ino == ino:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask's mode, as the lock's
+            os.replace(tmp, path / LOCK_FILE)
+        return True  # replaced, by this writer or by one before it
+    except OSError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise RunError(f"--log {path}: cannot create its lock file ({exc.strerror}); choose a writable path") from None
+        return False
+    finally:
+        os.close(dfd)  # releases the directory's flock

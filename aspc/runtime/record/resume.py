@@ -184,14 +184,18 @@ def _cost_model_diff(old: Any, new: dict[str, Any]) -> str:
 
 
 def _same_capacity(key: str, oc: dict, nc: dict, old_run: dict, new_run: dict) -> bool:
-    """``--queue-capacity`` given otherwise but the same queue: "AUTO" for a logged "auto", or "64" for an
-    "auto" that came to 64 samples (the run records the samples it resolved to; logs before that, the spelling)."""
+    """``--queue-capacity`` given otherwise but the same queue: "AUTO" for a logged "auto", or "1b" for a logged
+    "64" that came to the same samples (the run records them). Not "64" for an "auto" that came to 64: an
+    ``--epochs`` run resolves "auto" again for each epoch's plan, so the later epochs' queues would differ."""
     if key != "queue_capacity":
         return False
+    a, b = capacity_spelling(oc.get(key)), capacity_spelling(nc.get(key))
+    if a == b:
+        return True
+    if "auto" in (a, b):
+        return False
     was, now = old_run.get("queue_capacity"), new_run.get("queue_capacity")
-    if isinstance(was, int) and not isinstance(was, bool) and isinstance(now, int):
-        return was == now
-    return capacity_spelling(oc.get(key)) == capacity_spelling(nc.get(key))
+    return type(was) is int and type(now) is int and was == now
 
 
 def _held(record: dict[str, Any] | None) -> str:

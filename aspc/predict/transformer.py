@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -71,16 +72,28 @@ def quiet_transformers(fn: Callable[..., Any]) -> Callable[..., Any]:
             from transformers.utils import logging as tl
         except ImportError:  # fn says what is missing
             return fn(*args, **kwargs)
-        level, bars = tl.get_verbosity(), tl.is_progress_bar_enabled()
-        tl.set_verbosity_error()
-        tl.disable_progress_bar()
+        with _QUIET_LOCK:  # calls in several threads: the first saves the host's settings, the last puts them back
+            if _quiet_depth[0] == 0:
+                _quiet_saved[:] = [tl.get_verbosity(), tl.is_progress_bar_enabled()]
+                tl.set_verbosity_error()
+                tl.disable_progress_bar()
+            _quiet_depth[0] += 1
         try:
             return fn(*args, **kwargs)
         finally:
-            tl.set_verbosity(level)
-            tl.enable_progress_bar() if bars else tl.disable_progress_bar()
+            with _QUIET_LOCK:
+                _quiet_depth[0] -= 1
+                if _quiet_depth[0] == 0:
+                    level, bars = _quiet_saved
+                    tl.set_verbosity(level)
+                    tl.enable_progress_bar() if bars else tl.disable_progress_bar()
 
     return wrapped
+
+
+_QUIET_LOCK = threading.Lock()
+_quiet_depth = [0]  # aspc calls inside quiet_transformers now, in every thread
+_quiet_saved: list[Any] = []  # the host's verbosity and progress-bar setting while they run
 
 
 def default_base_model() -> Path:

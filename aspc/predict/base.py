@@ -194,7 +194,7 @@ def write_metadata(directory: Path, kind: str, body: dict[str, Any]) -> None:
 
     meta = {"aspc_predictor": kind, "format_version": FORMAT_VERSION, "aspc_version": __version__, **body}
     (directory / METADATA_FILE).write_text(
-        json.dumps(meta, indent=2, sort_keys=True, default=_jsonable) + "\n"
+        json.dumps(meta, indent=2, sort_keys=True, default=_jsonable) + "\n", encoding="utf-8"
     )
 
 
@@ -268,7 +268,7 @@ def read_metadata(directory: str | Path, kind: str | None = None) -> dict[str, A
     if not path.is_file():
         raise PredictorError(f"{directory}: no {METADATA_FILE}, so not an aspc predictor directory")
     try:
-        meta = json.loads(path.read_text())
+        meta = json.loads(path.read_text(encoding="utf-8"))  # not the locale's: the file is written as UTF-8
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:  # RecursionError: nested ~100,000 deep
         raise PredictorError(f"{path}: unreadable ({exc}); retrain the predictor") from None
     if not isinstance(meta, dict) or "aspc_predictor" not in meta or "format_version" not in meta:

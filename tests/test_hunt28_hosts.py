@@ -354,3 +354,17 @@ def test_a_sigterm_under_an_inherited_ignored_sigint_still_marks_the_log_interru
                  "tests.test_hunt28_hosts:converting_trainer"], preexec_fn=ignore, timeout=120)  # fmt: skip
     assert r.returncode == 128 + signal.SIGTERM, r.stderr
     assert json.loads((log / "meta.json").read_text())["status"] == "interrupted"
+
+
+def test_predictor_metadata_is_utf8_whatever_the_locale(tmp_path):
+    """The hunt's minor finding: ``metadata.json`` was read and written in the locale's encoding
+    (EncodingWarning under ``-X warn_default_encoding``)."""
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from aspc.predict.base import read_metadata, write_metadata
+        d = Path({str(tmp_path)!r})
+        write_metadata(d, "lexical", {{}})
+        print(read_metadata(d, kind="lexical")["aspc_predictor"])
+    """)
+    r = _python(["-X", "warn_default_encoding", "-W", "error::EncodingWarning", "-c", script])
+    assert r.returncode == 0 and r.stdout.strip() == "lexical", r.stderr[-2000:]

@@ -110,7 +110,7 @@ def test_epochs_resume_from_the_plan_copy_the_copied_log_keeps(tmp_path):
     assert (copy.stat().st_ino, copy.stat().st_mtime_ns) == (given.st_ino, given.st_mtime_ns)  # the input, as it was
 
 
-def test_a_hard_linked_snapshot_of_a_log_is_not_locked_by_the_original_s_writer(tmp_path):
+def test_a_hard_linked_snapshot_of_a_log_says_its_lock_is_shared_and_how_to_unshare_it(tmp_path):
     """README, Reliability: "**One writer per run log**: `aspc run --log RUN` holds an exclusive `flock` on
     `RUN/.lock` ... A second writer exits 2 with one line naming the holder's pid and how to proceed".
     Standard: a copy of a log is another log; a copy with the same bytes works as the original in place.
@@ -119,6 +119,9 @@ def test_a_hard_linked_snapshot_of_a_log_is_not_locked_by_the_original_s_writer(
     backups make) links ``SNAP/.lock`` to the same inode. ``aspc run ... --log SNAP --resume``, which no
     process writes, is refused: "--log SNAP is locked by another aspc run (pid N, lock file SNAP/.lock); wait
     for it to finish, or stop it (kill -TERM N) and rerun with --resume" (exit 2), N being RUN's writer.
+    Fixed: the line says the lock file is a hard link to another log's and to remove the link, which works.
+    (Replacing the shared file automatically was tried and dropped at review: a check-then-rename cannot be
+    made atomic against a second writer of the copy, on NFS not even under a directory lock.)
     """
     import subprocess
     import sys
@@ -138,61 +141,25 @@ def test_a_hard_linked_snapshot_of_a_log_is_not_locked_by_the_original_s_writer(
         held = (log / ".lock").read_bytes()
         snap = tmp_path / "SNAP"
         subprocess.run(["cp", "-al", str(log), str(snap)], check=True)
-        r = invoke_cli(*_run_args(plan, data, snap, "--resume"))
+        # Refused, but saying what is shared and how to give the copy a lock of its own (not: stop RUN's writer).
+        msg = one_line_error(invoke_cli(*_run_args(plan, data, snap, "--resume")), 2)
+        assert "hard link to another run log's" in msg and f"rm {snap / '.lock'}" in msg, msg
         assert (log / ".lock").read_bytes() == held  # the original's lock file, as its writer left it
-        # ... which still locks the original.
+        (snap / ".lock").unlink()  # the advice
+        r = invoke_cli(*_run_args(plan, data, snap, "--resume"))
+        assert r.exit_code == 0, r.output
+        # ... and the original is still locked by its writer, named as such.
         msg = one_line_error(invoke_cli(*_run_args(plan, data, log, "--resume")), 2)
-        assert f"pid {holder.pid}" in msg, msg
+        assert f"pid {holder.pid}" in msg and "hard link" not in msg, msg
     finally:
         holder.kill()
         holder.wait()
-    assert r.exit_code == 0, r.output
-
-
-def test_two_writers_of_a_hard_linked_copy_never_both_hold_its_lock(tmp_path, monkeypatch):
-    """Reviewer: writer C of the copy reads the shared lock file as foreign; before C replaces it, writer A
-    replaces it and locks the fresh file; C then replaced A's file with its own, and both held "the" lock.
-    Forced here: A starts and takes the lock while C is between its check and its swap."""
-    import subprocess
-    import sys
-
-    import aspc.runtime.record.lock as L
-    from aspc.errors import LockError
-
-    hold = ("import sys, time; from aspc.runtime.record.lock import RunLogLock; RunLogLock(sys.argv[1]).acquire(); "
-            "print('held', flush=True); time.sleep(60)")  # fmt: skip
-    root = Path(__file__).resolve().parents[1]
-    log, snap = tmp_path / "RUN", tmp_path / "SNAP"
-    log.mkdir()
-    procs = [subprocess.Popen([sys.executable, "-c", hold, str(log)], cwd=root, stdout=subprocess.PIPE, text=True)]
-    try:
-        assert procs[0].stdout.readline().strip() == "held"  # the original's writer
-        subprocess.run(["cp", "-al", str(log), str(snap)], check=True)
-        real = L._foreign
-
-        def checked_then_overtaken(fd, path):
-            answer = real(fd, path)
-            if len(procs) == 1:  # writer A of the copy, between C's check and C's swap
-                procs.append(subprocess.Popen([sys.executable, "-c", hold, str(snap)], cwd=root,
-                                              stdout=subprocess.PIPE, text=True))  # fmt: skip
-                assert procs[1].stdout.readline().strip() == "held"
-            return answer
-
-        monkeypatch.setattr(L, "_foreign", checked_then_overtaken)
-        lock = L.RunLogLock(snap)
-        with pytest.raises(LockError) as refused:
-            lock.acquire()
-        assert not lock.held and len(procs) == 2 and f"pid {procs[1].pid}" in str(refused.value), refused.value
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
 
 
 def test_a_live_writers_lock_naming_another_inode_is_never_replaced(tmp_path):
     """Reviewer: a file system that shows another client another inode number for the same directory (CIFS
-    noserverino, FUSE) made a live writer's lock file read as a copy's, replaced under it: two writers. Only a
-    file with other links (a hard-linked copy) is ever replaced."""
+    noserverino, FUSE) made a live writer's lock file read as a copy's (replaced under it, in a version that
+    swapped it: two writers). Only a file with other links (a hard-linked copy) is a copy's."""
     import subprocess
     import sys
 
@@ -211,7 +178,7 @@ def test_a_live_writers_lock_naming_another_inode_is_never_replaced(tmp_path):
         pid = lock_file.read_text().split()[0]
         with open(lock_file, "r+") as fh:  # the same file, as another client would read its directory's inode
             fh.write(f"{pid}\nino:1\n")
-        with pytest.raises(LockError):
+        with pytest.raises(LockError, match="locked by another aspc run"):  # not taken for a copy's
             RunLogLock(log).acquire()
     finally:
         p.kill()

@@ -13,12 +13,13 @@ writer that locked a file checks it is still the one at the path (else it
 retries), so a process that opened the old file just before its removal
 can never hold a lock on a file no longer in the directory.
 
-It also names its directory (its inode): a hard-linked copy of a log
-(``cp -al``, ``rsync --link-dest`` snapshots) shares the lock file's inode,
-so without that the copy read as locked by the original's writer, and a
-writer of the copy wrote into the original's lock file. A lock file naming
-another directory is replaced by a fresh one (by a rename, which leaves the
-original's alone) before it is locked.
+It also names its directory (its inode). A hard-linked copy of a log
+(``cp -al``, ``rsync --link-dest`` snapshots) shares the lock file's inode:
+refused while the original's writer holds it, the copy's writer is told so and
+how to give the copy a lock of its own (remove the link), rather than to stop
+a process that is writing another log. aspc never replaces the file itself:
+a check-then-rename cannot be made atomic against a second writer (on a
+network file system not even under a directory lock).
 """
 
 from __future__ import annotations
@@ -65,17 +66,12 @@ class RunLogLock:
                 raise RunError(
                     f"--log {self.path}: cannot create its lock file ({exc.strerror}); choose a writable path"
                 ) from None
-            if _foreign(fd, self.path):  # a hard-linked copy's: another log's lock, not this one's
-                ino = os.fstat(fd).st_ino
-                if _replace_lock_file(self.path, ino):
-                    os.close(fd)
-                    continue
             try:
                 _lock_now_or_soon(fd)
             except BlockingIOError:
-                holder = _read_pid(fd)
+                holder, shared = _read_pid(fd), _foreign(fd, self.path)
                 os.close(fd)
-                raise _locked(self.path, holder) from None
+                raise (_shared(self.path, holder) if shared else _locked(self.path, holder)) from None
             except BaseException:
                 os.close(fd)
                 raise
@@ -140,15 +136,24 @@ def refuse_if_locked(path: str | os.PathLike) -> None:
     except OSError:
         return  # no lock file: no writer
     try:
-        if _foreign(fd, Path(path)):  # a hard-linked copy's: its writer writes another log
-            return
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise _locked(Path(path), _read_pid(fd)) from None
+            shared = _foreign(fd, Path(path))
+            raise (_shared if shared else _locked)(Path(path), _read_pid(fd)) from None
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _shared(path: Path, holder: int | None) -> LockError:
+    """The lock file of ``path`` is a hard link to another run log's, which that log's writer holds."""
+    who = f"pid {holder}" if holder else "another process"
+    return LockError(
+        f"--log {path}: its lock file {path / LOCK_FILE} is a hard link to another run log's (a copy made with "
+        f"cp -al or rsync --link-dest), which an aspc run ({who}) holds while it writes that log, not this one; "
+        f"remove the link (rm {path / LOCK_FILE}: the other log keeps its own) and rerun"
+    )
 
 
 def _locked(path: Path, holder: int | None) -> LockError:
@@ -191,30 +196,3 @@ def _foreign(fd: int, path: Path) -> bool:
         return os.fstat(fd).st_nlink > 1 and len(lines) > 1 and bool(lines[1]) and lines[1] != _identity(path)
     except OSError:
         return False
-
-
-def _replace_lock_file(path: Path, ino: int) -> bool:
-    """Put a fresh, empty lock file at ``path / LOCK_FILE`` in place of the foreign one (inode ``ino``), by a
-    rename (the original's file is left as it is). False where that cannot be done safely: the caller then
-    locks the foreign file as it is (the original's writer, if alive, refuses this one, as before).
-
-    Two writers of the copy replacing it at once could each lock a file of their own: the swap is made under
-    an exclusive ``flock`` on the directory, and only while the foreign file is still the one in place.
-    """
-    try:
-        dfd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return False
-    tmp = path / f"{LOCK_FILE}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
-    try:
-        fcntl.flock(dfd, fcntl.LOCK_EX)  # held for a stat and a rename: other swappers wait that long
-        if os.stat(path / LOCK_FILE).st_ino == ino:
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # the umask's mode, as the lock's
-            os.replace(tmp, path / LOCK_FILE)
-        return True  # replaced, by this writer or by one before it
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        return False
-    finally:
-        os.close(dfd)  # releases the directory's flock

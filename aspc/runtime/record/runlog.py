@@ -186,10 +186,10 @@ def is_run_log(path: str | os.PathLike) -> bool:
     return (Path(path) / META_FILE).is_file()
 
 
-# aspc.atomic's temporaries (.NAME.PID.X.tmp) of a run log's own files (and of a fresh lock file, lock.py), and
-# the folders a writer makes before its first meta.json.
+# aspc.atomic's temporaries (.NAME.PID.X.tmp) of a run log's own files, and the folders a writer makes
+# before its first meta.json.
 _TEMP = re.compile(
-    r"^\.(?:meta\.json|plan\.parquet|(?:part-\d{6}|epoch-\d+|revision-\d+)\.parquet|lock)\.(\d+)\.[A-Za-z0-9_]+\.tmp$"
+    r"^\.(?:meta\.json|plan\.parquet|(?:part-\d{6}|epoch-\d+|revision-\d+)\.parquet)\.(\d+)\.[A-Za-z0-9_]+\.tmp$"
 )
 _SKELETON_DIRS = frozenset({*SCHEMAS, "plans", "payloads"})
 

@@ -178,7 +178,8 @@ def order_notes(plan: Plan) -> list[str]:
     notes = [
         "train on the rows in file order, one group per step (prompts per step = a group's prompts, responses per "
         "prompt = n_samples), never shuffled: slime reads in order by default, AReaL with train_dataset.shuffle=false "
-        "(and max_head_offpolicyness 0 to keep groups apart), OpenRLHF's prompt dataloader shuffles in code (README, "
+        "(and max_head_offpolicyness 0 to keep groups apart; it reads a save_to_disk dataset with chats in "
+        "messages, not JSON lines), OpenRLHF's prompt dataloader shuffles in code (README, "
         "Other trainers)"
     ]
     if len(set(counts)) > 1:

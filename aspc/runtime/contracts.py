@@ -273,7 +273,8 @@ def _host_sigint_seen() -> Iterator[None]:
     finally:
         if signal.getsignal(signal.SIGINT) is noted:  # user code that set its own keeps it
             signal.signal(signal.SIGINT, host)
-        _host_sigint[:] = outer
+        # A nested block's wrapper calls the outer one, but a SIGINT it saw is the outer block's too.
+        _host_sigint[:] = [outer[0] or _host_sigint[0], outer[1]]
 
 
 class _CodeFailed(RunError):

@@ -182,7 +182,10 @@ def _lines(fd: int) -> list[str]:
 def _identity(path: Path) -> str:
     # The inode alone: a hard-linked copy is on the same file system, and a network file system gives each
     # client its own st_dev for the same directory (a writer on another node must still be seen).
-    return f"ino:{os.stat(path).st_ino}"
+    try:
+        return f"ino:{os.stat(path).st_ino}"
+    except OSError:  # written after the flock is taken: never a reason to fail there
+        return ""
 
 
 def _foreign(fd: int, path: Path) -> bool:

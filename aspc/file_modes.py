@@ -26,4 +26,3 @@ def current_umask() -> int:
         mask = os.umask(0o077)  # the strictest mask meanwhile, not the loosest
         os.umask(mask)
     return mask
-

@@ -217,8 +217,9 @@ def export_plan(
         _write_parquet(out_path, table)
     else:
         _write_jsonl(out_path, plan, src, rows, id_field, data_source, inputs.get("length_field"))
-        warnings = order_notes(plan)
     counts = np.bincount(plan.column(S.GROUP).astype(np.int64)).astype(int).tolist()
+    if fmt != "verl":
+        warnings = order_notes(counts)
     nseq = plan.column(S.N_SAMPLES)
     if replaced == "parts":
         warnings.insert(0, sources.PARTS_NOTE)

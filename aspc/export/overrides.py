@@ -168,13 +168,13 @@ def steps(plan: Plan) -> int:
     return int(counts.size) if len(set(counts.tolist())) == 1 else int(math.floor(plan.n_rows / max(1, counts.max())))
 
 
-def order_notes(plan: Plan) -> list[str]:
-    """What a user of another trainer (``--format jsonl``: OpenRLHF, slime, AReaL) must know to keep the order.
+def order_notes(counts: list[int]) -> list[str]:
+    """What a user of another trainer (``--format jsonl``: OpenRLHF, slime, AReaL) must know to keep the order;
+    ``counts``: the plan's prompts per group.
 
     Each takes a fixed number of prompts per step from a dataloader; whether it can read rows in file order
     is each one's own (README, "Other trainers", with the places in their code).
     """
-    counts = np.bincount(plan.column(S.GROUP).astype(np.int64)).astype(int).tolist()
     notes = [
         "train on the rows in file order, one group per step (prompts per step = a group's prompts, responses per "
         "prompt = n_samples), never shuffled: slime reads in order by default, AReaL with train_dataset.shuffle=false "
@@ -187,4 +187,3 @@ def order_notes(plan: Plan) -> list[str]:
                         "of prompts per step makes each step one group; compile with --for verl, whose equal groups "
                         "suit any trainer")  # fmt: skip
     return notes
-
